@@ -1,0 +1,53 @@
+//! `BufferConfig`: capacity, RPC definitions and external keys of a buffer.
+
+use crate::rpc_defs::RpcDef;
+
+/// Everything needed to build a [`SequenceBuffer`](crate::SequenceBuffer).
+///
+/// ```
+/// use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+/// let buf = SequenceBuffer::with_config(
+///     BufferConfig::new(1024)
+///         .rpc(RpcDef::new("gen", 8).inputs(["prompt"]).outputs(["tokens"]))
+///         .rpc(RpcDef::new("train", 8).inputs(["tokens", "score"]))
+///         .external_keys(["score"]), // a verifier amends it in
+/// )?;
+/// assert_eq!(buf.capacity(), 1024);
+/// # Ok::<(), rollout_buffer::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct BufferConfig {
+    pub(crate) capacity: usize,
+    pub(crate) rpcs: Vec<RpcDef>,
+    pub(crate) external_keys: Vec<String>,
+}
+
+impl BufferConfig {
+    /// A configuration with `capacity` slots and no RPCs yet.
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity,
+            rpcs: Vec::new(),
+            external_keys: Vec::new(),
+        }
+    }
+
+    /// Adds one RPC.
+    pub fn rpc(mut self, rpc: RpcDef) -> Self {
+        self.rpcs.push(rpc);
+        self
+    }
+
+    /// Adds several RPCs.
+    pub fn rpcs(mut self, rpcs: impl IntoIterator<Item = RpcDef>) -> Self {
+        self.rpcs.extend(rpcs);
+        self
+    }
+
+    /// Declares keys that a task outside the RPC graph supplies through `amend_batch` (a
+    /// verifier's score, say). RPCs may read them; puts need not carry them.
+    pub fn external_keys<S: Into<String>>(mut self, keys: impl IntoIterator<Item = S>) -> Self {
+        self.external_keys.extend(keys.into_iter().map(Into::into));
+        self
+    }
+}

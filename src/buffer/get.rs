@@ -1,0 +1,138 @@
+//! `get_batch_for_rpc` and its timeout variant.
+//!
+//! A getter waits on its RPC's `Notify` until at least `n_seqs` samples are eligible, then
+//! leases exactly `n_seqs` in the RPC's selection order. Leasing and building the `Batch`
+//! happen without an await in between, so a cancelled get never leaves a lease behind.
+//!
+//! Waiting getters also reap expired leases: while any lease has a deadline, a getter sleeps
+//! at most until the earliest one, then releases what has expired (which wakes the getters
+//! of that lease's RPC).
+
+use super::batch::Batch;
+use super::{now, SequenceBuffer, Shared};
+use crate::error::{Error, Result};
+use crate::sample::Sample;
+use crate::state::{LeaseId, Wake};
+use crate::sync::Arc;
+use std::pin::pin;
+use std::time::{Duration, Instant};
+
+impl SequenceBuffer {
+    /// Waits until RPC `rpc` has at least `n_seqs` eligible samples and leases exactly
+    /// `n_seqs` of them (oldest birth first for `Fifo`, newest first for `Lifo`). The batch
+    /// carries only the RPC's input keys.
+    ///
+    /// Fails with [`Error::UnknownRpc`] for a name not defined, and [`Error::Closed`] once
+    /// the buffer is closed (also while waiting).
+    pub async fn get_batch_for_rpc(&self, rpc: &str) -> Result<Batch> {
+        let shared = &self.shared;
+        let r = shared
+            .graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        loop {
+            let mut notified = pin!(shared.rpc_ready[r].notified());
+            notified.as_mut().enable();
+            let next_deadline = match shared.try_get(r)? {
+                Attempt::Leased(batch) => return Ok(batch),
+                Attempt::Wait(deadline) => deadline,
+            };
+            match next_deadline {
+                Some(d) => {
+                    let d = tokio::time::Instant::from_std(d);
+                    // Elapsed or notified: either way, look again.
+                    let _ = tokio::time::timeout_at(d, notified).await;
+                }
+                None => notified.await,
+            }
+        }
+    }
+
+    /// [`Self::get_batch_for_rpc`] that gives up after `timeout` with [`Error::Timeout`],
+    /// leasing nothing.
+    pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
+        tokio::time::timeout(timeout, self.get_batch_for_rpc(rpc))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    op: format!("get_batch_for_rpc({rpc})"),
+                    after: timeout,
+                })
+            })
+    }
+}
+
+enum Attempt {
+    Leased(Batch),
+    /// Not enough eligible samples; wait for a notification or this lease deadline.
+    Wait(Option<Instant>),
+}
+
+impl Shared {
+    /// One attempt to lease a batch for RPC `r`, reaping expired leases first.
+    fn try_get(self: &Arc<Self>, r: usize) -> Result<Attempt> {
+        let mut freed = Vec::new();
+        let mut wake = Wake::default();
+        let mut dropped = Vec::new();
+        let leased = {
+            let mut inner = self.lock();
+            if inner.closed {
+                return Err(Error::Closed);
+            }
+            let has_timeout = inner.table.rpcs[r].lease_timeout.is_some();
+            let t = (has_timeout || inner.table.next_deadline().is_some()).then(now);
+            if let (Some(t), Some(d)) = (t, inner.table.next_deadline()) {
+                if d <= t {
+                    wake = inner.table.expire_due(t, &mut freed);
+                    dropped = inner.take_freed(&freed);
+                }
+            }
+            match inner.table.try_lease(r, t) {
+                Some((lease, slots)) => {
+                    let snapshot: Vec<Arc<Sample>> = slots
+                        .iter()
+                        .filter_map(|&s| inner.samples.get(s as usize).cloned().flatten())
+                        .collect();
+                    let generations: Vec<u32> = slots
+                        .iter()
+                        .map(|&s| inner.table.generation[s as usize])
+                        .collect();
+                    let deadline = inner.table.lease(lease, None).ok().and_then(|l| l.deadline);
+                    Ok((lease, slots, generations, snapshot, deadline))
+                }
+                None => Err(inner.table.next_deadline()),
+            }
+        };
+        self.notify(wake);
+        drop(dropped);
+        match leased {
+            Ok((lease, slots, generations, snapshot, deadline)) => Ok(Attempt::Leased(
+                self.build_batch(r, lease, &slots, generations, snapshot, deadline),
+            )),
+            Err(deadline) => Ok(Attempt::Wait(deadline)),
+        }
+    }
+
+    /// Wraps a fresh lease in its `Batch`, selecting the RPC's input fields outside the lock.
+    fn build_batch(
+        self: &Arc<Self>,
+        r: usize,
+        lease: LeaseId,
+        slots: &[u32],
+        generations: Vec<u32>,
+        snapshot: Vec<Arc<Sample>>,
+        deadline: Option<Instant>,
+    ) -> Batch {
+        let inputs = &self.input_names[r];
+        let samples = snapshot
+            .into_iter()
+            .map(|stored| Sample {
+                id: stored.id.clone(),
+                birth: stored.birth,
+                fields: stored.fields.filtered(|k| inputs.iter().any(|i| &**i == k)),
+                meta: Arc::clone(&stored.meta),
+            })
+            .collect();
+        Batch::new(Arc::clone(self), r, lease, slots, generations, samples, deadline)
+    }
+}

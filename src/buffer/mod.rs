@@ -1,0 +1,280 @@
+//! `SequenceBuffer`: the async buffer around the slot state machine.
+//!
+//! # Locking
+//!
+//! One `Mutex<Inner>` guards the [`SlotTable`], the stored payloads (`Arc<Sample>` per
+//! slot) and the id index. It is held only for synchronous work proportional to the batch
+//! at hand: no await, no I/O, no payload copies (payloads move as `Arc`s; the fields a batch
+//! carries are selected after the lock is dropped).
+//!
+//! # Wake-ups
+//!
+//! One `Notify` per RPC (its getters wait there) and one for space (putters wait there).
+//! Every wait follows the same protocol, which cannot lose a wake-up:
+//!
+//! 1. create the `Notified` future and `enable()` it;
+//! 2. take the lock and try the operation; on success return;
+//! 3. drop the lock and await the `Notified`.
+//!
+//! Every transition returns a [`Wake`] saying which RPCs gained eligible samples and whether
+//! free slots appeared; the caller notifies (`notify_waiters`) those after dropping the lock.
+//! A notification between steps 1 and 3 completes the enabled future, so a waiter that saw
+//! "not ready" in step 2 still wakes. Transitions that notify: put publish and amend finish
+//! (RPCs whose inputs are now present), lease completion (RPCs whose inputs the outputs
+//! completed, the RPC itself when reads remain, space when slots are freed), lease release
+//! and expiry (the lease's RPC), putter dequeue (space), and `close` (everyone).
+//!
+//! # Cancellation
+//!
+//! A put that has claimed slots holds a guard that gives them back if its future is dropped
+//! before publishing; a waiting putter's queue ticket is likewise removed on drop; an amend
+//! in flight is ended by its guard; a get leases and builds its [`Batch`] without an await in
+//! between, and a `Batch` dropped without `complete`/`commit` releases its lease.
+
+mod amend;
+mod batch;
+mod config;
+mod get;
+mod put;
+mod stats;
+
+pub use batch::Batch;
+pub use config::BufferConfig;
+pub use stats::{RpcStats, Stats};
+
+use crate::error::{Error, Result};
+use crate::rpc_defs::{RpcDef, RpcGraph};
+use crate::sample::{Sample, SampleId};
+use crate::state::{RpcSpec, SlotTable, Wake};
+use crate::sync::{Arc, Mutex, MutexGuard, Notify};
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Names a stored sample: its slot and the slot's generation when the sample was put.
+///
+/// Returned by `put_batch` (in input order) and by [`Batch::handles`]; `amend_batch` rejects
+/// a handle whose slot has since been freed or reused with [`Error::StaleHandle`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SlotHandle {
+    slot: u32,
+    generation: u32,
+}
+
+impl SlotHandle {
+    /// The slot index.
+    pub fn slot(&self) -> u32 {
+        self.slot
+    }
+
+    /// The slot's generation when the handle was made.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+}
+
+/// The async, multi-producer multi-consumer sequence buffer. Cheap to clone: clones share
+/// one buffer.
+///
+/// ```
+/// use rollout_buffer::{RpcDef, Sample, SequenceBuffer, Tensor, Patch};
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// let buf = SequenceBuffer::new(8, [
+///     RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
+///     RpcDef::new("train", 2).inputs(["tokens"]),
+/// ])?;
+/// buf.put_batch(vec![
+///     Sample::new("a").with("prompt", vec![1i32, 2]),
+///     Sample::new("b").with("prompt", vec![3i32]),
+/// ]).await?;
+/// let batch = buf.get_batch_for_rpc("gen").await?;
+/// let outputs = batch.samples().iter().map(|_| Patch::new().with("tokens", vec![9i32])).collect();
+/// batch.complete(outputs).await?;
+/// buf.get_batch_for_rpc("train").await?.commit().await?;
+/// assert_eq!(buf.len(), 0);
+/// # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct SequenceBuffer {
+    shared: Arc<Shared>,
+}
+
+/// What every clone of a buffer and every live `Batch` share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) capacity: usize,
+    pub(crate) graph: RpcGraph,
+    /// Per RPC: its input key names (a batch carries only these fields).
+    pub(crate) input_names: Vec<Vec<Arc<str>>>,
+    pub(crate) inner: Mutex<Inner>,
+    /// Per RPC: its getters wait here.
+    pub(crate) rpc_ready: Vec<Notify>,
+    /// Putters wait here for free slots or their turn at the head of the queue.
+    pub(crate) space: Notify,
+}
+
+/// Everything the buffer's lock guards.
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) table: SlotTable,
+    /// Per slot: the stored sample (`None` while empty or being put).
+    pub(crate) samples: Vec<Option<Arc<Sample>>>,
+    /// Id -> slot for every sample stored or being put.
+    pub(crate) ids: HashMap<SampleId, u32>,
+    pub(crate) closed: bool,
+    /// Samples in rejected put calls.
+    pub(crate) rejected: u64,
+}
+
+impl Inner {
+    /// Drops the payload and id of freed slots; returns the payloads so the caller can drop
+    /// them after releasing the lock.
+    pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Vec<Arc<Sample>> {
+        let mut out = Vec::with_capacity(freed.len());
+        for &s in freed {
+            if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
+                self.ids.remove(&sample.id);
+                out.push(sample);
+            }
+        }
+        out
+    }
+}
+
+/// The current time on tokio's clock (which `tokio::time::pause` controls in tests).
+pub(crate) fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+impl SequenceBuffer {
+    /// A buffer of `capacity` slots serving `rpcs`, with no external keys.
+    pub fn new(capacity: usize, rpcs: impl IntoIterator<Item = RpcDef>) -> Result<Self> {
+        Self::with_config(BufferConfig::new(capacity).rpcs(rpcs))
+    }
+
+    /// A buffer built from a full configuration.
+    pub fn with_config(config: BufferConfig) -> Result<Self> {
+        let capacity = config.capacity;
+        let max = u32::MAX as usize;
+        if capacity == 0 || capacity > max {
+            return Err(Error::InvalidCapacity { capacity, max });
+        }
+        let graph = RpcGraph::new(capacity, &config.rpcs, &config.external_keys)?;
+        let specs: Vec<RpcSpec> = graph.rpcs().iter().map(RpcSpec::from).collect();
+        let input_names = config
+            .rpcs
+            .iter()
+            .map(|d| d.inputs.iter().map(|k| Arc::from(k.as_str())).collect())
+            .collect();
+        let n_rpcs = specs.len();
+        let inner = Inner {
+            table: SlotTable::new(capacity, specs),
+            samples: vec![None; capacity],
+            ids: HashMap::new(),
+            closed: false,
+            rejected: 0,
+        };
+        Ok(Self {
+            shared: Arc::new(Shared {
+                capacity,
+                graph,
+                input_names,
+                inner: Mutex::new(inner),
+                rpc_ready: (0..n_rpcs).map(|_| Notify::new()).collect(),
+                space: Notify::new(),
+            }),
+        })
+    }
+
+    /// Number of slots.
+    pub fn capacity(&self) -> usize {
+        self.shared.capacity
+    }
+
+    /// Number of samples stored (put and not yet freed).
+    pub fn len(&self) -> usize {
+        let inner = self.shared.inner.lock();
+        inner.table.len() - inner.table.putting.count()
+    }
+
+    /// True when no sample is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Closes the buffer: every waiting call and every later put, amend or get returns
+    /// [`Error::Closed`]. Leases already handed out can still be completed, committed or
+    /// dropped, so consumers finish the work they hold. Idempotent.
+    pub fn close(&self) {
+        self.shared.inner.lock().closed = true;
+        tracing::debug!("buffer closed");
+        self.shared.notify(Wake {
+            rpcs: u64::MAX,
+            space: true,
+        });
+    }
+
+    /// True once [`Self::close`] was called.
+    pub fn is_closed(&self) -> bool {
+        self.shared.inner.lock().closed
+    }
+
+    /// Audits the whole state (slot masks, ready indexes, leases, payloads, id index).
+    /// Costs O(capacity × RPCs): for tests and debugging, not hot paths.
+    pub fn check_invariants(&self) -> Result<()> {
+        let inner = self.shared.inner.lock();
+        self.shared
+            .check_inner(&inner)
+            .map_err(|detail| Error::InvariantViolated { detail })
+    }
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    /// Notifies the waiters a transition unblocked. Call after dropping the lock.
+    pub(crate) fn notify(&self, wake: Wake) {
+        let mut bits = wake.rpcs;
+        while bits != 0 {
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            match self.rpc_ready.get(r) {
+                Some(n) => n.notify_waiters(),
+                None => break,
+            }
+        }
+        if wake.space {
+            self.space.notify_waiters();
+        }
+    }
+
+    fn check_inner(&self, inner: &Inner) -> std::result::Result<(), String> {
+        let table = &inner.table;
+        table.check_invariants()?;
+        let mut reserved = 0usize;
+        for s in 0..table.capacity {
+            let stored = table.is_stored(s);
+            let sample = inner.samples.get(s).and_then(Option::as_ref);
+            if stored != sample.is_some() {
+                return Err(format!("slot {s}: stored {stored} but payload present {}", sample.is_some()));
+            }
+            if let Some(sample) = sample {
+                if inner.ids.get(&sample.id) != Some(&(s as u32)) {
+                    return Err(format!("slot {s}: id `{}` not indexed to it", sample.id));
+                }
+                let keys = self.graph.key_set(sample.keys());
+                if keys != table.keys[s] {
+                    return Err(format!("slot {s}: table keys {:#x} != payload keys {:#x}", table.keys[s].0, keys.0));
+                }
+            }
+            if stored || table.putting.get(s) {
+                reserved += 1;
+            }
+        }
+        if inner.ids.len() != reserved {
+            return Err(format!("{} ids indexed for {reserved} stored or putting slots", inner.ids.len()));
+        }
+        Ok(())
+    }
+}

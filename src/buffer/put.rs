@@ -1,0 +1,288 @@
+//! `put_batch`, `try_put_batch` and `put_batch_timeout`.
+//!
+//! A put is validated whole before any slot is touched, then runs in three steps: claim
+//! free slots under the lock (they become `putting` and their ids are reserved), build the
+//! shared payloads outside it, publish under it (slots become stored and enter the ready
+//! indexes). A put that must wait joins a FIFO queue of putters, so waiting putters are
+//! served in arrival order; only the head of the queue may claim.
+
+use super::{Inner, SequenceBuffer, Shared, SlotHandle};
+use crate::error::{Error, Result};
+use crate::rpc_defs::KeySet;
+use crate::sample::{Sample, SampleId};
+use crate::state::{Ticket, Wake};
+use crate::sync::{next_births, Arc};
+use std::collections::HashMap;
+use std::pin::pin;
+use std::time::Duration;
+
+/// A validated batch: samples with their births assigned and their graph key sets.
+struct Prepared {
+    samples: Vec<Sample>,
+    keys: Vec<KeySet>,
+}
+
+impl SequenceBuffer {
+    /// Stores `samples`, waiting for free slots if needed, and returns one handle per sample
+    /// in input order.
+    ///
+    /// All or nothing: the batch is rejected whole, with nothing stored, if an id repeats
+    /// (within the batch or against a stored sample), a birth is 0, a dataset key is missing
+    /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
+    pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
+        let shared = &*self.shared;
+        let prepared = shared.prepare(samples)?;
+        let n = prepared.samples.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut ticket = TicketGuard { shared, ticket: None };
+        loop {
+            let mut notified = pin!(shared.space.notified());
+            notified.as_mut().enable();
+            {
+                let mut inner = shared.lock();
+                match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
+                    Claim::Claimed(slots, wake) => {
+                        drop(inner);
+                        shared.notify(wake);
+                        return shared.publish(slots, prepared);
+                    }
+                    Claim::Rejected(err, wake) => {
+                        drop(inner);
+                        shared.notify(wake);
+                        return Err(err);
+                    }
+                    Claim::Wait => {
+                        if ticket.ticket.is_none() {
+                            ticket.ticket = Some(inner.table.enqueue_putter(n));
+                        }
+                    }
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Stores `samples` if there is room now (and no earlier putter is waiting), else
+    /// returns [`Error::Full`] with nothing changed. Validation as in [`Self::put_batch`].
+    pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
+        let shared = &*self.shared;
+        let prepared = shared.prepare(samples)?;
+        let n = prepared.samples.len();
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut inner = shared.lock();
+        match shared.try_claim(&mut inner, &prepared, &mut None) {
+            Claim::Claimed(slots, wake) => {
+                drop(inner);
+                shared.notify(wake);
+                shared.publish(slots, prepared)
+            }
+            Claim::Rejected(err, _) => Err(err),
+            Claim::Wait => {
+                inner.rejected += n as u64;
+                Err(Error::Full {
+                    requested: n,
+                    free: inner.table.free.len(),
+                })
+            }
+        }
+    }
+
+    /// [`Self::put_batch`] that gives up after `timeout` with [`Error::Timeout`], storing
+    /// nothing.
+    pub async fn put_batch_timeout(
+        &self,
+        samples: Vec<Sample>,
+        timeout: Duration,
+    ) -> Result<Vec<SlotHandle>> {
+        tokio::time::timeout(timeout, self.put_batch(samples))
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                op: "put_batch".into(),
+                after: timeout,
+            }))
+    }
+}
+
+/// Outcome of one claim attempt under the lock.
+enum Claim<'a> {
+    Claimed(ClaimedSlots<'a>, Wake),
+    Rejected(Error, Wake),
+    Wait,
+}
+
+impl Shared {
+    /// Checks everything that does not depend on the buffer's contents, and assigns default
+    /// births. Runs without the lock.
+    fn prepare(&self, mut samples: Vec<Sample>) -> Result<Prepared> {
+        let n = samples.len();
+        let result = self.validate(&samples);
+        if let Err(e) = result {
+            self.lock().rejected += n as u64;
+            tracing::debug!(error = %e, "put rejected");
+            return Err(e);
+        }
+        let unset = samples.iter().filter(|s| s.birth.is_none()).count() as u64;
+        if unset > 0 {
+            let mut next = next_births(unset);
+            for s in samples.iter_mut().filter(|s| s.birth.is_none()) {
+                s.birth = Some(next);
+                next += 1;
+            }
+        }
+        let keys = samples
+            .iter()
+            .map(|s| self.graph.key_set(s.keys()))
+            .collect();
+        Ok(Prepared { samples, keys })
+    }
+
+    fn validate(&self, samples: &[Sample]) -> Result<()> {
+        let capacity = self.capacity;
+        if samples.len() > capacity {
+            return Err(Error::BatchTooLarge {
+                len: samples.len(),
+                capacity,
+            });
+        }
+        let dataset = self.graph.dataset_keys();
+        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(samples.len());
+        for (index, s) in samples.iter().enumerate() {
+            if s.birth == Some(0) {
+                return Err(Error::InvalidBirth {
+                    id: s.id.to_string(),
+                    index,
+                });
+            }
+            let have = self.graph.key_set(s.keys());
+            if !have.contains_all(dataset) {
+                let missing = dataset.ids().find(|&k| !have.contains(k)).unwrap_or(0);
+                return Err(Error::MissingKey {
+                    id: s.id.to_string(),
+                    index,
+                    key: self.graph.key_name(missing).to_owned(),
+                });
+            }
+            if let Some(first) = seen.insert(s.id.as_str(), index) {
+                return Err(Error::DuplicateId {
+                    id: s.id.to_string(),
+                    index,
+                    conflict: format!("also at batch position {first}"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// One claim attempt: fails on close or on an id already in the buffer, waits when the
+    /// slots are not there (or an earlier putter is), else claims and reserves the ids.
+    fn try_claim(&self, inner: &mut Inner, prepared: &Prepared, ticket: &mut Option<Ticket>) -> Claim<'_> {
+        let n = prepared.samples.len();
+        let leave_queue = |inner: &mut Inner, ticket: &mut Option<Ticket>| {
+            ticket
+                .take()
+                .map_or(Wake::default(), |t| inner.table.dequeue_putter(t))
+        };
+        if inner.closed {
+            let wake = leave_queue(inner, ticket);
+            return Claim::Rejected(Error::Closed, wake);
+        }
+        for (index, s) in prepared.samples.iter().enumerate() {
+            if let Some(&slot) = inner.ids.get(&s.id) {
+                let wake = leave_queue(inner, ticket);
+                inner.rejected += n as u64;
+                return Claim::Rejected(
+                    Error::DuplicateId {
+                        id: s.id.to_string(),
+                        index,
+                        conflict: format!("already in the buffer at slot {slot}"),
+                    },
+                    wake,
+                );
+            }
+        }
+        let Some((slots, wake)) = inner.table.claim_put(n, *ticket) else {
+            return Claim::Wait;
+        };
+        *ticket = None; // claim_put took it off the queue
+        for (s, &slot) in prepared.samples.iter().zip(&slots) {
+            inner.ids.insert(s.id.clone(), slot);
+        }
+        let ids = prepared.samples.iter().map(|s| s.id.clone()).collect();
+        Claim::Claimed(
+            ClaimedSlots {
+                shared: self,
+                slots: Some((slots, ids)),
+            },
+            wake,
+        )
+    }
+
+    /// Builds the payloads outside the lock, then publishes the claimed slots.
+    fn publish(&self, mut claimed: ClaimedSlots<'_>, prepared: Prepared) -> Result<Vec<SlotHandle>> {
+        let births: Vec<u64> = prepared
+            .samples
+            .iter()
+            .map(|s| s.birth.unwrap_or(1))
+            .collect();
+        let payloads: Vec<Arc<Sample>> = prepared.samples.into_iter().map(Arc::new).collect();
+        let (slots, _ids) = claimed.slots.take().unwrap_or_default();
+        let (generations, wake) = {
+            let mut inner = self.lock();
+            for (&slot, payload) in slots.iter().zip(payloads) {
+                if let Some(entry) = inner.samples.get_mut(slot as usize) {
+                    *entry = Some(payload);
+                }
+            }
+            inner.table.publish_put(&slots, &births, &prepared.keys)
+        };
+        self.notify(wake);
+        Ok(slots
+            .iter()
+            .zip(generations)
+            .map(|(&slot, generation)| SlotHandle { slot, generation })
+            .collect())
+    }
+}
+
+/// Claimed slots (and the ids reserved for them) not yet published; dropping it (a
+/// cancelled or failed put) gives them back and releases the ids.
+struct ClaimedSlots<'a> {
+    shared: &'a Shared,
+    slots: Option<(Vec<u32>, Vec<SampleId>)>,
+}
+
+impl Drop for ClaimedSlots<'_> {
+    fn drop(&mut self) {
+        let Some((slots, ids)) = self.slots.take() else {
+            return;
+        };
+        let wake = {
+            let mut inner = self.shared.lock();
+            for id in &ids {
+                inner.ids.remove(id);
+            }
+            inner.table.abort_put(&slots)
+        };
+        self.shared.notify(wake);
+    }
+}
+
+/// A waiting putter's place in the queue; dropping it (a cancelled put) leaves the queue.
+struct TicketGuard<'a> {
+    shared: &'a Shared,
+    ticket: Option<Ticket>,
+}
+
+impl Drop for TicketGuard<'_> {
+    fn drop(&mut self) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let wake = self.shared.lock().table.dequeue_putter(ticket);
+        self.shared.notify(wake);
+    }
+}

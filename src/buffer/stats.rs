@@ -1,0 +1,111 @@
+//! `stats()`: a consistent snapshot of slot states, per-RPC progress and running totals.
+
+use super::{now, SequenceBuffer};
+use crate::sync::Arc;
+
+/// Per-RPC figures in a [`Stats`] snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RpcStats {
+    /// The RPC's name.
+    pub name: Arc<str>,
+    /// Samples it could take right now.
+    pub eligible: usize,
+    /// Samples it holds leased.
+    pub leased: usize,
+    /// Reads it has used (completions and commits), in samples.
+    pub reads: u64,
+    /// Samples it released unused (dropped batches and expired leases).
+    pub redelivered: u64,
+    /// Leases of it that expired.
+    pub expired_leases: u64,
+}
+
+/// A snapshot of the buffer, taken under its lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Number of slots.
+    pub capacity: usize,
+    /// Free slots.
+    pub empty: usize,
+    /// Slots claimed by a put that has not published yet.
+    pub putting: usize,
+    /// Stored slots with an amend in flight.
+    pub amending: usize,
+    /// Stored slots leased by at least one RPC.
+    pub reading: usize,
+    /// Stored slots neither amended nor leased.
+    pub idle: usize,
+    /// Putters waiting for free slots.
+    pub waiting_putters: usize,
+    /// Live leases.
+    pub live_leases: usize,
+    /// Per RPC, in definition order.
+    pub rpcs: Vec<RpcStats>,
+    /// Samples put.
+    pub put: u64,
+    /// Reads used, over all RPCs.
+    pub read: u64,
+    /// Samples freed after their last read.
+    pub freed: u64,
+    /// Samples released unused, over all RPCs.
+    pub redelivered: u64,
+    /// Samples in put calls that were rejected (invalid, duplicate, or `Full`).
+    pub rejected: u64,
+    /// Whether the buffer is closed.
+    pub closed: bool,
+}
+
+impl SequenceBuffer {
+    /// A snapshot of slot states, per-RPC eligible / leased counts and totals. Releases
+    /// leases past their deadline first, so the figures never count an expired lease.
+    pub fn stats(&self) -> Stats {
+        let shared = &self.shared;
+        let mut freed = Vec::new();
+        let (stats, wake, dropped) = {
+            let mut inner = shared.lock();
+            let wake = match inner.table.next_deadline() {
+                Some(_) => inner.table.expire_due(now(), &mut freed),
+                None => Default::default(),
+            };
+            let dropped = inner.take_freed(&freed);
+            let t = &inner.table;
+            let rpcs = shared
+                .graph
+                .rpcs()
+                .iter()
+                .enumerate()
+                .map(|(r, info)| RpcStats {
+                    name: Arc::clone(&info.name),
+                    eligible: t.eligible(r),
+                    leased: t.leased[r],
+                    reads: t.totals.reads[r],
+                    redelivered: t.totals.redelivered[r],
+                    expired_leases: t.totals.expired_leases[r],
+                })
+                .collect();
+            let stats = Stats {
+                capacity: t.capacity,
+                empty: t.empty.count(),
+                putting: t.putting.count(),
+                amending: t.amending.count(),
+                reading: t.reading.count(),
+                idle: t.idle.count(),
+                waiting_putters: t.putters.len(),
+                live_leases: t.leases.live(),
+                rpcs,
+                put: t.totals.put,
+                read: t.totals.reads.iter().sum(),
+                freed: t.totals.freed,
+                redelivered: t.totals.redelivered.iter().sum(),
+                rejected: inner.rejected,
+                closed: inner.closed,
+            };
+            (stats, wake, dropped)
+        };
+        shared.notify(wake);
+        drop(dropped);
+        stats
+    }
+}

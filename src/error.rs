@@ -1,0 +1,221 @@
+//! The crate's single error type.
+//!
+//! Every variant says what was wrong and where (which RPC, sample, key, slot or lease), so a
+//! log line is enough to find the cause. A call that returns an error has changed nothing
+//! that was already stored.
+
+use std::time::Duration;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `rollout_buffer`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    // ----- configuration -------------------------------------------------------------
+    /// The capacity is zero or larger than the slot index space.
+    #[error("invalid capacity {capacity}: must be between 1 and {max}")]
+    InvalidCapacity {
+        /// The capacity asked for.
+        capacity: usize,
+        /// The largest capacity supported.
+        max: usize,
+    },
+    /// No RPC was given; a buffer nobody reads from would only fill up.
+    #[error("a buffer needs at least one RPC definition")]
+    NoRpcs,
+    /// Two RPC definitions share a name.
+    #[error("RPC name `{name}` is defined twice")]
+    DuplicateRpc {
+        /// The repeated name.
+        name: String,
+    },
+    /// An RPC's `n_seqs` is zero or larger than the capacity, so it could never be served.
+    #[error("RPC `{rpc}` has n_seqs {n_seqs}; it must be between 1 and the capacity {capacity}")]
+    InvalidNSeqs {
+        /// The RPC.
+        rpc: String,
+        /// Its batch size.
+        n_seqs: usize,
+        /// The buffer capacity.
+        capacity: usize,
+    },
+    /// An RPC allows zero reads per sample.
+    #[error("RPC `{rpc}` has reads {reads}; it must be between 1 and {max}")]
+    InvalidReads {
+        /// The RPC.
+        rpc: String,
+        /// The reads asked for.
+        reads: u32,
+        /// The largest supported.
+        max: u32,
+    },
+    /// Two RPCs declare the same output key.
+    #[error("key `{key}` is an output of both `{first}` and `{second}`")]
+    DuplicateProducer {
+        /// The key.
+        key: String,
+        /// The first RPC that outputs it.
+        first: String,
+        /// The second RPC that outputs it.
+        second: String,
+    },
+    /// A key declared external is also an RPC output, so its producer would be ambiguous.
+    #[error("key `{key}` is declared external but RPC `{rpc}` outputs it")]
+    ExternalKeyProduced {
+        /// The key.
+        key: String,
+        /// The RPC that outputs it.
+        rpc: String,
+    },
+    /// The dataflow graph has a cycle: the RPC's output feeds, directly or not, one of its
+    /// own inputs, so no sample could ever become ready for it.
+    #[error("dataflow cycle: RPC `{rpc}` (through key `{key}`) depends on its own output")]
+    CyclicGraph {
+        /// An RPC on the cycle.
+        rpc: String,
+        /// The key through which it depends on itself.
+        key: String,
+    },
+    /// More distinct keys or RPCs than the buffer's bitsets hold.
+    #[error("too many {what}: {count} (at most {max})")]
+    TooMany {
+        /// `"keys"` or `"RPCs"`.
+        what: &'static str,
+        /// How many were given.
+        count: usize,
+        /// The limit.
+        max: usize,
+    },
+
+    // ----- put / amend input ---------------------------------------------------------
+    /// A put batch is larger than the whole buffer and could never fit.
+    #[error("batch of {len} samples is larger than the capacity {capacity}")]
+    BatchTooLarge {
+        /// Samples in the batch.
+        len: usize,
+        /// The buffer capacity.
+        capacity: usize,
+    },
+    /// A sample id appears twice in one batch, or is already in the buffer.
+    #[error("sample `{id}` (batch position {index}) is a duplicate: {conflict}")]
+    DuplicateId {
+        /// The id.
+        id: String,
+        /// Position in the rejected batch.
+        index: usize,
+        /// What it collides with.
+        conflict: String,
+    },
+    /// A sample's birth is zero; births must be positive (smaller = older).
+    #[error("sample `{id}` (batch position {index}) has birth 0; births must be > 0")]
+    InvalidBirth {
+        /// The id.
+        id: String,
+        /// Position in the rejected batch.
+        index: usize,
+    },
+    /// A sample lacks a dataset key, one that some RPC reads and nothing else produces.
+    #[error("sample `{id}` (batch position {index}) lacks dataset key `{key}`")]
+    MissingKey {
+        /// The id.
+        id: String,
+        /// Position in the rejected batch.
+        index: usize,
+        /// The missing key.
+        key: String,
+    },
+    /// `try_put_batch` found too few free slots (or earlier putters waiting for them).
+    #[error("buffer full: {requested} slots requested, {free} free")]
+    Full {
+        /// Slots asked for.
+        requested: usize,
+        /// Slots free at the time.
+        free: usize,
+    },
+    /// A handle names a slot whose sample was freed or replaced since the handle was made.
+    #[error("stale handle: slot {slot} generation {generation} (slot is now at generation {current})")]
+    StaleHandle {
+        /// The slot.
+        slot: u32,
+        /// The handle's generation.
+        generation: u32,
+        /// The slot's current generation.
+        current: u32,
+    },
+    /// A handle names a slot outside the buffer.
+    #[error("handle names slot {slot}, but the capacity is {capacity}")]
+    InvalidSlot {
+        /// The slot.
+        slot: u32,
+        /// The buffer capacity.
+        capacity: usize,
+    },
+    /// The number of patches or outputs differs from the number of samples they apply to.
+    #[error("{what}: {got} patches for {expected} samples")]
+    LengthMismatch {
+        /// Which call.
+        what: &'static str,
+        /// Samples addressed.
+        expected: usize,
+        /// Patches given.
+        got: usize,
+    },
+    /// `Batch::complete` was given a key the RPC does not declare as an output.
+    #[error("RPC `{rpc}` does not declare output `{key}` (sample `{id}`)")]
+    UndeclaredOutput {
+        /// The RPC.
+        rpc: String,
+        /// The key.
+        key: String,
+        /// The sample it was given for.
+        id: String,
+    },
+    /// A ragged tensor's lengths do not add up to its number of rows.
+    #[error("ragged tensor: lengths sum to {sum}, but the values have {rows} rows")]
+    RaggedLengths {
+        /// Sum of the lengths.
+        sum: usize,
+        /// Rows (first-axis length) of the values.
+        rows: usize,
+    },
+
+    // ----- get / lease ---------------------------------------------------------------
+    /// No RPC of that name was defined.
+    #[error("unknown RPC `{name}`")]
+    UnknownRpc {
+        /// The name asked for.
+        name: String,
+    },
+    /// The lease ran past the RPC's lease timeout and was released by the buffer; the
+    /// samples went back to the RPC's eligible set, and nothing of this call was applied.
+    #[error("lease {lease} of RPC `{rpc}` expired after {timeout:?}; its samples were redelivered")]
+    LeaseExpired {
+        /// The RPC.
+        rpc: String,
+        /// The lease number.
+        lease: u64,
+        /// The RPC's lease timeout.
+        timeout: Duration,
+    },
+
+    // ----- lifecycle -----------------------------------------------------------------
+    /// The buffer was closed.
+    #[error("buffer closed")]
+    Closed,
+    /// A wait did not finish in time; nothing was leased or stored.
+    #[error("{op} timed out after {after:?}")]
+    Timeout {
+        /// Which call (`put_batch`, `get_batch_for_rpc(<rpc>)`).
+        op: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// `check_invariants()` found the state inconsistent (a bug in this crate).
+    #[error("invariant violated: {detail}")]
+    InvariantViolated {
+        /// What was inconsistent, naming slot / RPC / lease.
+        detail: String,
+    },
+}

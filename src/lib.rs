@@ -1,0 +1,60 @@
+//! # rollout-buffer
+//!
+//! The buffer between the rollout side and the training side of asynchronous reinforcement
+//! learning for language models (GRPO, RLOO, decoupled PPO). Producers put samples into a
+//! fixed number of slots; each consumer ("RPC": generation, a reward model, a trainer)
+//! declares the data keys it reads and writes, and gets batches of exactly `n_seqs` samples
+//! as soon as that many hold all its inputs. Every sample is used a set number of times per
+//! RPC and its slot is freed after the last use.
+//!
+//! ```
+//! use rollout_buffer::{Patch, RpcDef, Sample, SequenceBuffer};
+//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! let buf = SequenceBuffer::new(1024, [
+//!     RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
+//!     RpcDef::new("reward", 2).inputs(["tokens"]).outputs(["reward"]),
+//!     RpcDef::new("train", 2).inputs(["tokens", "reward"]),
+//! ])?;
+//! let handles = buf
+//!     .put_batch(vec![
+//!         Sample::new("p0").with("prompt", vec![1i32, 2, 3]),
+//!         Sample::new("p1").with("prompt", vec![4i32, 5]),
+//!     ])
+//!     .await?;
+//! assert_eq!(handles.len(), 2);
+//!
+//! let gen = buf.get_batch_for_rpc("gen").await?;
+//! let out = gen.samples().iter().map(|_| Patch::new().with("tokens", vec![7i32, 8])).collect();
+//! gen.complete(out).await?;                      // now ready for "reward"
+//!
+//! let rew = buf.get_batch_for_rpc("reward").await?;
+//! let out = rew.samples().iter().map(|_| Patch::new().with("reward", 1.0f64)).collect();
+//! rew.complete(out).await?;                      // now ready for "train"
+//!
+//! let train = buf.get_batch_for_rpc("train").await?;
+//! assert!(train.samples()[0].get("prompt").is_none()); // only the RPC's input keys
+//! train.commit().await?;                         // last read: slots are freed
+//! assert!(buf.is_empty());
+//! # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
+//! ```
+//!
+//! Module map: `rpc_defs` (RPC definitions, graph validation, key interning), `state` (the
+//! synchronous slot state machine), `buffer` (the async API), `sync` (the one place naming
+//! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`).
+
+mod buffer;
+mod error;
+mod rpc_defs;
+mod sample;
+mod state;
+mod sync;
+mod tensor;
+
+pub use buffer::{Batch, BufferConfig, RpcStats, SequenceBuffer, SlotHandle, Stats};
+pub use error::{Error, Result};
+pub use rpc_defs::{RpcDef, Selection};
+pub use sample::{MetaValue, Patch, Sample, SampleId};
+pub use tensor::{DType, Element, Tensor, TensorData};
+
+/// Re-exported so callers build tensors with the same ndarray version.
+pub use ndarray;

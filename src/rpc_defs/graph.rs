@@ -1,0 +1,336 @@
+//! Validation of a list of [`RpcDef`]s and the interned dataflow graph built from it.
+//!
+//! Keys that some RPC reads or writes, and the declared external keys, are interned into ids
+//! `0..MAX_KEYS`, so a sample's set of present keys is one `u64` ([`KeySet`]) and "is this
+//! sample ready for RPC r" is one `&` and compare. Keys no RPC reads or writes are payload
+//! only: they never affect readiness and get no id.
+
+use super::{RpcDef, Selection};
+use crate::error::{Error, Result};
+use crate::sync::Arc;
+use std::time::Duration;
+
+/// Most distinct graph keys (RPC inputs, outputs and external keys) in one buffer.
+pub(crate) const MAX_KEYS: usize = 64;
+/// Most RPCs in one buffer (a slot's lease bits are one `u64`).
+pub(crate) const MAX_RPCS: usize = 64;
+
+/// A set of interned key ids, one bit per key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub(crate) struct KeySet(pub(crate) u64);
+
+impl KeySet {
+    pub(crate) const EMPTY: KeySet = KeySet(0);
+
+    pub(crate) fn with(self, id: usize) -> KeySet {
+        KeySet(self.0 | (1u64 << id))
+    }
+
+    pub(crate) fn union(self, other: KeySet) -> KeySet {
+        KeySet(self.0 | other.0)
+    }
+
+    pub(crate) fn contains_all(self, other: KeySet) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    pub(crate) fn contains(self, id: usize) -> bool {
+        id < MAX_KEYS && self.0 & (1u64 << id) != 0
+    }
+
+    pub(crate) fn ids(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let id = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(id)
+        })
+    }
+}
+
+/// One RPC after validation, with its keys interned.
+#[derive(Debug, Clone)]
+pub(crate) struct RpcInfo {
+    pub(crate) name: Arc<str>,
+    pub(crate) n_seqs: usize,
+    pub(crate) inputs: KeySet,
+    pub(crate) outputs: KeySet,
+    pub(crate) reads: u16,
+    pub(crate) selection: Selection,
+    pub(crate) lease_timeout: Option<Duration>,
+}
+
+/// The validated RPC list and the key interning table.
+#[derive(Debug, Clone)]
+pub(crate) struct RpcGraph {
+    rpcs: Vec<RpcInfo>,
+    /// Interned key names; the index is the key id.
+    keys: Vec<Arc<str>>,
+    /// Keys some RPC reads that no RPC outputs and that are not external: every put must
+    /// carry them.
+    dataset_keys: KeySet,
+}
+
+impl RpcGraph {
+    /// Validates `defs` for a buffer of `capacity` slots.
+    pub(crate) fn new(capacity: usize, defs: &[RpcDef], external: &[String]) -> Result<Self> {
+        if defs.is_empty() {
+            return Err(Error::NoRpcs);
+        }
+        if defs.len() > MAX_RPCS {
+            return Err(Error::TooMany {
+                what: "RPCs",
+                count: defs.len(),
+                max: MAX_RPCS,
+            });
+        }
+        let mut keys: Vec<Arc<str>> = Vec::new();
+        let mut intern = |name: &str| -> usize {
+            if let Some(i) = keys.iter().position(|k| &**k == name) {
+                return i;
+            }
+            keys.push(name.into());
+            keys.len() - 1
+        };
+        let mut rpcs: Vec<RpcInfo> = Vec::with_capacity(defs.len());
+        // producer[key id] = index of the RPC that outputs it
+        let mut producer: Vec<Option<usize>> = Vec::new();
+        let mut external_set = KeySet::EMPTY;
+        let mut interned: Vec<(usize, Vec<usize>, Vec<usize>)> = Vec::new();
+        for (i, def) in defs.iter().enumerate() {
+            if defs[..i].iter().any(|d| d.name == def.name) {
+                return Err(Error::DuplicateRpc {
+                    name: def.name.clone(),
+                });
+            }
+            if def.n_seqs == 0 || def.n_seqs > capacity {
+                return Err(Error::InvalidNSeqs {
+                    rpc: def.name.clone(),
+                    n_seqs: def.n_seqs,
+                    capacity,
+                });
+            }
+            if def.reads == 0 || def.reads > u32::from(u16::MAX) {
+                return Err(Error::InvalidReads {
+                    rpc: def.name.clone(),
+                    reads: def.reads,
+                    max: u32::from(u16::MAX),
+                });
+            }
+            let ins: Vec<usize> = def.inputs.iter().map(|k| intern(k)).collect();
+            let outs: Vec<usize> = def.outputs.iter().map(|k| intern(k)).collect();
+            interned.push((i, ins, outs));
+        }
+        let external_ids: Vec<usize> = external.iter().map(|k| intern(k)).collect();
+        if keys.len() > MAX_KEYS {
+            return Err(Error::TooMany {
+                what: "keys",
+                count: keys.len(),
+                max: MAX_KEYS,
+            });
+        }
+        for id in external_ids {
+            external_set = external_set.with(id);
+        }
+        producer.resize(keys.len(), None);
+        for (i, _, outs) in &interned {
+            for &k in outs {
+                if let Some(first) = producer[k] {
+                    return Err(Error::DuplicateProducer {
+                        key: keys[k].to_string(),
+                        first: defs[first].name.clone(),
+                        second: defs[*i].name.clone(),
+                    });
+                }
+                if external_set.contains(k) {
+                    return Err(Error::ExternalKeyProduced {
+                        key: keys[k].to_string(),
+                        rpc: defs[*i].name.clone(),
+                    });
+                }
+                producer[k] = Some(*i);
+            }
+        }
+        let mut dataset_keys = KeySet::EMPTY;
+        for (i, ins, outs) in interned {
+            let def = &defs[i];
+            let inputs = ins.iter().fold(KeySet::EMPTY, |s, &k| s.with(k));
+            for &k in &ins {
+                if producer[k].is_none() && !external_set.contains(k) {
+                    dataset_keys = dataset_keys.with(k);
+                }
+            }
+            rpcs.push(RpcInfo {
+                name: def.name.as_str().into(),
+                n_seqs: def.n_seqs,
+                inputs,
+                outputs: outs.iter().fold(KeySet::EMPTY, |s, &k| s.with(k)),
+                reads: u16::try_from(def.reads).unwrap_or(u16::MAX),
+                selection: def.selection,
+                lease_timeout: def.lease_timeout,
+            });
+        }
+        let graph = Self {
+            rpcs,
+            keys,
+            dataset_keys,
+        };
+        graph.check_acyclic(&producer)?;
+        Ok(graph)
+    }
+
+    /// Depth-first search over "RPC a outputs a key RPC b reads" edges; a back edge is a
+    /// cycle, reported with the RPC it returns to and the key of that edge.
+    fn check_acyclic(&self, producer: &[Option<usize>]) -> Result<()> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Mark {
+            New,
+            OnPath,
+            Done,
+        }
+        let n = self.rpcs.len();
+        let mut mark = vec![Mark::New; n];
+        // Iterative DFS over consumers: from RPC `a`, every RPC reading a key `a` outputs.
+        for start in 0..n {
+            if mark[start] != Mark::New {
+                continue;
+            }
+            let mut stack: Vec<(usize, usize)> = vec![(start, 0)];
+            mark[start] = Mark::OnPath;
+            while let Some(&mut (a, ref mut next)) = stack.last_mut() {
+                if *next >= n {
+                    mark[a] = Mark::Done;
+                    stack.pop();
+                    continue;
+                }
+                let b = *next;
+                *next += 1;
+                let shared = KeySet(self.rpcs[a].outputs.0 & self.rpcs[b].inputs.0);
+                if shared == KeySet::EMPTY {
+                    continue;
+                }
+                match mark[b] {
+                    Mark::OnPath => {
+                        let key = shared.ids().next().unwrap_or(0);
+                        debug_assert_eq!(producer.get(key).copied().flatten(), Some(a));
+                        return Err(Error::CyclicGraph {
+                            rpc: self.rpcs[b].name.to_string(),
+                            key: self.keys[key].to_string(),
+                        });
+                    }
+                    Mark::New => {
+                        mark[b] = Mark::OnPath;
+                        stack.push((b, 0));
+                    }
+                    Mark::Done => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn rpcs(&self) -> &[RpcInfo] {
+        &self.rpcs
+    }
+
+    pub(crate) fn rpc_index(&self, name: &str) -> Option<usize> {
+        self.rpcs.iter().position(|r| &*r.name == name)
+    }
+
+    /// The id of an interned key.
+    pub(crate) fn key_id(&self, name: &str) -> Option<usize> {
+        self.keys.iter().position(|k| &**k == name)
+    }
+
+    pub(crate) fn key_name(&self, id: usize) -> &str {
+        self.keys.get(id).map_or("?", |k| k)
+    }
+
+    pub(crate) fn dataset_keys(&self) -> KeySet {
+        self.dataset_keys
+    }
+
+    /// The graph keys among `names` (names that are not graph keys are ignored).
+    pub(crate) fn key_set<'a>(&self, names: impl Iterator<Item = &'a str>) -> KeySet {
+        names.fold(KeySet::EMPTY, |s, n| match self.key_id(n) {
+            Some(id) => s.with(id),
+            None => s,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ppo() -> Vec<RpcDef> {
+        vec![
+            RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
+            RpcDef::new("reward", 2).inputs(["tokens"]).outputs(["reward"]),
+            RpcDef::new("train", 2).inputs(["tokens", "reward", "score"]),
+        ]
+    }
+
+    #[test]
+    fn dataset_keys_are_inputs_nobody_produces() {
+        let g = RpcGraph::new(8, &ppo(), &["score".to_string()]);
+        let g = g.unwrap_or_else(|e| panic!("{e}"));
+        let prompt = g.key_id("prompt").unwrap_or(99);
+        assert_eq!(g.dataset_keys(), KeySet::EMPTY.with(prompt));
+        assert_eq!(g.key_set(["tokens", "nope"].into_iter()).0.count_ones(), 1);
+    }
+
+    #[test]
+    fn rejects_bad_graphs() {
+        let cap = 8;
+        let dup = vec![RpcDef::new("a", 1), RpcDef::new("a", 1)];
+        assert!(matches!(RpcGraph::new(cap, &dup, &[]), Err(Error::DuplicateRpc { .. })));
+        let zero = vec![RpcDef::new("a", 0)];
+        assert!(matches!(RpcGraph::new(cap, &zero, &[]), Err(Error::InvalidNSeqs { .. })));
+        let big = vec![RpcDef::new("a", 9)];
+        assert!(matches!(RpcGraph::new(cap, &big, &[]), Err(Error::InvalidNSeqs { .. })));
+        let self_loop = vec![RpcDef::new("a", 1).inputs(["x"]).outputs(["x"])];
+        assert_eq!(
+            RpcGraph::new(cap, &self_loop, &[]).err(),
+            Some(Error::CyclicGraph { rpc: "a".into(), key: "x".into() })
+        );
+        let cycle = vec![
+            RpcDef::new("a", 1).inputs(["z"]).outputs(["x"]),
+            RpcDef::new("b", 1).inputs(["x"]).outputs(["y"]),
+            RpcDef::new("c", 1).inputs(["y"]).outputs(["z"]),
+        ];
+        assert!(matches!(RpcGraph::new(cap, &cycle, &[]), Err(Error::CyclicGraph { .. })));
+        let two = vec![
+            RpcDef::new("a", 1).outputs(["x"]),
+            RpcDef::new("b", 1).outputs(["x"]),
+        ];
+        assert!(matches!(RpcGraph::new(cap, &two, &[]), Err(Error::DuplicateProducer { .. })));
+        let ext = vec![RpcDef::new("a", 1).outputs(["x"])];
+        assert!(matches!(
+            RpcGraph::new(cap, &ext, &["x".into()]),
+            Err(Error::ExternalKeyProduced { .. })
+        ));
+        let reads = vec![RpcDef::new("a", 1).reads(0)];
+        assert!(matches!(RpcGraph::new(cap, &reads, &[]), Err(Error::InvalidReads { .. })));
+        assert_eq!(RpcGraph::new(cap, &[], &[]).err(), Some(Error::NoRpcs));
+        let many: Vec<_> = (0..65).map(|i| RpcDef::new(format!("r{i}"), 1)).collect();
+        assert!(matches!(RpcGraph::new(cap, &many, &[]), Err(Error::TooMany { .. })));
+        let keys: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
+        let wide = vec![RpcDef::new("a", 1).inputs(keys)];
+        assert!(matches!(RpcGraph::new(cap, &wide, &[]), Err(Error::TooMany { .. })));
+    }
+
+    #[test]
+    fn diamond_is_not_a_cycle() {
+        let d = vec![
+            RpcDef::new("gen", 1).inputs(["p"]).outputs(["x"]),
+            RpcDef::new("ref", 1).inputs(["x"]).outputs(["r"]),
+            RpcDef::new("rew", 1).inputs(["x"]).outputs(["w"]),
+            RpcDef::new("train", 1).inputs(["x", "r", "w"]),
+        ];
+        assert!(RpcGraph::new(4, &d, &[]).is_ok());
+    }
+}

@@ -1,0 +1,280 @@
+//! `Sample` (one rollout or prompt in the buffer), its `SampleId`, metadata values, and
+//! `Patch` (the fields an amend or an RPC's completion adds).
+//!
+//! Fields are [`Tensor`]s keyed by name; a sample holds few of them (a handful of keys per
+//! RL pipeline), so they live in a small vector rather than a map. Keys and ids are
+//! `Arc<str>` so batches share them instead of copying strings.
+
+use crate::sync::Arc;
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
+use std::fmt;
+
+/// The identity of a sample, unique among the samples in one buffer.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SampleId(Arc<str>);
+
+impl SampleId {
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for SampleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for SampleId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for SampleId {
+    fn from(s: &str) -> Self {
+        Self(s.into())
+    }
+}
+
+impl From<String> for SampleId {
+    fn from(s: String) -> Self {
+        Self(s.into())
+    }
+}
+
+impl From<u64> for SampleId {
+    fn from(n: u64) -> Self {
+        Self(n.to_string().into())
+    }
+}
+
+impl std::borrow::Borrow<str> for SampleId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A metadata value: small typed facts about a sample (environment, policy version, ...).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum MetaValue {
+    /// A signed integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A string.
+    Str(String),
+    /// A boolean.
+    Bool(bool),
+}
+
+macro_rules! meta_from {
+    ($($ty:ty => $variant:ident $(as $cast:ty)?),* $(,)?) => {$(
+        impl From<$ty> for MetaValue {
+            fn from(v: $ty) -> Self {
+                MetaValue::$variant(v $(as $cast)? .into())
+            }
+        }
+    )*};
+}
+meta_from!(i64 => Int, i32 => Int, u32 => Int, f64 => Float, f32 => Float, bool => Bool,
+           String => Str, &str => Str);
+
+/// Named fields, in insertion order; setting an existing key replaces its tensor.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Fields(Vec<(Arc<str>, Tensor)>);
+
+impl Fields {
+    pub(crate) fn set(&mut self, key: Arc<str>, value: Tensor) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, v)) => *v = value,
+            None => self.0.push((key, value)),
+        }
+    }
+
+    pub(crate) fn get(&self, key: &str) -> Option<&Tensor> {
+        self.0.iter().find(|(k, _)| &**k == key).map(|(_, v)| v)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Tensor)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// The fields whose key `keep` accepts, sharing their tensors.
+    pub(crate) fn filtered(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
+        Self(
+            self.0
+                .iter()
+                .filter(|(k, _)| keep(k))
+                .map(|(k, v)| (Arc::clone(k), v.clone()))
+                .collect(),
+        )
+    }
+}
+
+/// Metadata, shared between a stored sample and the batches that read it.
+pub(crate) type Meta = Arc<BTreeMap<String, MetaValue>>;
+
+/// One entry of the buffer: an id, a birth (smaller = older), named tensor fields and
+/// metadata.
+///
+/// ```
+/// use rollout_buffer::{Sample, Tensor};
+/// let s = Sample::new("rollout-7")
+///     .birth(42)
+///     .with("prompt", Tensor::from(vec![1i32, 2, 3]))
+///     .meta("environment", "math");
+/// assert_eq!(s.get("prompt").and_then(|t| t.array::<i32>()).map(|a| a.len()), Some(3));
+/// assert_eq!(s.birth_value(), Some(42));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    pub(crate) id: SampleId,
+    /// `None` until set explicitly or assigned by `put_batch` (next process-wide birth).
+    pub(crate) birth: Option<u64>,
+    pub(crate) fields: Fields,
+    pub(crate) meta: Meta,
+}
+
+impl Sample {
+    /// A sample with no fields; its birth is assigned at put unless set with [`Sample::birth`].
+    pub fn new(id: impl Into<SampleId>) -> Self {
+        Self {
+            id: id.into(),
+            birth: None,
+            fields: Fields::default(),
+            meta: Meta::default(),
+        }
+    }
+
+    /// Sets the birth: the order key, smaller = older = served first by `Fifo`. Must be > 0
+    /// (a put rejects 0). AReaL uses the rollout's start time in milliseconds.
+    pub fn birth(mut self, birth: u64) -> Self {
+        self.birth = Some(birth);
+        self
+    }
+
+    /// Adds or replaces a field.
+    pub fn with(mut self, key: &str, value: impl Into<Tensor>) -> Self {
+        self.fields.set(key.into(), value.into());
+        self
+    }
+
+    /// Adds or replaces a metadata entry.
+    pub fn meta(mut self, key: &str, value: impl Into<MetaValue>) -> Self {
+        Arc::make_mut(&mut self.meta).insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The id.
+    pub fn id(&self) -> &SampleId {
+        &self.id
+    }
+
+    /// The birth: the value set with [`Sample::birth`] or, for samples read from the
+    /// buffer, the one assigned at put; `None` for a new sample without one.
+    pub fn birth_value(&self) -> Option<u64> {
+        self.birth
+    }
+
+    /// A field.
+    pub fn get(&self, key: &str) -> Option<&Tensor> {
+        self.fields.get(key)
+    }
+
+    /// All fields, in the order they were added.
+    pub fn fields(&self) -> impl Iterator<Item = (&str, &Tensor)> {
+        self.fields.iter().map(|(k, v)| (&**k, v))
+    }
+
+    /// The field names.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|(k, _)| &**k)
+    }
+
+    /// A metadata entry.
+    pub fn get_meta(&self, key: &str) -> Option<&MetaValue> {
+        self.meta.get(key)
+    }
+
+    /// All metadata.
+    pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
+        &self.meta
+    }
+
+    /// Applies a patch: its fields replace or add to this sample's, its metadata likewise.
+    pub(crate) fn apply(&mut self, patch: &Patch) {
+        for (k, v) in patch.fields.iter() {
+            self.fields.set(Arc::clone(k), v.clone());
+        }
+        if !patch.meta.is_empty() {
+            let meta = Arc::make_mut(&mut self.meta);
+            for (k, v) in patch.meta.iter() {
+                meta.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+/// Fields (and metadata) to add to a stored sample, by `amend_batch` or `Batch::complete`.
+///
+/// ```
+/// use rollout_buffer::{Patch, Tensor};
+/// let p = Patch::new().with("reward", 1.0f64);
+/// let q: Patch = [("tokens", Tensor::from(vec![7i32]))].into_iter().collect();
+/// assert_eq!(p.keys().collect::<Vec<_>>(), ["reward"]);
+/// assert_eq!(q.len(), 1);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Patch {
+    pub(crate) fields: Fields,
+    pub(crate) meta: BTreeMap<String, MetaValue>,
+}
+
+impl Patch {
+    /// An empty patch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds or replaces a field.
+    pub fn with(mut self, key: &str, value: impl Into<Tensor>) -> Self {
+        self.fields.set(key.into(), value.into());
+        self
+    }
+
+    /// Adds or replaces a metadata entry.
+    pub fn meta(mut self, key: &str, value: impl Into<MetaValue>) -> Self {
+        self.meta.insert(key.to_owned(), value.into());
+        self
+    }
+
+    /// The field names.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.fields.iter().map(|(k, _)| &**k)
+    }
+
+    /// Number of fields.
+    pub fn len(&self) -> usize {
+        self.fields.len()
+    }
+
+    /// True when the patch has no fields and no metadata.
+    pub fn is_empty(&self) -> bool {
+        self.fields.len() == 0 && self.meta.is_empty()
+    }
+}
+
+impl<K: AsRef<str>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        iter.into_iter()
+            .fold(Patch::new(), |p, (k, v)| p.with(k.as_ref(), v))
+    }
+}

@@ -1,0 +1,135 @@
+//! `LeaseTable`: the live leases (batches handed to an RPC and not yet finished), with
+//! their deadlines.
+//!
+//! Leases live in a slab; a [`LeaseId`] carries the entry's generation, so an id whose lease
+//! ended (finished, released or expired) never names a later lease that reuses the entry.
+
+use std::collections::BTreeSet;
+use std::time::Instant;
+
+/// Names one lease: slab index plus the generation of that entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct LeaseId {
+    index: u32,
+    generation: u32,
+}
+
+impl LeaseId {
+    /// A number for messages, unique among the live leases.
+    pub(crate) fn number(self) -> u64 {
+        (u64::from(self.generation) << 32) | u64::from(self.index)
+    }
+}
+
+/// A batch of slots leased to one RPC.
+#[derive(Debug, Clone)]
+pub(crate) struct Lease {
+    pub(crate) rpc: usize,
+    pub(crate) slots: Vec<u32>,
+    pub(crate) deadline: Option<Instant>,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Entry {
+    generation: u32,
+    lease: Option<Lease>,
+}
+
+/// The live leases.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeaseTable {
+    entries: Vec<Entry>,
+    vacant: Vec<u32>,
+    /// (deadline, entry index) of every live lease that has a deadline.
+    deadlines: BTreeSet<(Instant, u32)>,
+    live: usize,
+}
+
+impl LeaseTable {
+    pub(crate) fn insert(&mut self, lease: Lease) -> LeaseId {
+        let index = match self.vacant.pop() {
+            Some(i) => i,
+            None => {
+                self.entries.push(Entry::default());
+                (self.entries.len() - 1) as u32
+            }
+        };
+        if let Some(d) = lease.deadline {
+            self.deadlines.insert((d, index));
+        }
+        self.live += 1;
+        let entry = &mut self.entries[index as usize];
+        entry.lease = Some(lease);
+        LeaseId {
+            index,
+            generation: entry.generation,
+        }
+    }
+
+    pub(crate) fn get(&self, id: LeaseId) -> Option<&Lease> {
+        let entry = self.entries.get(id.index as usize)?;
+        if entry.generation != id.generation {
+            return None;
+        }
+        entry.lease.as_ref()
+    }
+
+    pub(crate) fn remove(&mut self, id: LeaseId) -> Option<Lease> {
+        let entry = self.entries.get_mut(id.index as usize)?;
+        if entry.generation != id.generation {
+            return None;
+        }
+        let lease = entry.lease.take()?;
+        entry.generation = entry.generation.wrapping_add(1);
+        if let Some(d) = lease.deadline {
+            self.deadlines.remove(&(d, id.index));
+        }
+        self.vacant.push(id.index);
+        self.live -= 1;
+        Some(lease)
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(d, _)| d)
+    }
+
+    /// Takes the earliest deadline if it is at or before `now` and returns its lease's id
+    /// (the lease stays live until removed). Each call consumes one deadline entry, so a
+    /// loop over it always ends.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<LeaseId> {
+        let &(d, index) = self.deadlines.first()?;
+        if d > now {
+            return None;
+        }
+        self.deadlines.pop_first();
+        let generation = self.entries.get(index as usize).map_or(0, |e| e.generation);
+        Some(LeaseId { index, generation })
+    }
+
+    pub(crate) fn live(&self) -> usize {
+        self.live
+    }
+
+    /// Every live lease with its id.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (LeaseId, &Lease)> {
+        self.entries.iter().enumerate().filter_map(|(i, e)| {
+            e.lease.as_ref().map(|l| {
+                (
+                    LeaseId {
+                        index: i as u32,
+                        generation: e.generation,
+                    },
+                    l,
+                )
+            })
+        })
+    }
+
+    pub(crate) fn has_deadline_entry(&self, id: LeaseId, deadline: Instant) -> bool {
+        self.deadlines.contains(&(deadline, id.index))
+    }
+
+    pub(crate) fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
+    }
+}

@@ -1,0 +1,24 @@
+//! The slot state machine: which slots are empty, being put, stored, amended or leased,
+//! which samples each RPC may take next, and the leases it holds.
+//!
+//! Everything here is synchronous and free of tokio, payloads and I/O: the buffer calls it
+//! with its one lock held and turns the returned [`Wake`] into notifications after dropping
+//! the lock. That keeps every transition testable as a plain function (unit tests, proptest
+//! against a reference model) and small enough for loom to model.
+//!
+//! * `table.rs`: [`SlotTable`], its transitions and the written invariants;
+//! * `invariants.rs`: `check_invariants()`, the audit of those invariants;
+//! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
+//! * `leases.rs`: live leases and their deadlines;
+//! * `mask.rs`: word bitsets for the per-state masks.
+
+mod invariants;
+mod leases;
+mod mask;
+mod ready;
+mod table;
+#[cfg(test)]
+mod tests;
+
+pub(crate) use leases::LeaseId;
+pub(crate) use table::{LeaseEnd, LeaseGone, RpcSpec, SlotTable, Ticket, Wake};

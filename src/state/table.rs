@@ -1,0 +1,512 @@
+//! `SlotTable`: the synchronous slot state machine, and its invariants.
+//!
+//! Every method is a plain `fn` called with the buffer's lock held; none blocks, sleeps or
+//! allocates more than the batch it handles. Each transition returns a [`Wake`] naming
+//! which waiters may now make progress; the async layer notifies them after dropping the
+//! lock.
+//!
+//! # Slot lifecycle
+//!
+//! ```text
+//!   empty --claim_put--> putting --publish_put--> stored --(all reads used)--> empty
+//!     ^                     |                    (idle / amending / reading)
+//!     +-----abort_put-------+
+//! ```
+//!
+//! A stored slot is `amending` while at least one amend is in flight, `reading` while at
+//! least one RPC leases it, and `idle` when neither. Amends and leases may overlap: a batch
+//! is a snapshot of `Arc`-shared fields, so an amend never changes what a lease already
+//! holds. A slot's generation moves every time it returns to `empty`, so a handle to a freed
+//! slot is recognised as stale.
+//!
+//! # Invariants (checked by [`SlotTable::check_invariants`])
+//!
+//! 1. Every slot is in exactly one of `empty`, `putting`, stored; a stored slot is `idle`
+//!    iff it is neither `amending` nor `reading`. `amending` iff `amenders > 0`; `reading`
+//!    iff its lease bits are non-zero. Mask counts equal their recounts.
+//! 2. The free list holds exactly the empty slots, each once.
+//! 3. An empty or putting slot has no keys, reads, lease bits, amenders or ready entries.
+//! 4. `reads_total[s]` is the sum of `reads_left[s][*]`; a stored slot with
+//!    `reads_total == 0` still has an amend or a lease in flight (otherwise it was freed).
+//! 5. Slot `s` is in RPC `r`'s ready index, under its order key, iff it is eligible for `r`:
+//!    stored, not amending, holds every input key of `r`, has reads left for `r`, and `r`
+//!    does not lease it. `in_ready[s]` mirrors these memberships bit for bit.
+//! 6. Each lease bit `(s, r)` belongs to exactly one live lease of RPC `r`, and every live
+//!    lease's slots carry its bit; a lease has a deadline entry iff it has a deadline.
+//! 7. Waiting putters have distinct tickets.
+
+use super::leases::{Lease, LeaseId, LeaseTable};
+use super::mask::Mask;
+use super::ready::{OrderKey, ReadyIndex};
+use crate::rpc_defs::{KeySet, RpcInfo, Selection};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What one RPC means to the state machine.
+#[derive(Debug, Clone)]
+pub(crate) struct RpcSpec {
+    pub(crate) inputs: KeySet,
+    pub(crate) reads: u16,
+    pub(crate) n_seqs: usize,
+    pub(crate) lifo: bool,
+    pub(crate) lease_timeout: Option<Duration>,
+}
+
+impl From<&RpcInfo> for RpcSpec {
+    fn from(info: &RpcInfo) -> Self {
+        Self {
+            inputs: info.inputs,
+            reads: info.reads,
+            n_seqs: info.n_seqs,
+            lifo: matches!(info.selection, Selection::Lifo),
+            lease_timeout: info.lease_timeout,
+        }
+    }
+}
+
+/// Which waiters a transition may have unblocked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[must_use = "waiters must be notified after the lock is dropped"]
+pub(crate) struct Wake {
+    /// Bit `r`: RPC `r` gained eligible samples.
+    pub(crate) rpcs: u64,
+    /// Free slots appeared, or the head of the putter queue changed.
+    pub(crate) space: bool,
+}
+
+impl Wake {
+    pub(crate) fn merge(&mut self, other: Wake) {
+        self.rpcs |= other.rpcs;
+        self.space |= other.space;
+    }
+}
+
+/// A putter's place in the queue of puts waiting for free slots.
+pub(crate) type Ticket = u64;
+
+/// Running totals, in samples.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    pub(crate) put: u64,
+    pub(crate) freed: u64,
+    /// Per RPC: reads used (completions and commits).
+    pub(crate) reads: Vec<u64>,
+    /// Per RPC: samples whose lease was released or expired unused.
+    pub(crate) redelivered: Vec<u64>,
+    /// Per RPC: leases that expired.
+    pub(crate) expired_leases: Vec<u64>,
+}
+
+/// How a lease ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseEnd {
+    /// One read of every sample is used (`complete` / `commit`).
+    Used,
+    /// Nothing is used; the samples are eligible again for the RPC (drop or expiry).
+    Released,
+}
+
+/// A lease that cannot be finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LeaseGone {
+    /// Its deadline passed; it was (or now is) released.
+    Expired,
+}
+
+/// The slot state machine. See the module docs for the lifecycle and invariants.
+#[derive(Debug)]
+pub(crate) struct SlotTable {
+    pub(crate) rpcs: Vec<RpcSpec>,
+    pub(crate) capacity: usize,
+    // ----- per slot
+    pub(crate) generation: Vec<u32>,
+    pub(crate) keys: Vec<KeySet>,
+    pub(crate) order: Vec<OrderKey>,
+    pub(crate) amenders: Vec<u16>,
+    /// Bit `r`: RPC `r` holds a lease on the slot.
+    pub(crate) lease_bits: Vec<u64>,
+    /// Bit `r`: the slot is in RPC `r`'s ready index.
+    pub(crate) in_ready: Vec<u64>,
+    /// `reads_left[s * n_rpcs + r]`.
+    pub(crate) reads_left: Vec<u16>,
+    pub(crate) reads_total: Vec<u32>,
+    // ----- state masks
+    pub(crate) empty: Mask,
+    pub(crate) putting: Mask,
+    pub(crate) amending: Mask,
+    pub(crate) reading: Mask,
+    pub(crate) idle: Mask,
+    // ----- indexes
+    /// Free slots; the top is taken first, so fresh buffers fill 0, 1, 2, ... and freed
+    /// slots (still in cache) are reused first.
+    pub(crate) free: Vec<u32>,
+    pub(crate) ready: Vec<ReadyIndex>,
+    pub(crate) leases: LeaseTable,
+    /// Number of slots each RPC leases.
+    pub(crate) leased: Vec<usize>,
+    pub(crate) putters: VecDeque<(Ticket, usize)>,
+    next_ticket: Ticket,
+    /// Put order, for ties between equal births.
+    next_seq: u64,
+    pub(crate) totals: Totals,
+}
+
+impl SlotTable {
+    pub(crate) fn new(capacity: usize, rpcs: Vec<RpcSpec>) -> Self {
+        let n = rpcs.len();
+        let ready = rpcs.iter().map(|r| ReadyIndex::new(r.lifo)).collect();
+        Self {
+            capacity,
+            generation: vec![0; capacity],
+            keys: vec![KeySet::EMPTY; capacity],
+            order: vec![0; capacity],
+            amenders: vec![0; capacity],
+            lease_bits: vec![0; capacity],
+            in_ready: vec![0; capacity],
+            reads_left: vec![0; capacity * n],
+            reads_total: vec![0; capacity],
+            empty: Mask::full(capacity),
+            putting: Mask::new(capacity),
+            amending: Mask::new(capacity),
+            reading: Mask::new(capacity),
+            idle: Mask::new(capacity),
+            free: (0..capacity as u32).rev().collect(),
+            ready,
+            leases: LeaseTable::default(),
+            leased: vec![0; n],
+            putters: VecDeque::new(),
+            next_ticket: 0,
+            next_seq: 0,
+            totals: Totals {
+                reads: vec![0; n],
+                redelivered: vec![0; n],
+                expired_leases: vec![0; n],
+                ..Totals::default()
+            },
+            rpcs,
+        }
+    }
+
+    /// Slots holding a sample (stored or being put).
+    pub(crate) fn len(&self) -> usize {
+        self.capacity - self.empty.count()
+    }
+
+    pub(crate) fn is_stored(&self, slot: usize) -> bool {
+        slot < self.capacity && !self.empty.get(slot) && !self.putting.get(slot)
+    }
+
+    // ----- put ---------------------------------------------------------------------
+
+    /// Takes `n` free slots for a put, marking them `putting`. Only the putter at the head
+    /// of the queue (or anyone, when nobody queues) may take slots, so waiting putters are
+    /// served in arrival order. Returns `None` when this putter must wait.
+    pub(crate) fn claim_put(&mut self, n: usize, ticket: Option<Ticket>) -> Option<(Vec<u32>, Wake)> {
+        let my_turn = match (self.putters.front(), ticket) {
+            (None, _) => true,
+            (Some(&(head, _)), Some(t)) => head == t,
+            (Some(_), None) => false,
+        };
+        if !my_turn || self.free.len() < n {
+            return None;
+        }
+        let mut wake = Wake::default();
+        if ticket.is_some() {
+            self.putters.pop_front();
+            // The next putter is now at the head; it may fit in what is left.
+            wake.space = !self.putters.is_empty();
+        }
+        let at = self.free.len() - n;
+        let slots: Vec<u32> = self.free.drain(at..).rev().collect();
+        for &s in &slots {
+            let s = s as usize;
+            self.empty.clear(s);
+            self.putting.set(s);
+        }
+        Some((slots, wake))
+    }
+
+    /// Joins the queue of putters waiting for `n` slots.
+    pub(crate) fn enqueue_putter(&mut self, n: usize) -> Ticket {
+        let t = self.next_ticket;
+        self.next_ticket += 1;
+        self.putters.push_back((t, n));
+        t
+    }
+
+    /// Leaves the putter queue (a cancelled or failed put). If it was at the head, the next
+    /// putter may now proceed.
+    pub(crate) fn dequeue_putter(&mut self, ticket: Ticket) -> Wake {
+        let was_head = self.putters.front().map(|&(t, _)| t) == Some(ticket);
+        self.putters.retain(|&(t, _)| t != ticket);
+        Wake {
+            rpcs: 0,
+            space: was_head && !self.putters.is_empty(),
+        }
+    }
+
+    /// Stores claimed slots: they become idle with `keys` and `birth`, get their reads, and
+    /// enter the ready index of every RPC whose inputs they hold. Returns each slot's
+    /// generation (for handles).
+    pub(crate) fn publish_put(&mut self, slots: &[u32], births: &[u64], keys: &[KeySet]) -> (Vec<u32>, Wake) {
+        let n_rpcs = self.rpcs.len();
+        let mut wake = Wake::default();
+        let mut generations = Vec::with_capacity(slots.len());
+        for ((&s, &birth), &k) in slots.iter().zip(births).zip(keys) {
+            let s = s as usize;
+            debug_assert!(self.putting.get(s));
+            self.putting.clear(s);
+            self.idle.set(s);
+            self.keys[s] = k;
+            self.order[s] = super::ready::order_key(birth, self.next_seq);
+            self.next_seq += 1;
+            let mut total = 0u32;
+            for (r, rpc) in self.rpcs.iter().enumerate() {
+                self.reads_left[s * n_rpcs + r] = rpc.reads;
+                total += u32::from(rpc.reads);
+            }
+            self.reads_total[s] = total;
+            wake.rpcs |= self.sync_ready(s);
+            generations.push(self.generation[s]);
+        }
+        self.totals.put += slots.len() as u64;
+        (generations, wake)
+    }
+
+    /// Gives claimed slots back (a put that failed or was cancelled before publishing).
+    pub(crate) fn abort_put(&mut self, slots: &[u32]) -> Wake {
+        for &s in slots {
+            let s = s as usize;
+            debug_assert!(self.putting.get(s));
+            self.putting.clear(s);
+            self.release_slot(s);
+        }
+        Wake {
+            rpcs: 0,
+            space: !slots.is_empty(),
+        }
+    }
+
+    // ----- amend -------------------------------------------------------------------
+
+    /// The current generation of a stored slot, or `None` if the slot is out of range or
+    /// not stored (being put or empty).
+    pub(crate) fn stored_generation(&self, slot: usize) -> Option<u32> {
+        self.is_stored(slot).then(|| self.generation[slot])
+    }
+
+    /// Marks stored slots as being amended: they leave every ready index until
+    /// [`Self::finish_amend`]. The caller has checked their generations.
+    pub(crate) fn begin_amend(&mut self, slots: &[u32]) {
+        for &s in slots {
+            let s = s as usize;
+            debug_assert!(self.is_stored(s));
+            self.amenders[s] += 1;
+            if self.amenders[s] == 1 {
+                self.amending.set(s);
+                self.idle.clear(s);
+                self.sync_ready(s);
+            }
+        }
+    }
+
+    /// Ends amends begun by [`Self::begin_amend`], adding `added[i]` to slot `i`'s keys
+    /// (pass empty sets for an aborted amend). Slots whose reads are all used and that
+    /// nothing else holds are freed and returned.
+    pub(crate) fn finish_amend(&mut self, slots: &[u32], added: &[KeySet], freed: &mut Vec<u32>) -> Wake {
+        let mut wake = Wake::default();
+        for (i, &s) in slots.iter().enumerate() {
+            let s = s as usize;
+            debug_assert!(self.amenders[s] > 0);
+            self.keys[s] = self.keys[s].union(added.get(i).copied().unwrap_or_default());
+            self.amenders[s] -= 1;
+            if self.amenders[s] == 0 {
+                self.amending.clear(s);
+                if self.lease_bits[s] == 0 {
+                    self.idle.set(s);
+                }
+            }
+            wake.merge(self.settle(s, freed));
+        }
+        wake
+    }
+
+    // ----- leases ------------------------------------------------------------------
+
+    /// Number of samples eligible for RPC `r` right now.
+    pub(crate) fn eligible(&self, r: usize) -> usize {
+        self.ready.get(r).map_or(0, ReadyIndex::len)
+    }
+
+    /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
+    /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
+    /// the RPC has a lease timeout.
+    pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<(LeaseId, Vec<u32>)> {
+        let spec = self.rpcs.get(r)?;
+        let n = spec.n_seqs;
+        let deadline = spec.lease_timeout.and_then(|t| now.map(|now| now + t));
+        let index = self.ready.get_mut(r)?;
+        if index.len() < n {
+            return None;
+        }
+        let slots = index.take(n);
+        let bit = 1u64 << r;
+        for &s in &slots {
+            let s = s as usize;
+            self.in_ready[s] &= !bit;
+            if self.lease_bits[s] == 0 {
+                self.reading.set(s);
+                self.idle.clear(s);
+            }
+            self.lease_bits[s] |= bit;
+        }
+        self.leased[r] += slots.len();
+        let id = self.leases.insert(Lease {
+            rpc: r,
+            slots: slots.clone(),
+            deadline,
+        });
+        Some((id, slots))
+    }
+
+    /// The live lease `id`, or why it is gone. A lease whose deadline has passed at `now`
+    /// counts as expired even before [`Self::expire_due`] reclaims it.
+    pub(crate) fn lease(&self, id: LeaseId, now: Option<Instant>) -> Result<&Lease, LeaseGone> {
+        let lease = self.leases.get(id).ok_or(LeaseGone::Expired)?;
+        match (lease.deadline, now) {
+            (Some(deadline), Some(now)) if now >= deadline => Err(LeaseGone::Expired),
+            _ => Ok(lease),
+        }
+    }
+
+    /// Ends a live lease. With [`LeaseEnd::Used`] one read of each sample is used and
+    /// `added[i]` (the RPC's outputs) joins slot `i`'s keys in the same step, so no other RPC
+    /// can see the read without the outputs. Freed slots are appended to `freed`.
+    pub(crate) fn finish_lease(
+        &mut self,
+        id: LeaseId,
+        end: LeaseEnd,
+        added: &[KeySet],
+        freed: &mut Vec<u32>,
+    ) -> Wake {
+        let Some(lease) = self.leases.remove(id) else {
+            return Wake::default();
+        };
+        let r = lease.rpc;
+        let n_rpcs = self.rpcs.len();
+        let bit = 1u64 << r;
+        let mut wake = Wake::default();
+        for (i, &s) in lease.slots.iter().enumerate() {
+            let s = s as usize;
+            debug_assert!(self.lease_bits[s] & bit != 0);
+            self.lease_bits[s] &= !bit;
+            if self.lease_bits[s] == 0 {
+                self.reading.clear(s);
+                if self.amenders[s] == 0 {
+                    self.idle.set(s);
+                }
+            }
+            if end == LeaseEnd::Used {
+                self.reads_left[s * n_rpcs + r] -= 1;
+                self.reads_total[s] -= 1;
+                self.keys[s] = self.keys[s].union(added.get(i).copied().unwrap_or_default());
+            }
+            wake.merge(self.settle(s, freed));
+        }
+        self.leased[r] -= lease.slots.len();
+        let n = lease.slots.len() as u64;
+        match end {
+            LeaseEnd::Used => self.totals.reads[r] += n,
+            LeaseEnd::Released => self.totals.redelivered[r] += n,
+        }
+        wake
+    }
+
+    /// The earliest lease deadline, if any lease has one.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.leases.next_deadline()
+    }
+
+    /// Releases every lease whose deadline is at or before `now`.
+    pub(crate) fn expire_due(&mut self, now: Instant, freed: &mut Vec<u32>) -> Wake {
+        let mut wake = Wake::default();
+        while let Some(id) = self.leases.pop_due(now) {
+            if let Some(lease) = self.leases.get(id) {
+                let r = lease.rpc;
+                self.totals.expired_leases[r] += 1;
+                tracing::debug!(rpc = r, slots = lease.slots.len(), "lease expired; redelivering");
+            }
+            wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));
+        }
+        wake
+    }
+
+    // ----- shared helpers ----------------------------------------------------------
+
+    /// After a transition on stored slot `s`: frees it if every read is used and nothing
+    /// holds it, otherwise brings its ready-index entries up to date.
+    fn settle(&mut self, s: usize, freed: &mut Vec<u32>) -> Wake {
+        if self.reads_total[s] == 0 && self.amenders[s] == 0 && self.lease_bits[s] == 0 {
+            self.sync_ready(s);
+            self.idle.clear(s);
+            self.release_slot(s);
+            self.totals.freed += 1;
+            freed.push(s as u32);
+            Wake {
+                rpcs: 0,
+                space: true,
+            }
+        } else {
+            Wake {
+                rpcs: self.sync_ready(s),
+                space: false,
+            }
+        }
+    }
+
+    /// Whether stored slot `s` is eligible for RPC `r` (invariant 5).
+    pub(crate) fn is_eligible(&self, s: usize, r: usize) -> bool {
+        let n_rpcs = self.rpcs.len();
+        self.is_stored(s)
+            && self.amenders[s] == 0
+            && self.keys[s].contains_all(self.rpcs[r].inputs)
+            && self.reads_left[s * n_rpcs + r] > 0
+            && self.lease_bits[s] & (1u64 << r) == 0
+    }
+
+    /// Makes slot `s`'s ready-index memberships match its eligibility; returns the RPCs it
+    /// newly became eligible for.
+    fn sync_ready(&mut self, s: usize) -> u64 {
+        let mut want = 0u64;
+        for r in 0..self.rpcs.len() {
+            if self.is_eligible(s, r) {
+                want |= 1 << r;
+            }
+        }
+        let have = self.in_ready[s];
+        let (added, removed) = (want & !have, have & !want);
+        let mut bits = added | removed;
+        while bits != 0 {
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if added & (1 << r) != 0 {
+                self.ready[r].insert(self.order[s], s as u32);
+            } else {
+                self.ready[r].remove(self.order[s]);
+            }
+        }
+        self.in_ready[s] = want;
+        added
+    }
+
+    /// Returns an emptied slot to the free list with a new generation.
+    fn release_slot(&mut self, s: usize) {
+        let n_rpcs = self.rpcs.len();
+        self.empty.set(s);
+        self.generation[s] = self.generation[s].wrapping_add(1);
+        self.keys[s] = KeySet::EMPTY;
+        self.reads_left[s * n_rpcs..(s + 1) * n_rpcs].fill(0);
+        self.reads_total[s] = 0;
+        self.free.push(s as u32);
+    }
+}
