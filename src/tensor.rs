@@ -108,7 +108,7 @@ element!(String, Str);
 /// let two_answers = Tensor::ragged(vec![5i32, 6, 7, 8, 9], vec![2, 3]).unwrap();
 /// assert_eq!(logp.shape(), &[2, 2]);
 /// assert_eq!(reward.scalar_value::<f64>(), Some(1.0));
-/// assert_eq!(two_answers.sequence::<i32>(1).unwrap().to_vec(), vec![7, 8, 9]);
+/// assert_eq!(two_answers.sequence::<i32>(1).unwrap().iter().copied().collect::<Vec<_>>(), vec![7, 8, 9]);
 /// assert_eq!(tokens.array::<i32>().unwrap().len(), 3);
 /// ```
 #[derive(Debug, Clone, PartialEq)]
@@ -273,7 +273,7 @@ mod tests {
         let t = Tensor::ragged(vec![1i32, 2, 3], vec![1, 2]);
         let t = t.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t.lengths(), Some(&[1usize, 2][..]));
-        assert_eq!(t.sequence::<i32>(0).map(|v| v.to_vec()), Some(vec![1]));
+        assert_eq!(t.sequence::<i32>(0).map(|v| v.iter().copied().collect::<Vec<_>>()), Some(vec![1]));
         assert!(t.sequence::<i32>(2).is_none());
         let bad = Tensor::ragged(array![[1i32], [2], [3]], vec![2, 2]);
         assert_eq!(bad, Err(Error::RaggedLengths { sum: 4, rows: 3 }));

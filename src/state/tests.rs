@@ -1,0 +1,422 @@
+//! Tests of the state machine: unit tests of single transitions, and proptest runs of random
+//! operation sequences checked step by step against a plain reference model.
+
+use super::table::{LeaseEnd, RpcSpec, SlotTable};
+use super::LeaseId;
+use crate::rpc_defs::KeySet;
+use proptest::prelude::*;
+use std::time::{Duration, Instant};
+
+const K0: usize = 0; // dataset key
+const K1: usize = 1; // output of rpc 0
+const K2: usize = 2; // output of rpc 1
+const K3: usize = 3; // external key, amended in
+
+fn ks(ids: &[usize]) -> KeySet {
+    ids.iter().fold(KeySet::EMPTY, |s, &k| s.with(k))
+}
+
+fn spec(inputs: &[usize], reads: u16, n_seqs: usize, lifo: bool) -> RpcSpec {
+    RpcSpec {
+        inputs: ks(inputs),
+        reads,
+        n_seqs,
+        lifo,
+        lease_timeout: None,
+    }
+}
+
+fn put(t: &mut SlotTable, births: &[u64], keys: KeySet) -> Vec<u32> {
+    let Some((slots, _)) = t.claim_put(births.len(), None) else {
+        panic!("no room for {} samples", births.len());
+    };
+    let keys = vec![keys; births.len()];
+    let _ = t.publish_put(&slots, births, &keys);
+    slots
+}
+
+fn ok(t: &SlotTable) {
+    if let Err(e) = t.check_invariants() {
+        panic!("invariant: {e}");
+    }
+}
+
+#[test]
+fn fresh_table_fills_lowest_slots_and_fifo_by_birth() {
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 2, false)]);
+    assert_eq!(put(&mut t, &[30, 20, 10], ks(&[K0])), vec![0, 1, 2]);
+    assert!(t.claim_put(2, None).is_none(), "only one slot left");
+    let Some((_, slots)) = t.try_lease(0, None) else {
+        panic!("two samples are eligible");
+    };
+    assert_eq!(slots, vec![2, 1]);
+    ok(&t);
+}
+
+#[test]
+fn last_read_frees_and_bumps_generation() {
+    let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false), spec(&[K0], 2, 1, false)]);
+    let s = put(&mut t, &[1], ks(&[K0]))[0] as usize;
+    let g = t.generation[s];
+    let mut freed = Vec::new();
+    for (rpc, uses) in [(0, 1), (1, 2)] {
+        for _ in 0..uses {
+            assert!(freed.is_empty(), "freed before every read was used");
+            let Some((id, _)) = t.try_lease(rpc, None) else {
+                panic!("rpc {rpc} should be served");
+            };
+            let _ = t.finish_lease(id, LeaseEnd::Used, &[], &mut freed);
+            ok(&t);
+        }
+    }
+    assert_eq!(freed, vec![s as u32]);
+    assert_eq!(t.generation[s], g + 1);
+    assert_eq!(t.stored_generation(s), None);
+}
+
+#[test]
+fn amend_hides_slot_and_defers_free() {
+    let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false)]);
+    let s = put(&mut t, &[1], ks(&[K0]));
+    let Some((id, _)) = t.try_lease(0, None) else {
+        panic!("eligible");
+    };
+    t.begin_amend(&s);
+    let mut freed = Vec::new();
+    let _ = t.finish_lease(id, LeaseEnd::Used, &[], &mut freed);
+    assert!(freed.is_empty(), "an amend in flight holds the slot");
+    ok(&t);
+    let _ = t.finish_amend(&s, &[ks(&[K3])], &mut freed);
+    assert_eq!(freed, s);
+    ok(&t);
+}
+
+#[test]
+fn outputs_make_downstream_ready_in_the_same_step() {
+    let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false), spec(&[K1], 1, 1, false)]);
+    put(&mut t, &[1], ks(&[K0]));
+    assert_eq!(t.eligible(1), 0);
+    let Some((id, _)) = t.try_lease(0, None) else {
+        panic!("eligible");
+    };
+    let mut freed = Vec::new();
+    let wake = t.finish_lease(id, LeaseEnd::Used, &[ks(&[K1])], &mut freed);
+    assert_eq!(wake.rpcs, 0b10);
+    assert_eq!(t.eligible(1), 1);
+    ok(&t);
+}
+
+#[test]
+fn putter_queue_is_fifo() {
+    let mut t = SlotTable::new(2, vec![spec(&[], 1, 1, false)]);
+    put(&mut t, &[1, 2], KeySet::EMPTY);
+    let a = t.enqueue_putter(2);
+    let b = t.enqueue_putter(1);
+    let mut freed = Vec::new();
+    let Some((id, _)) = t.try_lease(0, None) else {
+        panic!("eligible");
+    };
+    let _ = t.finish_lease(id, LeaseEnd::Used, &[], &mut freed);
+    assert!(t.claim_put(1, Some(b)).is_none(), "b is behind a");
+    assert!(t.claim_put(1, None).is_none(), "newcomers queue too");
+    assert!(t.claim_put(2, Some(a)).is_none(), "a needs two slots");
+    let wake = t.dequeue_putter(a);
+    assert!(wake.space, "b is now at the head");
+    assert!(t.claim_put(1, Some(b)).is_some());
+    ok(&t);
+}
+
+#[test]
+fn expired_lease_is_released_once() {
+    let mut rpc = spec(&[], 1, 1, false);
+    rpc.lease_timeout = Some(Duration::from_secs(5));
+    let mut t = SlotTable::new(1, vec![rpc]);
+    put(&mut t, &[1], KeySet::EMPTY);
+    let t0 = Instant::now();
+    let Some((id, _)) = t.try_lease(0, Some(t0)) else {
+        panic!("eligible");
+    };
+    assert!(t.lease(id, Some(t0 + Duration::from_secs(4))).is_ok());
+    assert!(t.lease(id, Some(t0 + Duration::from_secs(5))).is_err());
+    let mut freed = Vec::new();
+    let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed);
+    assert_eq!(wake.rpcs, 1);
+    assert_eq!((t.totals.redelivered[0], t.totals.expired_leases[0]), (1, 1));
+    assert!(t.lease(id, None).is_err());
+    ok(&t);
+}
+
+// ----- reference model -------------------------------------------------------------
+
+/// One sample in the model.
+#[derive(Debug, Clone)]
+struct MSample {
+    slot: u32,
+    order: (u64, u64),
+    keys: KeySet,
+    reads_left: Vec<u16>,
+    leased: Vec<bool>,
+    amenders: u32,
+}
+
+#[derive(Debug, Clone)]
+struct MLease {
+    id: LeaseId,
+    rpc: usize,
+    /// Indexes into `Model::samples` (stable: freed samples are only marked).
+    members: Vec<usize>,
+    deadline: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    samples: Vec<Option<MSample>>,
+    leases: Vec<MLease>,
+    amends: Vec<(usize, KeySet)>,
+    seq: u64,
+}
+
+impl Model {
+    fn live(&self) -> impl Iterator<Item = (usize, &MSample)> {
+        self.samples.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+    }
+
+    fn eligible(&self, specs: &[RpcSpec], r: usize) -> Vec<usize> {
+        let mut v: Vec<(usize, (u64, u64))> = self
+            .live()
+            .filter(|(_, s)| {
+                s.amenders == 0
+                    && s.keys.contains_all(specs[r].inputs)
+                    && s.reads_left[r] > 0
+                    && !s.leased[r]
+            })
+            .map(|(i, s)| (i, s.order))
+            .collect();
+        v.sort_by_key(|&(_, o)| o);
+        if specs[r].lifo {
+            v.reverse();
+        }
+        v.into_iter().map(|(i, _)| i).collect()
+    }
+
+    /// Frees sample `i` if nothing holds it and every read is used; returns its slot.
+    fn settle(&mut self, i: usize) -> Option<u32> {
+        let s = self.samples[i].as_ref()?;
+        let done = s.reads_left.iter().all(|&x| x == 0) && s.amenders == 0 && !s.leased.iter().any(|&l| l);
+        if done {
+            let slot = s.slot;
+            self.samples[i] = None;
+            Some(slot)
+        } else {
+            None
+        }
+    }
+
+    fn finish(&mut self, k: usize, used: bool, added: KeySet) -> Vec<u32> {
+        let lease = self.leases.remove(k);
+        let mut freed = Vec::new();
+        for &i in &lease.members {
+            if let Some(s) = self.samples[i].as_mut() {
+                s.leased[lease.rpc] = false;
+                if used {
+                    s.reads_left[lease.rpc] -= 1;
+                    s.keys = s.keys.union(added);
+                }
+            }
+            freed.extend(self.settle(i));
+        }
+        freed
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Put(Vec<u64>),
+    AbortPut(usize),
+    Lease(usize),
+    Finish { pick: usize, used: bool },
+    BeginAmend(usize),
+    EndAmend(usize),
+    Tick(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => prop::collection::vec(1u64..6, 1..4).prop_map(Op::Put),
+        1 => (1usize..3).prop_map(Op::AbortPut),
+        4 => (0usize..3).prop_map(Op::Lease),
+        4 => (any::<usize>(), any::<bool>()).prop_map(|(pick, used)| Op::Finish { pick, used }),
+        1 => any::<usize>().prop_map(Op::BeginAmend),
+        1 => any::<usize>().prop_map(Op::EndAmend),
+        1 => (1u64..8).prop_map(Op::Tick),
+    ]
+}
+
+fn specs() -> impl Strategy<Value = Vec<RpcSpec>> {
+    (
+        prop::collection::vec((1u16..3, 1usize..3, any::<bool>()), 3),
+        any::<bool>(),
+    )
+        .prop_map(|(v, with_timeout)| {
+            let inputs: [&[usize]; 3] = [&[K0], &[K1], &[K1, K2, K3]];
+            v.into_iter()
+                .zip(inputs)
+                .enumerate()
+                .map(|(r, ((reads, n, lifo), ins))| {
+                    let mut s = spec(ins, reads, n, lifo);
+                    if r == 1 && with_timeout {
+                        s.lease_timeout = Some(Duration::from_secs(10));
+                    }
+                    s
+                })
+                .collect()
+        })
+}
+
+/// Outputs each RPC writes when a lease is used.
+fn outputs(r: usize) -> KeySet {
+    match r {
+        0 => ks(&[K1]),
+        1 => ks(&[K2]),
+        _ => KeySet::EMPTY,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn table_matches_reference_model(
+        capacity in 1usize..7,
+        specs in specs(),
+        ops in prop::collection::vec(op(), 1..80),
+    ) {
+        let specs: Vec<RpcSpec> = specs
+            .into_iter()
+            .map(|mut s| { s.n_seqs = s.n_seqs.min(capacity); s })
+            .collect();
+        let mut t = SlotTable::new(capacity, specs.clone());
+        let mut m = Model::default();
+        let t0 = Instant::now();
+        let mut now = t0;
+        let mut slot_owner: Vec<Option<usize>> = vec![None; capacity];
+        for op in ops {
+            match op {
+                Op::Put(births) => {
+                    let free = m.live().count();
+                    let fits = capacity - free >= births.len();
+                    let claimed = t.claim_put(births.len(), None);
+                    prop_assert_eq!(claimed.is_some(), fits);
+                    if let Some((slots, _)) = claimed {
+                        let keys = vec![ks(&[K0]); births.len()];
+                        let (gens, wake) = t.publish_put(&slots, &births, &keys);
+                        prop_assert_eq!(gens.len(), slots.len());
+                        let mut woken = 0u64;
+                        for (&slot, &birth) in slots.iter().zip(&births) {
+                            prop_assert!(slot_owner[slot as usize].is_none(), "slot {} handed out twice", slot);
+                            slot_owner[slot as usize] = Some(m.samples.len());
+                            m.samples.push(Some(MSample {
+                                slot,
+                                order: (birth, m.seq),
+                                keys: ks(&[K0]),
+                                reads_left: specs.iter().map(|s| s.reads).collect(),
+                                leased: vec![false; specs.len()],
+                                amenders: 0,
+                            }));
+                            m.seq += 1;
+                            for (r, s) in specs.iter().enumerate() {
+                                if ks(&[K0]).contains_all(s.inputs) { woken |= 1 << r; }
+                            }
+                        }
+                        prop_assert_eq!(wake.rpcs, woken);
+                    }
+                }
+                Op::AbortPut(n) => {
+                    if let Some((slots, _)) = t.claim_put(n, None) {
+                        let wake = t.abort_put(&slots);
+                        prop_assert!(wake.space);
+                    }
+                }
+                Op::Lease(r) => {
+                    let want = m.eligible(&specs, r);
+                    let n = specs[r].n_seqs;
+                    let got = t.try_lease(r, Some(now));
+                    prop_assert_eq!(got.is_some(), want.len() >= n, "rpc {} eligible {:?}", r, want);
+                    if let Some((id, slots)) = got {
+                        let expect: Vec<u32> = want[..n]
+                            .iter()
+                            .filter_map(|&i| m.samples[i].as_ref().map(|s| s.slot))
+                            .collect();
+                        prop_assert_eq!(&slots, &expect, "rpc {} selection order", r);
+                        for &i in &want[..n] {
+                            if let Some(s) = m.samples[i].as_mut() { s.leased[r] = true; }
+                        }
+                        let deadline = specs[r].lease_timeout.map(|d| now + d);
+                        m.leases.push(MLease { id, rpc: r, members: want[..n].to_vec(), deadline });
+                    }
+                }
+                Op::Finish { pick, used } => {
+                    if m.leases.is_empty() { continue; }
+                    let k = pick % m.leases.len();
+                    let lease = m.leases[k].clone();
+                    let expired = lease.deadline.is_some_and(|d| now >= d);
+                    prop_assert_eq!(t.lease(lease.id, Some(now)).is_err(), expired);
+                    if expired { continue; }
+                    let added = if used { outputs(lease.rpc) } else { KeySet::EMPTY };
+                    let end = if used { LeaseEnd::Used } else { LeaseEnd::Released };
+                    let mut freed = Vec::new();
+                    let _ = t.finish_lease(lease.id, end, &vec![added; lease.members.len()], &mut freed);
+                    let mut expect = m.finish(k, used, added);
+                    freed.sort_unstable();
+                    expect.sort_unstable();
+                    for &s in &freed { slot_owner[s as usize] = None; }
+                    prop_assert_eq!(freed, expect);
+                }
+                Op::BeginAmend(pick) => {
+                    let live: Vec<usize> = m.live().map(|(i, _)| i).collect();
+                    if live.is_empty() { continue; }
+                    let i = live[pick % live.len()];
+                    let slot = m.samples[i].as_ref().map_or(0, |s| s.slot);
+                    prop_assert!(t.stored_generation(slot as usize).is_some());
+                    t.begin_amend(&[slot]);
+                    if let Some(s) = m.samples[i].as_mut() { s.amenders += 1; }
+                    m.amends.push((i, ks(&[K3])));
+                }
+                Op::EndAmend(pick) => {
+                    if m.amends.is_empty() { continue; }
+                    let (i, added) = m.amends.remove(pick % m.amends.len());
+                    let slot = m.samples[i].as_ref().map_or(0, |s| s.slot);
+                    let mut freed = Vec::new();
+                    let _ = t.finish_amend(&[slot], &[added], &mut freed);
+                    if let Some(s) = m.samples[i].as_mut() {
+                        s.amenders -= 1;
+                        s.keys = s.keys.union(added);
+                    }
+                    let expect: Vec<u32> = m.settle(i).into_iter().collect();
+                    for &s in &freed { slot_owner[s as usize] = None; }
+                    prop_assert_eq!(freed, expect);
+                }
+                Op::Tick(secs) => {
+                    now += Duration::from_secs(secs);
+                    let mut freed = Vec::new();
+                    let _ = t.expire_due(now, &mut freed);
+                    prop_assert!(freed.is_empty(), "expiry never frees");
+                    let due: Vec<usize> = (0..m.leases.len())
+                        .filter(|&k| m.leases[k].deadline.is_some_and(|d| d <= now))
+                        .collect();
+                    for k in due.into_iter().rev() {
+                        let _ = m.finish(k, false, KeySet::EMPTY);
+                    }
+                }
+            }
+            if let Err(e) = t.check_invariants() {
+                return Err(TestCaseError::fail(e));
+            }
+            for r in 0..specs.len() {
+                prop_assert_eq!(t.eligible(r), m.eligible(&specs, r).len(), "rpc {} eligible count", r);
+            }
+            prop_assert_eq!(t.len(), m.live().count());
+            prop_assert_eq!(t.leases.live(), m.leases.len());
+        }
+    }
+}
