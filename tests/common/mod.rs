@@ -1,0 +1,55 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
+
+/// AReaL's PPO graph: gen (prompt -> tokens), reward (tokens -> reward), train (tokens, reward).
+pub fn ppo(capacity: usize, n: usize) -> SequenceBuffer {
+    SequenceBuffer::new(
+        capacity,
+        [
+            RpcDef::new("gen", n).inputs(["prompt"]).outputs(["tokens"]),
+            RpcDef::new("reward", n).inputs(["tokens"]).outputs(["reward"]),
+            RpcDef::new("train", n).inputs(["tokens", "reward"]),
+        ],
+    )
+    .expect("valid PPO graph")
+}
+
+/// A sample with a `prompt` field.
+pub fn prompt(id: impl ToString) -> Sample {
+    Sample::new(id.to_string()).with("prompt", Tensor::from(vec![1i32, 2, 3]))
+}
+
+/// Prompt samples with ids `prefix-0 ..`.
+pub fn prompts(prefix: &str, n: usize) -> Vec<Sample> {
+    (0..n).map(|i| prompt(format!("{prefix}-{i}"))).collect()
+}
+
+/// The ids of a batch, in order.
+pub fn ids(batch: &Batch) -> Vec<String> {
+    batch.samples().iter().map(|s| s.id().to_string()).collect()
+}
+
+/// One patch per sample of `batch`, setting `key` to a scalar.
+pub fn patches(batch: &Batch, key: &str) -> Vec<Patch> {
+    batch.samples().iter().map(|_| Patch::new().with(key, 1.0f64)).collect()
+}
+
+/// Panics with the violation if the buffer's invariants do not hold.
+pub fn assert_invariants(buf: &SequenceBuffer) {
+    if let Err(e) = buf.check_invariants() {
+        panic!("{e}");
+    }
+}
+
+/// Polls a condition, yielding to the runtime between looks (bounded, no sleeps).
+pub async fn wait_until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..1_000_000 {
+        if cond() {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("condition never became true");
+}

@@ -1,0 +1,144 @@
+//! Leases: release on drop, lease timeouts, complete merges only declared outputs atomically.
+
+mod common;
+use common::*;
+use rollout_buffer::{Error, Patch, RpcDef, Sample, SequenceBuffer};
+use std::time::Duration;
+
+#[tokio::test]
+async fn dropped_batch_is_redelivered_to_that_rpc_only() {
+    let buf = SequenceBuffer::new(
+        4,
+        [
+            RpcDef::new("a", 2).inputs(["x"]),
+            RpcDef::new("b", 2).inputs(["x"]),
+        ],
+    )
+    .expect("valid");
+    let samples = (0..2).map(|i| Sample::new(i.to_string()).with("x", 0i32)).collect();
+    buf.put_batch(samples).await.expect("put");
+    let b = buf.get_batch_for_rpc("b").await.expect("b");
+    let a = buf.get_batch_for_rpc("a").await.expect("a");
+    let first = ids(&a);
+    drop(a);
+    let st = buf.stats();
+    assert_eq!((st.rpcs[0].redelivered, st.rpcs[0].eligible), (2, 2));
+    assert_eq!((st.rpcs[1].redelivered, st.rpcs[1].leased), (0, 2), "b's lease untouched");
+    let again = buf.get_batch_for_rpc("a").await.expect("redelivered");
+    assert_eq!(ids(&again), first);
+    again.commit().await.expect("commit");
+    b.commit().await.expect("commit");
+    assert!(buf.is_empty());
+    assert_invariants(&buf);
+}
+
+fn timed(timeout: Duration) -> SequenceBuffer {
+    SequenceBuffer::new(
+        4,
+        [
+            RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]).lease_timeout(timeout),
+            RpcDef::new("train", 1).inputs(["tokens"]),
+        ],
+    )
+    .expect("valid")
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_is_redelivered_and_late_complete_fails() {
+    let buf = timed(Duration::from_secs(5));
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let slow = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert!(slow.deadline().is_some());
+    // A second getter waits; it is woken by the expiry itself (paused clock auto-advances).
+    let fresh = buf.get_batch_for_rpc("gen").await.expect("redelivered after expiry");
+    assert_eq!(ids(&fresh), ["s"]);
+    let late = slow.complete(vec![Patch::new().with("tokens", vec![1i32])]).await;
+    assert!(matches!(late, Err(Error::LeaseExpired { ref rpc, .. }) if rpc == "gen"), "{late:?}");
+    let st = buf.stats();
+    assert_eq!((st.rpcs[0].expired_leases, st.rpcs[0].redelivered), (1, 1));
+    assert_eq!(st.rpcs[1].eligible, 0, "nothing of the late complete was applied");
+    fresh.complete(vec![Patch::new().with("tokens", vec![2i32])]).await.expect("in time");
+    let t = buf.get_batch_for_rpc("train").await.expect("train");
+    let tokens = t.samples()[0].get("tokens").and_then(|t| t.array::<i32>()).map(|a| a.to_owned());
+    assert_eq!(tokens.map(|a| a.into_raw_vec_and_offset().0), Some(vec![2]));
+    assert_invariants(&buf);
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_commit_without_any_getter_fails_and_redelivers() {
+    let buf = timed(Duration::from_secs(5));
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    tokio::time::advance(Duration::from_secs(6)).await;
+    assert!(matches!(b.commit().await, Err(Error::LeaseExpired { .. })));
+    assert_eq!(buf.stats().rpcs[0].eligible, 1);
+    let b = buf.get_batch_for_rpc("gen").await.expect("again");
+    tokio::time::advance(Duration::from_secs(4)).await;
+    b.commit().await.expect("within the timeout");
+    assert_invariants(&buf);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stats_reap_expired_leases() {
+    let buf = timed(Duration::from_secs(1));
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert_eq!(buf.stats().rpcs[0].leased, 1);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let st = buf.stats();
+    assert_eq!((st.rpcs[0].leased, st.rpcs[0].eligible, st.live_leases), (0, 1, 0));
+    drop(b); // dropping an expired batch changes nothing more
+    assert_eq!(buf.stats().rpcs[0].redelivered, 1);
+    assert_invariants(&buf);
+}
+
+#[tokio::test]
+async fn complete_rejects_undeclared_outputs_and_applies_nothing() {
+    let buf = ppo(4, 1);
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    let bad = vec![Patch::new().with("tokens", vec![1i32]).with("reward", 1.0f64)];
+    match b.complete(bad).await {
+        Err(Error::UndeclaredOutput { rpc, key, id }) => {
+            assert_eq!((rpc.as_str(), key.as_str(), id.as_str()), ("gen", "reward", "s"));
+        }
+        other => panic!("expected UndeclaredOutput, got {other:?}"),
+    }
+    let st = buf.stats();
+    assert_eq!((st.rpcs[0].eligible, st.rpcs[1].eligible, st.read), (1, 0, 0));
+    let b = buf.get_batch_for_rpc("gen").await.expect("released, so served again");
+    assert!(matches!(b.complete(vec![]).await, Err(Error::LengthMismatch { .. })));
+    assert_invariants(&buf);
+}
+
+/// A downstream getter must never see a sample whose upstream read is used but whose
+/// outputs are missing: every batch "reward" gets already carries "tokens".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_is_atomic_with_the_read() {
+    let buf = ppo(64, 1);
+    let watcher = tokio::spawn({
+        let buf = buf.clone();
+        async move {
+            for _ in 0..200 {
+                let b = buf.get_batch_for_rpc("reward").await.expect("get");
+                assert!(b.samples()[0].get("tokens").is_some());
+                let out = patches(&b, "reward");
+                b.complete(out).await.expect("complete");
+                let st = buf.stats();
+                // gen's reads and reward's eligibility move together
+                assert!(st.rpcs[0].reads >= st.rpcs[1].reads);
+            }
+        }
+    });
+    for i in 0..200 {
+        buf.put_batch(vec![prompt(i)]).await.expect("put");
+        let g = buf.get_batch_for_rpc("gen").await.expect("gen");
+        let out = g.samples().iter().map(|_| Patch::new().with("tokens", vec![1i32])).collect();
+        g.complete(out).await.expect("complete");
+        let t = buf.get_batch_for_rpc("train").await.expect("train");
+        t.commit().await.expect("commit");
+    }
+    watcher.await.expect("watcher");
+    assert!(buf.is_empty());
+    assert_invariants(&buf);
+}
