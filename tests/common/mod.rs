@@ -43,13 +43,12 @@ pub fn assert_invariants(buf: &SequenceBuffer) {
     }
 }
 
-/// Polls a condition, yielding to the runtime between looks (bounded, no sleeps).
+/// Polls a condition, yielding to the runtime between looks (no sleeps); gives up after a
+/// minute of wall time so a bug fails the test instead of hanging it.
 pub async fn wait_until(mut cond: impl FnMut() -> bool) {
-    for _ in 0..1_000_000 {
-        if cond() {
-            return;
-        }
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed().as_secs() < 60, "condition never became true");
         tokio::task::yield_now().await;
     }
-    panic!("condition never became true");
 }

@@ -1,0 +1,71 @@
+//! close() fails every waiting and later call; timeouts fail without leasing or storing.
+
+mod common;
+use common::*;
+use rollout_buffer::{Error, Patch};
+use std::time::Duration;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_wakes_every_waiter_with_closed() {
+    let buf = ppo(2, 1);
+    buf.put_batch(prompts("fill", 2)).await.expect("fill");
+    let mut waiters = Vec::new();
+    for rpc in ["reward", "train", "reward"] {
+        let buf = buf.clone();
+        waiters.push(tokio::spawn(async move { buf.get_batch_for_rpc(rpc).await.map(|_| ()) }));
+    }
+    let putter = tokio::spawn({
+        let buf = buf.clone();
+        async move { buf.put_batch(prompts("more", 1)).await.map(|_| ()) }
+    });
+    wait_until(|| buf.stats().waiting_putters == 1).await;
+    buf.close();
+    for w in waiters {
+        let r = tokio::time::timeout(Duration::from_secs(10), w).await.expect("woken").expect("join");
+        assert_eq!(r, Err(Error::Closed));
+    }
+    let r = tokio::time::timeout(Duration::from_secs(10), putter).await.expect("woken").expect("join");
+    assert_eq!(r, Err(Error::Closed));
+    assert_eq!(buf.stats().waiting_putters, 0);
+    assert_invariants(&buf);
+}
+
+#[tokio::test]
+async fn later_calls_fail_closed_but_held_leases_can_finish() {
+    let buf = ppo(4, 1);
+    let h = buf.put_batch(prompts("s", 2)).await.expect("put");
+    let held = buf.get_batch_for_rpc("gen").await.expect("gen");
+    buf.close();
+    assert!(buf.is_closed());
+    assert_eq!(buf.put_batch(prompts("x", 1)).await.err(), Some(Error::Closed));
+    assert_eq!(buf.try_put_batch(prompts("x", 1)).await.err(), Some(Error::Closed));
+    assert_eq!(buf.get_batch_for_rpc("gen").await.err(), Some(Error::Closed));
+    assert_eq!(
+        buf.amend_batch(&h[1..], vec![Patch::new().with("tokens", vec![1i32])]).await.err(),
+        Some(Error::Closed)
+    );
+    let out = vec![Patch::new().with("tokens", vec![1i32])];
+    held.complete(out).await.expect("in-flight work is not lost");
+    assert_eq!(buf.stats().rpcs[0].reads, 1);
+    assert_invariants(&buf);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeouts_lease_and_store_nothing() {
+    let buf = ppo(2, 2);
+    buf.put_batch(prompts("one", 1)).await.expect("put");
+    let r = buf.get_batch_for_rpc_timeout("gen", Duration::from_secs(3)).await;
+    assert_eq!(
+        r.err(),
+        Some(Error::Timeout { op: "get_batch_for_rpc(gen)".into(), after: Duration::from_secs(3) })
+    );
+    let st = buf.stats();
+    assert_eq!((st.live_leases, st.rpcs[0].eligible), (0, 1));
+    buf.put_batch(prompts("two", 1)).await.expect("put");
+    let r = buf.put_batch_timeout(prompts("three", 1), Duration::from_secs(3)).await;
+    assert!(matches!(r, Err(Error::Timeout { .. })));
+    let st = buf.stats();
+    assert_eq!((st.put, st.waiting_putters, st.putting, buf.len()), (2, 0, 0, 2));
+    buf.get_batch_for_rpc("gen").await.expect("both ready now").commit().await.expect("commit");
+    assert_invariants(&buf);
+}
