@@ -135,7 +135,9 @@ pub enum Error {
         free: usize,
     },
     /// A handle names a slot whose sample was freed or replaced since the handle was made.
-    #[error("stale handle: slot {slot} generation {generation} (slot is now at generation {current})")]
+    #[error(
+        "stale handle: slot {slot} generation {generation} (slot is now at generation {current})"
+    )]
     StaleHandle {
         /// The slot.
         slot: u32,
@@ -190,7 +192,9 @@ pub enum Error {
     },
     /// The lease ran past the RPC's lease timeout and was released by the buffer; the
     /// samples went back to the RPC's eligible set, and nothing of this call was applied.
-    #[error("lease {lease} of RPC `{rpc}` expired after {timeout:?}; its samples were redelivered")]
+    #[error(
+        "lease {lease} of RPC `{rpc}` expired after {timeout:?}; its samples were redelivered"
+    )]
     LeaseExpired {
         /// The RPC.
         rpc: String,

@@ -154,7 +154,9 @@ impl Tensor {
     pub fn ragged(values: impl Into<Tensor>, lengths: Vec<usize>) -> Result<Self> {
         let values: Tensor = values.into();
         let rows = values.shape().first().copied().unwrap_or(0);
-        let sum = lengths.iter().try_fold(0usize, |acc, &l| acc.checked_add(l));
+        let sum = lengths
+            .iter()
+            .try_fold(0usize, |acc, &l| acc.checked_add(l));
         if values.shape().is_empty() || sum != Some(rows) {
             return Err(Error::RaggedLengths {
                 sum: sum.unwrap_or(usize::MAX),
@@ -273,7 +275,11 @@ mod tests {
         let t = Tensor::ragged(vec![1i32, 2, 3], vec![1, 2]);
         let t = t.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(t.lengths(), Some(&[1usize, 2][..]));
-        assert_eq!(t.sequence::<i32>(0).map(|v| v.iter().copied().collect::<Vec<_>>()), Some(vec![1]));
+        assert_eq!(
+            t.sequence::<i32>(0)
+                .map(|v| v.iter().copied().collect::<Vec<_>>()),
+            Some(vec![1])
+        );
         assert!(t.sequence::<i32>(2).is_none());
         let bad = Tensor::ragged(array![[1i32], [2], [3]], vec![2, 2]);
         assert_eq!(bad, Err(Error::RaggedLengths { sum: 4, rows: 3 }));

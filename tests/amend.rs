@@ -24,19 +24,36 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
     let old = buf.put_batch(vec![prompt("s0")]).await.expect("put");
     let keep = buf.put_batch(vec![prompt("s1")]).await.expect("put");
     let both = Patch::new().with("a", 1.0).with("b", 1.0);
-    buf.amend_batch(&old, vec![both.clone()]).await.expect("amend");
+    buf.amend_batch(&old, vec![both.clone()])
+        .await
+        .expect("amend");
     let t = buf.get_batch_for_rpc("train").await.expect("get");
     assert_eq!(ids(&t), ["s0"]);
     t.commit().await.expect("commit: slot freed");
     // The old handle's slot was freed...
-    let err = buf.amend_batch(&old, vec![Patch::new().with("a", 2.0)]).await;
-    assert!(matches!(err, Err(Error::StaleHandle { slot: 0, generation: 0, current: 1 })), "{err:?}");
+    let err = buf
+        .amend_batch(&old, vec![Patch::new().with("a", 2.0)])
+        .await;
+    assert!(
+        matches!(
+            err,
+            Err(Error::StaleHandle {
+                slot: 0,
+                generation: 0,
+                current: 1
+            })
+        ),
+        "{err:?}"
+    );
     // ...and reused: still stale, and a mixed call applies nothing to the valid handle.
     let reused = buf.put_batch(vec![prompt("s2")]).await.expect("put");
     assert_eq!(reused[0].slot(), old[0].slot());
     let mixed = [keep[0], old[0]];
     let err = buf
-        .amend_batch(&mixed, vec![Patch::new().with("a", 5.0), Patch::new().with("a", 6.0)])
+        .amend_batch(
+            &mixed,
+            vec![Patch::new().with("a", 5.0), Patch::new().with("a", 6.0)],
+        )
         .await;
     assert!(matches!(err, Err(Error::StaleHandle { .. })));
     assert_eq!(buf.stats().rpcs[0].eligible, 0, "s1 did not get `a`");
@@ -60,8 +77,13 @@ async fn amend_merges_and_later_wins_per_key() {
     );
     x.expect("x");
     y.expect("y");
-    buf.amend_batch(&h, vec![Patch::new().with("a", 3.0)]).await.expect("overwrite");
-    let t = buf.get_batch_for_rpc("train").await.expect("both keys landed");
+    buf.amend_batch(&h, vec![Patch::new().with("a", 3.0)])
+        .await
+        .expect("overwrite");
+    let t = buf
+        .get_batch_for_rpc("train")
+        .await
+        .expect("both keys landed");
     let s = &t.samples()[0];
     assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(3.0), Some(2.0)));
     assert_eq!(s.get_meta("by"), Some(&"x".into()));
@@ -74,12 +96,18 @@ async fn amend_merges_and_later_wins_per_key() {
 async fn batches_never_see_a_half_applied_amend() {
     let buf = SequenceBuffer::with_config(
         rollout_buffer::BufferConfig::new(8)
-            .rpc(RpcDef::new("train", 1).inputs(["prompt", "a", "b"]).reads(1000))
+            .rpc(
+                RpcDef::new("train", 1)
+                    .inputs(["prompt", "a", "b"])
+                    .reads(1000),
+            )
             .external_keys(["a", "b"]),
     )
     .expect("valid");
     let h = buf.put_batch(vec![prompt("s")]).await.expect("put");
-    buf.amend_batch(&h, vec![Patch::new().with("a", 0.0).with("b", 0.0)]).await.expect("init");
+    buf.amend_batch(&h, vec![Patch::new().with("a", 0.0).with("b", 0.0)])
+        .await
+        .expect("init");
     let mut amenders = Vec::new();
     for task in 0..4 {
         let (buf, h) = (buf.clone(), h.clone());
@@ -108,10 +136,18 @@ async fn batches_never_see_a_half_applied_amend() {
 async fn amend_of_a_leased_sample_does_not_change_the_batch() {
     let buf = scored(2);
     let h = buf.put_batch(vec![prompt("s")]).await.expect("put");
-    buf.amend_batch(&h, vec![Patch::new().with("a", 1.0).with("b", 1.0)]).await.expect("amend");
+    buf.amend_batch(&h, vec![Patch::new().with("a", 1.0).with("b", 1.0)])
+        .await
+        .expect("amend");
     let t = buf.get_batch_for_rpc("train").await.expect("get");
-    buf.amend_batch(&h, vec![Patch::new().with("a", 9.0)]).await.expect("amend while leased");
-    assert_eq!(scalar(&t.samples()[0], "a"), Some(1.0), "the batch is a snapshot");
+    buf.amend_batch(&h, vec![Patch::new().with("a", 9.0)])
+        .await
+        .expect("amend while leased");
+    assert_eq!(
+        scalar(&t.samples()[0], "a"),
+        Some(1.0),
+        "the batch is a snapshot"
+    );
     drop(t);
     let t = buf.get_batch_for_rpc("train").await.expect("redelivered");
     assert_eq!(scalar(&t.samples()[0], "a"), Some(9.0));

@@ -72,10 +72,15 @@ async fn dropped_futures_leave_state_consistent_and_lose_nothing() {
                 let put = buf.put_batch(samples);
                 match maybe_cancel(put, rng.below(3), rng.below(300)).await {
                     Some(Ok(handles)) => {
-                        ledger.lock().expect("ledger").acknowledged.extend(batch_ids);
+                        ledger
+                            .lock()
+                            .expect("ledger")
+                            .acknowledged
+                            .extend(batch_ids);
                         // Amend something harmless, maybe cancelled too.
                         let patch = vec![Patch::new().meta("seen", true); handles.len()];
-                        let _ = maybe_cancel(buf.amend_batch(&handles, patch), rng.below(2), 50).await;
+                        let _ =
+                            maybe_cancel(buf.amend_batch(&handles, patch), rng.below(2), 50).await;
                     }
                     Some(Err(e)) => panic!("put failed: {e}"),
                     None => ledger.lock().expect("ledger").cancelled_puts += 1,
@@ -89,7 +94,8 @@ async fn dropped_futures_leave_state_consistent_and_lose_nothing() {
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng(100 + c as u64);
             loop {
-                let got = maybe_cancel(buf.get_batch_for_rpc(rpc), rng.below(3), rng.below(400)).await;
+                let got =
+                    maybe_cancel(buf.get_batch_for_rpc(rpc), rng.below(3), rng.below(400)).await;
                 let batch = match got {
                     Some(Ok(b)) => b,
                     Some(Err(Error::Closed)) => return,
@@ -130,14 +136,35 @@ async fn dropped_futures_leave_state_consistent_and_lose_nothing() {
     }
     assert_invariants(&buf);
     let st = buf.stats();
-    assert_eq!((st.putting, st.amending, st.live_leases, st.waiting_putters), (0, 0, 0, 0));
+    assert_eq!(
+        (st.putting, st.amending, st.live_leases, st.waiting_putters),
+        (0, 0, 0, 0)
+    );
     let ledger = ledger.lock().expect("ledger");
     let trained: HashSet<_> = ledger.trained.iter().cloned().collect();
-    assert_eq!(trained.len(), ledger.trained.len(), "a sample was trained twice");
-    assert_eq!(trained, ledger.acknowledged, "acknowledged and trained samples differ");
-    assert!(ledger.cancelled_puts > 0 && ledger.cancelled_gets > 0, "nothing was cancelled");
-    assert!(ledger.acknowledged.len() > 100, "the run did little: {}", ledger.acknowledged.len());
-    assert_eq!(st.put as usize, ledger.acknowledged.len(), "a cancelled put stored something");
+    assert_eq!(
+        trained.len(),
+        ledger.trained.len(),
+        "a sample was trained twice"
+    );
+    assert_eq!(
+        trained, ledger.acknowledged,
+        "acknowledged and trained samples differ"
+    );
+    assert!(
+        ledger.cancelled_puts > 0 && ledger.cancelled_gets > 0,
+        "nothing was cancelled"
+    );
+    assert!(
+        ledger.acknowledged.len() > 100,
+        "the run did little: {}",
+        ledger.acknowledged.len()
+    );
+    assert_eq!(
+        st.put as usize,
+        ledger.acknowledged.len(),
+        "a cancelled put stored something"
+    );
 }
 
 fn check(buf: &SequenceBuffer) {

@@ -12,7 +12,9 @@ async fn close_wakes_every_waiter_with_closed() {
     let mut waiters = Vec::new();
     for rpc in ["reward", "train", "reward"] {
         let buf = buf.clone();
-        waiters.push(tokio::spawn(async move { buf.get_batch_for_rpc(rpc).await.map(|_| ()) }));
+        waiters.push(tokio::spawn(async move {
+            buf.get_batch_for_rpc(rpc).await.map(|_| ())
+        }));
     }
     let putter = tokio::spawn({
         let buf = buf.clone();
@@ -21,10 +23,16 @@ async fn close_wakes_every_waiter_with_closed() {
     wait_until(|| buf.stats().waiting_putters == 1).await;
     buf.close();
     for w in waiters {
-        let r = tokio::time::timeout(Duration::from_secs(10), w).await.expect("woken").expect("join");
+        let r = tokio::time::timeout(Duration::from_secs(10), w)
+            .await
+            .expect("woken")
+            .expect("join");
         assert_eq!(r, Err(Error::Closed));
     }
-    let r = tokio::time::timeout(Duration::from_secs(10), putter).await.expect("woken").expect("join");
+    let r = tokio::time::timeout(Duration::from_secs(10), putter)
+        .await
+        .expect("woken")
+        .expect("join");
     assert_eq!(r, Err(Error::Closed));
     assert_eq!(buf.stats().waiting_putters, 0);
     assert_invariants(&buf);
@@ -37,15 +45,28 @@ async fn later_calls_fail_closed_but_held_leases_can_finish() {
     let held = buf.get_batch_for_rpc("gen").await.expect("gen");
     buf.close();
     assert!(buf.is_closed());
-    assert_eq!(buf.put_batch(prompts("x", 1)).await.err(), Some(Error::Closed));
-    assert_eq!(buf.try_put_batch(prompts("x", 1)).await.err(), Some(Error::Closed));
-    assert_eq!(buf.get_batch_for_rpc("gen").await.err(), Some(Error::Closed));
     assert_eq!(
-        buf.amend_batch(&h[1..], vec![Patch::new().with("tokens", vec![1i32])]).await.err(),
+        buf.put_batch(prompts("x", 1)).await.err(),
+        Some(Error::Closed)
+    );
+    assert_eq!(
+        buf.try_put_batch(prompts("x", 1)).await.err(),
+        Some(Error::Closed)
+    );
+    assert_eq!(
+        buf.get_batch_for_rpc("gen").await.err(),
+        Some(Error::Closed)
+    );
+    assert_eq!(
+        buf.amend_batch(&h[1..], vec![Patch::new().with("tokens", vec![1i32])])
+            .await
+            .err(),
         Some(Error::Closed)
     );
     let out = vec![Patch::new().with("tokens", vec![1i32])];
-    held.complete(out).await.expect("in-flight work is not lost");
+    held.complete(out)
+        .await
+        .expect("in-flight work is not lost");
     assert_eq!(buf.stats().rpcs[0].reads, 1);
     assert_invariants(&buf);
 }
@@ -54,18 +75,33 @@ async fn later_calls_fail_closed_but_held_leases_can_finish() {
 async fn timeouts_lease_and_store_nothing() {
     let buf = ppo(2, 2);
     buf.put_batch(prompts("one", 1)).await.expect("put");
-    let r = buf.get_batch_for_rpc_timeout("gen", Duration::from_secs(3)).await;
+    let r = buf
+        .get_batch_for_rpc_timeout("gen", Duration::from_secs(3))
+        .await;
     assert_eq!(
         r.err(),
-        Some(Error::Timeout { op: "get_batch_for_rpc(gen)".into(), after: Duration::from_secs(3) })
+        Some(Error::Timeout {
+            op: "get_batch_for_rpc(gen)".into(),
+            after: Duration::from_secs(3)
+        })
     );
     let st = buf.stats();
     assert_eq!((st.live_leases, st.rpcs[0].eligible), (0, 1));
     buf.put_batch(prompts("two", 1)).await.expect("put");
-    let r = buf.put_batch_timeout(prompts("three", 1), Duration::from_secs(3)).await;
+    let r = buf
+        .put_batch_timeout(prompts("three", 1), Duration::from_secs(3))
+        .await;
     assert!(matches!(r, Err(Error::Timeout { .. })));
     let st = buf.stats();
-    assert_eq!((st.put, st.waiting_putters, st.putting, buf.len()), (2, 0, 0, 2));
-    buf.get_batch_for_rpc("gen").await.expect("both ready now").commit().await.expect("commit");
+    assert_eq!(
+        (st.put, st.waiting_putters, st.putting, buf.len()),
+        (2, 0, 0, 2)
+    );
+    buf.get_batch_for_rpc("gen")
+        .await
+        .expect("both ready now")
+        .commit()
+        .await
+        .expect("commit");
     assert_invariants(&buf);
 }

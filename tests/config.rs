@@ -4,7 +4,9 @@ use rollout_buffer::{BufferConfig, Error, RpcDef, SequenceBuffer};
 
 fn build(capacity: usize, rpcs: Vec<RpcDef>, external: &[&str]) -> Result<SequenceBuffer, Error> {
     SequenceBuffer::with_config(
-        BufferConfig::new(capacity).rpcs(rpcs).external_keys(external.iter().copied()),
+        BufferConfig::new(capacity)
+            .rpcs(rpcs)
+            .external_keys(external.iter().copied()),
     )
 }
 
@@ -13,33 +15,70 @@ fn rejects_invalid_definitions() {
     let e = build(4, vec![RpcDef::new("a", 1), RpcDef::new("a", 2)], &[]).err();
     assert_eq!(e, Some(Error::DuplicateRpc { name: "a".into() }));
     let e = build(4, vec![RpcDef::new("a", 0)], &[]).err();
-    assert_eq!(e, Some(Error::InvalidNSeqs { rpc: "a".into(), n_seqs: 0, capacity: 4 }));
+    assert_eq!(
+        e,
+        Some(Error::InvalidNSeqs {
+            rpc: "a".into(),
+            n_seqs: 0,
+            capacity: 4
+        })
+    );
     let e = build(4, vec![RpcDef::new("a", 5)], &[]).err();
-    assert_eq!(e, Some(Error::InvalidNSeqs { rpc: "a".into(), n_seqs: 5, capacity: 4 }));
+    assert_eq!(
+        e,
+        Some(Error::InvalidNSeqs {
+            rpc: "a".into(),
+            n_seqs: 5,
+            capacity: 4
+        })
+    );
     let cyclic = vec![
-        RpcDef::new("gen", 1).inputs(["prompt", "reward"]).outputs(["tokens"]),
-        RpcDef::new("reward", 1).inputs(["tokens"]).outputs(["reward"]),
+        RpcDef::new("gen", 1)
+            .inputs(["prompt", "reward"])
+            .outputs(["tokens"]),
+        RpcDef::new("reward", 1)
+            .inputs(["tokens"])
+            .outputs(["reward"]),
     ];
-    assert!(matches!(build(4, cyclic, &[]), Err(Error::CyclicGraph { .. })));
+    assert!(matches!(
+        build(4, cyclic, &[]),
+        Err(Error::CyclicGraph { .. })
+    ));
     let two_producers = vec![
         RpcDef::new("a", 1).outputs(["k"]),
         RpcDef::new("b", 1).outputs(["k"]),
     ];
     assert_eq!(
         build(4, two_producers, &[]).err(),
-        Some(Error::DuplicateProducer { key: "k".into(), first: "a".into(), second: "b".into() })
+        Some(Error::DuplicateProducer {
+            key: "k".into(),
+            first: "a".into(),
+            second: "b".into()
+        })
     );
-    assert!(matches!(build(0, vec![RpcDef::new("a", 1)], &[]), Err(Error::InvalidCapacity { .. })));
+    assert!(matches!(
+        build(0, vec![RpcDef::new("a", 1)], &[]),
+        Err(Error::InvalidCapacity { .. })
+    ));
     assert_eq!(build(4, vec![], &[]).err(), Some(Error::NoRpcs));
 }
 
 #[tokio::test]
 async fn external_keys_are_not_required_at_put() {
-    let buf = build(4, vec![RpcDef::new("t", 1).inputs(["p", "score"])], &["score"])
-        .expect("valid");
+    let buf = build(
+        4,
+        vec![RpcDef::new("t", 1).inputs(["p", "score"])],
+        &["score"],
+    )
+    .expect("valid");
     let s = rollout_buffer::Sample::new("x").with("p", 1i32);
-    buf.put_batch(vec![s]).await.expect("score comes later by amend");
+    buf.put_batch(vec![s])
+        .await
+        .expect("score comes later by amend");
     let no_ext = build(4, vec![RpcDef::new("t", 1).inputs(["p", "score"])], &[]).expect("valid");
     let s = rollout_buffer::Sample::new("x").with("p", 1i32);
-    assert!(matches!(no_ext.put_batch(vec![s]).await, Err(Error::MissingKey { .. })));
+    assert!(matches!(
+        no_ext.put_batch(vec![s]).await,
+        Err(Error::MissingKey { .. })
+    ));
 }

@@ -7,8 +7,7 @@ use rollout_buffer::{Error, Patch, RpcDef, Sample, Selection, SequenceBuffer};
 use std::time::Duration;
 
 fn births_buffer(selection: Selection) -> SequenceBuffer {
-    SequenceBuffer::new(8, [RpcDef::new("r", 3).inputs(["x"]).selection(selection)])
-        .expect("valid")
+    SequenceBuffer::new(8, [RpcDef::new("r", 3).inputs(["x"]).selection(selection)]).expect("valid")
 }
 
 fn with_births(births: &[u64]) -> Vec<Sample> {
@@ -22,7 +21,9 @@ fn with_births(births: &[u64]) -> Vec<Sample> {
 #[tokio::test]
 async fn fifo_takes_oldest_first_and_ties_in_put_order() {
     let buf = births_buffer(Selection::Fifo);
-    buf.put_batch(with_births(&[5, 5, 5, 1, 5, 5])).await.expect("put");
+    buf.put_batch(with_births(&[5, 5, 5, 1, 5, 5]))
+        .await
+        .expect("put");
     let b = buf.get_batch_for_rpc("r").await.expect("get");
     assert_eq!(ids(&b), ["s3", "s0", "s1"]);
     assert_eq!(b.len(), 3);
@@ -36,7 +37,9 @@ async fn fifo_takes_oldest_first_and_ties_in_put_order() {
 #[tokio::test]
 async fn lifo_takes_newest_first() {
     let buf = births_buffer(Selection::Lifo);
-    buf.put_batch(with_births(&[10, 30, 20, 30])).await.expect("put");
+    buf.put_batch(with_births(&[10, 30, 20, 30]))
+        .await
+        .expect("put");
     let b = buf.get_batch_for_rpc("r").await.expect("get");
     assert_eq!(ids(&b), ["s3", "s1", "s2"]);
 }
@@ -45,7 +48,9 @@ async fn lifo_takes_newest_first() {
 async fn default_births_follow_put_order() {
     let buf = births_buffer(Selection::Fifo);
     for i in 0..3 {
-        buf.put_batch(vec![Sample::new(format!("s{i}")).with("x", 0i32)]).await.expect("put");
+        buf.put_batch(vec![Sample::new(format!("s{i}")).with("x", 0i32)])
+            .await
+            .expect("put");
     }
     let b = buf.get_batch_for_rpc("r").await.expect("get");
     assert_eq!(ids(&b), ["s0", "s1", "s2"]);
@@ -55,7 +60,12 @@ async fn default_births_follow_put_order() {
 async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
     let buf = ppo(8, 2);
     let samples: Vec<Sample> = (0..3)
-        .map(|i| prompt(i).with("tokens", vec![4i32]).with("extra", 1u8).meta("env", "math"))
+        .map(|i| {
+            prompt(i)
+                .with("tokens", vec![4i32])
+                .with("extra", 1u8)
+                .meta("env", "math")
+        })
         .collect();
     buf.put_batch(samples).await.expect("put");
     let b = buf.get_batch_for_rpc("gen").await.expect("get");
@@ -64,11 +74,15 @@ async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
         assert_eq!(s.keys().collect::<Vec<_>>(), ["prompt"]);
         assert_eq!(s.get_meta("env"), Some(&"math".into()));
     }
-    let r = buf.get_batch_for_rpc("reward").await.expect("tokens were put");
+    let r = buf
+        .get_batch_for_rpc("reward")
+        .await
+        .expect("tokens were put");
     assert_eq!(r.samples()[0].keys().collect::<Vec<_>>(), ["tokens"]);
     // One sample left for gen: n_seqs 2 cannot be met, so the get waits.
     assert!(matches!(
-        buf.get_batch_for_rpc_timeout("gen", Duration::from_millis(20)).await,
+        buf.get_batch_for_rpc_timeout("gen", Duration::from_millis(20))
+            .await,
         Err(Error::Timeout { .. })
     ));
 }
@@ -78,7 +92,9 @@ async fn unknown_rpc_is_an_error() {
     let buf = ppo(4, 1);
     assert_eq!(
         buf.get_batch_for_rpc("nope").await.err(),
-        Some(Error::UnknownRpc { name: "nope".into() })
+        Some(Error::UnknownRpc {
+            name: "nope".into()
+        })
     );
 }
 
@@ -99,13 +115,19 @@ async fn readiness_follows_key_arrival() {
     let eligible = |buf: &SequenceBuffer| -> Vec<usize> {
         buf.stats().rpcs.iter().map(|r| r.eligible).collect()
     };
-    assert_eq!(eligible(&buf), [1, 0, 1], "gen and the input-less RPC are ready at put");
+    assert_eq!(
+        eligible(&buf),
+        [1, 0, 1],
+        "gen and the input-less RPC are ready at put"
+    );
     let any = buf.get_batch_for_rpc("any").await.expect("get");
     assert_eq!(any.samples()[0].keys().count(), 0);
     any.commit().await.expect("commit");
 
     // By amend: verdict alone is not enough for score.
-    buf.amend_batch(&h, vec![Patch::new().with("verdict", true)]).await.expect("amend");
+    buf.amend_batch(&h, vec![Patch::new().with("verdict", true)])
+        .await
+        .expect("amend");
     assert_eq!(eligible(&buf), [1, 0, 0]);
     // By complete: tokens arrive, score becomes ready at that moment.
     let gen = buf.get_batch_for_rpc("gen").await.expect("get");
@@ -113,7 +135,10 @@ async fn readiness_follows_key_arrival() {
     gen.complete(out).await.expect("complete");
     assert_eq!(eligible(&buf), [0, 1, 0]);
     let s = buf.get_batch_for_rpc("score").await.expect("get");
-    assert_eq!(s.samples()[0].keys().collect::<Vec<_>>(), ["verdict", "tokens"]);
+    assert_eq!(
+        s.samples()[0].keys().collect::<Vec<_>>(),
+        ["verdict", "tokens"]
+    );
     s.commit().await.expect("commit");
     assert!(buf.is_empty(), "every RPC used its read: slot freed");
     assert_invariants(&buf);
@@ -130,7 +155,9 @@ async fn rpcs_with_shared_inputs_read_independently() {
         ],
     )
     .expect("valid");
-    let samples = (0..4).map(|i| Sample::new(i.to_string()).with("x", 0i32)).collect();
+    let samples = (0..4)
+        .map(|i| Sample::new(i.to_string()).with("x", 0i32))
+        .collect();
     buf.put_batch(samples).await.expect("put");
     let a1 = buf.get_batch_for_rpc("a").await.expect("a");
     let b1 = buf.get_batch_for_rpc("b").await.expect("b");
@@ -153,11 +180,26 @@ async fn each_rpc_uses_each_sample_reads_times_then_frees() {
         ],
     )
     .expect("valid");
-    buf.put_batch(vec![Sample::new("s").with("x", 0i32)]).await.expect("put");
-    buf.get_batch_for_rpc("twice").await.expect("1st").commit().await.expect("commit");
-    buf.get_batch_for_rpc("once").await.expect("once").commit().await.expect("commit");
+    buf.put_batch(vec![Sample::new("s").with("x", 0i32)])
+        .await
+        .expect("put");
+    buf.get_batch_for_rpc("twice")
+        .await
+        .expect("1st")
+        .commit()
+        .await
+        .expect("commit");
+    buf.get_batch_for_rpc("once")
+        .await
+        .expect("once")
+        .commit()
+        .await
+        .expect("commit");
     assert_eq!(buf.len(), 1, "twice has one read left");
-    assert!(buf.get_batch_for_rpc_timeout("once", Duration::from_millis(10)).await.is_err());
+    assert!(buf
+        .get_batch_for_rpc_timeout("once", Duration::from_millis(10))
+        .await
+        .is_err());
     let b = buf.get_batch_for_rpc("twice").await.expect("2nd");
     assert_eq!(ids(&b), ["s"]);
     b.commit().await.expect("commit");

@@ -15,7 +15,9 @@ async fn dropped_batch_is_redelivered_to_that_rpc_only() {
         ],
     )
     .expect("valid");
-    let samples = (0..2).map(|i| Sample::new(i.to_string()).with("x", 0i32)).collect();
+    let samples = (0..2)
+        .map(|i| Sample::new(i.to_string()).with("x", 0i32))
+        .collect();
     buf.put_batch(samples).await.expect("put");
     let b = buf.get_batch_for_rpc("b").await.expect("b");
     let a = buf.get_batch_for_rpc("a").await.expect("a");
@@ -23,7 +25,11 @@ async fn dropped_batch_is_redelivered_to_that_rpc_only() {
     drop(a);
     let st = buf.stats();
     assert_eq!((st.rpcs[0].redelivered, st.rpcs[0].eligible), (2, 2));
-    assert_eq!((st.rpcs[1].redelivered, st.rpcs[1].leased), (0, 2), "b's lease untouched");
+    assert_eq!(
+        (st.rpcs[1].redelivered, st.rpcs[1].leased),
+        (0, 2),
+        "b's lease untouched"
+    );
     let again = buf.get_batch_for_rpc("a").await.expect("redelivered");
     assert_eq!(ids(&again), first);
     again.commit().await.expect("commit");
@@ -36,7 +42,10 @@ fn timed(timeout: Duration) -> SequenceBuffer {
     SequenceBuffer::new(
         4,
         [
-            RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]).lease_timeout(timeout),
+            RpcDef::new("gen", 1)
+                .inputs(["prompt"])
+                .outputs(["tokens"])
+                .lease_timeout(timeout),
             RpcDef::new("train", 1).inputs(["tokens"]),
         ],
     )
@@ -50,16 +59,33 @@ async fn expired_lease_is_redelivered_and_late_complete_fails() {
     let slow = buf.get_batch_for_rpc("gen").await.expect("get");
     assert!(slow.deadline().is_some());
     // A second getter waits; it is woken by the expiry itself (paused clock auto-advances).
-    let fresh = buf.get_batch_for_rpc("gen").await.expect("redelivered after expiry");
+    let fresh = buf
+        .get_batch_for_rpc("gen")
+        .await
+        .expect("redelivered after expiry");
     assert_eq!(ids(&fresh), ["s"]);
-    let late = slow.complete(vec![Patch::new().with("tokens", vec![1i32])]).await;
-    assert!(matches!(late, Err(Error::LeaseExpired { ref rpc, .. }) if rpc == "gen"), "{late:?}");
+    let late = slow
+        .complete(vec![Patch::new().with("tokens", vec![1i32])])
+        .await;
+    assert!(
+        matches!(late, Err(Error::LeaseExpired { ref rpc, .. }) if rpc == "gen"),
+        "{late:?}"
+    );
     let st = buf.stats();
     assert_eq!((st.rpcs[0].expired_leases, st.rpcs[0].redelivered), (1, 1));
-    assert_eq!(st.rpcs[1].eligible, 0, "nothing of the late complete was applied");
-    fresh.complete(vec![Patch::new().with("tokens", vec![2i32])]).await.expect("in time");
+    assert_eq!(
+        st.rpcs[1].eligible, 0,
+        "nothing of the late complete was applied"
+    );
+    fresh
+        .complete(vec![Patch::new().with("tokens", vec![2i32])])
+        .await
+        .expect("in time");
     let t = buf.get_batch_for_rpc("train").await.expect("train");
-    let tokens = t.samples()[0].get("tokens").and_then(|t| t.array::<i32>()).map(|a| a.to_owned());
+    let tokens = t.samples()[0]
+        .get("tokens")
+        .and_then(|t| t.array::<i32>())
+        .map(|a| a.to_owned());
     assert_eq!(tokens.map(|a| a.into_raw_vec_and_offset().0), Some(vec![2]));
     assert_invariants(&buf);
 }
@@ -86,7 +112,10 @@ async fn stats_reap_expired_leases() {
     assert_eq!(buf.stats().rpcs[0].leased, 1);
     tokio::time::advance(Duration::from_secs(2)).await;
     let st = buf.stats();
-    assert_eq!((st.rpcs[0].leased, st.rpcs[0].eligible, st.live_leases), (0, 1, 0));
+    assert_eq!(
+        (st.rpcs[0].leased, st.rpcs[0].eligible, st.live_leases),
+        (0, 1, 0)
+    );
     drop(b); // dropping an expired batch changes nothing more
     assert_eq!(buf.stats().rpcs[0].redelivered, 1);
     assert_invariants(&buf);
@@ -97,17 +126,31 @@ async fn complete_rejects_undeclared_outputs_and_applies_nothing() {
     let buf = ppo(4, 1);
     buf.put_batch(vec![prompt("s")]).await.expect("put");
     let b = buf.get_batch_for_rpc("gen").await.expect("get");
-    let bad = vec![Patch::new().with("tokens", vec![1i32]).with("reward", 1.0f64)];
+    let bad = vec![Patch::new()
+        .with("tokens", vec![1i32])
+        .with("reward", 1.0f64)];
     match b.complete(bad).await {
         Err(Error::UndeclaredOutput { rpc, key, id }) => {
-            assert_eq!((rpc.as_str(), key.as_str(), id.as_str()), ("gen", "reward", "s"));
+            assert_eq!(
+                (rpc.as_str(), key.as_str(), id.as_str()),
+                ("gen", "reward", "s")
+            );
         }
         other => panic!("expected UndeclaredOutput, got {other:?}"),
     }
     let st = buf.stats();
-    assert_eq!((st.rpcs[0].eligible, st.rpcs[1].eligible, st.read), (1, 0, 0));
-    let b = buf.get_batch_for_rpc("gen").await.expect("released, so served again");
-    assert!(matches!(b.complete(vec![]).await, Err(Error::LengthMismatch { .. })));
+    assert_eq!(
+        (st.rpcs[0].eligible, st.rpcs[1].eligible, st.read),
+        (1, 0, 0)
+    );
+    let b = buf
+        .get_batch_for_rpc("gen")
+        .await
+        .expect("released, so served again");
+    assert!(matches!(
+        b.complete(vec![]).await,
+        Err(Error::LengthMismatch { .. })
+    ));
     assert_invariants(&buf);
 }
 
@@ -133,7 +176,11 @@ async fn complete_is_atomic_with_the_read() {
     for i in 0..200 {
         buf.put_batch(vec![prompt(i)]).await.expect("put");
         let g = buf.get_batch_for_rpc("gen").await.expect("gen");
-        let out = g.samples().iter().map(|_| Patch::new().with("tokens", vec![1i32])).collect();
+        let out = g
+            .samples()
+            .iter()
+            .map(|_| Patch::new().with("tokens", vec![1i32]))
+            .collect();
         g.complete(out).await.expect("complete");
         let t = buf.get_batch_for_rpc("train").await.expect("train");
         t.commit().await.expect("commit");

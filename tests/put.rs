@@ -19,7 +19,11 @@ async fn invalid_batches_are_rejected_whole() {
     }
     let dup_stored = vec![prompt("c"), prompt("kept")];
     match buf.put_batch(dup_stored).await {
-        Err(Error::DuplicateId { id, index: 1, conflict }) => {
+        Err(Error::DuplicateId {
+            id,
+            index: 1,
+            conflict,
+        }) => {
             assert_eq!(id, "kept");
             assert!(conflict.contains("slot"), "{conflict}");
         }
@@ -28,35 +32,57 @@ async fn invalid_batches_are_rejected_whole() {
     let birth0 = vec![prompt("d"), prompt("e").birth(0)];
     assert_eq!(
         buf.put_batch(birth0).await.err(),
-        Some(Error::InvalidBirth { id: "e".into(), index: 1 })
+        Some(Error::InvalidBirth {
+            id: "e".into(),
+            index: 1
+        })
     );
     let missing = vec![prompt("f"), Sample::new("g").with("tokens", vec![1i32])];
     assert_eq!(
         buf.put_batch(missing).await.err(),
-        Some(Error::MissingKey { id: "g".into(), index: 1, key: "prompt".into() })
+        Some(Error::MissingKey {
+            id: "g".into(),
+            index: 1,
+            key: "prompt".into()
+        })
     );
     assert_eq!(
         buf.put_batch(prompts("big", 5)).await.err(),
-        Some(Error::BatchTooLarge { len: 5, capacity: 4 })
+        Some(Error::BatchTooLarge {
+            len: 5,
+            capacity: 4
+        })
     );
 
     let after = buf.stats();
     assert_eq!(buf.len(), 1);
-    assert_eq!((after.empty, after.idle, after.put), (before.empty, before.idle, before.put));
+    assert_eq!(
+        (after.empty, after.idle, after.put),
+        (before.empty, before.idle, before.put)
+    );
     assert_eq!(after.rejected, 3 + 2 + 2 + 2 + 5);
     assert_invariants(&buf);
     // The rejected ids were never reserved.
-    buf.put_batch(vec![prompt("a"), prompt("c"), prompt("g")]).await.expect("ids are free");
+    buf.put_batch(vec![prompt("a"), prompt("c"), prompt("g")])
+        .await
+        .expect("ids are free");
 }
 
 #[tokio::test]
 async fn handles_come_back_in_input_order() {
     let buf = ppo(8, 1);
     let h = buf.put_batch(prompts("x", 3)).await.expect("put");
-    assert_eq!(h.iter().map(|h| h.slot()).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(
+        h.iter().map(|h| h.slot()).collect::<Vec<_>>(),
+        vec![0, 1, 2]
+    );
     let h2 = buf.put_batch(prompts("y", 2)).await.expect("put");
     assert_eq!(h2.iter().map(|h| h.slot()).collect::<Vec<_>>(), vec![3, 4]);
-    assert!(buf.put_batch(Vec::new()).await.expect("empty put").is_empty());
+    assert!(buf
+        .put_batch(Vec::new())
+        .await
+        .expect("empty put")
+        .is_empty());
     assert_eq!(buf.len(), 5);
 }
 
@@ -67,11 +93,19 @@ async fn try_put_on_full_buffer_changes_nothing() {
     let before = buf.stats();
     assert_eq!(
         buf.try_put_batch(prompts("b", 2)).await.err(),
-        Some(Error::Full { requested: 2, free: 1 })
+        Some(Error::Full {
+            requested: 2,
+            free: 1
+        })
     );
     let after = buf.stats();
-    assert_eq!((after.empty, after.put, buf.len()), (before.empty, before.put, 2));
-    buf.try_put_batch(prompts("b", 1)).await.expect("one still fits");
+    assert_eq!(
+        (after.empty, after.put, buf.len()),
+        (before.empty, before.put, 2)
+    );
+    buf.try_put_batch(prompts("b", 1))
+        .await
+        .expect("one still fits");
     assert_invariants(&buf);
 }
 
@@ -90,9 +124,23 @@ async fn put_waits_for_space_and_resumes_when_freed() {
     });
     // The putter registers in the queue; observe it through stats, not a sleep.
     wait_until(|| buf.stats().waiting_putters == 1).await;
-    buf.get_batch_for_rpc("take").await.expect("get").commit().await.expect("commit");
-    assert_eq!(buf.stats().waiting_putters, 1, "one free slot is not enough for two");
-    buf.get_batch_for_rpc("take").await.expect("get").commit().await.expect("commit");
+    buf.get_batch_for_rpc("take")
+        .await
+        .expect("get")
+        .commit()
+        .await
+        .expect("commit");
+    assert_eq!(
+        buf.stats().waiting_putters,
+        1,
+        "one free slot is not enough for two"
+    );
+    buf.get_batch_for_rpc("take")
+        .await
+        .expect("get")
+        .commit()
+        .await
+        .expect("commit");
     let handles = tokio::time::timeout(Duration::from_secs(10), putter)
         .await
         .expect("putter woke")
@@ -114,14 +162,21 @@ async fn waiting_putters_are_served_in_arrival_order() {
     for (i, n) in [(0usize, 3usize), (1, 1), (2, 1)] {
         let (b, tx) = (buf.clone(), tx.clone());
         tokio::spawn(async move {
-            b.put_batch(prompts(&format!("p{i}"), n)).await.expect("put");
+            b.put_batch(prompts(&format!("p{i}"), n))
+                .await
+                .expect("put");
             tx.send(i).expect("send");
         });
         settle().await;
         assert_eq!(buf.stats().waiting_putters, i + 1);
     }
     let take = || async {
-        buf.get_batch_for_rpc("take").await.expect("get").commit().await.expect("commit");
+        buf.get_batch_for_rpc("take")
+            .await
+            .expect("get")
+            .commit()
+            .await
+            .expect("commit");
         settle().await;
     };
     take().await; // 1 free: p1 would fit, but big is ahead of it

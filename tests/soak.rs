@@ -73,7 +73,9 @@ async fn run(tasks_per_rpc: [usize; 3], n_seqs: usize) {
             let buf = buf.clone();
             tokio::spawn(async move {
                 for chunk in 0..TOTAL / 2 / 64 {
-                    buf.put_batch(prompts(&format!("{p}-{chunk}"), 64)).await.expect("put");
+                    buf.put_batch(prompts(&format!("{p}-{chunk}"), 64))
+                        .await
+                        .expect("put");
                 }
             })
         })
@@ -93,7 +95,10 @@ async fn run(tasks_per_rpc: [usize; 3], n_seqs: usize) {
     assert_eq!(trained.len(), TOTAL, "every sample trained");
     assert_eq!(unique.len(), TOTAL, "no sample trained twice");
     let st = buf.stats();
-    assert_eq!((st.put, st.freed, st.empty), (TOTAL as u64, TOTAL as u64, CAPACITY));
+    assert_eq!(
+        (st.put, st.freed, st.empty),
+        (TOTAL as u64, TOTAL as u64, CAPACITY)
+    );
     assert_invariants(&buf);
 }
 

@@ -20,7 +20,9 @@ async fn three_getters_one_put_of_three_all_return() {
             id
         }));
     }
-    let samples = (0..3).map(|i| Sample::new(i.to_string()).with("x", 0i32)).collect();
+    let samples = (0..3)
+        .map(|i| Sample::new(i.to_string()).with("x", 0i32))
+        .collect();
     buf.put_batch(samples).await.expect("put");
     let mut got = HashSet::new();
     for g in getters {

@@ -36,7 +36,10 @@ impl fmt::Debug for Batch {
             .field("rpc", &self.rpc_name())
             .field("lease", &self.lease.number())
             .field("handles", &self.handles)
-            .field("ids", &self.samples.iter().map(Sample::id).collect::<Vec<_>>())
+            .field(
+                "ids",
+                &self.samples.iter().map(Sample::id).collect::<Vec<_>>(),
+            )
             .finish()
     }
 }
@@ -126,7 +129,10 @@ impl Batch {
             });
         }
         let graph = &self.shared.graph;
-        let declared = graph.rpcs().get(self.rpc).map_or(KeySet::EMPTY, |r| r.outputs);
+        let declared = graph
+            .rpcs()
+            .get(self.rpc)
+            .map_or(KeySet::EMPTY, |r| r.outputs);
         let mut added = Vec::with_capacity(outputs.len());
         for (patch, sample) in outputs.iter().zip(&self.samples) {
             let mut keys = KeySet::EMPTY;
@@ -172,9 +178,8 @@ impl Batch {
                 }
                 Err(LeaseGone::Expired) => {
                     // Reclaim it now if no waiting getter has yet.
-                    let wake = now.map_or(Wake::default(), |t| {
-                        inner.table.expire_due(t, &mut freed)
-                    });
+                    let wake =
+                        now.map_or(Wake::default(), |t| inner.table.expire_due(t, &mut freed));
                     let timeout = inner.table.rpcs[self.rpc].lease_timeout.unwrap_or_default();
                     let err = Error::LeaseExpired {
                         rpc: self.rpc_name().to_owned(),
@@ -206,7 +211,11 @@ impl Drop for Batch {
             (wake, inner.take_freed(&freed))
         };
         if wake.rpcs != 0 {
-            tracing::trace!(rpc = self.rpc_name(), n = self.samples.len(), "batch dropped; redelivering");
+            tracing::trace!(
+                rpc = self.rpc_name(),
+                n = self.samples.len(),
+                "batch dropped; redelivering"
+            );
         }
         self.shared.notify(wake);
         drop(dropped);

@@ -30,10 +30,15 @@ impl SequenceBuffer {
             .graph
             .rpc_index(rpc)
             .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        let mut parked = Parked {
+            shared,
+            rpc: r,
+            counted: false,
+        };
         loop {
             let mut notified = pin!(shared.rpc_ready[r].notified());
             notified.as_mut().enable();
-            let next_deadline = match shared.try_get(r)? {
+            let next_deadline = match shared.try_get(r, &mut parked.counted)? {
                 Attempt::Leased(batch) => return Ok(batch),
                 Attempt::Wait(deadline) => deadline,
             };
@@ -69,13 +74,17 @@ enum Attempt {
 }
 
 impl Shared {
-    /// One attempt to lease a batch for RPC `r`, reaping expired leases first.
-    fn try_get(self: &Arc<Self>, r: usize) -> Result<Attempt> {
+    /// One attempt to lease a batch for RPC `r`, reaping expired leases first. `counted`
+    /// says whether this getter is counted as waiting; it is counted while it waits.
+    fn try_get(self: &Arc<Self>, r: usize, counted: &mut bool) -> Result<Attempt> {
         let mut freed = Vec::new();
         let mut wake = Wake::default();
         let mut dropped = Vec::new();
         let leased = {
             let mut inner = self.lock();
+            if std::mem::take(counted) {
+                inner.waiting_getters[r] -= 1;
+            }
             if inner.closed {
                 return Err(Error::Closed);
             }
@@ -100,7 +109,11 @@ impl Shared {
                     let deadline = inner.table.lease(lease, None).ok().and_then(|l| l.deadline);
                     Ok((lease, slots, generations, snapshot, deadline))
                 }
-                None => Err(inner.table.next_deadline()),
+                None => {
+                    inner.waiting_getters[r] += 1;
+                    *counted = true;
+                    Err(inner.table.next_deadline())
+                }
             }
         };
         self.notify(wake);
@@ -133,6 +146,32 @@ impl Shared {
                 meta: Arc::clone(&stored.meta),
             })
             .collect();
-        Batch::new(Arc::clone(self), r, lease, slots, generations, samples, deadline)
+        Batch::new(
+            Arc::clone(self),
+            r,
+            lease,
+            slots,
+            generations,
+            samples,
+            deadline,
+        )
+    }
+}
+
+/// Keeps a getter counted in `waiting_getters` while it waits; uncounts it if the get is
+/// dropped mid-wait.
+struct Parked<'a> {
+    shared: &'a Arc<Shared>,
+    rpc: usize,
+    counted: bool,
+}
+
+impl Drop for Parked<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            if let Some(n) = self.shared.lock().waiting_getters.get_mut(self.rpc) {
+                *n -= 1;
+            }
+        }
     }
 }

@@ -123,6 +123,8 @@ pub(crate) struct Inner {
     pub(crate) closed: bool,
     /// Samples in rejected put calls.
     pub(crate) rejected: u64,
+    /// Per RPC: getters currently parked waiting for eligible samples.
+    pub(crate) waiting_getters: Vec<usize>,
 }
 
 impl Inner {
@@ -172,6 +174,7 @@ impl SequenceBuffer {
             ids: HashMap::new(),
             closed: false,
             rejected: 0,
+            waiting_getters: vec![0; n_rpcs],
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -257,7 +260,10 @@ impl Shared {
             let stored = table.is_stored(s);
             let sample = inner.samples.get(s).and_then(Option::as_ref);
             if stored != sample.is_some() {
-                return Err(format!("slot {s}: stored {stored} but payload present {}", sample.is_some()));
+                return Err(format!(
+                    "slot {s}: stored {stored} but payload present {}",
+                    sample.is_some()
+                ));
             }
             if let Some(sample) = sample {
                 if inner.ids.get(&sample.id) != Some(&(s as u32)) {
@@ -265,7 +271,10 @@ impl Shared {
                 }
                 let keys = self.graph.key_set(sample.keys());
                 if keys != table.keys[s] {
-                    return Err(format!("slot {s}: table keys {:#x} != payload keys {:#x}", table.keys[s].0, keys.0));
+                    return Err(format!(
+                        "slot {s}: table keys {:#x} != payload keys {:#x}",
+                        table.keys[s].0, keys.0
+                    ));
                 }
             }
             if stored || table.putting.get(s) {
@@ -273,7 +282,10 @@ impl Shared {
             }
         }
         if inner.ids.len() != reserved {
-            return Err(format!("{} ids indexed for {reserved} stored or putting slots", inner.ids.len()));
+            return Err(format!(
+                "{} ids indexed for {reserved} stored or putting slots",
+                inner.ids.len()
+            ));
         }
         Ok(())
     }

@@ -36,7 +36,10 @@ impl SequenceBuffer {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let mut ticket = TicketGuard { shared, ticket: None };
+        let mut ticket = TicketGuard {
+            shared,
+            ticket: None,
+        };
         loop {
             let mut notified = pin!(shared.space.notified());
             notified.as_mut().enable();
@@ -127,10 +130,9 @@ impl Shared {
         }
         let unset = samples.iter().filter(|s| s.birth.is_none()).count() as u64;
         if unset > 0 {
-            let mut next = next_births(unset);
-            for s in samples.iter_mut().filter(|s| s.birth.is_none()) {
-                s.birth = Some(next);
-                next += 1;
+            let births = next_births(unset)..;
+            for (birth, s) in births.zip(samples.iter_mut().filter(|s| s.birth.is_none())) {
+                s.birth = Some(birth);
             }
         }
         let keys = samples
@@ -179,7 +181,12 @@ impl Shared {
 
     /// One claim attempt: fails on close or on an id already in the buffer, waits when the
     /// slots are not there (or an earlier putter is), else claims and reserves the ids.
-    fn try_claim(&self, inner: &mut Inner, prepared: &Prepared, ticket: &mut Option<Ticket>) -> Claim<'_> {
+    fn try_claim(
+        &self,
+        inner: &mut Inner,
+        prepared: &Prepared,
+        ticket: &mut Option<Ticket>,
+    ) -> Claim<'_> {
         let n = prepared.samples.len();
         let leave_queue = |inner: &mut Inner, ticket: &mut Option<Ticket>| {
             ticket
@@ -222,7 +229,11 @@ impl Shared {
     }
 
     /// Builds the payloads outside the lock, then publishes the claimed slots.
-    fn publish(&self, mut claimed: ClaimedSlots<'_>, prepared: Prepared) -> Result<Vec<SlotHandle>> {
+    fn publish(
+        &self,
+        mut claimed: ClaimedSlots<'_>,
+        prepared: Prepared,
+    ) -> Result<Vec<SlotHandle>> {
         let births: Vec<u64> = prepared
             .samples
             .iter()

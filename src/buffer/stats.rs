@@ -19,6 +19,8 @@ pub struct RpcStats {
     pub redelivered: u64,
     /// Leases of it that expired.
     pub expired_leases: u64,
+    /// Getters parked waiting for it to have `n_seqs` eligible samples.
+    pub waiting: usize,
 }
 
 /// A snapshot of the buffer, taken under its lock.
@@ -83,6 +85,7 @@ impl SequenceBuffer {
                     reads: t.totals.reads[r],
                     redelivered: t.totals.redelivered[r],
                     expired_leases: t.totals.expired_leases[r],
+                    waiting: inner.waiting_getters[r],
                 })
                 .collect();
             let stats = Stats {

@@ -269,7 +269,9 @@ mod tests {
     fn ppo() -> Vec<RpcDef> {
         vec![
             RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
-            RpcDef::new("reward", 2).inputs(["tokens"]).outputs(["reward"]),
+            RpcDef::new("reward", 2)
+                .inputs(["tokens"])
+                .outputs(["reward"]),
             RpcDef::new("train", 2).inputs(["tokens", "reward", "score"]),
         ]
     }
@@ -287,40 +289,67 @@ mod tests {
     fn rejects_bad_graphs() {
         let cap = 8;
         let dup = vec![RpcDef::new("a", 1), RpcDef::new("a", 1)];
-        assert!(matches!(RpcGraph::new(cap, &dup, &[]), Err(Error::DuplicateRpc { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &dup, &[]),
+            Err(Error::DuplicateRpc { .. })
+        ));
         let zero = vec![RpcDef::new("a", 0)];
-        assert!(matches!(RpcGraph::new(cap, &zero, &[]), Err(Error::InvalidNSeqs { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &zero, &[]),
+            Err(Error::InvalidNSeqs { .. })
+        ));
         let big = vec![RpcDef::new("a", 9)];
-        assert!(matches!(RpcGraph::new(cap, &big, &[]), Err(Error::InvalidNSeqs { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &big, &[]),
+            Err(Error::InvalidNSeqs { .. })
+        ));
         let self_loop = vec![RpcDef::new("a", 1).inputs(["x"]).outputs(["x"])];
         assert_eq!(
             RpcGraph::new(cap, &self_loop, &[]).err(),
-            Some(Error::CyclicGraph { rpc: "a".into(), key: "x".into() })
+            Some(Error::CyclicGraph {
+                rpc: "a".into(),
+                key: "x".into()
+            })
         );
         let cycle = vec![
             RpcDef::new("a", 1).inputs(["z"]).outputs(["x"]),
             RpcDef::new("b", 1).inputs(["x"]).outputs(["y"]),
             RpcDef::new("c", 1).inputs(["y"]).outputs(["z"]),
         ];
-        assert!(matches!(RpcGraph::new(cap, &cycle, &[]), Err(Error::CyclicGraph { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &cycle, &[]),
+            Err(Error::CyclicGraph { .. })
+        ));
         let two = vec![
             RpcDef::new("a", 1).outputs(["x"]),
             RpcDef::new("b", 1).outputs(["x"]),
         ];
-        assert!(matches!(RpcGraph::new(cap, &two, &[]), Err(Error::DuplicateProducer { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &two, &[]),
+            Err(Error::DuplicateProducer { .. })
+        ));
         let ext = vec![RpcDef::new("a", 1).outputs(["x"])];
         assert!(matches!(
             RpcGraph::new(cap, &ext, &["x".into()]),
             Err(Error::ExternalKeyProduced { .. })
         ));
         let reads = vec![RpcDef::new("a", 1).reads(0)];
-        assert!(matches!(RpcGraph::new(cap, &reads, &[]), Err(Error::InvalidReads { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &reads, &[]),
+            Err(Error::InvalidReads { .. })
+        ));
         assert_eq!(RpcGraph::new(cap, &[], &[]).err(), Some(Error::NoRpcs));
         let many: Vec<_> = (0..65).map(|i| RpcDef::new(format!("r{i}"), 1)).collect();
-        assert!(matches!(RpcGraph::new(cap, &many, &[]), Err(Error::TooMany { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &many, &[]),
+            Err(Error::TooMany { .. })
+        ));
         let keys: Vec<String> = (0..65).map(|i| format!("k{i}")).collect();
         let wide = vec![RpcDef::new("a", 1).inputs(keys)];
-        assert!(matches!(RpcGraph::new(cap, &wide, &[]), Err(Error::TooMany { .. })));
+        assert!(matches!(
+            RpcGraph::new(cap, &wide, &[]),
+            Err(Error::TooMany { .. })
+        ));
     }
 
     #[test]

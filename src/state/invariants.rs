@@ -24,29 +24,61 @@ impl SlotTable {
             ensure!(!(e && p), "slot {s}: both empty and putting");
             if e || p {
                 // invariant 3
-                ensure!(!a && !r && !i, "slot {s}: empty/putting but amending/reading/idle");
-                ensure!(self.amenders[s] == 0, "slot {s}: amenders on a slot not stored");
-                ensure!(self.lease_bits[s] == 0, "slot {s}: lease bits on a slot not stored");
-                ensure!(self.in_ready[s] == 0, "slot {s}: ready entries on a slot not stored");
-                ensure!(self.reads_total[s] == 0, "slot {s}: reads on a slot not stored");
+                ensure!(
+                    !a && !r && !i,
+                    "slot {s}: empty/putting but amending/reading/idle"
+                );
+                ensure!(
+                    self.amenders[s] == 0,
+                    "slot {s}: amenders on a slot not stored"
+                );
+                ensure!(
+                    self.lease_bits[s] == 0,
+                    "slot {s}: lease bits on a slot not stored"
+                );
+                ensure!(
+                    self.in_ready[s] == 0,
+                    "slot {s}: ready entries on a slot not stored"
+                );
+                ensure!(
+                    self.reads_total[s] == 0,
+                    "slot {s}: reads on a slot not stored"
+                );
                 ensure!(self.keys[s].0 == 0, "slot {s}: keys on a slot not stored");
                 continue;
             }
             stored += 1;
             // invariant 1
-            ensure!(a == (self.amenders[s] > 0), "slot {s}: amending bit != (amenders > 0)");
-            ensure!(r == (self.lease_bits[s] != 0), "slot {s}: reading bit != (lease bits != 0)");
-            ensure!(i == (!a && !r), "slot {s}: idle bit wrong (amending {a}, reading {r})");
+            ensure!(
+                a == (self.amenders[s] > 0),
+                "slot {s}: amending bit != (amenders > 0)"
+            );
+            ensure!(
+                r == (self.lease_bits[s] != 0),
+                "slot {s}: reading bit != (lease bits != 0)"
+            );
+            ensure!(
+                i == (!a && !r),
+                "slot {s}: idle bit wrong (amending {a}, reading {r})"
+            );
             // invariant 4
             let left = &self.reads_left[s * n_rpcs..(s + 1) * n_rpcs];
             let sum: u32 = left.iter().map(|&x| u32::from(x)).sum();
-            ensure!(sum == self.reads_total[s], "slot {s}: reads_total {} != sum {sum}", self.reads_total[s]);
+            ensure!(
+                sum == self.reads_total[s],
+                "slot {s}: reads_total {} != sum {sum}",
+                self.reads_total[s]
+            );
             ensure!(
                 sum > 0 || self.amenders[s] > 0 || self.lease_bits[s] != 0,
                 "slot {s}: all reads used and nothing holds it, but it was not freed"
             );
             for (rpc, &l) in left.iter().enumerate() {
-                ensure!(l <= self.rpcs[rpc].reads, "slot {s}: rpc {rpc} has {l} reads left, more than its {}", self.rpcs[rpc].reads);
+                ensure!(
+                    l <= self.rpcs[rpc].reads,
+                    "slot {s}: rpc {rpc} has {l} reads left, more than its {}",
+                    self.rpcs[rpc].reads
+                );
                 let bit = 1u64 << rpc;
                 if self.lease_bits[s] & bit != 0 {
                     ensure!(l > 0, "slot {s}: leased by rpc {rpc} with no reads left");
@@ -57,29 +89,64 @@ impl SlotTable {
                 let eligible = self.is_eligible(s, rpc);
                 let flagged = self.in_ready[s] & (1 << rpc) != 0;
                 let indexed = self.ready[rpc].contains(self.order[s], s as u32);
-                ensure!(eligible == flagged, "slot {s}: rpc {rpc} eligible {eligible} but in_ready {flagged}");
-                ensure!(eligible == indexed, "slot {s}: rpc {rpc} eligible {eligible} but indexed {indexed}");
+                ensure!(
+                    eligible == flagged,
+                    "slot {s}: rpc {rpc} eligible {eligible} but in_ready {flagged}"
+                );
+                ensure!(
+                    eligible == indexed,
+                    "slot {s}: rpc {rpc} eligible {eligible} but indexed {indexed}"
+                );
             }
         }
-        ensure!(self.empty.count() == self.empty.recount(), "empty count drifted");
-        ensure!(self.putting.count() == self.putting.recount(), "putting count drifted");
-        ensure!(self.amending.count() == self.amending.recount(), "amending count drifted");
-        ensure!(self.reading.count() == self.reading.recount(), "reading count drifted");
-        ensure!(self.idle.count() == self.idle.recount(), "idle count drifted");
+        ensure!(
+            self.empty.count() == self.empty.recount(),
+            "empty count drifted"
+        );
+        ensure!(
+            self.putting.count() == self.putting.recount(),
+            "putting count drifted"
+        );
+        ensure!(
+            self.amending.count() == self.amending.recount(),
+            "amending count drifted"
+        );
+        ensure!(
+            self.reading.count() == self.reading.recount(),
+            "reading count drifted"
+        );
+        ensure!(
+            self.idle.count() == self.idle.recount(),
+            "idle count drifted"
+        );
         ensure!(
             self.empty.count() + self.putting.count() + stored == self.capacity,
             "states do not partition the slots"
         );
         // invariant 5, the other direction: no index holds entries beyond the eligible slots
         for rpc in 0..n_rpcs {
-            let flagged = (0..self.capacity).filter(|&s| self.in_ready[s] & (1 << rpc) != 0).count();
-            ensure!(self.ready[rpc].len() == flagged, "rpc {rpc}: ready index has {} entries, {flagged} slots flagged", self.ready[rpc].len());
+            let flagged = (0..self.capacity)
+                .filter(|&s| self.in_ready[s] & (1 << rpc) != 0)
+                .count();
+            ensure!(
+                self.ready[rpc].len() == flagged,
+                "rpc {rpc}: ready index has {} entries, {flagged} slots flagged",
+                self.ready[rpc].len()
+            );
         }
         // invariant 2
-        ensure!(self.free.len() == self.empty.count(), "free list has {} slots, {} empty", self.free.len(), self.empty.count());
+        ensure!(
+            self.free.len() == self.empty.count(),
+            "free list has {} slots, {} empty",
+            self.free.len(),
+            self.empty.count()
+        );
         let mut seen = HashSet::with_capacity(self.free.len());
         for &s in &self.free {
-            ensure!(self.empty.get(s as usize), "free list holds slot {s}, which is not empty");
+            ensure!(
+                self.empty.get(s as usize),
+                "free list holds slot {s}, which is not empty"
+            );
             ensure!(seen.insert(s), "free list holds slot {s} twice");
         }
         // invariant 6
@@ -90,22 +157,43 @@ impl SlotTable {
             let bit = 1u64 << lease.rpc;
             for &s in &lease.slots {
                 let s = s as usize;
-                ensure!(s < self.capacity, "lease {} names slot {s} out of range", id.number());
-                ensure!(bits_from_leases[s] & bit == 0, "slot {s}: two live leases of rpc {}", lease.rpc);
+                ensure!(
+                    s < self.capacity,
+                    "lease {} names slot {s} out of range",
+                    id.number()
+                );
+                ensure!(
+                    bits_from_leases[s] & bit == 0,
+                    "slot {s}: two live leases of rpc {}",
+                    lease.rpc
+                );
                 bits_from_leases[s] |= bit;
             }
             leased[lease.rpc] += lease.slots.len();
             if let Some(d) = lease.deadline {
                 with_deadline += 1;
-                ensure!(self.leases.has_deadline_entry(id, d), "lease {} lacks its deadline entry", id.number());
+                ensure!(
+                    self.leases.has_deadline_entry(id, d),
+                    "lease {} lacks its deadline entry",
+                    id.number()
+                );
             }
         }
-        ensure!(with_deadline == self.leases.deadline_entries(), "stale deadline entries");
-        ensure!(bits_from_leases == self.lease_bits, "lease bits do not match the live leases");
+        ensure!(
+            with_deadline == self.leases.deadline_entries(),
+            "stale deadline entries"
+        );
+        ensure!(
+            bits_from_leases == self.lease_bits,
+            "lease bits do not match the live leases"
+        );
         ensure!(leased == self.leased, "per-RPC leased counts drifted");
         // invariant 7
         let tickets: HashSet<_> = self.putters.iter().map(|&(t, _)| t).collect();
-        ensure!(tickets.len() == self.putters.len(), "duplicate putter tickets");
+        ensure!(
+            tickets.len() == self.putters.len(),
+            "duplicate putter tickets"
+        );
         Ok(())
     }
 }

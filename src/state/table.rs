@@ -201,7 +201,11 @@ impl SlotTable {
     /// Takes `n` free slots for a put, marking them `putting`. Only the putter at the head
     /// of the queue (or anyone, when nobody queues) may take slots, so waiting putters are
     /// served in arrival order. Returns `None` when this putter must wait.
-    pub(crate) fn claim_put(&mut self, n: usize, ticket: Option<Ticket>) -> Option<(Vec<u32>, Wake)> {
+    pub(crate) fn claim_put(
+        &mut self,
+        n: usize,
+        ticket: Option<Ticket>,
+    ) -> Option<(Vec<u32>, Wake)> {
         let my_turn = match (self.putters.front(), ticket) {
             (None, _) => true,
             (Some(&(head, _)), Some(t)) => head == t,
@@ -248,7 +252,12 @@ impl SlotTable {
     /// Stores claimed slots: they become idle with `keys` and `birth`, get their reads, and
     /// enter the ready index of every RPC whose inputs they hold. Returns each slot's
     /// generation (for handles).
-    pub(crate) fn publish_put(&mut self, slots: &[u32], births: &[u64], keys: &[KeySet]) -> (Vec<u32>, Wake) {
+    pub(crate) fn publish_put(
+        &mut self,
+        slots: &[u32],
+        births: &[u64],
+        keys: &[KeySet],
+    ) -> (Vec<u32>, Wake) {
         let n_rpcs = self.rpcs.len();
         let mut wake = Wake::default();
         let mut generations = Vec::with_capacity(slots.len());
@@ -313,7 +322,12 @@ impl SlotTable {
     /// Ends amends begun by [`Self::begin_amend`], adding `added[i]` to slot `i`'s keys
     /// (pass empty sets for an aborted amend). Slots whose reads are all used and that
     /// nothing else holds are freed and returned.
-    pub(crate) fn finish_amend(&mut self, slots: &[u32], added: &[KeySet], freed: &mut Vec<u32>) -> Wake {
+    pub(crate) fn finish_amend(
+        &mut self,
+        slots: &[u32],
+        added: &[KeySet],
+        freed: &mut Vec<u32>,
+    ) -> Wake {
         let mut wake = Wake::default();
         for (i, &s) in slots.iter().enumerate() {
             let s = s as usize;
@@ -341,7 +355,11 @@ impl SlotTable {
     /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
     /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
     /// the RPC has a lease timeout.
-    pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<(LeaseId, Vec<u32>)> {
+    pub(crate) fn try_lease(
+        &mut self,
+        r: usize,
+        now: Option<Instant>,
+    ) -> Option<(LeaseId, Vec<u32>)> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
         let deadline = spec.lease_timeout.and_then(|t| now.map(|now| now + t));
@@ -434,7 +452,11 @@ impl SlotTable {
             if let Some(lease) = self.leases.get(id) {
                 let r = lease.rpc;
                 self.totals.expired_leases[r] += 1;
-                tracing::debug!(rpc = r, slots = lease.slots.len(), "lease expired; redelivering");
+                tracing::debug!(
+                    rpc = r,
+                    slots = lease.slots.len(),
+                    "lease expired; redelivering"
+                );
             }
             wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));
         }

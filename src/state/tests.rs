@@ -141,7 +141,10 @@ fn expired_lease_is_released_once() {
     let mut freed = Vec::new();
     let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed);
     assert_eq!(wake.rpcs, 1);
-    assert_eq!((t.totals.redelivered[0], t.totals.expired_leases[0]), (1, 1));
+    assert_eq!(
+        (t.totals.redelivered[0], t.totals.expired_leases[0]),
+        (1, 1)
+    );
     assert!(t.lease(id, None).is_err());
     ok(&t);
 }
@@ -178,7 +181,10 @@ struct Model {
 
 impl Model {
     fn live(&self) -> impl Iterator<Item = (usize, &MSample)> {
-        self.samples.iter().enumerate().filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
+        self.samples
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.as_ref().map(|s| (i, s)))
     }
 
     fn eligible(&self, specs: &[RpcSpec], r: usize) -> Vec<usize> {
@@ -202,7 +208,8 @@ impl Model {
     /// Frees sample `i` if nothing holds it and every read is used; returns its slot.
     fn settle(&mut self, i: usize) -> Option<u32> {
         let s = self.samples[i].as_ref()?;
-        let done = s.reads_left.iter().all(|&x| x == 0) && s.amenders == 0 && !s.leased.iter().any(|&l| l);
+        let done =
+            s.reads_left.iter().all(|&x| x == 0) && s.amenders == 0 && !s.leased.iter().any(|&l| l);
         if done {
             let slot = s.slot;
             self.samples[i] = None;

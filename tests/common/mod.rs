@@ -9,7 +9,9 @@ pub fn ppo(capacity: usize, n: usize) -> SequenceBuffer {
         capacity,
         [
             RpcDef::new("gen", n).inputs(["prompt"]).outputs(["tokens"]),
-            RpcDef::new("reward", n).inputs(["tokens"]).outputs(["reward"]),
+            RpcDef::new("reward", n)
+                .inputs(["tokens"])
+                .outputs(["reward"]),
             RpcDef::new("train", n).inputs(["tokens", "reward"]),
         ],
     )
@@ -33,7 +35,11 @@ pub fn ids(batch: &Batch) -> Vec<String> {
 
 /// One patch per sample of `batch`, setting `key` to a scalar.
 pub fn patches(batch: &Batch, key: &str) -> Vec<Patch> {
-    batch.samples().iter().map(|_| Patch::new().with(key, 1.0f64)).collect()
+    batch
+        .samples()
+        .iter()
+        .map(|_| Patch::new().with(key, 1.0f64))
+        .collect()
 }
 
 /// Panics with the violation if the buffer's invariants do not hold.
@@ -48,7 +54,10 @@ pub fn assert_invariants(buf: &SequenceBuffer) {
 pub async fn wait_until(mut cond: impl FnMut() -> bool) {
     let start = std::time::Instant::now();
     while !cond() {
-        assert!(start.elapsed().as_secs() < 60, "condition never became true");
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "condition never became true"
+        );
         tokio::task::yield_now().await;
     }
 }
