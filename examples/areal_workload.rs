@@ -110,7 +110,6 @@ async fn measure_pipeline(capacity: usize) -> f64 {
                     Some(key) => {
                         let patches = batch
                             .samples()
-                            .iter()
                             .map(|_| Patch::new().with(key, Tensor::from(1i32)))
                             .collect();
                         ok(batch.complete(patches).await);

@@ -61,7 +61,7 @@ fn two_getters_get_disjoint_samples() {
                 let buf = buf.clone();
                 thread::spawn(move || {
                     let b = block_on(buf.get_batch_for_rpc("r")).expect("get");
-                    let id = b.samples()[0].id().to_string();
+                    let id = b.ids().next().map(ToString::to_string).unwrap_or_default();
                     block_on(b.commit()).expect("commit");
                     id
                 })
@@ -97,7 +97,7 @@ fn complete_wakes_downstream_getter() {
             thread::spawn(move || {
                 let b = block_on(buf.get_batch_for_rpc("train")).expect("train");
                 assert!(
-                    b.samples()[0].get("y").is_some(),
+                    b.sample(0).is_some_and(|s| s.get("y").is_some()),
                     "read seen without outputs"
                 );
                 block_on(b.commit()).expect("commit");

@@ -24,15 +24,15 @@
 //! assert_eq!(handles.len(), 2);
 //!
 //! let gen = buf.get_batch_for_rpc("gen").await?;
-//! let out = gen.samples().iter().map(|_| Patch::new().with("tokens", vec![7i32, 8])).collect();
+//! let out = gen.samples().map(|_| Patch::new().with("tokens", vec![7i32, 8])).collect();
 //! gen.complete(out).await?;                      // now ready for "reward"
 //!
 //! let rew = buf.get_batch_for_rpc("reward").await?;
-//! let out = rew.samples().iter().map(|_| Patch::new().with("reward", 1.0f64)).collect();
+//! let out = rew.samples().map(|_| Patch::new().with("reward", 1.0f64)).collect();
 //! rew.complete(out).await?;                      // now ready for "train"
 //!
 //! let train = buf.get_batch_for_rpc("train").await?;
-//! assert!(train.samples()[0].get("prompt").is_none()); // only the RPC's input keys
+//! assert!(train.sample(0).is_some_and(|s| s.get("prompt").is_none())); // only the RPC's input keys
 //! train.commit().await?;                         // last read: slots are freed
 //! assert!(buf.is_empty());
 //! # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
@@ -50,7 +50,7 @@ mod state;
 mod sync;
 mod tensor;
 
-pub use buffer::{Batch, BufferConfig, RpcStats, SequenceBuffer, SlotHandle, Stats};
+pub use buffer::{Batch, BufferConfig, RpcStats, SampleView, SequenceBuffer, SlotHandle, Stats};
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};
 pub use sample::{MetaValue, Patch, Sample, SampleId};

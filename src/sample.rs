@@ -11,49 +11,113 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 /// The identity of a sample, unique among the samples in one buffer.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SampleId(Arc<str>);
+///
+/// The id's hash is computed once, when the id is made, so the buffer's id index does no
+/// hashing while it holds its lock.
+#[derive(Clone)]
+pub struct SampleId {
+    hash: u64,
+    text: Arc<str>,
+}
 
 impl SampleId {
+    fn new(text: Arc<str>) -> Self {
+        use std::hash::{Hash, Hasher};
+        // SipHash with fixed keys: stable across processes, good spread; ids are chosen by
+        // the caller's own pipeline, not by an adversary.
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        text.hash(&mut h);
+        Self {
+            hash: h.finish(),
+            text,
+        }
+    }
+
     /// The id as a string.
     pub fn as_str(&self) -> &str {
-        &self.0
+        &self.text
+    }
+}
+
+impl PartialEq for SampleId {
+    fn eq(&self, other: &Self) -> bool {
+        self.hash == other.hash && self.text == other.text
+    }
+}
+
+impl Eq for SampleId {}
+
+impl std::hash::Hash for SampleId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+impl PartialOrd for SampleId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for SampleId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.text.cmp(&other.text)
     }
 }
 
 impl fmt::Debug for SampleId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
+        fmt::Debug::fmt(&*self.text, f)
     }
 }
 
 impl fmt::Display for SampleId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.text)
     }
 }
 
 impl From<&str> for SampleId {
     fn from(s: &str) -> Self {
-        Self(s.into())
+        Self::new(s.into())
     }
 }
 
 impl From<String> for SampleId {
     fn from(s: String) -> Self {
-        Self(s.into())
+        Self::new(s.into())
     }
 }
 
 impl From<u64> for SampleId {
     fn from(n: u64) -> Self {
-        Self(n.to_string().into())
+        Self::new(n.to_string().into())
     }
 }
 
-impl std::borrow::Borrow<str> for SampleId {
-    fn borrow(&self) -> &str {
-        &self.0
+/// Sample id -> slot, hashed with the ids' precomputed hashes.
+pub(crate) type IdIndex =
+    std::collections::HashMap<SampleId, u32, std::hash::BuildHasherDefault<PrehashedId>>;
+
+/// A `Hasher` for keys that carry their own precomputed hash (`SampleId`): it passes the
+/// `u64` through.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct PrehashedId(u64);
+
+impl std::hash::Hasher for PrehashedId {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `SampleId`; fold anything else in for safety.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
@@ -119,9 +183,6 @@ impl Fields {
     }
 }
 
-/// Metadata, shared between a stored sample and the batches that read it.
-pub(crate) type Meta = Arc<BTreeMap<String, MetaValue>>;
-
 /// One entry of the buffer: an id, a birth (smaller = older), named tensor fields and
 /// metadata.
 ///
@@ -140,7 +201,7 @@ pub struct Sample {
     /// `None` until set explicitly or assigned by `put_batch` (next process-wide birth).
     pub(crate) birth: Option<u64>,
     pub(crate) fields: Fields,
-    pub(crate) meta: Meta,
+    pub(crate) meta: BTreeMap<String, MetaValue>,
 }
 
 impl Sample {
@@ -150,7 +211,7 @@ impl Sample {
             id: id.into(),
             birth: None,
             fields: Fields::default(),
-            meta: Meta::default(),
+            meta: BTreeMap::new(),
         }
     }
 
@@ -169,7 +230,7 @@ impl Sample {
 
     /// Adds or replaces a metadata entry.
     pub fn meta(mut self, key: &str, value: impl Into<MetaValue>) -> Self {
-        Arc::make_mut(&mut self.meta).insert(key.to_owned(), value.into());
+        self.meta.insert(key.to_owned(), value.into());
         self
     }
 
@@ -214,11 +275,8 @@ impl Sample {
         for (k, v) in patch.fields.iter() {
             self.fields.set(Arc::clone(k), v.clone());
         }
-        if !patch.meta.is_empty() {
-            let meta = Arc::make_mut(&mut self.meta);
-            for (k, v) in patch.meta.iter() {
-                meta.insert(k.clone(), v.clone());
-            }
+        for (k, v) in patch.meta.iter() {
+            self.meta.insert(k.clone(), v.clone());
         }
     }
 }

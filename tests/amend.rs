@@ -3,7 +3,7 @@
 
 mod common;
 use common::*;
-use rollout_buffer::{Error, Patch, RpcDef, Sample, SequenceBuffer};
+use rollout_buffer::{Error, Patch, RpcDef, SampleView, SequenceBuffer};
 
 fn scored(capacity: usize) -> SequenceBuffer {
     SequenceBuffer::with_config(
@@ -14,7 +14,7 @@ fn scored(capacity: usize) -> SequenceBuffer {
     .expect("valid")
 }
 
-fn scalar(s: &Sample, key: &str) -> Option<f64> {
+fn scalar(s: &SampleView<'_>, key: &str) -> Option<f64> {
     s.get(key).and_then(|t| t.scalar_value::<f64>())
 }
 
@@ -59,7 +59,7 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
     assert_eq!(buf.stats().rpcs[0].eligible, 0, "s1 did not get `a`");
     buf.amend_batch(&keep, vec![both]).await.expect("amend");
     let t = buf.get_batch_for_rpc("train").await.expect("get");
-    assert_eq!(scalar(&t.samples()[0], "a"), Some(1.0));
+    assert_eq!(scalar(&t.sample(0).expect("sample"), "a"), Some(1.0));
     assert!(matches!(
         buf.amend_batch(&keep, vec![]).await,
         Err(Error::LengthMismatch { .. })
@@ -84,7 +84,7 @@ async fn amend_merges_and_later_wins_per_key() {
         .get_batch_for_rpc("train")
         .await
         .expect("both keys landed");
-    let s = &t.samples()[0];
+    let s = &t.sample(0).expect("sample");
     assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(3.0), Some(2.0)));
     assert_eq!(s.get_meta("by"), Some(&"x".into()));
     assert_invariants(&buf);
@@ -122,7 +122,7 @@ async fn batches_never_see_a_half_applied_amend() {
     }
     for _ in 0..500 {
         let t = buf.get_batch_for_rpc("train").await.expect("get");
-        let s = &t.samples()[0];
+        let s = &t.sample(0).expect("sample");
         assert_eq!(scalar(s, "a"), scalar(s, "b"), "half-applied amend seen");
         t.commit().await.expect("commit");
     }
@@ -144,12 +144,12 @@ async fn amend_of_a_leased_sample_does_not_change_the_batch() {
         .await
         .expect("amend while leased");
     assert_eq!(
-        scalar(&t.samples()[0], "a"),
+        scalar(&t.sample(0).expect("sample"), "a"),
         Some(1.0),
         "the batch is a snapshot"
     );
     drop(t);
     let t = buf.get_batch_for_rpc("train").await.expect("redelivered");
-    assert_eq!(scalar(&t.samples()[0], "a"), Some(9.0));
+    assert_eq!(scalar(&t.sample(0).expect("sample"), "a"), Some(9.0));
     assert_invariants(&buf);
 }

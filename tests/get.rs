@@ -27,8 +27,8 @@ async fn fifo_takes_oldest_first_and_ties_in_put_order() {
     let b = buf.get_batch_for_rpc("r").await.expect("get");
     assert_eq!(ids(&b), ["s3", "s0", "s1"]);
     assert_eq!(b.len(), 3);
-    let births: Vec<_> = b.samples().iter().map(|s| s.birth_value()).collect();
-    assert_eq!(births, [Some(1), Some(5), Some(5)]);
+    let births: Vec<_> = b.samples().map(|s| s.birth()).collect();
+    assert_eq!(births, [1, 5, 5]);
     b.commit().await.expect("commit");
     let b = buf.get_batch_for_rpc("r").await.expect("get");
     assert_eq!(ids(&b), ["s2", "s4", "s5"]);
@@ -78,7 +78,7 @@ async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
         .get_batch_for_rpc("reward")
         .await
         .expect("tokens were put");
-    assert_eq!(r.samples()[0].keys().collect::<Vec<_>>(), ["tokens"]);
+    assert_eq!(r.sample(0).expect("sample").keys().collect::<Vec<_>>(), ["tokens"]);
     // One sample left for gen: n_seqs 2 cannot be met, so the get waits.
     assert!(matches!(
         buf.get_batch_for_rpc_timeout("gen", Duration::from_millis(20))
@@ -121,7 +121,7 @@ async fn readiness_follows_key_arrival() {
         "gen and the input-less RPC are ready at put"
     );
     let any = buf.get_batch_for_rpc("any").await.expect("get");
-    assert_eq!(any.samples()[0].keys().count(), 0);
+    assert_eq!(any.sample(0).expect("sample").keys().count(), 0);
     any.commit().await.expect("commit");
 
     // By amend: verdict alone is not enough for score.
@@ -136,7 +136,7 @@ async fn readiness_follows_key_arrival() {
     assert_eq!(eligible(&buf), [0, 1, 0]);
     let s = buf.get_batch_for_rpc("score").await.expect("get");
     assert_eq!(
-        s.samples()[0].keys().collect::<Vec<_>>(),
+        s.sample(0).expect("sample").keys().collect::<Vec<_>>(),
         ["verdict", "tokens"]
     );
     s.commit().await.expect("commit");

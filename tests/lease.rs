@@ -82,7 +82,7 @@ async fn expired_lease_is_redelivered_and_late_complete_fails() {
         .await
         .expect("in time");
     let t = buf.get_batch_for_rpc("train").await.expect("train");
-    let tokens = t.samples()[0]
+    let tokens = t.sample(0).expect("sample")
         .get("tokens")
         .and_then(|t| t.array::<i32>())
         .map(|a| a.to_owned());
@@ -164,7 +164,7 @@ async fn complete_is_atomic_with_the_read() {
         async move {
             for _ in 0..200 {
                 let b = buf.get_batch_for_rpc("reward").await.expect("get");
-                assert!(b.samples()[0].get("tokens").is_some());
+                assert!(b.sample(0).expect("sample").get("tokens").is_some());
                 let out = patches(&b, "reward");
                 b.complete(out).await.expect("complete");
                 let st = buf.stats();
@@ -178,7 +178,6 @@ async fn complete_is_atomic_with_the_read() {
         let g = buf.get_batch_for_rpc("gen").await.expect("gen");
         let out = g
             .samples()
-            .iter()
             .map(|_| Patch::new().with("tokens", vec![1i32]))
             .collect();
         g.complete(out).await.expect("complete");

@@ -44,7 +44,6 @@ async fn run(tasks_per_rpc: [usize; 3], n_seqs: usize) {
                         "gen" => {
                             let out = batch
                                 .samples()
-                                .iter()
                                 .map(|s| {
                                     let n = s.get("prompt").map_or(0, |t| t.shape()[0]) as i32;
                                     Patch::new().with("tokens", vec![n; 4])

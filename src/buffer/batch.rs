@@ -10,7 +10,9 @@
 use super::{now, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
-use crate::sample::{Patch, Sample};
+use crate::sample::{MetaValue, Patch, Sample, SampleId};
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
 use crate::state::{LeaseEnd, LeaseGone, LeaseId, Wake};
 use crate::sync::Arc;
 use std::fmt;
@@ -24,7 +26,9 @@ pub struct Batch {
     rpc: usize,
     lease: LeaseId,
     handles: Vec<SlotHandle>,
-    samples: Vec<Sample>,
+    /// Snapshots of the stored samples (fields are shared, never copied); only the RPC's
+    /// input keys are visible through [`SampleView`].
+    samples: Vec<Arc<Sample>>,
     deadline: Option<Instant>,
     /// Set once the lease was ended (so `Drop` has nothing to release).
     done: bool,
@@ -38,7 +42,7 @@ impl fmt::Debug for Batch {
             .field("handles", &self.handles)
             .field(
                 "ids",
-                &self.samples.iter().map(Sample::id).collect::<Vec<_>>(),
+                &self.samples.iter().map(|s| s.id()).collect::<Vec<_>>(),
             )
             .finish()
     }
@@ -49,16 +53,10 @@ impl Batch {
         shared: Arc<Shared>,
         rpc: usize,
         lease: LeaseId,
-        slots: &[u32],
-        generations: Vec<u32>,
-        samples: Vec<Sample>,
+        handles: Vec<SlotHandle>,
+        samples: Vec<Arc<Sample>>,
         deadline: Option<Instant>,
     ) -> Self {
-        let handles = slots
-            .iter()
-            .zip(generations)
-            .map(|(&slot, generation)| SlotHandle { slot, generation })
-            .collect();
         Self {
             shared,
             rpc,
@@ -70,9 +68,30 @@ impl Batch {
         }
     }
 
-    /// The samples, in selection order, carrying only the RPC's input keys.
-    pub fn samples(&self) -> &[Sample] {
-        &self.samples
+    /// The samples, in selection order, showing only the RPC's input keys.
+    pub fn samples(&self) -> impl ExactSizeIterator<Item = SampleView<'_>> + '_ {
+        self.samples.iter().map(|s| self.view(s))
+    }
+
+    /// Sample `i` of the batch.
+    pub fn sample(&self, i: usize) -> Option<SampleView<'_>> {
+        self.samples.get(i).map(|s| self.view(s))
+    }
+
+    /// The ids, in batch order.
+    pub fn ids(&self) -> impl ExactSizeIterator<Item = &SampleId> + '_ {
+        self.samples.iter().map(|s| s.id())
+    }
+
+    fn view<'a>(&'a self, sample: &'a Sample) -> SampleView<'a> {
+        SampleView {
+            sample,
+            inputs: self
+                .shared
+                .input_names
+                .get(self.rpc)
+                .map_or(&[], Vec::as_slice),
+        }
     }
 
     /// One handle per sample, in the same order (usable with `amend_batch`).
@@ -134,7 +153,7 @@ impl Batch {
             .get(self.rpc)
             .map_or(KeySet::EMPTY, |r| r.outputs);
         let mut added = Vec::with_capacity(outputs.len());
-        for (patch, sample) in outputs.iter().zip(&self.samples) {
+        for (patch, sample) in outputs.iter().zip(self.samples.iter()) {
             let mut keys = KeySet::EMPTY;
             for key in patch.keys() {
                 match graph.key_id(key) {
@@ -155,6 +174,9 @@ impl Batch {
 
     fn finish(&mut self, outputs: Option<(&[Patch], &[KeySet])>) -> Result<()> {
         let shared = Arc::clone(&self.shared);
+        // Drop the snapshots first, so the stored samples are unshared again and the outputs
+        // are added in place instead of copying each sample.
+        self.samples.clear();
         let mut freed = Vec::new();
         let now = self.deadline.map(|_| now());
         let (wake, dropped, result) = {
@@ -226,5 +248,71 @@ impl SequenceBuffer {
     /// Number of live leases (batches handed out and not yet finished or released).
     pub fn live_leases(&self) -> usize {
         self.shared.lock().table.leases.live()
+    }
+}
+
+/// One sample of a [`Batch`], showing only the input keys of the batch's RPC.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleView<'a> {
+    sample: &'a Sample,
+    inputs: &'a [Arc<str>],
+}
+
+impl<'a> SampleView<'a> {
+    fn visible(&self, key: &str) -> bool {
+        self.inputs.iter().any(|k| &**k == key)
+    }
+
+    /// The id.
+    pub fn id(&self) -> &'a SampleId {
+        &self.sample.id
+    }
+
+    /// The birth assigned at put (or given explicitly).
+    pub fn birth(&self) -> u64 {
+        self.sample.birth.unwrap_or(0)
+    }
+
+    /// A field, if it is one of the RPC's input keys.
+    pub fn get(&self, key: &str) -> Option<&'a Tensor> {
+        if self.visible(key) {
+            self.sample.fields.get(key)
+        } else {
+            None
+        }
+    }
+
+    /// The RPC's input fields, in the order they were added to the sample.
+    pub fn fields(&self) -> impl Iterator<Item = (&'a str, &'a Tensor)> + 'a {
+        let inputs = self.inputs;
+        self.sample
+            .fields()
+            .filter(move |(k, _)| inputs.iter().any(|i| &**i == *k))
+    }
+
+    /// The names of the RPC's input fields.
+    pub fn keys(&self) -> impl Iterator<Item = &'a str> + 'a {
+        self.fields().map(|(k, _)| k)
+    }
+
+    /// A metadata entry (metadata is always visible).
+    pub fn get_meta(&self, key: &str) -> Option<&'a MetaValue> {
+        self.sample.meta.get(key)
+    }
+
+    /// All metadata.
+    pub fn metadata(&self) -> &'a BTreeMap<String, MetaValue> {
+        &self.sample.meta
+    }
+
+    /// A copy of the sample holding only the visible fields (tensors are shared, not
+    /// copied), e.g. to keep after the batch is finished.
+    pub fn to_sample(&self) -> Sample {
+        Sample {
+            id: self.sample.id.clone(),
+            birth: self.sample.birth,
+            fields: self.sample.fields.filtered(|k| self.visible(k)),
+            meta: self.sample.meta.clone(),
+        }
     }
 }

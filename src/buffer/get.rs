@@ -9,10 +9,9 @@
 //! of that lease's RPC).
 
 use super::batch::Batch;
-use super::{now, SequenceBuffer, Shared};
+use super::{now, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
-use crate::sample::Sample;
-use crate::state::{LeaseId, Wake};
+use crate::state::Wake;
 use crate::sync::Arc;
 use std::pin::pin;
 use std::time::{Duration, Instant};
@@ -83,7 +82,7 @@ impl Shared {
         let leased = {
             let mut inner = self.lock();
             if std::mem::take(counted) {
-                inner.waiting_getters[r] -= 1;
+                inner.table.unpark_getter(r);
             }
             if inner.closed {
                 return Err(Error::Closed);
@@ -97,20 +96,29 @@ impl Shared {
                 }
             }
             match inner.table.try_lease(r, t) {
-                Some((lease, slots)) => {
-                    let snapshot: Vec<Arc<Sample>> = slots
-                        .iter()
-                        .filter_map(|&s| inner.samples.get(s as usize).cloned().flatten())
-                        .collect();
-                    let generations: Vec<u32> = slots
-                        .iter()
-                        .map(|&s| inner.table.generation[s as usize])
-                        .collect();
-                    let deadline = inner.table.lease(lease, None).ok().and_then(|l| l.deadline);
-                    Ok((lease, slots, generations, snapshot, deadline))
+                Some(lease) => {
+                    let inner = &*inner;
+                    let (handles, snapshot, deadline) = match inner.table.lease(lease, None) {
+                        Ok(l) => (
+                            l.slots
+                                .iter()
+                                .map(|&slot| SlotHandle {
+                                    slot,
+                                    generation: inner.table.generation[slot as usize],
+                                })
+                                .collect(),
+                            l.slots
+                                .iter()
+                                .filter_map(|&s| inner.samples.get(s as usize).cloned().flatten())
+                                .collect(),
+                            l.deadline,
+                        ),
+                        Err(_) => (Vec::new(), Vec::new(), None),
+                    };
+                    Ok(Batch::new(Arc::clone(self), r, lease, handles, snapshot, deadline))
                 }
                 None => {
-                    inner.waiting_getters[r] += 1;
+                    inner.table.park_getter(r);
                     *counted = true;
                     Err(inner.table.next_deadline())
                 }
@@ -119,46 +127,13 @@ impl Shared {
         self.notify(wake);
         drop(dropped);
         match leased {
-            Ok((lease, slots, generations, snapshot, deadline)) => Ok(Attempt::Leased(
-                self.build_batch(r, lease, &slots, generations, snapshot, deadline),
-            )),
+            Ok(batch) => Ok(Attempt::Leased(batch)),
             Err(deadline) => Ok(Attempt::Wait(deadline)),
         }
     }
-
-    /// Wraps a fresh lease in its `Batch`, selecting the RPC's input fields outside the lock.
-    fn build_batch(
-        self: &Arc<Self>,
-        r: usize,
-        lease: LeaseId,
-        slots: &[u32],
-        generations: Vec<u32>,
-        snapshot: Vec<Arc<Sample>>,
-        deadline: Option<Instant>,
-    ) -> Batch {
-        let inputs = &self.input_names[r];
-        let samples = snapshot
-            .into_iter()
-            .map(|stored| Sample {
-                id: stored.id.clone(),
-                birth: stored.birth,
-                fields: stored.fields.filtered(|k| inputs.iter().any(|i| &**i == k)),
-                meta: Arc::clone(&stored.meta),
-            })
-            .collect();
-        Batch::new(
-            Arc::clone(self),
-            r,
-            lease,
-            slots,
-            generations,
-            samples,
-            deadline,
-        )
-    }
 }
 
-/// Keeps a getter counted in `waiting_getters` while it waits; uncounts it if the get is
+/// Keeps a getter counted as parked while it waits; uncounts it if the get is
 /// dropped mid-wait.
 struct Parked<'a> {
     shared: &'a Arc<Shared>,
@@ -169,9 +144,7 @@ struct Parked<'a> {
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
         if self.counted {
-            if let Some(n) = self.shared.lock().waiting_getters.get_mut(self.rpc) {
-                *n -= 1;
-            }
+            self.shared.lock().table.unpark_getter(self.rpc);
         }
     }
 }

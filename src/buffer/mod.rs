@@ -38,16 +38,15 @@ mod get;
 mod put;
 mod stats;
 
-pub use batch::Batch;
+pub use batch::{Batch, SampleView};
 pub use config::BufferConfig;
 pub use stats::{RpcStats, Stats};
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
-use crate::sample::{Sample, SampleId};
+use crate::sample::{IdIndex, Sample};
 use crate::state::{RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, Mutex, MutexGuard, Notify};
-use std::collections::HashMap;
 use std::time::Instant;
 
 /// Names a stored sample: its slot and the slot's generation when the sample was put.
@@ -87,7 +86,7 @@ impl SlotHandle {
 ///     Sample::new("b").with("prompt", vec![3i32]),
 /// ]).await?;
 /// let batch = buf.get_batch_for_rpc("gen").await?;
-/// let outputs = batch.samples().iter().map(|_| Patch::new().with("tokens", vec![9i32])).collect();
+/// let outputs = batch.samples().map(|_| Patch::new().with("tokens", vec![9i32])).collect();
 /// batch.complete(outputs).await?;
 /// buf.get_batch_for_rpc("train").await?.commit().await?;
 /// assert_eq!(buf.len(), 0);
@@ -119,12 +118,10 @@ pub(crate) struct Inner {
     /// Per slot: the stored sample (`None` while empty or being put).
     pub(crate) samples: Vec<Option<Arc<Sample>>>,
     /// Id -> slot for every sample stored or being put.
-    pub(crate) ids: HashMap<SampleId, u32>,
+    pub(crate) ids: IdIndex,
     pub(crate) closed: bool,
     /// Samples in rejected put calls.
     pub(crate) rejected: u64,
-    /// Per RPC: getters currently parked waiting for eligible samples.
-    pub(crate) waiting_getters: Vec<usize>,
 }
 
 impl Inner {
@@ -171,10 +168,9 @@ impl SequenceBuffer {
         let inner = Inner {
             table: SlotTable::new(capacity, specs),
             samples: vec![None; capacity],
-            ids: HashMap::new(),
+            ids: IdIndex::with_capacity_and_hasher(capacity.min(4096), Default::default()),
             closed: false,
             rejected: 0,
-            waiting_getters: vec![0; n_rpcs],
         };
         Ok(Self {
             shared: Arc::new(Shared {

@@ -12,6 +12,7 @@ use crate::rpc_defs::KeySet;
 use crate::sample::{Sample, SampleId};
 use crate::state::{Ticket, Wake};
 use crate::sync::{next_births, Arc};
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::pin::pin;
 use std::time::Duration;
@@ -197,26 +198,38 @@ impl Shared {
             let wake = leave_queue(inner, ticket);
             return Claim::Rejected(Error::Closed, wake);
         }
-        for (index, s) in prepared.samples.iter().enumerate() {
-            if let Some(&slot) = inner.ids.get(&s.id) {
+        let Some((slots, wake)) = inner.table.claim_put(n, *ticket) else {
+            // Waiting: an id that is already stored would fail after the wait too.
+            if let Some(err) = stored_duplicate(inner, prepared) {
                 let wake = leave_queue(inner, ticket);
                 inner.rejected += n as u64;
-                return Claim::Rejected(
-                    Error::DuplicateId {
-                        id: s.id.to_string(),
-                        index,
-                        conflict: format!("already in the buffer at slot {slot}"),
-                    },
-                    wake,
-                );
+                return Claim::Rejected(err, wake);
             }
-        }
-        let Some((slots, wake)) = inner.table.claim_put(n, *ticket) else {
             return Claim::Wait;
         };
         *ticket = None; // claim_put took it off the queue
-        for (s, &slot) in prepared.samples.iter().zip(&slots) {
-            inner.ids.insert(s.id.clone(), slot);
+        // Reserve the ids: one probe each. Ids are unique within the batch (validated), so a
+        // hit is a sample stored or being put by someone else.
+        for (index, (s, &slot)) in prepared.samples.iter().zip(&slots).enumerate() {
+            match inner.ids.entry(s.id.clone()) {
+                Entry::Vacant(v) => {
+                    v.insert(slot);
+                }
+                Entry::Occupied(o) => {
+                    let err = Error::DuplicateId {
+                        id: s.id.to_string(),
+                        index,
+                        conflict: format!("already in the buffer at slot {}", o.get()),
+                    };
+                    for earlier in &prepared.samples[..index] {
+                        inner.ids.remove(&earlier.id);
+                    }
+                    let mut wake = wake;
+                    wake.merge(inner.table.abort_put(&slots));
+                    inner.rejected += n as u64;
+                    return Claim::Rejected(err, wake);
+                }
+            }
         }
         let ids = prepared.samples.iter().map(|s| s.id.clone()).collect();
         Claim::Claimed(
@@ -257,6 +270,17 @@ impl Shared {
             .map(|(&slot, generation)| SlotHandle { slot, generation })
             .collect())
     }
+}
+
+/// The first sample whose id is already in the buffer, as an error.
+fn stored_duplicate(inner: &Inner, prepared: &Prepared) -> Option<Error> {
+    prepared.samples.iter().enumerate().find_map(|(index, s)| {
+        inner.ids.get(&s.id).map(|slot| Error::DuplicateId {
+            id: s.id.to_string(),
+            index,
+            conflict: format!("already in the buffer at slot {slot}"),
+        })
+    })
 }
 
 /// Claimed slots (and the ids reserved for them) not yet published; dropping it (a

@@ -85,7 +85,7 @@ impl SequenceBuffer {
                     reads: t.totals.reads[r],
                     redelivered: t.totals.redelivered[r],
                     expired_leases: t.totals.expired_leases[r],
-                    waiting: inner.waiting_getters[r],
+                    waiting: t.waiting[r],
                 })
                 .collect();
             let stats = Stats {

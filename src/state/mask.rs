@@ -15,7 +15,7 @@ impl Mask {
     /// `len` bits, all clear.
     pub(crate) fn new(len: usize) -> Self {
         Self {
-            words: vec![0; len.div_ceil(64)],
+            words: super::table::filled(len.div_ceil(64), 0),
             ones: 0,
         }
     }

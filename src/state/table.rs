@@ -42,6 +42,15 @@ use crate::rpc_defs::{KeySet, RpcInfo, Selection};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+/// A vector of `len` copies of `value`, written element by element. Unlike `vec![0; n]`
+/// (which maps lazily zeroed pages), this commits the memory now, so page faults happen
+/// when the buffer is built and not during its first puts.
+pub(crate) fn filled<T: Clone>(len: usize, value: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    v.resize(len, value);
+    v
+}
+
 /// What one RPC means to the state machine.
 #[derive(Debug, Clone)]
 pub(crate) struct RpcSpec {
@@ -145,6 +154,10 @@ pub(crate) struct SlotTable {
     /// Number of slots each RPC leases.
     pub(crate) leased: Vec<usize>,
     pub(crate) putters: VecDeque<(Ticket, usize)>,
+    /// Per RPC: getters parked waiting for eligible samples. A transition only reports
+    /// wake-ups for RPCs with parked getters (and for space only while putters queue): a
+    /// getter that has not parked yet will see the new state when it takes the lock.
+    pub(crate) waiting: Vec<usize>,
     next_ticket: Ticket,
     /// Put order, for ties between equal births.
     next_seq: u64,
@@ -157,14 +170,14 @@ impl SlotTable {
         let ready = rpcs.iter().map(|r| ReadyIndex::new(r.lifo)).collect();
         Self {
             capacity,
-            generation: vec![0; capacity],
-            keys: vec![KeySet::EMPTY; capacity],
-            order: vec![0; capacity],
-            amenders: vec![0; capacity],
-            lease_bits: vec![0; capacity],
-            in_ready: vec![0; capacity],
-            reads_left: vec![0; capacity * n],
-            reads_total: vec![0; capacity],
+            generation: filled(capacity, 0),
+            keys: filled(capacity, KeySet::EMPTY),
+            order: filled(capacity, 0),
+            amenders: filled(capacity, 0),
+            lease_bits: filled(capacity, 0),
+            in_ready: filled(capacity, 0),
+            reads_left: filled(capacity * n, 0),
+            reads_total: filled(capacity, 0),
             empty: Mask::full(capacity),
             putting: Mask::new(capacity),
             amending: Mask::new(capacity),
@@ -175,6 +188,7 @@ impl SlotTable {
             leases: LeaseTable::default(),
             leased: vec![0; n],
             putters: VecDeque::new(),
+            waiting: vec![0; n],
             next_ticket: 0,
             next_seq: 0,
             totals: Totals {
@@ -220,6 +234,7 @@ impl SlotTable {
             // The next putter is now at the head; it may fit in what is left.
             wake.space = !self.putters.is_empty();
         }
+        let wake = self.deliverable(wake);
         let at = self.free.len() - n;
         let slots: Vec<u32> = self.free.drain(at..).rev().collect();
         for &s in &slots {
@@ -243,10 +258,10 @@ impl SlotTable {
     pub(crate) fn dequeue_putter(&mut self, ticket: Ticket) -> Wake {
         let was_head = self.putters.front().map(|&(t, _)| t) == Some(ticket);
         self.putters.retain(|&(t, _)| t != ticket);
-        Wake {
+        self.deliverable(Wake {
             rpcs: 0,
-            space: was_head && !self.putters.is_empty(),
-        }
+            space: was_head,
+        })
     }
 
     /// Stores claimed slots: they become idle with `keys` and `birth`, get their reads, and
@@ -279,7 +294,7 @@ impl SlotTable {
             generations.push(self.generation[s]);
         }
         self.totals.put += slots.len() as u64;
-        (generations, wake)
+        (generations, self.deliverable(wake))
     }
 
     /// Gives claimed slots back (a put that failed or was cancelled before publishing).
@@ -290,10 +305,10 @@ impl SlotTable {
             self.putting.clear(s);
             self.release_slot(s);
         }
-        Wake {
+        self.deliverable(Wake {
             rpcs: 0,
             space: !slots.is_empty(),
-        }
+        })
     }
 
     // ----- amend -------------------------------------------------------------------
@@ -342,7 +357,7 @@ impl SlotTable {
             }
             wake.merge(self.settle(s, freed));
         }
-        wake
+        self.deliverable(wake)
     }
 
     // ----- leases ------------------------------------------------------------------
@@ -359,7 +374,7 @@ impl SlotTable {
         &mut self,
         r: usize,
         now: Option<Instant>,
-    ) -> Option<(LeaseId, Vec<u32>)> {
+    ) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
         let deadline = spec.lease_timeout.and_then(|t| now.map(|now| now + t));
@@ -379,12 +394,11 @@ impl SlotTable {
             self.lease_bits[s] |= bit;
         }
         self.leased[r] += slots.len();
-        let id = self.leases.insert(Lease {
+        Some(self.leases.insert(Lease {
             rpc: r,
-            slots: slots.clone(),
+            slots,
             deadline,
-        });
-        Some((id, slots))
+        }))
     }
 
     /// The live lease `id`, or why it is gone. A lease whose deadline has passed at `now`
@@ -437,7 +451,7 @@ impl SlotTable {
             LeaseEnd::Used => self.totals.reads[r] += n,
             LeaseEnd::Released => self.totals.redelivered[r] += n,
         }
-        wake
+        self.deliverable(wake)
     }
 
     /// The earliest lease deadline, if any lease has one.
@@ -463,7 +477,38 @@ impl SlotTable {
         wake
     }
 
+    /// Counts a getter of RPC `r` as parked (it found too few eligible samples).
+    pub(crate) fn park_getter(&mut self, r: usize) {
+        if let Some(n) = self.waiting.get_mut(r) {
+            *n += 1;
+        }
+    }
+
+    /// Uncounts a parked getter of RPC `r` (it woke up, or its get was dropped).
+    pub(crate) fn unpark_getter(&mut self, r: usize) {
+        if let Some(n) = self.waiting.get_mut(r) {
+            *n = n.saturating_sub(1);
+        }
+    }
+
     // ----- shared helpers ----------------------------------------------------------
+
+    /// Keeps only the wake-ups someone is parked for.
+    fn deliverable(&self, wake: Wake) -> Wake {
+        let mut rpcs = wake.rpcs;
+        let mut bits = wake.rpcs;
+        while bits != 0 {
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            if self.waiting.get(r).copied().unwrap_or(0) == 0 {
+                rpcs &= !(1 << r);
+            }
+        }
+        Wake {
+            rpcs,
+            space: wake.space && !self.putters.is_empty(),
+        }
+    }
 
     /// After a transition on stored slot `s`: frees it if every read is used and nothing
     /// holds it, otherwise brings its ready-index entries up to date.

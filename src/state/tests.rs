@@ -46,10 +46,10 @@ fn fresh_table_fills_lowest_slots_and_fifo_by_birth() {
     let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 2, false)]);
     assert_eq!(put(&mut t, &[30, 20, 10], ks(&[K0])), vec![0, 1, 2]);
     assert!(t.claim_put(2, None).is_none(), "only one slot left");
-    let Some((_, slots)) = t.try_lease(0, None) else {
+    let Some(id) = t.try_lease(0, None) else {
         panic!("two samples are eligible");
     };
-    assert_eq!(slots, vec![2, 1]);
+    assert_eq!(t.lease(id, None).map(|l| l.slots.clone()), Ok(vec![2, 1]));
     ok(&t);
 }
 
@@ -62,7 +62,7 @@ fn last_read_frees_and_bumps_generation() {
     for (rpc, uses) in [(0, 1), (1, 2)] {
         for _ in 0..uses {
             assert!(freed.is_empty(), "freed before every read was used");
-            let Some((id, _)) = t.try_lease(rpc, None) else {
+            let Some(id) = t.try_lease(rpc, None) else {
                 panic!("rpc {rpc} should be served");
             };
             let _ = t.finish_lease(id, LeaseEnd::Used, &[], &mut freed);
@@ -78,7 +78,7 @@ fn last_read_frees_and_bumps_generation() {
 fn amend_hides_slot_and_defers_free() {
     let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false)]);
     let s = put(&mut t, &[1], ks(&[K0]));
-    let Some((id, _)) = t.try_lease(0, None) else {
+    let Some(id) = t.try_lease(0, None) else {
         panic!("eligible");
     };
     t.begin_amend(&s);
@@ -96,13 +96,33 @@ fn outputs_make_downstream_ready_in_the_same_step() {
     let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false), spec(&[K1], 1, 1, false)]);
     put(&mut t, &[1], ks(&[K0]));
     assert_eq!(t.eligible(1), 0);
-    let Some((id, _)) = t.try_lease(0, None) else {
+    let Some(id) = t.try_lease(0, None) else {
         panic!("eligible");
     };
     let mut freed = Vec::new();
+    t.park_getter(1);
     let wake = t.finish_lease(id, LeaseEnd::Used, &[ks(&[K1])], &mut freed);
     assert_eq!(wake.rpcs, 0b10);
     assert_eq!(t.eligible(1), 1);
+    ok(&t);
+}
+
+#[test]
+fn wakes_are_reported_only_for_parked_waiters() {
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 1, false), spec(&[K0], 1, 1, false)]);
+    let Some((slots, _)) = t.claim_put(1, None) else {
+        panic!("room");
+    };
+    t.park_getter(1);
+    let (_, wake) = t.publish_put(&slots, &[1], &[ks(&[K0])]);
+    assert_eq!(wake.rpcs, 0b10, "rpc 0 has nobody parked");
+    t.unpark_getter(1);
+    let Some(id) = t.try_lease(0, None) else {
+        panic!("eligible");
+    };
+    let mut freed = Vec::new();
+    let wake = t.finish_lease(id, LeaseEnd::Released, &[], &mut freed);
+    assert_eq!(wake, super::Wake::default());
     ok(&t);
 }
 
@@ -113,7 +133,7 @@ fn putter_queue_is_fifo() {
     let a = t.enqueue_putter(2);
     let b = t.enqueue_putter(1);
     let mut freed = Vec::new();
-    let Some((id, _)) = t.try_lease(0, None) else {
+    let Some(id) = t.try_lease(0, None) else {
         panic!("eligible");
     };
     let _ = t.finish_lease(id, LeaseEnd::Used, &[], &mut freed);
@@ -133,12 +153,13 @@ fn expired_lease_is_released_once() {
     let mut t = SlotTable::new(1, vec![rpc]);
     put(&mut t, &[1], KeySet::EMPTY);
     let t0 = Instant::now();
-    let Some((id, _)) = t.try_lease(0, Some(t0)) else {
+    let Some(id) = t.try_lease(0, Some(t0)) else {
         panic!("eligible");
     };
     assert!(t.lease(id, Some(t0 + Duration::from_secs(4))).is_ok());
     assert!(t.lease(id, Some(t0 + Duration::from_secs(5))).is_err());
     let mut freed = Vec::new();
+    t.park_getter(0);
     let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed);
     assert_eq!(wake.rpcs, 1);
     assert_eq!(
@@ -303,6 +324,9 @@ proptest! {
             .map(|mut s| { s.n_seqs = s.n_seqs.min(capacity); s })
             .collect();
         let mut t = SlotTable::new(capacity, specs.clone());
+        for r in 0..specs.len() {
+            t.park_getter(r); // so that transitions report their wake-ups
+        }
         let mut m = Model::default();
         let t0 = Instant::now();
         let mut now = t0;
@@ -341,7 +365,7 @@ proptest! {
                 Op::AbortPut(n) => {
                     if let Some((slots, _)) = t.claim_put(n, None) {
                         let wake = t.abort_put(&slots);
-                        prop_assert!(wake.space);
+                        prop_assert!(!wake.space, "no putter is queued, so nobody to wake");
                     }
                 }
                 Op::Lease(r) => {
@@ -349,7 +373,8 @@ proptest! {
                     let n = specs[r].n_seqs;
                     let got = t.try_lease(r, Some(now));
                     prop_assert_eq!(got.is_some(), want.len() >= n, "rpc {} eligible {:?}", r, want);
-                    if let Some((id, slots)) = got {
+                    if let Some(id) = got {
+                        let slots = t.lease(id, None).map(|l| l.slots.clone()).unwrap_or_default();
                         let expect: Vec<u32> = want[..n]
                             .iter()
                             .filter_map(|&i| m.samples[i].as_ref().map(|s| s.slot))

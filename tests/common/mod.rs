@@ -30,14 +30,13 @@ pub fn prompts(prefix: &str, n: usize) -> Vec<Sample> {
 
 /// The ids of a batch, in order.
 pub fn ids(batch: &Batch) -> Vec<String> {
-    batch.samples().iter().map(|s| s.id().to_string()).collect()
+    batch.ids().map(|id| id.to_string()).collect()
 }
 
 /// One patch per sample of `batch`, setting `key` to a scalar.
 pub fn patches(batch: &Batch, key: &str) -> Vec<Patch> {
     batch
         .samples()
-        .iter()
         .map(|_| Patch::new().with(key, 1.0f64))
         .collect()
 }
