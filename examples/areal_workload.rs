@@ -47,11 +47,11 @@ fn buffer(capacity: usize) -> SequenceBuffer {
 }
 
 /// Metadata-only samples: one scalar per key, ids `tag-start..`.
-fn samples(tag: &str, start: usize, n: usize, keys: &[&str]) -> Vec<Vec<Sample>> {
+fn samples(tag: &str, start: usize, n: usize, keys: &[&'static str]) -> Vec<Vec<Sample>> {
     let all: Vec<Sample> = (start..start + n)
         .map(|i| {
             keys.iter().fold(Sample::new(format!("{tag}-{i}")), |s, k| {
-                s.with(k, Tensor::from(i as i32))
+                s.with(*k, Tensor::from(i as i32))
             })
         })
         .collect();
@@ -227,14 +227,41 @@ fn main() {
                 .collect();
         }
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    let mut builder = if std::env::var("CT").is_ok() {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(2);
+        b
+    };
+    let runtime = match builder
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
         Err(e) => panic!("cannot start tokio: {e}"),
     };
+    let only = args
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| args.get(i + 1))
+        .cloned();
+    if let Some(phase) = only {
+        // Profiling aid: one phase, repeated.
+        runtime.block_on(async {
+            for &capacity in &capacities {
+                for _ in 0..5 {
+                    match phase.as_str() {
+                        "put" => println!("put {:.0}", measure_put(capacity).await),
+                        "pipeline" => println!("pipeline {:.0}", measure_pipeline(capacity).await),
+                        "get" => println!("get {:?}", measure_get(capacity).await),
+                        _ => println!("wakeup {:?}", measure_wakeup(2_000).await),
+                    }
+                }
+            }
+        });
+        return;
+    }
     runtime.block_on(async {
         for &capacity in &capacities {
             let put = measure_put(capacity).await;

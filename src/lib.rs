@@ -53,7 +53,7 @@ mod tensor;
 pub use buffer::{Batch, BufferConfig, RpcStats, SampleView, SequenceBuffer, SlotHandle, Stats};
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};
-pub use sample::{MetaValue, Patch, Sample, SampleId};
+pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 pub use tensor::{DType, Element, Tensor, TensorData};
 
 /// Re-exported so callers build tensors with the same ndarray version.

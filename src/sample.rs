@@ -2,8 +2,9 @@
 //! `Patch` (the fields an amend or an RPC's completion adds).
 //!
 //! Fields are [`Tensor`]s keyed by name; a sample holds few of them (a handful of keys per
-//! RL pipeline), so they live in a small vector rather than a map. Keys and ids are
-//! `Arc<str>` so batches share them instead of copying strings.
+//! RL pipeline), so they live in a small vector rather than a map. Field names are
+//! [`FieldKey`]s: a string literal costs no allocation, any other name is an `Arc<str>`
+//! shared by every copy. Ids are `Arc<str>` with their hash computed once.
 
 use crate::sync::Arc;
 use crate::tensor::Tensor;
@@ -147,12 +148,84 @@ macro_rules! meta_from {
 meta_from!(i64 => Int, i32 => Int, u32 => Int, f64 => Float, f32 => Float, bool => Bool,
            String => Str, &str => Str);
 
+/// The name of a field: a `&'static str` (no allocation, the common case of literal key
+/// names) or a shared `Arc<str>`.
+#[derive(Clone)]
+pub struct FieldKey(KeyRepr);
+
+#[derive(Clone)]
+enum KeyRepr {
+    Static(&'static str),
+    Shared(Arc<str>),
+}
+
+impl FieldKey {
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        match &self.0 {
+            KeyRepr::Static(s) => s,
+            KeyRepr::Shared(s) => s,
+        }
+    }
+}
+
+impl std::ops::Deref for FieldKey {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl PartialEq for FieldKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for FieldKey {}
+
+impl fmt::Debug for FieldKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for FieldKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl From<&'static str> for FieldKey {
+    fn from(s: &'static str) -> Self {
+        Self(KeyRepr::Static(s))
+    }
+}
+
+impl From<String> for FieldKey {
+    fn from(s: String) -> Self {
+        Self(KeyRepr::Shared(s.into()))
+    }
+}
+
+impl From<&String> for FieldKey {
+    fn from(s: &String) -> Self {
+        Self(KeyRepr::Shared(s.as_str().into()))
+    }
+}
+
+impl From<Arc<str>> for FieldKey {
+    fn from(s: Arc<str>) -> Self {
+        Self(KeyRepr::Shared(s))
+    }
+}
+
 /// Named fields, in insertion order; setting an existing key replaces its tensor.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub(crate) struct Fields(Vec<(Arc<str>, Tensor)>);
+pub(crate) struct Fields(Vec<(FieldKey, Tensor)>);
 
 impl Fields {
-    pub(crate) fn set(&mut self, key: Arc<str>, value: Tensor) {
+    pub(crate) fn set(&mut self, key: FieldKey, value: Tensor) {
         match self.0.iter_mut().find(|(k, _)| *k == key) {
             Some((_, v)) => *v = value,
             None => self.0.push((key, value)),
@@ -160,10 +233,10 @@ impl Fields {
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<&Tensor> {
-        self.0.iter().find(|(k, _)| &**k == key).map(|(_, v)| v)
+        self.0.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&Arc<str>, &Tensor)> {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&FieldKey, &Tensor)> {
         self.0.iter().map(|(k, v)| (k, v))
     }
 
@@ -177,7 +250,7 @@ impl Fields {
             self.0
                 .iter()
                 .filter(|(k, _)| keep(k))
-                .map(|(k, v)| (Arc::clone(k), v.clone()))
+                .cloned()
                 .collect(),
         )
     }
@@ -223,7 +296,7 @@ impl Sample {
     }
 
     /// Adds or replaces a field.
-    pub fn with(mut self, key: &str, value: impl Into<Tensor>) -> Self {
+    pub fn with(mut self, key: impl Into<FieldKey>, value: impl Into<Tensor>) -> Self {
         self.fields.set(key.into(), value.into());
         self
     }
@@ -252,12 +325,12 @@ impl Sample {
 
     /// All fields, in the order they were added.
     pub fn fields(&self) -> impl Iterator<Item = (&str, &Tensor)> {
-        self.fields.iter().map(|(k, v)| (&**k, v))
+        self.fields.iter().map(|(k, v)| (k.as_str(), v))
     }
 
     /// The field names.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.fields.iter().map(|(k, _)| &**k)
+        self.fields.iter().map(|(k, _)| k.as_str())
     }
 
     /// A metadata entry.
@@ -273,7 +346,7 @@ impl Sample {
     /// Applies a patch: its fields replace or add to this sample's, its metadata likewise.
     pub(crate) fn apply(&mut self, patch: &Patch) {
         for (k, v) in patch.fields.iter() {
-            self.fields.set(Arc::clone(k), v.clone());
+            self.fields.set(k.clone(), v.clone());
         }
         for (k, v) in patch.meta.iter() {
             self.meta.insert(k.clone(), v.clone());
@@ -303,7 +376,7 @@ impl Patch {
     }
 
     /// Adds or replaces a field.
-    pub fn with(mut self, key: &str, value: impl Into<Tensor>) -> Self {
+    pub fn with(mut self, key: impl Into<FieldKey>, value: impl Into<Tensor>) -> Self {
         self.fields.set(key.into(), value.into());
         self
     }
@@ -316,7 +389,7 @@ impl Patch {
 
     /// The field names.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.fields.iter().map(|(k, _)| &**k)
+        self.fields.iter().map(|(k, _)| k.as_str())
     }
 
     /// Number of fields.
@@ -330,9 +403,8 @@ impl Patch {
     }
 }
 
-impl<K: AsRef<str>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
+impl<K: Into<FieldKey>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        iter.into_iter()
-            .fold(Patch::new(), |p, (k, v)| p.with(k.as_ref(), v))
+        iter.into_iter().fold(Patch::new(), |p, (k, v)| p.with(k, v))
     }
 }

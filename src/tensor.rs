@@ -45,8 +45,26 @@ pub enum TensorData {
 }
 
 mod sealed {
-    pub trait Sealed {}
+    /// A numeric or boolean scalar kept inline in the tensor, so scalar fields (rewards,
+    /// versions, flags) cost no allocation. Public only inside this private module.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    pub enum Scalar {
+        I32(i32),
+        I64(i64),
+        F32(f32),
+        F64(f64),
+        Bool(bool),
+        U8(u8),
+    }
+
+    pub trait Sealed: Sized {
+        /// The value as an inline scalar, or back if it cannot be one (strings).
+        fn into_scalar(self) -> Result<Scalar, Self>;
+        /// The value inside an inline scalar of this type.
+        fn scalar_ref(s: &Scalar) -> Option<&Self>;
+    }
 }
+use sealed::Scalar;
 
 /// Element types a [`Tensor`] can hold: `i32`, `i64`, `f32`, `f64`, `bool`, `u8`, `String`.
 pub trait Element: Clone + sealed::Sealed + 'static {
@@ -58,9 +76,25 @@ pub trait Element: Clone + sealed::Sealed + 'static {
     fn unwrap(data: &TensorData) -> Option<&ArcArray<Self, IxDyn>>;
 }
 
+macro_rules! scalar_element {
+    ($ty:ty, $variant:ident) => {
+        impl sealed::Sealed for $ty {
+            fn into_scalar(self) -> Result<Scalar, Self> {
+                Ok(Scalar::$variant(self))
+            }
+            fn scalar_ref(s: &Scalar) -> Option<&Self> {
+                match s {
+                    Scalar::$variant(v) => Some(v),
+                    _ => None,
+                }
+            }
+        }
+        element!($ty, $variant);
+    };
+}
+
 macro_rules! element {
     ($ty:ty, $variant:ident) => {
-        impl sealed::Sealed for $ty {}
         impl Element for $ty {
             const DTYPE: DType = DType::$variant;
             fn wrap(array: ArcArray<Self, IxDyn>) -> TensorData {
@@ -88,12 +122,20 @@ macro_rules! element {
     };
 }
 
-element!(i32, I32);
-element!(i64, I64);
-element!(f32, F32);
-element!(f64, F64);
-element!(bool, Bool);
-element!(u8, U8);
+scalar_element!(i32, I32);
+scalar_element!(i64, I64);
+scalar_element!(f32, F32);
+scalar_element!(f64, F64);
+scalar_element!(bool, Bool);
+scalar_element!(u8, U8);
+impl sealed::Sealed for String {
+    fn into_scalar(self) -> Result<Scalar, Self> {
+        Err(self)
+    }
+    fn scalar_ref(_: &Scalar) -> Option<&Self> {
+        None
+    }
+}
 element!(String, Str);
 
 /// One field of a sample: an immutable, cheaply clonable n-dimensional array.
@@ -111,26 +153,36 @@ element!(String, Str);
 /// assert_eq!(two_answers.sequence::<i32>(1).unwrap().iter().copied().collect::<Vec<_>>(), vec![7, 8, 9]);
 /// assert_eq!(tokens.array::<i32>().unwrap().len(), 3);
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct Tensor {
-    data: TensorData,
+    repr: Repr,
     /// For ragged tensors: the length (along axis 0) of each packed sequence.
     lengths: Option<Arc<[usize]>>,
 }
 
+#[derive(Debug, Clone)]
+enum Repr {
+    Array(TensorData),
+    Scalar(Scalar),
+}
+
+impl PartialEq for Tensor {
+    /// Equal dtype, shape, lengths and elements (an inline scalar equals a 0-d array).
+    fn eq(&self, other: &Self) -> bool {
+        self.lengths == other.lengths && self.to_data() == other.to_data()
+    }
+}
+
 impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
     fn from(array: Array<T, D>) -> Self {
-        Self {
-            data: T::wrap(array.into_dyn().into_shared()),
-            lengths: None,
-        }
+        Self::from(array.into_shared())
     }
 }
 
 impl<T: Element, D: Dimension> From<ArcArray<T, D>> for Tensor {
     fn from(array: ArcArray<T, D>) -> Self {
         Self {
-            data: T::wrap(array.into_dyn()),
+            repr: Repr::Array(T::wrap(array.into_dyn())),
             lengths: None,
         }
     }
@@ -144,9 +196,16 @@ impl From<&str> for Tensor {
 }
 
 impl Tensor {
-    /// A 0-dimensional tensor holding one value.
+    /// A 0-dimensional tensor holding one value (numbers and booleans are kept inline,
+    /// without allocating).
     pub fn scalar<T: Element>(value: T) -> Self {
-        Self::from(ndarray::arr0(value))
+        match value.into_scalar() {
+            Ok(s) => Self {
+                repr: Repr::Scalar(s),
+                lengths: None,
+            },
+            Err(value) => Self::from(ndarray::arr0(value)),
+        }
     }
 
     /// Several sequences packed along the first axis of `values`, with `lengths[i]` rows
@@ -164,27 +223,30 @@ impl Tensor {
             });
         }
         Ok(Self {
-            data: values.data,
+            repr: values.repr,
             lengths: Some(lengths.into()),
         })
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
-        match &self.data {
-            TensorData::I32(_) => DType::I32,
-            TensorData::I64(_) => DType::I64,
-            TensorData::F32(_) => DType::F32,
-            TensorData::F64(_) => DType::F64,
-            TensorData::Bool(_) => DType::Bool,
-            TensorData::U8(_) => DType::U8,
-            TensorData::Str(_) => DType::Str,
+        match &self.repr {
+            Repr::Array(TensorData::I32(_)) | Repr::Scalar(Scalar::I32(_)) => DType::I32,
+            Repr::Array(TensorData::I64(_)) | Repr::Scalar(Scalar::I64(_)) => DType::I64,
+            Repr::Array(TensorData::F32(_)) | Repr::Scalar(Scalar::F32(_)) => DType::F32,
+            Repr::Array(TensorData::F64(_)) | Repr::Scalar(Scalar::F64(_)) => DType::F64,
+            Repr::Array(TensorData::Bool(_)) | Repr::Scalar(Scalar::Bool(_)) => DType::Bool,
+            Repr::Array(TensorData::U8(_)) | Repr::Scalar(Scalar::U8(_)) => DType::U8,
+            Repr::Array(TensorData::Str(_)) => DType::Str,
         }
     }
 
-    /// The shape of the (packed) array.
+    /// The shape of the (packed) array; empty for a scalar.
     pub fn shape(&self) -> &[usize] {
-        match &self.data {
+        let Repr::Array(data) = &self.repr else {
+            return &[];
+        };
+        match data {
             TensorData::I32(a) => a.shape(),
             TensorData::I64(a) => a.shape(),
             TensorData::F32(a) => a.shape(),
@@ -195,29 +257,51 @@ impl Tensor {
         }
     }
 
-    /// The underlying array, by element type.
-    pub fn data(&self) -> &TensorData {
-        &self.data
+    /// The values as an ndarray, by element type (shares the data; an inline scalar becomes
+    /// a 0-dimensional array).
+    pub fn to_data(&self) -> TensorData {
+        match &self.repr {
+            Repr::Array(data) => data.clone(),
+            Repr::Scalar(s) => match *s {
+                Scalar::I32(v) => TensorData::I32(ndarray::arr0(v).into_dyn().into_shared()),
+                Scalar::I64(v) => TensorData::I64(ndarray::arr0(v).into_dyn().into_shared()),
+                Scalar::F32(v) => TensorData::F32(ndarray::arr0(v).into_dyn().into_shared()),
+                Scalar::F64(v) => TensorData::F64(ndarray::arr0(v).into_dyn().into_shared()),
+                Scalar::Bool(v) => TensorData::Bool(ndarray::arr0(v).into_dyn().into_shared()),
+                Scalar::U8(v) => TensorData::U8(ndarray::arr0(v).into_dyn().into_shared()),
+            },
+        }
     }
 
     /// A view of the array, if it holds `T`.
     pub fn array<T: Element>(&self) -> Option<ArrayViewD<'_, T>> {
-        T::unwrap(&self.data).map(|a| a.view())
+        match &self.repr {
+            Repr::Array(data) => T::unwrap(data).map(|a| a.view()),
+            Repr::Scalar(s) => {
+                let v = T::scalar_ref(s)?;
+                ArrayViewD::from_shape(IxDyn(&[]), std::slice::from_ref(v)).ok()
+            }
+        }
     }
 
     /// The value of a 0-dimensional tensor holding `T`.
     pub fn scalar_value<T: Element>(&self) -> Option<T> {
-        let a = T::unwrap(&self.data)?;
-        if a.ndim() != 0 {
-            return None;
+        match &self.repr {
+            Repr::Scalar(s) => T::scalar_ref(s).cloned(),
+            Repr::Array(data) => {
+                let a = T::unwrap(data)?;
+                if a.ndim() != 0 {
+                    return None;
+                }
+                a.first().cloned()
+            }
         }
-        a.first().cloned()
     }
 
     /// The string of a 0-dimensional string tensor.
     pub fn as_str(&self) -> Option<&str> {
-        match &self.data {
-            TensorData::Str(a) if a.ndim() == 0 => a.first().map(String::as_str),
+        match &self.repr {
+            Repr::Array(TensorData::Str(a)) if a.ndim() == 0 => a.first().map(String::as_str),
             _ => None,
         }
     }
@@ -232,7 +316,10 @@ impl Tensor {
         let lengths = self.lengths.as_deref()?;
         let start: usize = lengths.get(..i)?.iter().sum();
         let len = *lengths.get(i)?;
-        let a = T::unwrap(&self.data)?;
+        let Repr::Array(data) = &self.repr else {
+            return None;
+        };
+        let a = T::unwrap(data)?;
         Some(
             a.slice_axis(ndarray::Axis(0), (start..start + len).into())
                 .into_dyn(),
@@ -241,14 +328,19 @@ impl Tensor {
 
     /// Approximate payload size in bytes (strings count their UTF-8 bytes).
     pub fn nbytes(&self) -> usize {
-        let data = match &self.data {
+        let data = match &self.repr {
+            Repr::Scalar(Scalar::I64(_) | Scalar::F64(_)) => 8,
+            Repr::Scalar(Scalar::I32(_) | Scalar::F32(_)) => 4,
+            Repr::Scalar(Scalar::Bool(_) | Scalar::U8(_)) => 1,
+            Repr::Array(data) => match data {
             TensorData::I32(a) => a.len() * 4,
             TensorData::I64(a) => a.len() * 8,
             TensorData::F32(a) => a.len() * 4,
             TensorData::F64(a) => a.len() * 8,
             TensorData::Bool(a) => a.len(),
             TensorData::U8(a) => a.len(),
-            TensorData::Str(a) => a.iter().map(String::len).sum(),
+                TensorData::Str(a) => a.iter().map(String::len).sum(),
+            },
         };
         data + self.lengths.as_ref().map_or(0, |l| l.len() * 8)
     }
@@ -283,6 +375,21 @@ mod tests {
         assert!(t.sequence::<i32>(2).is_none());
         let bad = Tensor::ragged(array![[1i32], [2], [3]], vec![2, 2]);
         assert_eq!(bad, Err(Error::RaggedLengths { sum: 4, rows: 3 }));
+    }
+
+    #[test]
+    fn inline_scalars_behave_like_0d_arrays() {
+        let inline = Tensor::from(2.5f64);
+        let boxed = Tensor::from(ndarray::arr0(2.5f64));
+        assert_eq!(inline, boxed);
+        assert_eq!(inline.shape(), boxed.shape());
+        assert_eq!(inline.dtype(), DType::F64);
+        assert_eq!(inline.array::<f64>().map(|a| a.ndim()), Some(0));
+        assert_eq!(inline.array::<f64>().and_then(|a| a.first().copied()), Some(2.5));
+        assert!(inline.array::<f32>().is_none());
+        assert_eq!(inline.nbytes(), 8);
+        assert_ne!(inline, Tensor::from(2.5f32));
+        assert!(Tensor::ragged(1i32, vec![1]).is_err());
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub fn ids(batch: &Batch) -> Vec<String> {
 }
 
 /// One patch per sample of `batch`, setting `key` to a scalar.
-pub fn patches(batch: &Batch, key: &str) -> Vec<Patch> {
+pub fn patches(batch: &Batch, key: &'static str) -> Vec<Patch> {
     batch
         .samples()
         .map(|_| Patch::new().with(key, 1.0f64))
