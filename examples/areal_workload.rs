@@ -234,10 +234,7 @@ fn main() {
         b.worker_threads(2);
         b
     };
-    let runtime = match builder
-        .enable_all()
-        .build()
-    {
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => panic!("cannot start tokio: {e}"),
     };

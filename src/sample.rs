@@ -233,7 +233,10 @@ impl Fields {
     }
 
     pub(crate) fn get(&self, key: &str) -> Option<&Tensor> {
-        self.0.iter().find(|(k, _)| k.as_str() == key).map(|(_, v)| v)
+        self.0
+            .iter()
+            .find(|(k, _)| k.as_str() == key)
+            .map(|(_, v)| v)
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&FieldKey, &Tensor)> {
@@ -246,13 +249,7 @@ impl Fields {
 
     /// The fields whose key `keep` accepts, sharing their tensors.
     pub(crate) fn filtered(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
-        Self(
-            self.0
-                .iter()
-                .filter(|(k, _)| keep(k))
-                .cloned()
-                .collect(),
-        )
+        Self(self.0.iter().filter(|(k, _)| keep(k)).cloned().collect())
     }
 }
 
@@ -405,6 +402,7 @@ impl Patch {
 
 impl<K: Into<FieldKey>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        iter.into_iter().fold(Patch::new(), |p, (k, v)| p.with(k, v))
+        iter.into_iter()
+            .fold(Patch::new(), |p, (k, v)| p.with(k, v))
     }
 }

@@ -333,12 +333,12 @@ impl Tensor {
             Repr::Scalar(Scalar::I32(_) | Scalar::F32(_)) => 4,
             Repr::Scalar(Scalar::Bool(_) | Scalar::U8(_)) => 1,
             Repr::Array(data) => match data {
-            TensorData::I32(a) => a.len() * 4,
-            TensorData::I64(a) => a.len() * 8,
-            TensorData::F32(a) => a.len() * 4,
-            TensorData::F64(a) => a.len() * 8,
-            TensorData::Bool(a) => a.len(),
-            TensorData::U8(a) => a.len(),
+                TensorData::I32(a) => a.len() * 4,
+                TensorData::I64(a) => a.len() * 8,
+                TensorData::F32(a) => a.len() * 4,
+                TensorData::F64(a) => a.len() * 8,
+                TensorData::Bool(a) => a.len(),
+                TensorData::U8(a) => a.len(),
                 TensorData::Str(a) => a.iter().map(String::len).sum(),
             },
         };
@@ -385,7 +385,10 @@ mod tests {
         assert_eq!(inline.shape(), boxed.shape());
         assert_eq!(inline.dtype(), DType::F64);
         assert_eq!(inline.array::<f64>().map(|a| a.ndim()), Some(0));
-        assert_eq!(inline.array::<f64>().and_then(|a| a.first().copied()), Some(2.5));
+        assert_eq!(
+            inline.array::<f64>().and_then(|a| a.first().copied()),
+            Some(2.5)
+        );
         assert!(inline.array::<f32>().is_none());
         assert_eq!(inline.nbytes(), 8);
         assert_ne!(inline, Tensor::from(2.5f32));

@@ -78,7 +78,10 @@ async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
         .get_batch_for_rpc("reward")
         .await
         .expect("tokens were put");
-    assert_eq!(r.sample(0).expect("sample").keys().collect::<Vec<_>>(), ["tokens"]);
+    assert_eq!(
+        r.sample(0).expect("sample").keys().collect::<Vec<_>>(),
+        ["tokens"]
+    );
     // One sample left for gen: n_seqs 2 cannot be met, so the get waits.
     assert!(matches!(
         buf.get_batch_for_rpc_timeout("gen", Duration::from_millis(20))

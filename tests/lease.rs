@@ -82,7 +82,9 @@ async fn expired_lease_is_redelivered_and_late_complete_fails() {
         .await
         .expect("in time");
     let t = buf.get_batch_for_rpc("train").await.expect("train");
-    let tokens = t.sample(0).expect("sample")
+    let tokens = t
+        .sample(0)
+        .expect("sample")
         .get("tokens")
         .and_then(|t| t.array::<i32>())
         .map(|a| a.to_owned());

@@ -57,7 +57,7 @@ impl SequenceBuffer {
                         return Err(Error::StaleHandle {
                             slot: h.slot,
                             generation: h.generation,
-                            current: inner.table.generation[slot],
+                            current: inner.table.slots[slot].generation,
                         })
                     }
                 }

@@ -11,10 +11,10 @@ use super::{now, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{MetaValue, Patch, Sample, SampleId};
-use crate::tensor::Tensor;
-use std::collections::BTreeMap;
 use crate::state::{LeaseEnd, LeaseGone, LeaseId, Wake};
 use crate::sync::Arc;
+use crate::tensor::Tensor;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Instant;
 

@@ -11,6 +11,7 @@
 use super::batch::Batch;
 use super::{now, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
+use crate::sample::Sample;
 use crate::state::Wake;
 use crate::sync::Arc;
 use std::pin::pin;
@@ -104,18 +105,22 @@ impl Shared {
                                 .iter()
                                 .map(|&slot| SlotHandle {
                                     slot,
-                                    generation: inner.table.generation[slot as usize],
+                                    generation: inner.table.slots[slot as usize].generation,
                                 })
                                 .collect(),
-                            l.slots
-                                .iter()
-                                .filter_map(|&s| inner.samples.get(s as usize).cloned().flatten())
-                                .collect(),
+                            snapshot(&inner.samples, &l.slots),
                             l.deadline,
                         ),
                         Err(_) => (Vec::new(), Vec::new(), None),
                     };
-                    Ok(Batch::new(Arc::clone(self), r, lease, handles, snapshot, deadline))
+                    Ok(Batch::new(
+                        Arc::clone(self),
+                        r,
+                        lease,
+                        handles,
+                        snapshot,
+                        deadline,
+                    ))
                 }
                 None => {
                     inner.table.park_getter(r);
@@ -131,6 +136,23 @@ impl Shared {
             Err(deadline) => Ok(Attempt::Wait(deadline)),
         }
     }
+}
+
+/// Clones the stored samples of `slots`. Two passes: plain loads of every refcount first,
+/// so the cache misses of a large, cold buffer overlap, then the atomic increments, which
+/// would otherwise each wait for their own miss (a locked add orders the loads after it).
+fn snapshot(samples: &[Option<Arc<Sample>>], slots: &[u32]) -> Vec<Arc<Sample>> {
+    let mut warm = 0usize;
+    for &s in slots {
+        if let Some(Some(sample)) = samples.get(s as usize) {
+            warm = warm.wrapping_add(Arc::strong_count(sample));
+        }
+    }
+    std::hint::black_box(warm);
+    slots
+        .iter()
+        .filter_map(|&s| samples.get(s as usize).cloned().flatten())
+        .collect()
 }
 
 /// Keeps a getter counted as parked while it waits; uncounts it if the get is

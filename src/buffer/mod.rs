@@ -266,10 +266,10 @@ impl Shared {
                     return Err(format!("slot {s}: id `{}` not indexed to it", sample.id));
                 }
                 let keys = self.graph.key_set(sample.keys());
-                if keys != table.keys[s] {
+                if keys != table.slots[s].keys {
                     return Err(format!(
                         "slot {s}: table keys {:#x} != payload keys {:#x}",
-                        table.keys[s].0, keys.0
+                        table.slots[s].keys.0, keys.0
                     ));
                 }
             }

@@ -208,8 +208,8 @@ impl Shared {
             return Claim::Wait;
         };
         *ticket = None; // claim_put took it off the queue
-        // Reserve the ids: one probe each. Ids are unique within the batch (validated), so a
-        // hit is a sample stored or being put by someone else.
+                        // Reserve the ids: one probe each. Ids are unique within the batch (validated), so a
+                        // hit is a sample stored or being put by someone else.
         for (index, (s, &slot)) in prepared.samples.iter().zip(&slots).enumerate() {
             match inner.ids.entry(s.id.clone()) {
                 Entry::Vacant(v) => {

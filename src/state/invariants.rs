@@ -29,32 +29,35 @@ impl SlotTable {
                     "slot {s}: empty/putting but amending/reading/idle"
                 );
                 ensure!(
-                    self.amenders[s] == 0,
+                    self.slots[s].amenders == 0,
                     "slot {s}: amenders on a slot not stored"
                 );
                 ensure!(
-                    self.lease_bits[s] == 0,
+                    self.slots[s].lease_bits == 0,
                     "slot {s}: lease bits on a slot not stored"
                 );
                 ensure!(
-                    self.in_ready[s] == 0,
+                    self.slots[s].in_ready == 0,
                     "slot {s}: ready entries on a slot not stored"
                 );
                 ensure!(
-                    self.reads_total[s] == 0,
+                    self.slots[s].reads_total == 0,
                     "slot {s}: reads on a slot not stored"
                 );
-                ensure!(self.keys[s].0 == 0, "slot {s}: keys on a slot not stored");
+                ensure!(
+                    self.slots[s].keys.0 == 0,
+                    "slot {s}: keys on a slot not stored"
+                );
                 continue;
             }
             stored += 1;
             // invariant 1
             ensure!(
-                a == (self.amenders[s] > 0),
+                a == (self.slots[s].amenders > 0),
                 "slot {s}: amending bit != (amenders > 0)"
             );
             ensure!(
-                r == (self.lease_bits[s] != 0),
+                r == (self.slots[s].lease_bits != 0),
                 "slot {s}: reading bit != (lease bits != 0)"
             );
             ensure!(
@@ -65,12 +68,12 @@ impl SlotTable {
             let left = &self.reads_left[s * n_rpcs..(s + 1) * n_rpcs];
             let sum: u32 = left.iter().map(|&x| u32::from(x)).sum();
             ensure!(
-                sum == self.reads_total[s],
+                sum == self.slots[s].reads_total,
                 "slot {s}: reads_total {} != sum {sum}",
-                self.reads_total[s]
+                self.slots[s].reads_total
             );
             ensure!(
-                sum > 0 || self.amenders[s] > 0 || self.lease_bits[s] != 0,
+                sum > 0 || self.slots[s].amenders > 0 || self.slots[s].lease_bits != 0,
                 "slot {s}: all reads used and nothing holds it, but it was not freed"
             );
             for (rpc, &l) in left.iter().enumerate() {
@@ -80,15 +83,15 @@ impl SlotTable {
                     self.rpcs[rpc].reads
                 );
                 let bit = 1u64 << rpc;
-                if self.lease_bits[s] & bit != 0 {
+                if self.slots[s].lease_bits & bit != 0 {
                     ensure!(l > 0, "slot {s}: leased by rpc {rpc} with no reads left");
                 }
             }
             // invariant 5
             for rpc in 0..n_rpcs {
                 let eligible = self.is_eligible(s, rpc);
-                let flagged = self.in_ready[s] & (1 << rpc) != 0;
-                let indexed = self.ready[rpc].contains(self.order[s], s as u32);
+                let flagged = self.slots[s].in_ready & (1 << rpc) != 0;
+                let indexed = self.ready[rpc].contains(self.slots[s].order, s as u32);
                 ensure!(
                     eligible == flagged,
                     "slot {s}: rpc {rpc} eligible {eligible} but in_ready {flagged}"
@@ -126,7 +129,7 @@ impl SlotTable {
         // invariant 5, the other direction: no index holds entries beyond the eligible slots
         for rpc in 0..n_rpcs {
             let flagged = (0..self.capacity)
-                .filter(|&s| self.in_ready[s] & (1 << rpc) != 0)
+                .filter(|&s| self.slots[s].in_ready & (1 << rpc) != 0)
                 .count();
             ensure!(
                 self.ready[rpc].len() == flagged,
@@ -183,10 +186,13 @@ impl SlotTable {
             with_deadline == self.leases.deadline_entries(),
             "stale deadline entries"
         );
-        ensure!(
-            bits_from_leases == self.lease_bits,
-            "lease bits do not match the live leases"
-        );
+        for (s, (&want, meta)) in bits_from_leases.iter().zip(&self.slots).enumerate() {
+            ensure!(
+                want == meta.lease_bits,
+                "slot {s}: lease bits {:#x}, live leases say {want:#x}",
+                meta.lease_bits
+            );
+        }
         ensure!(leased == self.leased, "per-RPC leased counts drifted");
         // invariant 7
         let tickets: HashSet<_> = self.putters.iter().map(|&(t, _)| t).collect();

@@ -51,6 +51,27 @@ pub(crate) fn filled<T: Clone>(len: usize, value: T) -> Vec<T> {
     v
 }
 
+/// Per-slot state (besides the state masks and `reads_left`), laid out so that one
+/// transition on a slot touches one cache line.
+#[derive(Debug, Clone, Default)]
+#[repr(align(64))]
+pub(crate) struct SlotMeta {
+    /// Sort key in the ready indexes: (birth, put sequence).
+    pub(crate) order: OrderKey,
+    /// Graph keys the stored sample holds.
+    pub(crate) keys: KeySet,
+    /// Bit `r`: RPC `r` holds a lease on the slot.
+    pub(crate) lease_bits: u64,
+    /// Bit `r`: the slot is in RPC `r`'s ready index.
+    pub(crate) in_ready: u64,
+    /// Bumped each time the slot returns to `empty`.
+    pub(crate) generation: u32,
+    /// Sum of the slot's `reads_left` over all RPCs.
+    pub(crate) reads_total: u32,
+    /// Amends in flight.
+    pub(crate) amenders: u16,
+}
+
 /// What one RPC means to the state machine.
 #[derive(Debug, Clone)]
 pub(crate) struct RpcSpec {
@@ -128,17 +149,10 @@ pub(crate) struct SlotTable {
     pub(crate) rpcs: Vec<RpcSpec>,
     pub(crate) capacity: usize,
     // ----- per slot
-    pub(crate) generation: Vec<u32>,
-    pub(crate) keys: Vec<KeySet>,
-    pub(crate) order: Vec<OrderKey>,
-    pub(crate) amenders: Vec<u16>,
-    /// Bit `r`: RPC `r` holds a lease on the slot.
-    pub(crate) lease_bits: Vec<u64>,
-    /// Bit `r`: the slot is in RPC `r`'s ready index.
-    pub(crate) in_ready: Vec<u64>,
+    /// The per-slot fields a transition touches, together in one cache line.
+    pub(crate) slots: Vec<SlotMeta>,
     /// `reads_left[s * n_rpcs + r]`.
     pub(crate) reads_left: Vec<u16>,
-    pub(crate) reads_total: Vec<u32>,
     // ----- state masks
     pub(crate) empty: Mask,
     pub(crate) putting: Mask,
@@ -170,14 +184,8 @@ impl SlotTable {
         let ready = rpcs.iter().map(|r| ReadyIndex::new(r.lifo)).collect();
         Self {
             capacity,
-            generation: filled(capacity, 0),
-            keys: filled(capacity, KeySet::EMPTY),
-            order: filled(capacity, 0),
-            amenders: filled(capacity, 0),
-            lease_bits: filled(capacity, 0),
-            in_ready: filled(capacity, 0),
+            slots: filled(capacity, SlotMeta::default()),
             reads_left: filled(capacity * n, 0),
-            reads_total: filled(capacity, 0),
             empty: Mask::full(capacity),
             putting: Mask::new(capacity),
             amending: Mask::new(capacity),
@@ -281,17 +289,17 @@ impl SlotTable {
             debug_assert!(self.putting.get(s));
             self.putting.clear(s);
             self.idle.set(s);
-            self.keys[s] = k;
-            self.order[s] = super::ready::order_key(birth, self.next_seq);
+            self.slots[s].keys = k;
+            self.slots[s].order = super::ready::order_key(birth, self.next_seq);
             self.next_seq += 1;
             let mut total = 0u32;
             for (r, rpc) in self.rpcs.iter().enumerate() {
                 self.reads_left[s * n_rpcs + r] = rpc.reads;
                 total += u32::from(rpc.reads);
             }
-            self.reads_total[s] = total;
+            self.slots[s].reads_total = total;
             wake.rpcs |= self.sync_ready(s);
-            generations.push(self.generation[s]);
+            generations.push(self.slots[s].generation);
         }
         self.totals.put += slots.len() as u64;
         (generations, self.deliverable(wake))
@@ -316,7 +324,7 @@ impl SlotTable {
     /// The current generation of a stored slot, or `None` if the slot is out of range or
     /// not stored (being put or empty).
     pub(crate) fn stored_generation(&self, slot: usize) -> Option<u32> {
-        self.is_stored(slot).then(|| self.generation[slot])
+        self.is_stored(slot).then(|| self.slots[slot].generation)
     }
 
     /// Marks stored slots as being amended: they leave every ready index until
@@ -325,8 +333,8 @@ impl SlotTable {
         for &s in slots {
             let s = s as usize;
             debug_assert!(self.is_stored(s));
-            self.amenders[s] += 1;
-            if self.amenders[s] == 1 {
+            self.slots[s].amenders += 1;
+            if self.slots[s].amenders == 1 {
                 self.amending.set(s);
                 self.idle.clear(s);
                 self.sync_ready(s);
@@ -346,12 +354,14 @@ impl SlotTable {
         let mut wake = Wake::default();
         for (i, &s) in slots.iter().enumerate() {
             let s = s as usize;
-            debug_assert!(self.amenders[s] > 0);
-            self.keys[s] = self.keys[s].union(added.get(i).copied().unwrap_or_default());
-            self.amenders[s] -= 1;
-            if self.amenders[s] == 0 {
+            debug_assert!(self.slots[s].amenders > 0);
+            self.slots[s].keys = self.slots[s]
+                .keys
+                .union(added.get(i).copied().unwrap_or_default());
+            self.slots[s].amenders -= 1;
+            if self.slots[s].amenders == 0 {
                 self.amending.clear(s);
-                if self.lease_bits[s] == 0 {
+                if self.slots[s].lease_bits == 0 {
                     self.idle.set(s);
                 }
             }
@@ -370,11 +380,7 @@ impl SlotTable {
     /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
     /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
     /// the RPC has a lease timeout.
-    pub(crate) fn try_lease(
-        &mut self,
-        r: usize,
-        now: Option<Instant>,
-    ) -> Option<LeaseId> {
+    pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
         let deadline = spec.lease_timeout.and_then(|t| now.map(|now| now + t));
@@ -386,12 +392,12 @@ impl SlotTable {
         let bit = 1u64 << r;
         for &s in &slots {
             let s = s as usize;
-            self.in_ready[s] &= !bit;
-            if self.lease_bits[s] == 0 {
+            self.slots[s].in_ready &= !bit;
+            if self.slots[s].lease_bits == 0 {
                 self.reading.set(s);
                 self.idle.clear(s);
             }
-            self.lease_bits[s] |= bit;
+            self.slots[s].lease_bits |= bit;
         }
         self.leased[r] += slots.len();
         Some(self.leases.insert(Lease {
@@ -430,18 +436,20 @@ impl SlotTable {
         let mut wake = Wake::default();
         for (i, &s) in lease.slots.iter().enumerate() {
             let s = s as usize;
-            debug_assert!(self.lease_bits[s] & bit != 0);
-            self.lease_bits[s] &= !bit;
-            if self.lease_bits[s] == 0 {
+            debug_assert!(self.slots[s].lease_bits & bit != 0);
+            self.slots[s].lease_bits &= !bit;
+            if self.slots[s].lease_bits == 0 {
                 self.reading.clear(s);
-                if self.amenders[s] == 0 {
+                if self.slots[s].amenders == 0 {
                     self.idle.set(s);
                 }
             }
             if end == LeaseEnd::Used {
                 self.reads_left[s * n_rpcs + r] -= 1;
-                self.reads_total[s] -= 1;
-                self.keys[s] = self.keys[s].union(added.get(i).copied().unwrap_or_default());
+                self.slots[s].reads_total -= 1;
+                self.slots[s].keys = self.slots[s]
+                    .keys
+                    .union(added.get(i).copied().unwrap_or_default());
             }
             wake.merge(self.settle(s, freed));
         }
@@ -513,7 +521,10 @@ impl SlotTable {
     /// After a transition on stored slot `s`: frees it if every read is used and nothing
     /// holds it, otherwise brings its ready-index entries up to date.
     fn settle(&mut self, s: usize, freed: &mut Vec<u32>) -> Wake {
-        if self.reads_total[s] == 0 && self.amenders[s] == 0 && self.lease_bits[s] == 0 {
+        if self.slots[s].reads_total == 0
+            && self.slots[s].amenders == 0
+            && self.slots[s].lease_bits == 0
+        {
             self.sync_ready(s);
             self.idle.clear(s);
             self.release_slot(s);
@@ -535,10 +546,10 @@ impl SlotTable {
     pub(crate) fn is_eligible(&self, s: usize, r: usize) -> bool {
         let n_rpcs = self.rpcs.len();
         self.is_stored(s)
-            && self.amenders[s] == 0
-            && self.keys[s].contains_all(self.rpcs[r].inputs)
+            && self.slots[s].amenders == 0
+            && self.slots[s].keys.contains_all(self.rpcs[r].inputs)
             && self.reads_left[s * n_rpcs + r] > 0
-            && self.lease_bits[s] & (1u64 << r) == 0
+            && self.slots[s].lease_bits & (1u64 << r) == 0
     }
 
     /// Makes slot `s`'s ready-index memberships match its eligibility; returns the RPCs it
@@ -550,19 +561,19 @@ impl SlotTable {
                 want |= 1 << r;
             }
         }
-        let have = self.in_ready[s];
+        let have = self.slots[s].in_ready;
         let (added, removed) = (want & !have, have & !want);
         let mut bits = added | removed;
         while bits != 0 {
             let r = bits.trailing_zeros() as usize;
             bits &= bits - 1;
             if added & (1 << r) != 0 {
-                self.ready[r].insert(self.order[s], s as u32);
+                self.ready[r].insert(self.slots[s].order, s as u32);
             } else {
-                self.ready[r].remove(self.order[s]);
+                self.ready[r].remove(self.slots[s].order);
             }
         }
-        self.in_ready[s] = want;
+        self.slots[s].in_ready = want;
         added
     }
 
@@ -570,10 +581,10 @@ impl SlotTable {
     fn release_slot(&mut self, s: usize) {
         let n_rpcs = self.rpcs.len();
         self.empty.set(s);
-        self.generation[s] = self.generation[s].wrapping_add(1);
-        self.keys[s] = KeySet::EMPTY;
+        self.slots[s].generation = self.slots[s].generation.wrapping_add(1);
+        self.slots[s].keys = KeySet::EMPTY;
         self.reads_left[s * n_rpcs..(s + 1) * n_rpcs].fill(0);
-        self.reads_total[s] = 0;
+        self.slots[s].reads_total = 0;
         self.free.push(s as u32);
     }
 }

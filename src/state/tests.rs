@@ -57,7 +57,7 @@ fn fresh_table_fills_lowest_slots_and_fifo_by_birth() {
 fn last_read_frees_and_bumps_generation() {
     let mut t = SlotTable::new(2, vec![spec(&[K0], 1, 1, false), spec(&[K0], 2, 1, false)]);
     let s = put(&mut t, &[1], ks(&[K0]))[0] as usize;
-    let g = t.generation[s];
+    let g = t.slots[s].generation;
     let mut freed = Vec::new();
     for (rpc, uses) in [(0, 1), (1, 2)] {
         for _ in 0..uses {
@@ -70,7 +70,7 @@ fn last_read_frees_and_bumps_generation() {
         }
     }
     assert_eq!(freed, vec![s as u32]);
-    assert_eq!(t.generation[s], g + 1);
+    assert_eq!(t.slots[s].generation, g + 1);
     assert_eq!(t.stored_generation(s), None);
 }
 
