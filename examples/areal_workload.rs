@@ -13,6 +13,8 @@
 //! * `pipeline_per_s`: samples/s trained end to end: one producer putting 64 at a time
 //!   under back-pressure, one task per RPC doing get -> complete (gen, reward) or commit
 //!   (train), on a 2-worker multi-thread runtime; max(N, 16,384) samples.
+//!   `pipeline_1thread_per_s`: the same on a current-thread runtime (one core, like the
+//!   single asyncio event loop AReaL runs on).
 //! * `get_p50_us` / `get_p99_us`: one `get_batch_for_rpc` call with data ready (buffer kept
 //!   full of samples holding every key, gets round-robin over the three RPCs).
 //!
@@ -216,6 +218,29 @@ fn percentile(v: &mut [f64], q: f64) -> f64 {
     v[i.min(v.len() - 1)]
 }
 
+/// The 2-worker multi-thread runtime the measurements run on.
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot start tokio: {e}"),
+    }
+}
+
+/// A current-thread runtime (one core, like one asyncio event loop).
+fn runtime_single() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("cannot start tokio: {e}"),
+    }
+}
+
 fn main() {
     let mut capacities = vec![1_024usize, 8_192, 65_536, 1_048_576];
     let args: Vec<String> = std::env::args().collect();
@@ -227,17 +252,8 @@ fn main() {
                 .collect();
         }
     }
-    let mut builder = if std::env::var("CT").is_ok() {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(2);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => panic!("cannot start tokio: {e}"),
-    };
+    let runtime = runtime();
+    let single = runtime_single();
     let only = args
         .iter()
         .position(|a| a == "--only")
@@ -251,6 +267,10 @@ fn main() {
                     match phase.as_str() {
                         "put" => println!("put {:.0}", measure_put(capacity).await),
                         "pipeline" => println!("pipeline {:.0}", measure_pipeline(capacity).await),
+                        "pipeline1" => println!(
+                            "pipeline 1 thread {:.0}",
+                            single.block_on(measure_pipeline(capacity))
+                        ),
                         "get" => println!("get {:?}", measure_get(capacity).await),
                         _ => println!("wakeup {:?}", measure_wakeup(2_000).await),
                     }
@@ -259,15 +279,16 @@ fn main() {
         });
         return;
     }
+    for &capacity in &capacities {
+        let put = runtime.block_on(measure_put(capacity));
+        let pipeline = runtime.block_on(measure_pipeline(capacity));
+        let pipeline_1t = single.block_on(measure_pipeline(capacity));
+        let (p50, p99) = runtime.block_on(measure_get(capacity));
+        println!(
+            "{{\"capacity\": {capacity}, \"put_per_s\": {put:.0}, \"pipeline_per_s\": {pipeline:.0}, \"pipeline_1thread_per_s\": {pipeline_1t:.0}, \"get_p50_us\": {p50:.2}, \"get_p99_us\": {p99:.2}}}"
+        );
+    }
     runtime.block_on(async {
-        for &capacity in &capacities {
-            let put = measure_put(capacity).await;
-            let pipeline = measure_pipeline(capacity).await;
-            let (p50, p99) = measure_get(capacity).await;
-            println!(
-                "{{\"capacity\": {capacity}, \"put_per_s\": {put:.0}, \"pipeline_per_s\": {pipeline:.0}, \"get_p50_us\": {p50:.2}, \"get_p99_us\": {p99:.2}}}"
-            );
-        }
         let (w50, w99) = measure_wakeup(2_000).await;
         println!("{{\"wakeup_p50_us\": {w50:.2}, \"wakeup_p99_us\": {w99:.2}}}");
     });

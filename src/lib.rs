@@ -58,3 +58,8 @@ pub use tensor::{DType, Element, Tensor, TensorData};
 
 /// Re-exported so callers build tensors with the same ndarray version.
 pub use ndarray;
+
+/// The README's examples, compiled and run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
