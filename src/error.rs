@@ -174,6 +174,17 @@ pub enum Error {
         /// The sample it was given for.
         id: String,
     },
+    /// `Batch::complete` or `commit` would leave a sample without an output that another
+    /// RPC reads, so that RPC could never be served it and its slot would never be freed.
+    #[error("RPC `{rpc}` must output `{key}` for sample `{id}`: another RPC reads it")]
+    MissingOutput {
+        /// The RPC.
+        rpc: String,
+        /// The missing key.
+        key: String,
+        /// The sample.
+        id: String,
+    },
     /// A ragged tensor's lengths do not add up to its number of rows.
     #[error("ragged tensor: lengths sum to {sum}, but the values have {rows} rows")]
     RaggedLengths {

@@ -271,7 +271,9 @@ pub struct Sample {
     /// `None` until set explicitly or assigned by `put_batch` (next process-wide birth).
     pub(crate) birth: Option<u64>,
     pub(crate) fields: Fields,
-    pub(crate) meta: BTreeMap<String, MetaValue>,
+    /// `None` when empty; shared so that copying a sample (copy-on-write when a batch still
+    /// holds the previous version) copies no strings.
+    pub(crate) meta: Option<Arc<BTreeMap<String, MetaValue>>>,
 }
 
 impl Sample {
@@ -281,7 +283,7 @@ impl Sample {
             id: id.into(),
             birth: None,
             fields: Fields::default(),
-            meta: BTreeMap::new(),
+            meta: None,
         }
     }
 
@@ -300,8 +302,12 @@ impl Sample {
 
     /// Adds or replaces a metadata entry.
     pub fn meta(mut self, key: &str, value: impl Into<MetaValue>) -> Self {
-        self.meta.insert(key.to_owned(), value.into());
+        self.meta_mut().insert(key.to_owned(), value.into());
         self
+    }
+
+    fn meta_mut(&mut self) -> &mut BTreeMap<String, MetaValue> {
+        Arc::make_mut(self.meta.get_or_insert_with(Default::default))
     }
 
     /// The id.
@@ -332,12 +338,13 @@ impl Sample {
 
     /// A metadata entry.
     pub fn get_meta(&self, key: &str) -> Option<&MetaValue> {
-        self.meta.get(key)
+        self.meta.as_deref()?.get(key)
     }
 
     /// All metadata.
     pub fn metadata(&self) -> &BTreeMap<String, MetaValue> {
-        &self.meta
+        static EMPTY: BTreeMap<String, MetaValue> = BTreeMap::new();
+        self.meta.as_deref().unwrap_or(&EMPTY)
     }
 
     /// Applies a patch: its fields replace or add to this sample's, its metadata likewise.
@@ -345,8 +352,11 @@ impl Sample {
         for (k, v) in patch.fields.iter() {
             self.fields.set(k.clone(), v.clone());
         }
-        for (k, v) in patch.meta.iter() {
-            self.meta.insert(k.clone(), v.clone());
+        if !patch.meta.is_empty() {
+            let meta = self.meta_mut();
+            for (k, v) in patch.meta.iter() {
+                meta.insert(k.clone(), v.clone());
+            }
         }
     }
 }

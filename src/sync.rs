@@ -8,12 +8,21 @@
 //! be invisible and loom could not find a lost wake-up. The stand-in keeps that window
 //! inside a loom mutex, where loom explores it.
 //!
-//! The rest of the crate imports `crate::sync::{Arc, Mutex, Notify}` and never names
+//! The rest of the crate imports `crate::sync::{Arc, AtomicBool, Mutex, Notify}` and never names
 //! `std::sync`, `loom` or `tokio::sync` itself.
 
 /// Reference counting is not part of any wake-up protocol, and loom's `Arc` cannot be made
 /// outside a model (samples are built there too), so it is std's `Arc` in every build.
 pub(crate) use std::sync::Arc;
+
+/// Memory orderings are plain values shared by std and loom atomics.
+pub(crate) use std::sync::atomic::Ordering;
+
+#[cfg(not(rollout_buffer_loom))]
+pub(crate) use std::sync::atomic::AtomicBool;
+
+#[cfg(rollout_buffer_loom)]
+pub(crate) use loom::sync::atomic::AtomicBool;
 
 #[cfg(not(rollout_buffer_loom))]
 pub(crate) use tokio::sync::Notify;

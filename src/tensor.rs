@@ -156,20 +156,27 @@ element!(String, Str);
 #[derive(Debug, Clone)]
 pub struct Tensor {
     repr: Repr,
-    /// For ragged tensors: the length (along axis 0) of each packed sequence.
-    lengths: Option<Arc<[usize]>>,
 }
 
+/// A scalar inline, or an array behind one `Arc`, so a `Tensor` is two words and cloning
+/// one is a single reference-count increment.
 #[derive(Debug, Clone)]
 enum Repr {
-    Array(TensorData),
     Scalar(Scalar),
+    Array(Arc<ArrayTensor>),
+}
+
+#[derive(Debug)]
+struct ArrayTensor {
+    data: TensorData,
+    /// For ragged tensors: the length (along axis 0) of each packed sequence.
+    lengths: Option<Vec<usize>>,
 }
 
 impl PartialEq for Tensor {
     /// Equal dtype, shape, lengths and elements (an inline scalar equals a 0-d array).
     fn eq(&self, other: &Self) -> bool {
-        self.lengths == other.lengths && self.to_data() == other.to_data()
+        self.lengths() == other.lengths() && self.to_data() == other.to_data()
     }
 }
 
@@ -181,10 +188,7 @@ impl<T: Element, D: Dimension> From<Array<T, D>> for Tensor {
 
 impl<T: Element, D: Dimension> From<ArcArray<T, D>> for Tensor {
     fn from(array: ArcArray<T, D>) -> Self {
-        Self {
-            repr: Repr::Array(T::wrap(array.into_dyn())),
-            lengths: None,
-        }
+        Self::from_parts(T::wrap(array.into_dyn()), None)
     }
 }
 
@@ -196,13 +200,26 @@ impl From<&str> for Tensor {
 }
 
 impl Tensor {
+    fn from_parts(data: TensorData, lengths: Option<Vec<usize>>) -> Self {
+        Self {
+            repr: Repr::Array(Arc::new(ArrayTensor { data, lengths })),
+        }
+    }
+
+    /// The array, unless this is an inline scalar.
+    fn array_data(&self) -> Option<&TensorData> {
+        match &self.repr {
+            Repr::Array(a) => Some(&a.data),
+            Repr::Scalar(_) => None,
+        }
+    }
+
     /// A 0-dimensional tensor holding one value (numbers and booleans are kept inline,
     /// without allocating).
     pub fn scalar<T: Element>(value: T) -> Self {
         match value.into_scalar() {
             Ok(s) => Self {
                 repr: Repr::Scalar(s),
-                lengths: None,
             },
             Err(value) => Self::from(ndarray::arr0(value)),
         }
@@ -216,44 +233,51 @@ impl Tensor {
         let sum = lengths
             .iter()
             .try_fold(0usize, |acc, &l| acc.checked_add(l));
-        if values.shape().is_empty() || sum != Some(rows) {
-            return Err(Error::RaggedLengths {
+        match values.array_data() {
+            Some(data) if !values.shape().is_empty() && sum == Some(rows) => {
+                Ok(Self::from_parts(data.clone(), Some(lengths)))
+            }
+            _ => Err(Error::RaggedLengths {
                 sum: sum.unwrap_or(usize::MAX),
                 rows,
-            });
+            }),
         }
-        Ok(Self {
-            repr: values.repr,
-            lengths: Some(lengths.into()),
-        })
     }
 
     /// The element type.
     pub fn dtype(&self) -> DType {
         match &self.repr {
-            Repr::Array(TensorData::I32(_)) | Repr::Scalar(Scalar::I32(_)) => DType::I32,
-            Repr::Array(TensorData::I64(_)) | Repr::Scalar(Scalar::I64(_)) => DType::I64,
-            Repr::Array(TensorData::F32(_)) | Repr::Scalar(Scalar::F32(_)) => DType::F32,
-            Repr::Array(TensorData::F64(_)) | Repr::Scalar(Scalar::F64(_)) => DType::F64,
-            Repr::Array(TensorData::Bool(_)) | Repr::Scalar(Scalar::Bool(_)) => DType::Bool,
-            Repr::Array(TensorData::U8(_)) | Repr::Scalar(Scalar::U8(_)) => DType::U8,
-            Repr::Array(TensorData::Str(_)) => DType::Str,
+            Repr::Scalar(s) => match s {
+                Scalar::I32(_) => DType::I32,
+                Scalar::I64(_) => DType::I64,
+                Scalar::F32(_) => DType::F32,
+                Scalar::F64(_) => DType::F64,
+                Scalar::Bool(_) => DType::Bool,
+                Scalar::U8(_) => DType::U8,
+            },
+            Repr::Array(a) => match &a.data {
+                TensorData::I32(_) => DType::I32,
+                TensorData::I64(_) => DType::I64,
+                TensorData::F32(_) => DType::F32,
+                TensorData::F64(_) => DType::F64,
+                TensorData::Bool(_) => DType::Bool,
+                TensorData::U8(_) => DType::U8,
+                TensorData::Str(_) => DType::Str,
+            },
         }
     }
 
     /// The shape of the (packed) array; empty for a scalar.
     pub fn shape(&self) -> &[usize] {
-        let Repr::Array(data) = &self.repr else {
-            return &[];
-        };
-        match data {
-            TensorData::I32(a) => a.shape(),
-            TensorData::I64(a) => a.shape(),
-            TensorData::F32(a) => a.shape(),
-            TensorData::F64(a) => a.shape(),
-            TensorData::Bool(a) => a.shape(),
-            TensorData::U8(a) => a.shape(),
-            TensorData::Str(a) => a.shape(),
+        match self.array_data() {
+            None => &[],
+            Some(TensorData::I32(a)) => a.shape(),
+            Some(TensorData::I64(a)) => a.shape(),
+            Some(TensorData::F32(a)) => a.shape(),
+            Some(TensorData::F64(a)) => a.shape(),
+            Some(TensorData::Bool(a)) => a.shape(),
+            Some(TensorData::U8(a)) => a.shape(),
+            Some(TensorData::Str(a)) => a.shape(),
         }
     }
 
@@ -261,7 +285,7 @@ impl Tensor {
     /// a 0-dimensional array).
     pub fn to_data(&self) -> TensorData {
         match &self.repr {
-            Repr::Array(data) => data.clone(),
+            Repr::Array(a) => a.data.clone(),
             Repr::Scalar(s) => match *s {
                 Scalar::I32(v) => TensorData::I32(ndarray::arr0(v).into_dyn().into_shared()),
                 Scalar::I64(v) => TensorData::I64(ndarray::arr0(v).into_dyn().into_shared()),
@@ -276,7 +300,7 @@ impl Tensor {
     /// A view of the array, if it holds `T`.
     pub fn array<T: Element>(&self) -> Option<ArrayViewD<'_, T>> {
         match &self.repr {
-            Repr::Array(data) => T::unwrap(data).map(|a| a.view()),
+            Repr::Array(a) => T::unwrap(&a.data).map(|a| a.view()),
             Repr::Scalar(s) => {
                 let v = T::scalar_ref(s)?;
                 ArrayViewD::from_shape(IxDyn(&[]), std::slice::from_ref(v)).ok()
@@ -288,8 +312,8 @@ impl Tensor {
     pub fn scalar_value<T: Element>(&self) -> Option<T> {
         match &self.repr {
             Repr::Scalar(s) => T::scalar_ref(s).cloned(),
-            Repr::Array(data) => {
-                let a = T::unwrap(data)?;
+            Repr::Array(a) => {
+                let a = T::unwrap(&a.data)?;
                 if a.ndim() != 0 {
                     return None;
                 }
@@ -300,26 +324,26 @@ impl Tensor {
 
     /// The string of a 0-dimensional string tensor.
     pub fn as_str(&self) -> Option<&str> {
-        match &self.repr {
-            Repr::Array(TensorData::Str(a)) if a.ndim() == 0 => a.first().map(String::as_str),
+        match self.array_data() {
+            Some(TensorData::Str(a)) if a.ndim() == 0 => a.first().map(String::as_str),
             _ => None,
         }
     }
 
     /// The sequence lengths of a ragged tensor.
     pub fn lengths(&self) -> Option<&[usize]> {
-        self.lengths.as_deref()
+        match &self.repr {
+            Repr::Array(a) => a.lengths.as_deref(),
+            Repr::Scalar(_) => None,
+        }
     }
 
     /// Sequence `i` of a ragged tensor holding `T`.
     pub fn sequence<T: Element>(&self, i: usize) -> Option<ArrayViewD<'_, T>> {
-        let lengths = self.lengths.as_deref()?;
+        let lengths = self.lengths()?;
         let start: usize = lengths.get(..i)?.iter().sum();
         let len = *lengths.get(i)?;
-        let Repr::Array(data) = &self.repr else {
-            return None;
-        };
-        let a = T::unwrap(data)?;
+        let a = T::unwrap(self.array_data()?)?;
         Some(
             a.slice_axis(ndarray::Axis(0), (start..start + len).into())
                 .into_dyn(),
@@ -332,7 +356,7 @@ impl Tensor {
             Repr::Scalar(Scalar::I64(_) | Scalar::F64(_)) => 8,
             Repr::Scalar(Scalar::I32(_) | Scalar::F32(_)) => 4,
             Repr::Scalar(Scalar::Bool(_) | Scalar::U8(_)) => 1,
-            Repr::Array(data) => match data {
+            Repr::Array(a) => match &a.data {
                 TensorData::I32(a) => a.len() * 4,
                 TensorData::I64(a) => a.len() * 8,
                 TensorData::F32(a) => a.len() * 4,
@@ -342,7 +366,7 @@ impl Tensor {
                 TensorData::Str(a) => a.iter().map(String::len).sum(),
             },
         };
-        data + self.lengths.as_ref().map_or(0, |l| l.len() * 8)
+        data + self.lengths().map_or(0, |l| l.len() * 8)
     }
 }
 
@@ -393,6 +417,11 @@ mod tests {
         assert_eq!(inline.nbytes(), 8);
         assert_ne!(inline, Tensor::from(2.5f32));
         assert!(Tensor::ragged(1i32, vec![1]).is_err());
+    }
+
+    #[test]
+    fn tensor_is_two_words() {
+        assert!(std::mem::size_of::<Tensor>() <= 16);
     }
 
     #[test]

@@ -67,25 +67,47 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
     assert_invariants(&buf);
 }
 
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amend_merges_and_later_wins_per_key() {
     let buf = scored(2);
     let h = buf.put_batch(vec![prompt("s")]).await.expect("put");
-    let (x, y) = tokio::join!(
-        buf.amend_batch(&h, vec![Patch::new().with("a", 1.0).meta("by", "x")]),
-        buf.amend_batch(&h, vec![Patch::new().with("b", 2.0)]),
-    );
-    x.expect("x");
-    y.expect("y");
-    buf.amend_batch(&h, vec![Patch::new().with("a", 3.0)])
-        .await
-        .expect("overwrite");
+    // Two tasks on two threads amend the same slot, each its own key, many times.
+    let writers: Vec<_> = [("a", "x"), ("b", "y")]
+        .into_iter()
+        .map(|(key, by)| {
+            let (buf, h) = (buf.clone(), h.clone());
+            tokio::spawn(async move {
+                for i in 0..500 {
+                    let p = Patch::new().with(key, f64::from(i)).meta(key, by);
+                    buf.amend_batch(&h, vec![p]).await.expect("amend");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("writer");
+    }
     let t = buf
         .get_batch_for_rpc("train")
         .await
         .expect("both keys landed");
     let s = &t.sample(0).expect("sample");
-    assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(3.0), Some(2.0)));
+    assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(499.0), Some(499.0)));
+    assert_eq!(
+        (s.get_meta("a"), s.get_meta("b")),
+        (Some(&"x".into()), Some(&"y".into()))
+    );
+    drop(t);
+    // Sequential amends of one key: the later one wins; other keys and metadata stay.
+    buf.amend_batch(&h, vec![Patch::new().with("a", 1.0).meta("by", "x")])
+        .await
+        .expect("amend");
+    buf.amend_batch(&h, vec![Patch::new().with("a", 3.0)])
+        .await
+        .expect("overwrite");
+    let t = buf.get_batch_for_rpc("train").await.expect("redelivered");
+    let s = &t.sample(0).expect("sample");
+    assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(3.0), Some(499.0)));
     assert_eq!(s.get_meta("by"), Some(&"x".into()));
     assert_invariants(&buf);
 }

@@ -20,7 +20,11 @@ async fn close_wakes_every_waiter_with_closed() {
         let buf = buf.clone();
         async move { buf.put_batch(prompts("more", 1)).await.map(|_| ()) }
     });
-    wait_until(|| buf.stats().waiting_putters == 1).await;
+    wait_until(|| {
+        let st = buf.stats();
+        st.waiting_putters == 1 && st.rpcs[1].waiting == 2 && st.rpcs[2].waiting == 1
+    })
+    .await;
     buf.close();
     for w in waiters {
         let r = tokio::time::timeout(Duration::from_secs(10), w)
@@ -34,7 +38,9 @@ async fn close_wakes_every_waiter_with_closed() {
         .expect("woken")
         .expect("join");
     assert_eq!(r, Err(Error::Closed));
-    assert_eq!(buf.stats().waiting_putters, 0);
+    let st = buf.stats();
+    assert_eq!(st.waiting_putters, 0);
+    assert!(st.rpcs.iter().all(|r| r.waiting == 0), "{st:?}");
     assert_invariants(&buf);
 }
 
@@ -45,6 +51,15 @@ async fn later_calls_fail_closed_but_held_leases_can_finish() {
     let held = buf.get_batch_for_rpc("gen").await.expect("gen");
     buf.close();
     assert!(buf.is_closed());
+    assert_eq!(
+        buf.put_batch(vec![]).await.err(),
+        Some(Error::Closed),
+        "even an empty put"
+    );
+    assert_eq!(
+        buf.amend_batch(&[], vec![]).await.err(),
+        Some(Error::Closed)
+    );
     assert_eq!(
         buf.put_batch(prompts("x", 1)).await.err(),
         Some(Error::Closed)
@@ -97,11 +112,7 @@ async fn timeouts_lease_and_store_nothing() {
         (st.put, st.waiting_putters, st.putting, buf.len()),
         (2, 0, 0, 2)
     );
-    buf.get_batch_for_rpc("gen")
-        .await
-        .expect("both ready now")
-        .commit()
-        .await
-        .expect("commit");
+    let b = buf.get_batch_for_rpc("gen").await.expect("both ready now");
+    assert_eq!(b.len(), 2);
     assert_invariants(&buf);
 }

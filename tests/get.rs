@@ -56,7 +56,7 @@ async fn default_births_follow_put_order() {
     assert_eq!(ids(&b), ["s0", "s1", "s2"]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
     let buf = ppo(8, 2);
     let samples: Vec<Sample> = (0..3)
@@ -84,7 +84,7 @@ async fn batch_carries_only_input_keys_and_exactly_n_seqs() {
     );
     // One sample left for gen: n_seqs 2 cannot be met, so the get waits.
     assert!(matches!(
-        buf.get_batch_for_rpc_timeout("gen", Duration::from_millis(20))
+        buf.get_batch_for_rpc_timeout("gen", Duration::from_secs(1))
             .await,
         Err(Error::Timeout { .. })
     ));
@@ -173,7 +173,7 @@ async fn rpcs_with_shared_inputs_read_independently() {
     assert_invariants(&buf);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_rpc_uses_each_sample_reads_times_then_frees() {
     let buf = SequenceBuffer::new(
         4,
@@ -199,10 +199,11 @@ async fn each_rpc_uses_each_sample_reads_times_then_frees() {
         .await
         .expect("commit");
     assert_eq!(buf.len(), 1, "twice has one read left");
-    assert!(buf
-        .get_batch_for_rpc_timeout("once", Duration::from_millis(10))
-        .await
-        .is_err());
+    assert!(matches!(
+        buf.get_batch_for_rpc_timeout("once", Duration::from_secs(1))
+            .await,
+        Err(Error::Timeout { .. })
+    ));
     let b = buf.get_batch_for_rpc("twice").await.expect("2nd");
     assert_eq!(ids(&b), ["s"]);
     b.commit().await.expect("commit");

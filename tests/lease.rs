@@ -93,16 +93,21 @@ async fn expired_lease_is_redelivered_and_late_complete_fails() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn late_commit_without_any_getter_fails_and_redelivers() {
+async fn late_complete_without_any_getter_fails_and_redelivers() {
     let buf = timed(Duration::from_secs(5));
-    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    // The sample already holds the output, so gen may also just commit.
+    buf.put_batch(vec![prompt("s").with("tokens", vec![0i32])])
+        .await
+        .expect("put");
     let b = buf.get_batch_for_rpc("gen").await.expect("get");
     tokio::time::advance(Duration::from_secs(6)).await;
     assert!(matches!(b.commit().await, Err(Error::LeaseExpired { .. })));
     assert_eq!(buf.stats().rpcs[0].eligible, 1);
     let b = buf.get_batch_for_rpc("gen").await.expect("again");
     tokio::time::advance(Duration::from_secs(4)).await;
-    b.commit().await.expect("within the timeout");
+    b.complete(vec![Patch::new().with("tokens", vec![1i32])])
+        .await
+        .expect("within the timeout");
     assert_invariants(&buf);
 }
 
@@ -121,6 +126,54 @@ async fn stats_reap_expired_leases() {
     drop(b); // dropping an expired batch changes nothing more
     assert_eq!(buf.stats().rpcs[0].redelivered, 1);
     assert_invariants(&buf);
+}
+
+#[tokio::test]
+async fn complete_and_commit_must_give_outputs_others_read() {
+    let buf = ppo(4, 1);
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert_eq!(
+        b.commit().await.err(),
+        Some(Error::MissingOutput {
+            rpc: "gen".into(),
+            key: "tokens".into(),
+            id: "s".into()
+        })
+    );
+    let b = buf
+        .get_batch_for_rpc("gen")
+        .await
+        .expect("released, so served again");
+    let empty = vec![Patch::new().meta("note", "no tokens")];
+    assert!(matches!(
+        b.complete(empty).await,
+        Err(Error::MissingOutput { .. })
+    ));
+    assert_eq!(buf.stats().read, 0, "nothing was applied");
+    // A sample that already holds the output may be committed.
+    let buf = ppo(4, 1);
+    buf.put_batch(vec![prompt("t").with("tokens", vec![1i32])])
+        .await
+        .expect("put");
+    buf.get_batch_for_rpc("gen")
+        .await
+        .expect("get")
+        .commit()
+        .await
+        .expect("has tokens");
+    assert_invariants(&buf);
+}
+
+#[tokio::test(start_paused = true)]
+async fn huge_lease_timeout_means_no_deadline() {
+    let buf = timed(Duration::MAX);
+    buf.put_batch(vec![prompt("s")]).await.expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert_eq!(b.deadline(), None);
+    b.complete(vec![Patch::new().with("tokens", vec![1i32])])
+        .await
+        .expect("complete");
 }
 
 #[tokio::test]
@@ -169,9 +222,11 @@ async fn complete_is_atomic_with_the_read() {
                 assert!(b.sample(0).expect("sample").get("tokens").is_some());
                 let out = patches(&b, "reward");
                 b.complete(out).await.expect("complete");
+                // In one snapshot, every sample reward can see (eligible, leased or done)
+                // comes from a gen read that already landed with its outputs.
                 let st = buf.stats();
-                // gen's reads and reward's eligibility move together
-                assert!(st.rpcs[0].reads >= st.rpcs[1].reads);
+                let (gen, rew) = (&st.rpcs[0], &st.rpcs[1]);
+                assert!(rew.eligible as u64 + rew.leased as u64 + rew.reads <= gen.reads);
             }
         }
     });

@@ -84,6 +84,21 @@ async fn handles_come_back_in_input_order() {
         .expect("empty put")
         .is_empty());
     assert_eq!(buf.len(), 5);
+    // Handle i names sample i: tag each sample through its handle, then read the tags back.
+    let all: Vec<_> = h.iter().chain(&h2).copied().collect();
+    let tags = (0..all.len())
+        .map(|i| rollout_buffer::Patch::new().meta("tag", i as i64))
+        .collect();
+    buf.amend_batch(&all, tags).await.expect("amend");
+    let expected = ["x-0", "x-1", "x-2", "y-0", "y-1"];
+    for _ in 0..5 {
+        let b = buf.get_batch_for_rpc("gen").await.expect("get");
+        let s = b.sample(0).expect("sample");
+        let Some(rollout_buffer::MetaValue::Int(tag)) = s.get_meta("tag") else {
+            panic!("untagged sample {}", s.id());
+        };
+        assert_eq!(s.id().as_str(), expected[*tag as usize]);
+    }
 }
 
 #[tokio::test]

@@ -20,6 +20,8 @@ async fn three_getters_one_put_of_three_all_return() {
             id
         }));
     }
+    // All three must be parked before the put, or the test could pass by luck.
+    wait_until(|| buf.stats().rpcs[0].waiting == 3).await;
     let samples = (0..3)
         .map(|i| Sample::new(i.to_string()).with("x", 0i32))
         .collect();
@@ -86,13 +88,14 @@ async fn completions_and_releases_wake_parked_getters() {
         let buf = buf.clone();
         async move { ids(&buf.get_batch_for_rpc("reward").await.expect("reward")) }
     });
+    wait_until(|| buf.stats().rpcs[1].waiting == 1).await;
     buf.put_batch(vec![prompt("s")]).await.expect("put");
     let g = buf.get_batch_for_rpc("gen").await.expect("gen");
     let second_gen = tokio::spawn({
         let buf = buf.clone();
         async move { ids(&buf.get_batch_for_rpc("gen").await.expect("gen again")) }
     });
-    wait_until(|| buf.stats().rpcs[0].leased == 1).await;
+    wait_until(|| buf.stats().rpcs[0].waiting == 1).await;
     drop(g); // release wakes the second gen getter
     let again = tokio::time::timeout(Duration::from_secs(10), second_gen)
         .await
@@ -103,6 +106,11 @@ async fn completions_and_releases_wake_parked_getters() {
     let g = buf.get_batch_for_rpc("gen").await.expect("gen");
     let out = vec![rollout_buffer::Patch::new().with("tokens", vec![1i32])];
     g.complete(out).await.expect("complete");
+    assert_eq!(
+        buf.stats().rpcs[1].waiting,
+        1,
+        "reward still parked before the completion"
+    );
     let got = tokio::time::timeout(Duration::from_secs(10), reward)
         .await
         .expect("completion woke the reward getter")

@@ -23,6 +23,7 @@ impl SequenceBuffer {
     /// it was given.
     pub async fn amend_batch(&self, handles: &[SlotHandle], patches: Vec<Patch>) -> Result<()> {
         let shared = &*self.shared;
+        shared.check_open()?;
         if handles.len() != patches.len() {
             return Err(Error::LengthMismatch {
                 what: "amend_batch",

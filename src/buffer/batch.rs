@@ -126,45 +126,67 @@ impl Batch {
     /// Merges `outputs[i]` into sample `i` and uses one read of every sample, atomically.
     ///
     /// Every key in `outputs` must be one of the RPC's declared outputs
-    /// ([`Error::UndeclaredOutput`] otherwise) and there must be one patch per sample
-    /// ([`Error::LengthMismatch`]); on such an error nothing is applied and the lease is
-    /// released (the samples are redelivered).
+    /// ([`Error::UndeclaredOutput`] otherwise), every declared output that another RPC reads
+    /// must be given unless the sample already holds it ([`Error::MissingOutput`]), and there
+    /// must be one patch per sample ([`Error::LengthMismatch`]). On such an error nothing is
+    /// applied and the lease is released (the samples are redelivered to this RPC).
     pub async fn complete(mut self, outputs: Vec<Patch>) -> Result<()> {
-        let added = self.check_outputs(&outputs)?;
+        let added = self.check_outputs(Some(&outputs))?;
         self.finish(Some((&outputs, &added)))
     }
 
-    /// Uses one read of every sample without writing anything.
+    /// Uses one read of every sample without writing anything. Fails like
+    /// [`Batch::complete`] with [`Error::MissingOutput`] if the RPC owes outputs another RPC
+    /// reads.
     pub async fn commit(mut self) -> Result<()> {
+        self.check_outputs(None)?;
         self.finish(None)
     }
 
-    fn check_outputs(&self, outputs: &[Patch]) -> Result<Vec<KeySet>> {
-        if outputs.len() != self.samples.len() {
-            return Err(Error::LengthMismatch {
-                what: "Batch::complete",
-                expected: self.samples.len(),
-                got: outputs.len(),
-            });
+    /// Checks the outputs (or, for `None`, their absence) and returns each patch's graph
+    /// keys.
+    fn check_outputs(&self, outputs: Option<&[Patch]>) -> Result<Vec<KeySet>> {
+        let n = self.samples.len();
+        if let Some(outputs) = outputs {
+            if outputs.len() != n {
+                return Err(Error::LengthMismatch {
+                    what: "Batch::complete",
+                    expected: n,
+                    got: outputs.len(),
+                });
+            }
         }
         let graph = &self.shared.graph;
-        let declared = graph
-            .rpcs()
-            .get(self.rpc)
-            .map_or(KeySet::EMPTY, |r| r.outputs);
-        let mut added = Vec::with_capacity(outputs.len());
-        for (patch, sample) in outputs.iter().zip(self.samples.iter()) {
+        let Some(info) = graph.rpcs().get(self.rpc) else {
+            return Ok(vec![KeySet::EMPTY; n]);
+        };
+        let mut added = Vec::with_capacity(n);
+        for (i, sample) in self.samples.iter().enumerate() {
             let mut keys = KeySet::EMPTY;
-            for key in patch.keys() {
+            for key in outputs
+                .and_then(|o| o.get(i))
+                .into_iter()
+                .flat_map(Patch::keys)
+            {
                 match graph.key_id(key) {
-                    Some(id) if declared.contains(id) => keys = keys.with(id),
+                    Some(id) if info.outputs.contains(id) => keys = keys.with(id),
                     _ => {
                         return Err(Error::UndeclaredOutput {
-                            rpc: self.rpc_name().to_owned(),
+                            rpc: info.name.to_string(),
                             key: key.to_owned(),
                             id: sample.id.to_string(),
                         })
                     }
+                }
+            }
+            if info.needed_outputs != KeySet::EMPTY {
+                let have = graph.key_set(sample.keys()).union(keys);
+                if let Some(missing) = info.needed_outputs.ids().find(|&k| !have.contains(k)) {
+                    return Err(Error::MissingOutput {
+                        rpc: info.name.to_string(),
+                        key: graph.key_name(missing).to_owned(),
+                        id: sample.id.to_string(),
+                    });
                 }
             }
             added.push(keys);
@@ -297,12 +319,12 @@ impl<'a> SampleView<'a> {
 
     /// A metadata entry (metadata is always visible).
     pub fn get_meta(&self, key: &str) -> Option<&'a MetaValue> {
-        self.sample.meta.get(key)
+        self.sample.get_meta(key)
     }
 
     /// All metadata.
     pub fn metadata(&self) -> &'a BTreeMap<String, MetaValue> {
-        &self.sample.meta
+        self.sample.metadata()
     }
 
     /// A copy of the sample holding only the visible fields (tensors are shared, not

@@ -26,6 +26,7 @@ impl SequenceBuffer {
     /// the buffer is closed (also while waiting).
     pub async fn get_batch_for_rpc(&self, rpc: &str) -> Result<Batch> {
         let shared = &self.shared;
+        shared.check_open()?;
         let r = shared
             .graph
             .rpc_index(rpc)

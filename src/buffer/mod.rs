@@ -4,8 +4,9 @@
 //!
 //! One `Mutex<Inner>` guards the [`SlotTable`], the stored payloads (`Arc<Sample>` per
 //! slot) and the id index. It is held only for synchronous work proportional to the batch
-//! at hand: no await, no I/O, no payload copies (payloads move as `Arc`s; the fields a batch
-//! carries are selected after the lock is dropped).
+//! at hand: no await, no I/O, no copies of tensor data. Payloads move as `Arc`s; a batch
+//! holds `Arc` snapshots of its samples; an amend or completion of a sample whose previous
+//! version a batch still holds copies only the sample's small list of field handles.
 //!
 //! # Wake-ups
 //!
@@ -46,7 +47,7 @@ use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
 use crate::sample::{IdIndex, Sample};
 use crate::state::{RpcSpec, SlotTable, Wake};
-use crate::sync::{Arc, Mutex, MutexGuard, Notify};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
 
 /// Names a stored sample: its slot and the slot's generation when the sample was put.
@@ -109,6 +110,9 @@ pub(crate) struct Shared {
     pub(crate) rpc_ready: Vec<Notify>,
     /// Putters wait here for free slots or their turn at the head of the queue.
     pub(crate) space: Notify,
+    /// Mirrors `Inner::closed` so calls fail fast after `close()`; the flag under the lock
+    /// stays the one that decides.
+    pub(crate) closed: AtomicBool,
 }
 
 /// Everything the buffer's lock guards.
@@ -180,6 +184,7 @@ impl SequenceBuffer {
                 inner: Mutex::new(inner),
                 rpc_ready: (0..n_rpcs).map(|_| Notify::new()).collect(),
                 space: Notify::new(),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -205,6 +210,7 @@ impl SequenceBuffer {
     /// dropped, so consumers finish the work they hold. Idempotent.
     pub fn close(&self) {
         self.shared.inner.lock().closed = true;
+        self.shared.closed.store(true, Ordering::Release);
         tracing::debug!("buffer closed");
         self.shared.notify(Wake {
             rpcs: u64::MAX,
@@ -230,6 +236,15 @@ impl SequenceBuffer {
 impl Shared {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock()
+    }
+
+    /// Fails fast once the buffer is closed.
+    pub(crate) fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            Err(Error::Closed)
+        } else {
+            Ok(())
+        }
     }
 
     /// Notifies the waiters a transition unblocked. Call after dropping the lock.

@@ -32,6 +32,7 @@ impl SequenceBuffer {
     /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &*self.shared;
+        shared.check_open()?;
         let prepared = shared.prepare(samples)?;
         let n = prepared.samples.len();
         if n == 0 {
@@ -72,6 +73,7 @@ impl SequenceBuffer {
     /// returns [`Error::Full`] with nothing changed. Validation as in [`Self::put_batch`].
     pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &*self.shared;
+        shared.check_open()?;
         let prepared = shared.prepare(samples)?;
         let n = prepared.samples.len();
         if n == 0 {

@@ -58,6 +58,9 @@ pub(crate) struct RpcInfo {
     pub(crate) n_seqs: usize,
     pub(crate) inputs: KeySet,
     pub(crate) outputs: KeySet,
+    /// Outputs some RPC reads: a completion must leave the sample holding them, or the
+    /// readers downstream would wait for it forever.
+    pub(crate) needed_outputs: KeySet,
     pub(crate) reads: u16,
     pub(crate) selection: Selection,
     pub(crate) lease_timeout: Option<Duration>,
@@ -168,10 +171,15 @@ impl RpcGraph {
                 n_seqs: def.n_seqs,
                 inputs,
                 outputs: outs.iter().fold(KeySet::EMPTY, |s, &k| s.with(k)),
+                needed_outputs: KeySet::EMPTY,
                 reads: u16::try_from(def.reads).unwrap_or(u16::MAX),
                 selection: def.selection,
                 lease_timeout: def.lease_timeout,
             });
+        }
+        let read = rpcs.iter().fold(KeySet::EMPTY, |s, r| s.union(r.inputs));
+        for r in &mut rpcs {
+            r.needed_outputs = KeySet(r.outputs.0 & read.0);
         }
         let graph = Self {
             rpcs,

@@ -69,7 +69,7 @@ pub(crate) struct SlotMeta {
     /// Sum of the slot's `reads_left` over all RPCs.
     pub(crate) reads_total: u32,
     /// Amends in flight.
-    pub(crate) amenders: u16,
+    pub(crate) amenders: u32,
 }
 
 /// What one RPC means to the state machine.
@@ -333,7 +333,7 @@ impl SlotTable {
         for &s in slots {
             let s = s as usize;
             debug_assert!(self.is_stored(s));
-            self.slots[s].amenders += 1;
+            self.slots[s].amenders = self.slots[s].amenders.saturating_add(1);
             if self.slots[s].amenders == 1 {
                 self.amending.set(s);
                 self.idle.clear(s);
@@ -383,7 +383,8 @@ impl SlotTable {
     pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
-        let deadline = spec.lease_timeout.and_then(|t| now.map(|now| now + t));
+        // A timeout too large to represent as an instant means no deadline.
+        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
         let index = self.ready.get_mut(r)?;
         if index.len() < n {
             return None;
