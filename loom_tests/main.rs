@@ -115,7 +115,7 @@ fn complete_wakes_downstream_getter() {
 #[test]
 fn release_wakes_getter_of_same_rpc() {
     loom::model(|| {
-        let buf = one_rpc(1);
+        let buf = one_rpc(2);
         block_on(buf.put_batch(vec![sample("a")])).expect("put");
         let first = block_on(buf.get_batch_for_rpc("r")).expect("first");
         let second = {
@@ -137,8 +137,8 @@ fn release_wakes_getter_of_same_rpc() {
 #[test]
 fn freed_slot_wakes_waiting_putter() {
     loom::model(|| {
-        let buf = one_rpc(1);
-        block_on(buf.put_batch(vec![sample("a")])).expect("put");
+        let buf = one_rpc(2);
+        block_on(buf.put_batch(vec![sample("a"), sample("x")])).expect("fill");
         let putter = {
             let buf = buf.clone();
             thread::spawn(move || {
@@ -149,7 +149,7 @@ fn freed_slot_wakes_waiting_putter() {
         block_on(b.commit()).expect("commit");
         putter.join().expect("putter");
         check(&buf);
-        assert_eq!(buf.len(), 1);
+        assert_eq!(buf.len(), 2);
     });
 }
 
@@ -157,9 +157,12 @@ fn freed_slot_wakes_waiting_putter() {
 #[test]
 fn close_wakes_everyone() {
     loom::model(|| {
-        let buf = one_rpc(1);
-        block_on(buf.put_batch(vec![sample("a")])).expect("put");
-        let held = block_on(buf.get_batch_for_rpc("r")).expect("lease the only sample");
+        let buf = one_rpc(2);
+        block_on(buf.put_batch(vec![sample("a"), sample("x")])).expect("fill");
+        let held = [
+            block_on(buf.get_batch_for_rpc("r")).expect("lease one"),
+            block_on(buf.get_batch_for_rpc("r")).expect("lease the other"),
+        ];
         let putter = {
             let buf = buf.clone();
             thread::spawn(move || block_on(buf.put_batch(vec![sample("b")])).map(|_| ()))
@@ -173,6 +176,100 @@ fn close_wakes_everyone() {
         assert_eq!(getter.join().expect("getter"), Err(Error::Closed));
         drop(held);
         check(&buf);
-        assert_eq!(buf.stats().redelivered, 1);
+        assert_eq!(buf.stats().redelivered, 2);
+    });
+}
+
+/// Three threads race for one sample that one RPC reads three times; one of them first
+/// releases a lease and then takes the sample again. Every lease is exclusive, the release
+/// is redelivered, and the third read frees the slot.
+#[test]
+fn racing_leases_with_a_release() {
+    loom::model(|| {
+        let buf =
+            SequenceBuffer::new(2, [RpcDef::new("r", 1).inputs(["x"]).reads(3)]).expect("valid");
+        block_on(buf.put_batch(vec![sample("a")])).expect("put");
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let buf = buf.clone();
+                thread::spawn(move || {
+                    if i == 0 {
+                        let b = block_on(buf.get_batch_for_rpc("r")).expect("get");
+                        drop(b);
+                        check(&buf);
+                    }
+                    let b = block_on(buf.get_batch_for_rpc("r")).expect("get");
+                    check(&buf);
+                    block_on(b.commit()).expect("commit");
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("thread");
+        }
+        let st = buf.stats();
+        assert_eq!((st.read, st.redelivered, st.freed), (3, 1, 1));
+        check(&buf);
+    });
+}
+
+/// Two putters wait for space while a consumer frees slots: both get in, none is lost.
+#[test]
+fn waiting_putters_both_get_in() {
+    loom::model(|| {
+        let buf = one_rpc(2);
+        block_on(buf.put_batch(vec![sample("a"), sample("b")])).expect("fill");
+        let putters: Vec<_> = ["c", "d"]
+            .into_iter()
+            .map(|id| {
+                let buf = buf.clone();
+                thread::spawn(move || {
+                    block_on(buf.put_batch(vec![sample(id)])).expect("put");
+                    check(&buf);
+                })
+            })
+            .collect();
+        for _ in 0..2 {
+            let b = block_on(buf.get_batch_for_rpc("r")).expect("get");
+            block_on(b.commit()).expect("commit");
+        }
+        for p in putters {
+            p.join().expect("putter");
+        }
+        check(&buf);
+        assert_eq!(buf.len(), 2);
+        assert_eq!(buf.stats().waiting_putters, 0);
+    });
+}
+
+/// An amend that completes a sample's inputs wakes the getter waiting for them, and the
+/// getter never sees the sample half amended.
+#[test]
+fn amend_wakes_getter_with_whole_patch() {
+    loom::model(|| {
+        let buf = SequenceBuffer::with_config(
+            rollout_buffer::BufferConfig::new(3)
+                .rpc(RpcDef::new("train", 1).inputs(["x", "y", "z"]))
+                .external_keys(["y", "z"]),
+        )
+        .expect("valid");
+        let h = block_on(buf.put_batch(vec![sample("a")])).expect("put");
+        let getter = {
+            let buf = buf.clone();
+            thread::spawn(move || {
+                let b = block_on(buf.get_batch_for_rpc("train")).expect("get");
+                let s = b.sample(0).expect("sample");
+                assert!(
+                    s.get("y").is_some() && s.get("z").is_some(),
+                    "half amend seen"
+                );
+                block_on(b.commit()).expect("commit");
+            })
+        };
+        let patch = Patch::new().with("y", 1i32).with("z", 2i32);
+        block_on(buf.amend_batch(&h, vec![patch])).expect("amend");
+        getter.join().expect("getter");
+        check(&buf);
+        assert!(buf.is_empty());
     });
 }

@@ -55,7 +55,7 @@ impl SequenceBuffer {
     }
 
     /// [`Self::get_batch_for_rpc`] that gives up after `timeout` with [`Error::Timeout`],
-    /// leasing nothing.
+    /// leasing nothing. Uses tokio's timer (the runtime needs the time driver).
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
         tokio::time::timeout(timeout, self.get_batch_for_rpc(rpc))
             .await

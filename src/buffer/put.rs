@@ -98,7 +98,7 @@ impl SequenceBuffer {
     }
 
     /// [`Self::put_batch`] that gives up after `timeout` with [`Error::Timeout`], storing
-    /// nothing.
+    /// nothing. Uses tokio's timer (the runtime needs the time driver).
     pub async fn put_batch_timeout(
         &self,
         samples: Vec<Sample>,

@@ -79,6 +79,8 @@ impl RpcDef {
     /// A lease neither completed nor committed within `timeout` is released by the buffer
     /// (its samples are redelivered) and a late `complete`/`commit` fails with
     /// `Error::LeaseExpired`. Without it a lease lasts until its `Batch` is dropped.
+    /// Waiting getters sleep until the next deadline with tokio's timer, so a buffer whose
+    /// RPCs use lease timeouts needs a runtime with the time driver enabled.
     pub fn lease_timeout(mut self, timeout: Duration) -> Self {
         self.lease_timeout = Some(timeout);
         self
