@@ -104,13 +104,13 @@ async fn completions_and_releases_wake_parked_getters() {
     assert_eq!(again, ["s"]);
     // the second getter dropped its batch on return: lease again and complete
     let g = buf.get_batch_for_rpc("gen").await.expect("gen");
-    let out = vec![rollout_buffer::Patch::new().with("tokens", vec![1i32])];
-    g.complete(out).await.expect("complete");
     assert_eq!(
         buf.stats().rpcs[1].waiting,
         1,
         "reward still parked before the completion"
     );
+    let out = vec![rollout_buffer::Patch::new().with("tokens", vec![1i32])];
+    g.complete(out).await.expect("complete");
     let got = tokio::time::timeout(Duration::from_secs(10), reward)
         .await
         .expect("completion woke the reward getter")
