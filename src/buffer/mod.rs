@@ -172,7 +172,9 @@ impl SequenceBuffer {
         let inner = Inner {
             table: SlotTable::new(capacity, specs),
             samples: vec![None; capacity],
-            ids: IdIndex::with_capacity_and_hasher(capacity.min(4096), Default::default()),
+            // Sized up front (up to 2^20 ids, ~64 bytes each) so puts never pause to
+            // rehash a large index; beyond that it grows as needed.
+            ids: IdIndex::with_capacity_and_hasher(capacity.min(1 << 20), Default::default()),
             closed: false,
             rejected: 0,
         };
