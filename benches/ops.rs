@@ -1,5 +1,9 @@
-//! Cost of single buffer calls with n_seqs 64 at small and large capacity: a put of 64, and
-//! a get of 64 with data ready plus its commit. Neither should grow with capacity.
+//! Cost of one put of 64 plus one get of 64 (data ready) and its commit, n_seqs 64.
+//!
+//! Two series: the same 512 samples in flight at capacities 1,024 and 1,048,576 (the cost
+//! must not depend on the capacity), and a buffer kept half full (512 and 32,768 samples in
+//! flight at 1,024 and 65,536), where a FIFO reaches back to samples put long ago: that
+//! shows what a large working set costs in cache misses.
 
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkId, Criterion};
 use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
@@ -16,23 +20,23 @@ fn batch(start: u64) -> Vec<Sample> {
         .collect()
 }
 
-fn ops(c: &mut Criterion) {
+fn bench_cycle(c: &mut Criterion, group: &str, cases: &[(usize, usize)]) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    let mut group = c.benchmark_group("ops");
-    for capacity in [1_024usize, 65_536] {
+    let mut g = c.benchmark_group(group);
+    for &(capacity, in_flight) in cases {
         let buf = buffer(capacity);
-        // Keep the buffer half full so puts and gets both always succeed.
         let mut next = 0u64;
         rt.block_on(async {
-            for _ in 0..capacity / 2 / N {
+            for _ in 0..in_flight / N {
                 buf.put_batch(batch(next)).await.expect("fill");
                 next += N as u64;
             }
         });
-        group.bench_function(BenchmarkId::new("put64_get64_commit", capacity), |b| {
+        let id = BenchmarkId::new(format!("in_flight_{in_flight}"), capacity);
+        g.bench_function(id, |b| {
             b.iter_batched(
                 || {
                     next += N as u64;
@@ -41,19 +45,20 @@ fn ops(c: &mut Criterion) {
                 |samples| {
                     rt.block_on(async {
                         buf.put_batch(samples).await.expect("put");
-                        buf.get_batch_for_rpc("train")
-                            .await
-                            .expect("get")
-                            .commit()
-                            .await
-                            .expect("commit");
+                        let got = buf.get_batch_for_rpc("train").await.expect("get");
+                        got.commit().await.expect("commit");
                     })
                 },
                 BatchSize::SmallInput,
             )
         });
     }
-    group.finish();
+    g.finish();
+}
+
+fn ops(c: &mut Criterion) {
+    bench_cycle(c, "put64_get64_commit", &[(1_024, 512), (1_048_576, 512)]);
+    bench_cycle(c, "put64_get64_commit_half_full", &[(1_024, 512), (65_536, 32_768)]);
 }
 
 criterion_group!(benches, ops);
