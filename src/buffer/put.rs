@@ -32,12 +32,10 @@ impl SequenceBuffer {
     /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &*self.shared;
-        shared.check_open()?;
-        let prepared = shared.prepare(samples)?;
-        let n = prepared.samples.len();
-        if n == 0 {
+        let Some(prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
-        }
+        };
+        let n = prepared.samples.len();
         let mut ticket = TicketGuard {
             shared,
             ticket: None,
@@ -73,12 +71,10 @@ impl SequenceBuffer {
     /// returns [`Error::Full`] with nothing changed. Validation as in [`Self::put_batch`].
     pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &*self.shared;
-        shared.check_open()?;
-        let prepared = shared.prepare(samples)?;
-        let n = prepared.samples.len();
-        if n == 0 {
+        let Some(prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
-        }
+        };
+        let n = prepared.samples.len();
         let mut inner = shared.lock();
         match shared.try_claim(&mut inner, &prepared, &mut None) {
             Claim::Claimed(slots, wake) => {
@@ -121,10 +117,14 @@ enum Claim<'a> {
 }
 
 impl Shared {
-    /// Checks everything that does not depend on the buffer's contents, and assigns default
-    /// births. Runs without the lock.
-    fn prepare(&self, mut samples: Vec<Sample>) -> Result<Prepared> {
+    /// Checks that the buffer is open and everything that does not depend on its contents,
+    /// and assigns default births. Runs without the lock. `None` for an empty batch.
+    fn prepare(&self, mut samples: Vec<Sample>) -> Result<Option<Prepared>> {
+        self.check_open()?;
         let n = samples.len();
+        if n == 0 {
+            return Ok(None);
+        }
         let result = self.validate(&samples);
         if let Err(e) = result {
             self.lock().rejected += n as u64;
@@ -142,7 +142,7 @@ impl Shared {
             .iter()
             .map(|s| self.graph.key_set(s.keys()))
             .collect();
-        Ok(Prepared { samples, keys })
+        Ok(Some(Prepared { samples, keys }))
     }
 
     fn validate(&self, samples: &[Sample]) -> Result<()> {
