@@ -58,7 +58,11 @@ fn bench_cycle(c: &mut Criterion, group: &str, cases: &[(usize, usize)]) {
 
 fn ops(c: &mut Criterion) {
     bench_cycle(c, "put64_get64_commit", &[(1_024, 512), (1_048_576, 512)]);
-    bench_cycle(c, "put64_get64_commit_half_full", &[(1_024, 512), (65_536, 32_768)]);
+    bench_cycle(
+        c,
+        "put64_get64_commit_half_full",
+        &[(1_024, 512), (65_536, 32_768)],
+    );
 }
 
 criterion_group!(benches, ops);

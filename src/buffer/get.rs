@@ -124,6 +124,12 @@ impl Shared {
                     ))
                 }
                 None => {
+                    tracing::trace!(
+                        rpc = %self.graph.rpcs()[r].name,
+                        eligible = inner.table.eligible(r),
+                        n_seqs = inner.table.rpcs[r].n_seqs,
+                        "getter waits for eligible samples"
+                    );
                     inner.table.park_getter(r);
                     *counted = true;
                     Err(inner.table.next_deadline())
