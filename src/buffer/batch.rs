@@ -179,7 +179,9 @@ impl Batch {
                     }
                 }
             }
-            if info.needed_outputs != KeySet::EMPTY {
+            // Usually the patch itself carries every needed output; only otherwise look at
+            // what the sample already holds.
+            if !keys.contains_all(info.needed_outputs) {
                 let have = graph.key_set(sample.keys()).union(keys);
                 if let Some(missing) = info.needed_outputs.ids().find(|&k| !have.contains(k)) {
                     return Err(Error::MissingOutput {

@@ -9,11 +9,12 @@
 use super::{Inner, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
-use crate::sample::{Sample, SampleId};
+use crate::sample::{PrehashedId, Sample, SampleId};
 use crate::state::{Ticket, Wake};
 use crate::sync::{next_births, Arc};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
 use std::pin::pin;
 use std::time::Duration;
 
@@ -125,12 +126,14 @@ impl Shared {
         if n == 0 {
             return Ok(None);
         }
-        let result = self.validate(&samples);
-        if let Err(e) = result {
-            self.lock().rejected += n as u64;
-            tracing::debug!(error = %e, "put rejected");
-            return Err(e);
-        }
+        let keys = match self.validate(&samples) {
+            Ok(keys) => keys,
+            Err(e) => {
+                self.lock().rejected += n as u64;
+                tracing::debug!(error = %e, "put rejected");
+                return Err(e);
+            }
+        };
         let unset = samples.iter().filter(|s| s.birth.is_none()).count() as u64;
         if unset > 0 {
             let births = next_births(unset)..;
@@ -138,14 +141,11 @@ impl Shared {
                 s.birth = Some(birth);
             }
         }
-        let keys = samples
-            .iter()
-            .map(|s| self.graph.key_set(s.keys()))
-            .collect();
         Ok(Some(Prepared { samples, keys }))
     }
 
-    fn validate(&self, samples: &[Sample]) -> Result<()> {
+    /// Validates the batch on its own; returns each sample's graph keys.
+    fn validate(&self, samples: &[Sample]) -> Result<Vec<KeySet>> {
         let capacity = self.capacity;
         if samples.len() > capacity {
             return Err(Error::BatchTooLarge {
@@ -154,7 +154,9 @@ impl Shared {
             });
         }
         let dataset = self.graph.dataset_keys();
-        let mut seen: HashMap<&str, usize> = HashMap::with_capacity(samples.len());
+        let mut seen: HashMap<&SampleId, usize, BuildHasherDefault<PrehashedId>> =
+            HashMap::with_capacity_and_hasher(samples.len(), Default::default());
+        let mut keys = Vec::with_capacity(samples.len());
         for (index, s) in samples.iter().enumerate() {
             if s.birth == Some(0) {
                 return Err(Error::InvalidBirth {
@@ -171,15 +173,16 @@ impl Shared {
                     key: self.graph.key_name(missing).to_owned(),
                 });
             }
-            if let Some(first) = seen.insert(s.id.as_str(), index) {
+            if let Some(first) = seen.insert(&s.id, index) {
                 return Err(Error::DuplicateId {
                     id: s.id.to_string(),
                     index,
                     conflict: format!("also at batch position {first}"),
                 });
             }
+            keys.push(have);
         }
-        Ok(())
+        Ok(keys)
     }
 
     /// One claim attempt: fails on close or on an id already in the buffer, waits when the
