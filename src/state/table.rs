@@ -26,14 +26,23 @@
 //!    iff its lease bits are non-zero. Mask counts equal their recounts.
 //! 2. The free list holds exactly the empty slots, each once.
 //! 3. An empty or putting slot has no keys, reads, lease bits, amenders or ready entries.
-//! 4. `reads_total[s]` is the sum of `reads_left[s][*]`; a stored slot with
-//!    `reads_total == 0` still has an amend or a lease in flight (otherwise it was freed).
+//! 4. A slot's `reads_total` is the sum of its `reads_left` over all RPCs; a stored slot
+//!    with `reads_total == 0` still has an amend or a lease in flight (otherwise it was
+//!    freed).
 //! 5. Slot `s` is in RPC `r`'s ready index, under its order key, iff it is eligible for `r`:
 //!    stored, not amending, holds every input key of `r`, has reads left for `r`, and `r`
 //!    does not lease it. `in_ready[s]` mirrors these memberships bit for bit.
 //! 6. Each lease bit `(s, r)` belongs to exactly one live lease of RPC `r`, and every live
 //!    lease's slots carry its bit; a lease has a deadline entry iff it has a deadline.
 //! 7. Waiting putters have distinct tickets.
+//!
+//! # Wake-ups
+//!
+//! A transition reports RPC `r` in its [`Wake`] only if it made new samples eligible for
+//! `r` and a getter of `r` is parked (`waiting[r] > 0`), and reports space only if it freed
+//! slots or changed the head of the putter queue while putters queue. Waiters park under the
+//! same lock, after their last look at the state, so one that is not counted yet will see
+//! the change when it takes the lock.
 
 use super::leases::{Lease, LeaseId, LeaseTable};
 use super::mask::Mask;
