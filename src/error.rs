@@ -194,6 +194,15 @@ pub enum Error {
         rows: usize,
     },
 
+    /// A column could not be converted to or from Arrow.
+    #[error("Arrow column `{column}`: {detail}")]
+    Arrow {
+        /// The column.
+        column: String,
+        /// What was wrong.
+        detail: String,
+    },
+
     // ----- get / lease ---------------------------------------------------------------
     /// No RPC of that name was defined.
     #[error("unknown RPC `{name}`")]

@@ -42,6 +42,8 @@
 //! synchronous slot state machine), `buffer` (the async API), `sync` (the one place naming
 //! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`).
 
+#[cfg(feature = "arrow")]
+pub mod arrow;
 mod buffer;
 mod error;
 mod rpc_defs;

@@ -306,7 +306,7 @@ impl Sample {
         self
     }
 
-    fn meta_mut(&mut self) -> &mut BTreeMap<String, MetaValue> {
+    pub(crate) fn meta_mut(&mut self) -> &mut BTreeMap<String, MetaValue> {
         Arc::make_mut(self.meta.get_or_insert_with(Default::default))
     }
 

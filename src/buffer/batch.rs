@@ -83,6 +83,14 @@ impl Batch {
         self.samples.iter().map(|s| s.id())
     }
 
+    /// The batch as an Arrow record batch, one row per sample with the RPC's input fields
+    /// (layout as in [`crate::arrow`]).
+    #[cfg(feature = "arrow")]
+    pub fn to_record_batch(&self) -> Result<arrow_array::RecordBatch> {
+        let samples: Vec<Sample> = self.samples().map(|s| s.to_sample()).collect();
+        crate::arrow::to_record_batch(&samples)
+    }
+
     fn view<'a>(&'a self, sample: &'a Sample) -> SampleView<'a> {
         SampleView {
             sample,

@@ -1,0 +1,137 @@
+//! `ArrowElement`: how each tensor element type maps to a flat Arrow array and back.
+
+use crate::sync::Arc;
+use crate::tensor::{DType, Element};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type, UInt8Type};
+use arrow_array::{Array, ArrayRef, BooleanArray, PrimitiveArray, StringArray};
+use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use arrow_schema::DataType;
+
+/// A tensor element type with an Arrow counterpart.
+pub(crate) trait ArrowElement: Element + Default {
+    /// The Arrow type of a flat array of these elements.
+    fn data_type() -> DataType;
+    /// A flat array of `values`, with `nulls` (only scalar columns have any).
+    fn to_array(values: Vec<Self>, nulls: Option<NullBuffer>) -> ArrayRef;
+    /// Elements `lo..hi` of a flat array, or `None` if it holds another type, is too short,
+    /// or has a null in that range.
+    fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>>;
+}
+
+fn no_nulls_in(array: &dyn Array, lo: usize, hi: usize) -> bool {
+    hi <= array.len()
+        && lo <= hi
+        && (array.null_count() == 0 || (lo..hi).all(|i| array.is_valid(i)))
+}
+
+macro_rules! primitive {
+    ($ty:ty, $arrow:ty, $dt:expr) => {
+        impl ArrowElement for $ty {
+            fn data_type() -> DataType {
+                $dt
+            }
+            fn to_array(values: Vec<Self>, nulls: Option<NullBuffer>) -> ArrayRef {
+                Arc::new(PrimitiveArray::<$arrow>::new(
+                    ScalarBuffer::from(values),
+                    nulls,
+                ))
+            }
+            fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>> {
+                let a = array.as_primitive_opt::<$arrow>()?;
+                no_nulls_in(a, lo, hi).then(|| a.values()[lo..hi].to_vec())
+            }
+        }
+    };
+}
+
+primitive!(i32, Int32Type, DataType::Int32);
+primitive!(i64, Int64Type, DataType::Int64);
+primitive!(f32, Float32Type, DataType::Float32);
+primitive!(f64, Float64Type, DataType::Float64);
+primitive!(u8, UInt8Type, DataType::UInt8);
+
+impl ArrowElement for bool {
+    fn data_type() -> DataType {
+        DataType::Boolean
+    }
+    fn to_array(values: Vec<Self>, nulls: Option<NullBuffer>) -> ArrayRef {
+        Arc::new(BooleanArray::new(BooleanBuffer::from(values), nulls))
+    }
+    fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>> {
+        let a = array.as_boolean_opt()?;
+        no_nulls_in(a, lo, hi).then(|| (lo..hi).map(|i| a.value(i)).collect())
+    }
+}
+
+impl ArrowElement for String {
+    fn data_type() -> DataType {
+        DataType::Utf8
+    }
+    fn to_array(values: Vec<Self>, nulls: Option<NullBuffer>) -> ArrayRef {
+        let array: StringArray = match &nulls {
+            Some(n) => values
+                .iter()
+                .enumerate()
+                .map(|(i, v)| n.is_valid(i).then_some(v.as_str()))
+                .collect(),
+            None => values.iter().map(|v| Some(v.as_str())).collect(),
+        };
+        Arc::new(array)
+    }
+    fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>> {
+        let a = array.as_string_opt::<i32>()?;
+        no_nulls_in(a, lo, hi).then(|| (lo..hi).map(|i| a.value(i).to_owned()).collect())
+    }
+}
+
+/// The element type of a flat Arrow type, if it maps to one.
+pub(crate) fn dtype_of(data_type: &DataType) -> Option<DType> {
+    Some(match data_type {
+        DataType::Int32 => DType::I32,
+        DataType::Int64 => DType::I64,
+        DataType::Float32 => DType::F32,
+        DataType::Float64 => DType::F64,
+        DataType::Boolean => DType::Bool,
+        DataType::UInt8 => DType::U8,
+        DataType::Utf8 => DType::Str,
+        _ => return None,
+    })
+}
+
+/// Runs `$body` with `$t` bound to the element type of `$dtype`.
+macro_rules! with_element {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::tensor::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::tensor::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::tensor::DType::Bool => {
+                type $t = bool;
+                $body
+            }
+            $crate::tensor::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::tensor::DType::Str => {
+                type $t = String;
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_element;
