@@ -203,6 +203,17 @@ pub enum Error {
         detail: String,
     },
 
+    /// A storage operation failed.
+    #[error("storage `{url}`, path `{path}`: {detail}")]
+    Storage {
+        /// The store's URL.
+        url: String,
+        /// The path inside it (empty for the store itself).
+        path: String,
+        /// What went wrong.
+        detail: String,
+    },
+
     // ----- get / lease ---------------------------------------------------------------
     /// No RPC of that name was defined.
     #[error("unknown RPC `{name}`")]

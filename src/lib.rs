@@ -46,6 +46,8 @@
 pub mod arrow;
 mod buffer;
 mod error;
+#[cfg(feature = "persist")]
+pub mod persist;
 mod rpc_defs;
 mod sample;
 mod state;

@@ -44,10 +44,11 @@ pub fn from_record_batch(batch: &RecordBatch) -> Result<Vec<Sample>> {
         if name == ID || name == BIRTH {
             continue;
         }
-        if field.metadata().get(ROLE).map(String::as_str) == Some("meta") {
-            read_meta(field, column.as_ref(), &mut samples)?;
-        } else {
-            read_field(field, column.as_ref(), &mut samples)?;
+        match field.metadata().get(ROLE).map(String::as_str) {
+            Some("meta") => read_meta(field, column.as_ref(), &mut samples)?,
+            // Columns a container of samples adds about them (the archive's `reason`).
+            Some("archive") => {}
+            _ => read_field(field, column.as_ref(), &mut samples)?,
         }
     }
     Ok(samples)

@@ -60,3 +60,32 @@ pub async fn wait_until(mut cond: impl FnMut() -> bool) {
         tokio::task::yield_now().await;
     }
 }
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "rollout-buffer-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        Self(dir)
+    }
+
+    pub fn path(&self) -> &str {
+        self.0
+            .to_str()
+            .unwrap_or_else(|| panic!("non-UTF-8 temp dir"))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

@@ -1,0 +1,361 @@
+//! `ArchiveWriter`: the Parquet dataset of samples that left the buffer.
+//!
+//! Layout, hive-partitioned so pyarrow, DuckDB and Polars read it with no schema from this
+//! crate:
+//!
+//! ```text
+//! <store>/archive/environment=<env>/policy_version=<v>/part-<hash>.parquet
+//! ```
+//!
+//! `environment` (a string) and `policy_version` (an integer) come from the samples'
+//! metadata and live only in the path; a sample without them goes to the
+//! `__HIVE_DEFAULT_PARTITION__` value, which the readers turn into null. Rows hold the
+//! sample's columns as [`to_record_batch`](crate::arrow::to_record_batch) lays them out,
+//! plus `read_by` (list of the RPCs that used it) and `reason` (how it left). Files are
+//! zstd-compressed and named by a hash of the ids they hold, so a retried write replaces
+//! its own earlier attempt instead of adding a duplicate.
+
+use super::store::Store;
+use crate::arrow::{from_record_batch, to_record_batch};
+use crate::error::{Error, Result};
+use crate::sample::{MetaValue, Sample};
+use crate::sync::Arc;
+use arrow_array::{ArrayRef, ListArray, RecordBatch, StringArray};
+use arrow_buffer::OffsetBuffer;
+use arrow_schema::{DataType, Field, Schema};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use std::collections::BTreeMap;
+
+/// The value hive readers take as null.
+const NULL_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
+/// Metadata keys that become partition directories.
+const ENVIRONMENT: &str = "environment";
+const POLICY_VERSION: &str = "policy_version";
+/// Marks the archive's own columns, which are not sample fields.
+const ARCHIVE_ROLE: &str = "archive";
+
+/// How a sample left the buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ExitReason {
+    /// Every RPC used all its reads.
+    Consumed,
+    /// Evicted to make room.
+    Evicted,
+    /// Too old for every RPC that could still read it.
+    Stale,
+    /// Rejected by a filter (a group hook, say).
+    Filtered,
+}
+
+impl ExitReason {
+    /// The name stored in the `reason` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Consumed => "consumed",
+            Self::Evicted => "evicted",
+            Self::Stale => "stale",
+            Self::Filtered => "filtered",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "consumed" => Self::Consumed,
+            "evicted" => Self::Evicted,
+            "stale" => Self::Stale,
+            "filtered" => Self::Filtered,
+            _ => return None,
+        })
+    }
+}
+
+/// A sample that left the buffer, the RPCs that read it, and why it left.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ArchivedSample {
+    /// The sample, with every field and its metadata.
+    pub sample: Sample,
+    /// Names of the RPCs that used it, once per read.
+    pub read_by: Vec<String>,
+    /// How it left.
+    pub reason: ExitReason,
+}
+
+/// Writes archived samples as a hive-partitioned Parquet dataset (see the module docs).
+#[derive(Debug, Clone)]
+pub struct ArchiveWriter {
+    store: Store,
+    props: WriterProperties,
+}
+
+impl ArchiveWriter {
+    /// An archive under `<store>/archive/`, zstd level 1 (fast; rollout tokens compress
+    /// well at any level).
+    pub fn new(store: Store) -> Self {
+        let level = ZstdLevel::try_new(1).unwrap_or_default();
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(level))
+            .build();
+        Self { store, props }
+    }
+
+    /// Writes `samples`, one Parquet file per partition, and returns the paths written
+    /// (relative to the store). Writing the same samples again rewrites the same files.
+    pub async fn write(&self, samples: &[ArchivedSample]) -> Result<Vec<String>> {
+        let mut partitions: BTreeMap<String, Vec<&ArchivedSample>> = BTreeMap::new();
+        for s in samples {
+            partitions
+                .entry(partition_dir(&s.sample))
+                .or_default()
+                .push(s);
+        }
+        let mut written = Vec::with_capacity(partitions.len());
+        for (dir, rows) in partitions {
+            let path = format!("{dir}/part-{:016x}.parquet", content_hash(&rows));
+            let bytes = self.encode(&path, &rows)?;
+            self.store.put(&path, bytes).await?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+
+    fn encode(&self, path: &str, rows: &[&ArchivedSample]) -> Result<Bytes> {
+        let bad = |e: &dyn std::fmt::Display| Error::Storage {
+            url: self.store.url().to_owned(),
+            path: path.to_owned(),
+            detail: e.to_string(),
+        };
+        let samples: Vec<Sample> = rows
+            .iter()
+            .map(|r| without_partition_keys(&r.sample))
+            .collect();
+        let batch = to_record_batch(&samples)?;
+        let batch = with_archive_columns(batch, rows).map_err(|e| bad(&e))?;
+        let mut buf = Vec::new();
+        let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(self.props.clone()))
+            .map_err(|e| bad(&e))?;
+        writer.write(&batch).map_err(|e| bad(&e))?;
+        writer.close().map_err(|e| bad(&e))?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Reads the whole archive back (for recovery checks and tests; analysis tools read the
+    /// files directly). Fails with the path of the first file that does not decode.
+    pub async fn read_all(&self) -> Result<Vec<ArchivedSample>> {
+        let mut out = Vec::new();
+        for path in self.store.list("archive").await? {
+            if !path.ends_with(".parquet") {
+                continue;
+            }
+            let Some(bytes) = self.store.get(&path).await? else {
+                continue; // deleted since listed
+            };
+            out.extend(self.decode(&path, bytes)?);
+        }
+        Ok(out)
+    }
+
+    fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {
+        let bad = |e: &dyn std::fmt::Display| Error::Storage {
+            url: self.store.url().to_owned(),
+            path: path.to_owned(),
+            detail: e.to_string(),
+        };
+        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .and_then(|b| b.build())
+            .map_err(|e| bad(&e))?;
+        let (environment, version) = partition_values(path);
+        let mut out = Vec::new();
+        for batch in reader {
+            let batch = batch.map_err(|e| bad(&e))?;
+            let read_by =
+                string_lists(&batch, "read_by").ok_or_else(|| bad(&"no read_by column"))?;
+            let reasons =
+                string_column(&batch, "reason").ok_or_else(|| bad(&"no reason column"))?;
+            for ((mut sample, read_by), reason) in from_record_batch(&batch)?
+                .into_iter()
+                .zip(read_by)
+                .zip(reasons)
+            {
+                if let Some(env) = &environment {
+                    sample
+                        .meta_mut()
+                        .insert(ENVIRONMENT.into(), MetaValue::Str(env.clone()));
+                }
+                if let Some(v) = version {
+                    sample
+                        .meta_mut()
+                        .insert(POLICY_VERSION.into(), MetaValue::Int(v));
+                }
+                let reason = ExitReason::parse(&reason)
+                    .ok_or_else(|| bad(&format!("unknown reason `{reason}`")))?;
+                out.push(ArchivedSample {
+                    sample,
+                    read_by,
+                    reason,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `archive/environment=<e>/policy_version=<v>` for a sample.
+fn partition_dir(s: &Sample) -> String {
+    let environment = match s.get_meta(ENVIRONMENT) {
+        Some(MetaValue::Str(e)) => encode_segment(e),
+        _ => NULL_PARTITION.to_owned(),
+    };
+    let version = match s.get_meta(POLICY_VERSION) {
+        Some(MetaValue::Int(v)) => v.to_string(),
+        _ => NULL_PARTITION.to_owned(),
+    };
+    format!("archive/{ENVIRONMENT}={environment}/{POLICY_VERSION}={version}")
+}
+
+/// The partition values in a file's path, `None` for the null partition.
+fn partition_values(path: &str) -> (Option<String>, Option<i64>) {
+    let mut environment = None;
+    let mut version = None;
+    for segment in path.split('/') {
+        if let Some(v) = segment.strip_prefix("environment=") {
+            environment = (v != NULL_PARTITION).then(|| decode_segment(v));
+        } else if let Some(v) = segment.strip_prefix("policy_version=") {
+            version = v.parse().ok();
+        }
+    }
+    (environment, version)
+}
+
+/// Percent-encodes everything but `[A-Za-z0-9._-]`, as hive readers decode partition values.
+fn encode_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+fn decode_segment(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok());
+        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (b, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A stable hash of the ids in a file, in order: the same samples give the same name.
+fn content_hash(rows: &[&ArchivedSample]) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for r in rows {
+        r.sample.id().as_str().hash(&mut h);
+    }
+    h.finish()
+}
+
+fn without_partition_keys(s: &Sample) -> Sample {
+    let mut s = s.clone();
+    if s.get_meta(ENVIRONMENT).is_some() || s.get_meta(POLICY_VERSION).is_some() {
+        let meta = s.meta_mut();
+        meta.remove(ENVIRONMENT);
+        meta.remove(POLICY_VERSION);
+    }
+    s
+}
+
+fn with_archive_columns(
+    batch: RecordBatch,
+    rows: &[&ArchivedSample],
+) -> std::result::Result<RecordBatch, arrow_schema::ArrowError> {
+    let role = [(crate::arrow::ROLE, ARCHIVE_ROLE.to_string())];
+    let item = Arc::new(Field::new_list_field(DataType::Utf8, false));
+    let names: StringArray = rows
+        .iter()
+        .flat_map(|r| r.read_by.iter().map(|s| Some(s.as_str())))
+        .collect();
+    let read_by = ListArray::try_new(
+        Arc::clone(&item),
+        OffsetBuffer::from_lengths(rows.iter().map(|r| r.read_by.len())),
+        Arc::new(names),
+        None,
+    )?;
+    let reasons: StringArray = rows.iter().map(|r| Some(r.reason.as_str())).collect();
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new("read_by", DataType::List(item), false).with_metadata(role.clone()));
+    fields.push(Field::new("reason", DataType::Utf8, false).with_metadata(role));
+    let mut columns: Vec<ArrayRef> = batch.columns().to_vec();
+    columns.push(Arc::new(read_by));
+    columns.push(Arc::new(reasons));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+}
+
+fn string_column(batch: &RecordBatch, name: &str) -> Option<Vec<String>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    let a = batch.column_by_name(name)?.as_string_opt::<i32>()?;
+    Some((0..a.len()).map(|i| a.value(i).to_owned()).collect())
+}
+
+fn string_lists(batch: &RecordBatch, name: &str) -> Option<Vec<Vec<String>>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::Array;
+    let list = batch.column_by_name(name)?.as_list_opt::<i32>()?;
+    let values = list.values().as_string_opt::<i32>()?;
+    let offsets = list.value_offsets();
+    (0..list.len())
+        .map(|i| {
+            let lo = usize::try_from(*offsets.get(i)?).ok()?;
+            let hi = usize::try_from(*offsets.get(i + 1)?).ok()?;
+            Some((lo..hi).map(|j| values.value(j).to_owned()).collect())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partition_values_round_trip_through_paths() {
+        for env in ["math", "code/python", "a b=c%"] {
+            let s = Sample::new("x")
+                .meta(ENVIRONMENT, env)
+                .meta(POLICY_VERSION, 7i64);
+            let dir = partition_dir(&s);
+            assert!(!dir["archive/".len()..].contains("//"));
+            assert_eq!(dir.matches('/').count(), 2, "{dir}");
+            assert_eq!(partition_values(&dir), (Some(env.to_string()), Some(7)));
+        }
+        let bare = partition_dir(&Sample::new("y"));
+        assert_eq!(partition_values(&bare), (None, None));
+        assert!(bare.contains(NULL_PARTITION));
+    }
+}

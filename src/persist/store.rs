@@ -1,0 +1,208 @@
+//! `Store`: an `object_store` backend chosen by URL, and a prefix inside it.
+//!
+//! Credentials and endpoints come from the environment variables each backend documents
+//! (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`,
+//! `AZURE_STORAGE_ACCOUNT_NAME`, ...). No code path special-cases the local disk beyond
+//! choosing `LocalFileSystem` for it.
+
+use crate::error::{Error, Result};
+use crate::sync::Arc;
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::aws::AmazonS3Builder;
+use object_store::azure::MicrosoftAzureBuilder;
+use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use std::fmt;
+
+/// A place to keep files: an object store and a prefix inside it. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<dyn ObjectStore>,
+    prefix: Path,
+    url: Arc<str>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store").field("url", &self.url).finish()
+    }
+}
+
+fn storage_err(url: &str, path: &str, e: impl fmt::Display) -> Error {
+    Error::Storage {
+        url: url.to_owned(),
+        path: path.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+impl Store {
+    /// Opens the store a URL names:
+    ///
+    /// * `memory://` (or `memory://name`): a fresh in-memory store, for tests;
+    /// * `file:///abs/dir` or a bare path (`./runs/a`, `/data/buf`): a local directory,
+    ///   created if missing;
+    /// * `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`: the cloud
+    ///   stores (and S3-compatible servers through `AWS_ENDPOINT_URL`), configured from the
+    ///   environment.
+    pub fn open(url: &str) -> Result<Self> {
+        let err = |e: &dyn fmt::Display| storage_err(url, "", e);
+        let (scheme, rest) = match url.split_once("://") {
+            Some((s, r)) => (s, r),
+            None => ("file", url),
+        };
+        let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match scheme {
+            "memory" => (Arc::new(InMemory::new()), ""),
+            "file" => {
+                let dir = std::path::Path::new(if rest.is_empty() { "." } else { rest });
+                std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+                let dir = dir.canonicalize().map_err(|e| err(&e))?;
+                let fs = LocalFileSystem::new_with_prefix(&dir).map_err(|e| err(&e))?;
+                (Arc::new(fs), "")
+            }
+            "s3" | "gs" | "az" => {
+                let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+                if bucket.is_empty() {
+                    return Err(err(&"no bucket in the URL"));
+                }
+                let root = format!("{scheme}://{bucket}");
+                let store: Arc<dyn ObjectStore> = match scheme {
+                    "s3" => Arc::new(
+                        AmazonS3Builder::from_env()
+                            .with_url(root)
+                            .build()
+                            .map_err(|e| err(&e))?,
+                    ),
+                    "gs" => Arc::new(
+                        GoogleCloudStorageBuilder::from_env()
+                            .with_url(root)
+                            .build()
+                            .map_err(|e| err(&e))?,
+                    ),
+                    _ => Arc::new(
+                        MicrosoftAzureBuilder::from_env()
+                            .with_url(root)
+                            .build()
+                            .map_err(|e| err(&e))?,
+                    ),
+                };
+                (store, prefix)
+            }
+            other => return Err(err(&format!("unsupported scheme `{other}`"))),
+        };
+        Ok(Self {
+            inner,
+            prefix: Path::from(prefix.trim_matches('/')),
+            url: url.into(),
+        })
+    }
+
+    /// A store over an existing `object_store` (a wrapper that injects faults, say), with
+    /// every path under `prefix`.
+    pub fn from_object_store(inner: Arc<dyn ObjectStore>, prefix: &str) -> Self {
+        Self {
+            inner,
+            prefix: Path::from(prefix.trim_matches('/')),
+            url: format!("object_store:///{}", prefix.trim_matches('/')).into(),
+        }
+    }
+
+    /// The URL (or description) the store was opened with.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The object path of `rel`. Paths are taken as already percent-encoded (hive
+    /// partition values are), so `%2F` stays `%2F` instead of becoming `%252F`; a path that
+    /// is not valid encoded is encoded.
+    fn path(&self, rel: &str) -> Path {
+        let rel = rel.trim_matches('/');
+        let full = if self.prefix.as_ref().is_empty() {
+            rel.to_owned()
+        } else if rel.is_empty() {
+            return self.prefix.clone();
+        } else {
+            format!("{}/{rel}", self.prefix)
+        };
+        Path::parse(&full).unwrap_or_else(|_| Path::from(full))
+    }
+
+    fn relative(&self, full: &Path) -> String {
+        let full = full.as_ref();
+        let prefix = self.prefix.as_ref();
+        match full.strip_prefix(prefix) {
+            Some(rest) if !prefix.is_empty() => rest.trim_start_matches('/').to_owned(),
+            _ => full.to_owned(),
+        }
+    }
+
+    /// Writes `bytes` at `rel`, replacing what was there (atomically: readers see the old
+    /// or the new object, never part of one).
+    pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        self.inner
+            .put(&self.path(rel), PutPayload::from(bytes))
+            .await
+            .map(|_| ())
+            .map_err(|e| storage_err(&self.url, rel, e))
+    }
+
+    /// Writes `bytes` at `rel` only if nothing is there; `false` when something was (the
+    /// commit point of a manifest).
+    pub async fn put_if_absent(&self, rel: &str, bytes: Bytes) -> Result<bool> {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match self
+            .inner
+            .put_opts(&self.path(rel), PutPayload::from(bytes), opts)
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => Ok(false),
+            Err(e) => Err(storage_err(&self.url, rel, e)),
+        }
+    }
+
+    /// The object at `rel`, or `None` if there is none.
+    pub async fn get(&self, rel: &str) -> Result<Option<Bytes>> {
+        let found = match self.inner.get(&self.path(rel)).await {
+            Ok(found) => found,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(storage_err(&self.url, rel, e)),
+        };
+        found
+            .bytes()
+            .await
+            .map(Some)
+            .map_err(|e| storage_err(&self.url, rel, e))
+    }
+
+    /// Every object under `rel_prefix` (recursively), as paths relative to the store,
+    /// sorted.
+    pub async fn list(&self, rel_prefix: &str) -> Result<Vec<String>> {
+        let prefix = self.path(rel_prefix);
+        let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
+        let metas: Vec<_> = self
+            .inner
+            .list(prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(|e| storage_err(&self.url, rel_prefix, e))?;
+        let mut paths: Vec<String> = metas.iter().map(|m| self.relative(&m.location)).collect();
+        paths.sort();
+        Ok(paths)
+    }
+
+    /// Deletes the object at `rel`; deleting a missing object is not an error.
+    pub async fn delete(&self, rel: &str) -> Result<()> {
+        match self.inner.delete(&self.path(rel)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(storage_err(&self.url, rel, e)),
+        }
+    }
+}
