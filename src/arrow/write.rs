@@ -151,7 +151,11 @@ fn nested<T: ArrowElement>(
             ));
         };
         valid.push(true);
-        values.extend(array.iter().cloned());
+        match array.as_slice() {
+            // Contiguous, row-major: one copy (memcpy for numbers).
+            Some(flat) => values.extend_from_slice(flat),
+            None => values.extend(array.iter().cloned()),
+        }
         let shape = array.shape();
         // Dense dimension d of the values is a list level holding, per sample,
         // prod(shape[..d]) lists of shape[d] elements; a ragged tensor adds a level of
