@@ -4,7 +4,7 @@
 
 mod common;
 use bytes::Bytes;
-use common::TempDir;
+use common::{s3_url, TempDir};
 use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, ExitReason, Store};
 use rollout_buffer::{Error, Sample, Tensor};
 use std::collections::BTreeMap;
@@ -121,14 +121,8 @@ async fn archive_in_a_directory() {
 
 #[tokio::test]
 async fn archive_on_s3() {
-    let Ok(url) = std::env::var("ROLLOUT_BUFFER_S3_URL") else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI must provide ROLLOUT_BUFFER_S3_URL"
-        );
-        eprintln!("ROLLOUT_BUFFER_S3_URL not set: S3 archive test not run here");
+    let Some(url) = s3_url("archive") else {
         return;
     };
-    let url = format!("{url}/archive-{}", std::process::id());
     archive_suite(Store::open(&url).expect("store")).await;
 }

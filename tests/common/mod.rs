@@ -89,3 +89,17 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A fresh prefix on the S3-compatible server named by `ROLLOUT_BUFFER_S3_URL`, or `None`
+/// outside CI when it is not set (under `CI` its absence fails the test instead).
+pub fn s3_url(tag: &str) -> Option<String> {
+    let Ok(url) = std::env::var("ROLLOUT_BUFFER_S3_URL") else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI must provide ROLLOUT_BUFFER_S3_URL"
+        );
+        eprintln!("ROLLOUT_BUFFER_S3_URL not set: the S3 run of `{tag}` is skipped here");
+        return None;
+    };
+    Some(format!("{url}/{tag}-{}", std::process::id()))
+}
