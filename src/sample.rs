@@ -221,8 +221,15 @@ impl From<Arc<str>> for FieldKey {
 }
 
 /// Named fields, in insertion order; setting an existing key replaces its tensor.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Fields(Vec<(FieldKey, Tensor)>);
+
+impl PartialEq for Fields {
+    /// The same keys with equal tensors, in any order.
+    fn eq(&self, other: &Self) -> bool {
+        self.0.len() == other.0.len() && self.0.iter().all(|(k, v)| other.get(k) == Some(v))
+    }
+}
 
 impl Fields {
     pub(crate) fn set(&mut self, key: FieldKey, value: Tensor) {

@@ -17,6 +17,10 @@ pub(crate) trait ArrowElement: Element + Default {
     /// Elements `lo..hi` of a flat array, or `None` if it holds another type, is too short,
     /// or has a null in that range.
     fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>>;
+    /// Bytes of text in `values` (saturating), which a utf8 array's 32-bit offsets bound.
+    fn text_bytes(_values: &[Self]) -> usize {
+        0
+    }
 }
 
 fn no_nulls_in(array: &dyn Array, lo: usize, hi: usize) -> bool {
@@ -78,6 +82,11 @@ impl ArrowElement for String {
             None => values.iter().map(|v| Some(v.as_str())).collect(),
         };
         Arc::new(array)
+    }
+    fn text_bytes(values: &[Self]) -> usize {
+        values
+            .iter()
+            .fold(0usize, |acc, v| acc.saturating_add(v.len()))
     }
     fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>> {
         let a = array.as_string_opt::<i32>()?;

@@ -60,6 +60,12 @@ pub fn to_record_batch(samples: &[Sample]) -> Result<RecordBatch> {
         Field::new(ID, DataType::Utf8, false),
         Field::new(BIRTH, DataType::UInt64, true),
     ];
+    let id_bytes = samples
+        .iter()
+        .try_fold(0usize, |acc, s| acc.checked_add(s.id().as_str().len()));
+    if id_bytes.is_none_or(|n| n > MAX_LIST_ENTRIES) {
+        return Err(arrow_err(ID, "more than 2 GiB of ids in one batch"));
+    }
     let mut columns: Vec<ArrayRef> = vec![
         Arc::new(StringArray::from_iter_values(
             samples.iter().map(|s| s.id().as_str()),
@@ -81,6 +87,9 @@ pub fn to_record_batch(samples: &[Sample]) -> Result<RecordBatch> {
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
         .map_err(|e| arrow_err("<batch>", &e.to_string()))
 }
+
+/// Arrow's 32-bit offsets bound every list level and string column.
+const MAX_LIST_ENTRIES: usize = i32::MAX as usize;
 
 pub(super) fn arrow_err(column: &str, detail: &str) -> Error {
     Error::Arrow {
@@ -171,10 +180,18 @@ fn nested<T: ArrowElement>(
         let mut count = 1usize;
         for (d, &extent) in shape.iter().enumerate().skip(dense_from) {
             let lists = if ragged && d == 1 { shape[0] } else { count };
+            // An empty tensor can still claim huge outer dimensions ([2^40, 0]); a list
+            // level can never hold more than 2^31 entries, so refuse before allocating.
+            if lists > MAX_LIST_ENTRIES {
+                return Err(arrow_err(name, "more than 2^31 lists in one level"));
+            }
             let level = d + usize::from(ragged);
             levels[level].extend(std::iter::repeat_n(extent, lists));
             count = lists.saturating_mul(extent);
         }
+    }
+    if T::text_bytes(&values) > MAX_LIST_ENTRIES {
+        return Err(arrow_err(name, "more than 2 GiB of text in one column"));
     }
     let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
     if depth == 0 {
@@ -184,8 +201,10 @@ fn nested<T: ArrowElement>(
     let mut data_type = T::data_type();
     let mut nulls = nulls;
     for (level, lengths) in levels.into_iter().enumerate().rev() {
-        let total: usize = lengths.iter().sum();
-        if i32::try_from(total).is_err() {
+        let total = lengths
+            .iter()
+            .try_fold(0usize, |acc, &n| acc.checked_add(n));
+        if total.is_none_or(|t| t > MAX_LIST_ENTRIES) {
             return Err(arrow_err(name, "more than 2^31 elements in one list level"));
         }
         let item = Arc::new(Field::new_list_field(data_type, false));

@@ -15,7 +15,7 @@
 //! zstd-compressed and named by a hash of the ids they hold, so a retried write replaces
 //! its own earlier attempt instead of adding a duplicate.
 
-use super::store::Store;
+use super::store::{percent_decode, Store};
 use crate::arrow::{from_record_batch, to_record_batch};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
@@ -109,32 +109,35 @@ impl ArchiveWriter {
         let mut partitions: BTreeMap<String, Vec<&ArchivedSample>> = BTreeMap::new();
         for s in samples {
             partitions
-                .entry(partition_dir(&s.sample))
+                .entry(partition_dir(&s.sample)?)
                 .or_default()
                 .push(s);
         }
         let mut written = Vec::with_capacity(partitions.len());
         for (dir, rows) in partitions {
-            let path = format!("{dir}/part-{:016x}.parquet", content_hash(&rows));
-            let bytes = self.encode(&path, &rows)?;
+            let bytes = self.encode(&dir, &rows)?;
+            let path = format!("{dir}/part-{:016x}.parquet", content_hash(&bytes));
             self.store.put(&path, bytes).await?;
             written.push(path);
         }
         Ok(written)
     }
 
-    fn encode(&self, path: &str, rows: &[&ArchivedSample]) -> Result<Bytes> {
+    /// The rows of one archive file as a `RecordBatch`: the samples' columns without the
+    /// partition keys, plus `read_by` and `reason`. Fails on a field or metadata key named
+    /// `read_by` or `reason`, or a field named like a partition key.
+    pub fn record_batch(rows: &[ArchivedSample]) -> Result<RecordBatch> {
+        let refs: Vec<&ArchivedSample> = rows.iter().collect();
+        record_batch_of(&refs)
+    }
+
+    fn encode(&self, dir: &str, rows: &[&ArchivedSample]) -> Result<Bytes> {
         let bad = |e: &dyn std::fmt::Display| Error::Storage {
             url: self.store.url().to_owned(),
-            path: path.to_owned(),
+            path: dir.to_owned(),
             detail: e.to_string(),
         };
-        let samples: Vec<Sample> = rows
-            .iter()
-            .map(|r| without_partition_keys(&r.sample))
-            .collect();
-        let batch = to_record_batch(&samples)?;
-        let batch = with_archive_columns(batch, rows).map_err(|e| bad(&e))?;
+        let batch = record_batch_of(rows)?;
         let mut buf = Vec::new();
         let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(self.props.clone()))
             .map_err(|e| bad(&e))?;
@@ -154,7 +157,19 @@ impl ArchiveWriter {
             let Some(bytes) = self.store.get(&path).await? else {
                 continue; // deleted since listed
             };
-            out.extend(self.decode(&path, bytes)?);
+            // The Parquet decoder is not panic-free on every malformed page; a bad file
+            // must come back as an error naming it, not take the process down.
+            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.decode(&path, bytes)
+            }))
+            .unwrap_or_else(|_| {
+                Err(Error::Storage {
+                    url: self.store.url().to_owned(),
+                    path: path.clone(),
+                    detail: "the Parquet decoder failed on this file".to_owned(),
+                })
+            });
+            out.extend(decoded?);
         }
         Ok(out)
     }
@@ -176,7 +191,8 @@ impl ArchiveWriter {
                 string_lists(&batch, "read_by").ok_or_else(|| bad(&"no read_by column"))?;
             let reasons =
                 string_column(&batch, "reason").ok_or_else(|| bad(&"no reason column"))?;
-            for ((mut sample, read_by), reason) in from_record_batch(&batch)?
+            for ((mut sample, read_by), reason) in from_record_batch(&batch)
+                .map_err(|e| bad(&e))?
                 .into_iter()
                 .zip(read_by)
                 .zip(reasons)
@@ -204,17 +220,52 @@ impl ArchiveWriter {
     }
 }
 
-/// `archive/environment=<e>/policy_version=<v>` for a sample.
-fn partition_dir(s: &Sample) -> String {
+/// `archive/environment=<e>/policy_version=<v>` for a sample. Partition metadata of another
+/// type is an error rather than a silent null partition.
+fn partition_dir(s: &Sample) -> Result<String> {
+    let wrong = |key: &str, want: &str| Error::Arrow {
+        column: key.to_owned(),
+        detail: format!("sample `{}`: partition metadata must be {want}", s.id()),
+    };
     let environment = match s.get_meta(ENVIRONMENT) {
         Some(MetaValue::Str(e)) => encode_segment(e),
-        _ => NULL_PARTITION.to_owned(),
+        Some(_) => return Err(wrong(ENVIRONMENT, "a string")),
+        None => NULL_PARTITION.to_owned(),
     };
     let version = match s.get_meta(POLICY_VERSION) {
         Some(MetaValue::Int(v)) => v.to_string(),
-        _ => NULL_PARTITION.to_owned(),
+        Some(_) => return Err(wrong(POLICY_VERSION, "an integer")),
+        None => NULL_PARTITION.to_owned(),
     };
-    format!("archive/{ENVIRONMENT}={environment}/{POLICY_VERSION}={version}")
+    Ok(format!(
+        "archive/{ENVIRONMENT}={environment}/{POLICY_VERSION}={version}"
+    ))
+}
+
+/// The rows of one file (see [`ArchiveWriter::record_batch`]).
+fn record_batch_of(rows: &[&ArchivedSample]) -> Result<RecordBatch> {
+    for r in rows {
+        let s = &r.sample;
+        for name in s.keys().chain(s.metadata().keys().map(String::as_str)) {
+            let partition_field =
+                s.get(name).is_some() && (name == ENVIRONMENT || name == POLICY_VERSION);
+            if name == "read_by" || name == "reason" || partition_field {
+                return Err(Error::Arrow {
+                    column: name.to_owned(),
+                    detail: format!("sample `{}`: the archive reserves this name", s.id()),
+                });
+            }
+        }
+    }
+    let samples: Vec<Sample> = rows
+        .iter()
+        .map(|r| without_partition_keys(&r.sample))
+        .collect();
+    let batch = to_record_batch(&samples)?;
+    with_archive_columns(batch, rows).map_err(|e| Error::Arrow {
+        column: "read_by".to_owned(),
+        detail: e.to_string(),
+    })
 }
 
 /// The partition values in a file's path, `None` for the null partition.
@@ -223,7 +274,7 @@ fn partition_values(path: &str) -> (Option<String>, Option<i64>) {
     let mut version = None;
     for segment in path.split('/') {
         if let Some(v) = segment.strip_prefix("environment=") {
-            environment = (v != NULL_PARTITION).then(|| decode_segment(v));
+            environment = (v != NULL_PARTITION).then(|| percent_decode(v));
         } else if let Some(v) = segment.strip_prefix("policy_version=") {
             version = v.parse().ok();
         }
@@ -231,11 +282,14 @@ fn partition_values(path: &str) -> (Option<String>, Option<i64>) {
     (environment, version)
 }
 
-/// Percent-encodes everything but `[A-Za-z0-9._-]`, as hive readers decode partition values.
+/// Percent-encodes everything but `[A-Za-z0-9._-]`, as hive readers decode partition
+/// values; a value spelled like the null marker gets its underscores encoded, so it reads
+/// back as itself and not as null.
 fn encode_segment(s: &str) -> String {
+    let keep_underscore = s != NULL_PARTITION;
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-') {
+        if b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-') || (b == b'_' && keep_underscore) {
             out.push(char::from(b));
         } else {
             out.push_str(&format!("%{b:02X}"));
@@ -244,36 +298,13 @@ fn encode_segment(s: &str) -> String {
     out
 }
 
-fn decode_segment(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok());
-        match (bytes[i], hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (b, _) => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A stable hash of the ids in a file, in order: the same samples give the same name.
-fn content_hash(rows: &[&ArchivedSample]) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for r in rows {
-        r.sample.id().as_str().hash(&mut h);
-    }
-    h.finish()
+/// FNV-1a over the encoded file: a fixed algorithm, so the same rows give the same name in
+/// every process and toolchain (a retried write replaces itself), and different rows never
+/// take another file's name (ids that recur across runs do not overwrite older files).
+fn content_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 fn without_partition_keys(s: &Sample) -> Sample {
@@ -349,13 +380,18 @@ mod tests {
             let s = Sample::new("x")
                 .meta(ENVIRONMENT, env)
                 .meta(POLICY_VERSION, 7i64);
-            let dir = partition_dir(&s);
+            let dir = partition_dir(&s).unwrap_or_default();
             assert!(!dir["archive/".len()..].contains("//"));
             assert_eq!(dir.matches('/').count(), 2, "{dir}");
             assert_eq!(partition_values(&dir), (Some(env.to_string()), Some(7)));
         }
-        let bare = partition_dir(&Sample::new("y"));
+        let bare = partition_dir(&Sample::new("y")).unwrap_or_default();
         assert_eq!(partition_values(&bare), (None, None));
         assert!(bare.contains(NULL_PARTITION));
+        let literal = Sample::new("z").meta(ENVIRONMENT, NULL_PARTITION);
+        let dir = partition_dir(&literal).unwrap_or_default();
+        assert_eq!(partition_values(&dir).0.as_deref(), Some(NULL_PARTITION));
+        let wrong = Sample::new("w").meta(POLICY_VERSION, "v3");
+        assert!(matches!(partition_dir(&wrong), Err(Error::Arrow { .. })));
     }
 }

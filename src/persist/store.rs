@@ -14,7 +14,7 @@ use object_store::azure::MicrosoftAzureBuilder;
 use object_store::gcp::GoogleCloudStorageBuilder;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
-use object_store::path::Path;
+use object_store::path::{Path, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::fmt;
 
@@ -43,9 +43,10 @@ fn storage_err(url: &str, path: &str, e: impl fmt::Display) -> Error {
 impl Store {
     /// Opens the store a URL names:
     ///
-    /// * `memory://` (or `memory://name`): a fresh in-memory store, for tests;
-    /// * `file:///abs/dir` or a bare path (`./runs/a`, `/data/buf`): a local directory,
-    ///   created if missing;
+    /// * `memory://`: a new, empty in-memory store, for tests (every `open` makes another
+    ///   one; share a `Store` by cloning it);
+    /// * `file:///abs/dir` (absolute, percent-decoded) or a bare path (`./runs/a`,
+    ///   `/data/buf`): a local directory, created if missing;
     /// * `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`: the cloud
     ///   stores (and S3-compatible servers through `AWS_ENDPOINT_URL`), configured from the
     ///   environment.
@@ -58,6 +59,16 @@ impl Store {
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match scheme {
             "memory" => (Arc::new(InMemory::new()), ""),
             "file" => {
+                let decoded;
+                let rest = if url.starts_with("file://") {
+                    if !rest.starts_with('/') {
+                        return Err(err(&"file URLs name an absolute path: file:///dir"));
+                    }
+                    decoded = percent_decode(rest);
+                    decoded.as_str()
+                } else {
+                    rest
+                };
                 let dir = std::path::Path::new(if rest.is_empty() { "." } else { rest });
                 std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
                 let dir = dir.canonicalize().map_err(|e| err(&e))?;
@@ -128,7 +139,13 @@ impl Store {
         } else {
             format!("{}/{rel}", self.prefix)
         };
-        Path::parse(&full).unwrap_or_else(|_| Path::from(full))
+        // Segment by segment: a segment that is not valid encoded (`..`, a stray `%`) is
+        // encoded on its own, and the others keep their encoding.
+        Path::from_iter(
+            full.split('/')
+                .filter(|seg| !seg.is_empty())
+                .map(|seg| PathPart::parse(seg).unwrap_or_else(|_| PathPart::from(seg))),
+        )
     }
 
     fn relative(&self, full: &Path) -> String {
@@ -205,4 +222,29 @@ impl Store {
             Err(e) => Err(storage_err(&self.url, rel, e)),
         }
     }
+}
+
+/// Decodes `%XX` escapes (two hex digits); anything else is kept as is.
+pub(crate) fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .filter(|h| h.iter().all(u8::is_ascii_hexdigit))
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b, hex) {
+            (b'%', Some(decoded)) => {
+                out.push(decoded);
+                i += 3;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
