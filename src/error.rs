@@ -214,6 +214,14 @@ pub enum Error {
         detail: String,
     },
 
+    /// A feature that runs a background task (the archive writer) was configured outside a
+    /// tokio runtime.
+    #[error("{what} needs a tokio runtime: build the buffer inside one")]
+    NoRuntime {
+        /// What needed it.
+        what: &'static str,
+    },
+
     // ----- get / lease ---------------------------------------------------------------
     /// No RPC of that name was defined.
     #[error("unknown RPC `{name}`")]

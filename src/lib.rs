@@ -54,7 +54,9 @@ mod state;
 mod sync;
 mod tensor;
 
-pub use buffer::{Batch, BufferConfig, RpcStats, SampleView, SequenceBuffer, SlotHandle, Stats};
+pub use buffer::{
+    Batch, BufferConfig, FreedSink, RpcStats, SampleView, SequenceBuffer, SlotHandle, Stats,
+};
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};
 pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};

@@ -27,6 +27,11 @@ pub(crate) use loom::sync::atomic::AtomicBool;
 #[cfg(not(rollout_buffer_loom))]
 pub(crate) use tokio::sync::Notify;
 
+/// Channels to the archive's writer task (not part of the slot protocol; never under loom,
+/// whose build has no `persist`).
+#[cfg(feature = "persist")]
+pub(crate) use tokio::sync::{mpsc, oneshot};
+
 #[cfg(rollout_buffer_loom)]
 pub(crate) use self::loom_notify::Notify;
 

@@ -169,3 +169,73 @@ async fn damaged_files_never_panic() {
         Err(Error::Storage { .. })
     ));
 }
+
+/// A buffer with an archiver: every consumed sample lands in the archive, with the RPCs that
+/// read it, once the archiver is flushed; samples still in the buffer are not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffer_archives_consumed_samples() {
+    use rollout_buffer::persist::{ArchiveOptions, Archiver};
+    use rollout_buffer::{BufferConfig, Patch, RpcDef, SequenceBuffer};
+    let store = Store::open("memory://").expect("store");
+    let options = ArchiveOptions {
+        max_rows: 50,
+        max_delay: std::time::Duration::from_millis(20),
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("gen", 8).inputs(["prompt"]).outputs(["tokens"]))
+            .rpc(RpcDef::new("train", 8).inputs(["tokens"]).reads(2))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    for chunk in 0..25 {
+        let samples = (0..8)
+            .map(|i| {
+                Sample::new(format!("p{chunk}-{i}"))
+                    .with("prompt", vec![1i32, 2])
+                    .meta("environment", "math")
+                    .meta("policy_version", i64::from(chunk % 3))
+            })
+            .collect();
+        buf.put_batch(samples).await.expect("put");
+        let g = buf.get_batch_for_rpc("gen").await.expect("gen");
+        let out = g
+            .samples()
+            .map(|_| Patch::new().with("tokens", vec![7i32]))
+            .collect();
+        g.complete(out).await.expect("complete");
+        buf.get_batch_for_rpc("train")
+            .await
+            .expect("train")
+            .commit()
+            .await
+            .expect("commit");
+        if chunk < 24 {
+            // the last chunk keeps one read left: it stays in the buffer
+            buf.get_batch_for_rpc("train")
+                .await
+                .expect("train")
+                .commit()
+                .await
+                .expect("commit");
+        }
+    }
+    archiver.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(store).read_all().await.expect("read");
+    assert_eq!(rows.len(), 24 * 8, "every consumed sample, and only those");
+    for r in &rows {
+        assert_eq!(r.read_by, ["gen", "train", "train"]);
+        assert_eq!(r.reason, ExitReason::Consumed);
+        assert!(r.sample.get("tokens").is_some() && r.sample.get("prompt").is_some());
+        assert!(r.sample.id().as_str().starts_with('p'));
+    }
+    assert_eq!(buf.len(), 8);
+}
+
+#[test]
+fn archiver_needs_a_runtime() {
+    let writer = ArchiveWriter::new(Store::open("memory://").expect("store"));
+    let r = rollout_buffer::persist::Archiver::start(writer, Default::default());
+    assert!(matches!(r, Err(Error::NoRuntime { .. })));
+}

@@ -99,7 +99,7 @@ impl AmendInFlight<'_> {
             (wake, inner.take_freed(&freed))
         };
         self.shared.notify(wake);
-        drop(dropped);
+        self.shared.dispose(dropped);
     }
 }
 
@@ -115,6 +115,6 @@ impl Drop for AmendInFlight<'_> {
             (wake, inner.take_freed(&freed))
         };
         self.shared.notify(wake);
-        drop(dropped);
+        self.shared.dispose(dropped);
     }
 }

@@ -246,7 +246,7 @@ impl Batch {
         };
         self.done = true;
         shared.notify(wake);
-        drop(dropped);
+        shared.dispose(dropped);
         result
     }
 }
@@ -272,7 +272,7 @@ impl Drop for Batch {
             );
         }
         self.shared.notify(wake);
-        drop(dropped);
+        self.shared.dispose(dropped);
     }
 }
 

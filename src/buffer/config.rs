@@ -1,6 +1,8 @@
 //! `BufferConfig`: capacity, RPC definitions and external keys of a buffer.
 
+use super::FreedSink;
 use crate::rpc_defs::RpcDef;
+use crate::sync::Arc;
 
 /// Everything needed to build a [`SequenceBuffer`](crate::SequenceBuffer).
 ///
@@ -15,11 +17,12 @@ use crate::rpc_defs::RpcDef;
 /// assert_eq!(buf.capacity(), 1024);
 /// # Ok::<(), rollout_buffer::Error>(())
 /// ```
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct BufferConfig {
     pub(crate) capacity: usize,
     pub(crate) rpcs: Vec<RpcDef>,
     pub(crate) external_keys: Vec<String>,
+    pub(crate) freed_sink: Option<Arc<dyn FreedSink>>,
 }
 
 impl BufferConfig {
@@ -29,6 +32,7 @@ impl BufferConfig {
             capacity,
             rpcs: Vec::new(),
             external_keys: Vec::new(),
+            freed_sink: None,
         }
     }
 
@@ -41,6 +45,13 @@ impl BufferConfig {
     /// Adds several RPCs.
     pub fn rpcs(mut self, rpcs: impl IntoIterator<Item = RpcDef>) -> Self {
         self.rpcs.extend(rpcs);
+        self
+    }
+
+    /// Hands every consumed sample (all reads used) to `sink` when its slot is freed, e.g.
+    /// a `persist::Archiver` writing them to Parquet.
+    pub fn freed_sink(mut self, sink: impl FreedSink + 'static) -> Self {
+        self.freed_sink = Some(Arc::new(sink));
         self
     }
 

@@ -137,7 +137,7 @@ impl Shared {
             }
         };
         self.notify(wake);
-        drop(dropped);
+        self.dispose(dropped);
         match leased {
             Ok(batch) => Ok(Attempt::Leased(batch)),
             Err(deadline) => Ok(Attempt::Wait(deadline)),

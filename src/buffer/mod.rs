@@ -35,12 +35,14 @@
 mod amend;
 mod batch;
 mod config;
+mod freed;
 mod get;
 mod put;
 mod stats;
 
 pub use batch::{Batch, SampleView};
 pub use config::BufferConfig;
+pub use freed::FreedSink;
 pub use stats::{RpcStats, Stats};
 
 use crate::error::{Error, Result};
@@ -113,6 +115,10 @@ pub(crate) struct Shared {
     /// Mirrors `Inner::closed` so calls fail fast after `close()`; the flag under the lock
     /// stays the one that decides.
     pub(crate) closed: AtomicBool,
+    /// Where freed samples go (see `freed.rs`).
+    pub(crate) freed_sink: Option<Arc<dyn FreedSink>>,
+    /// Every RPC name once per read: what a consumed sample was read by.
+    pub(crate) read_by: Vec<String>,
 }
 
 /// Everything the buffer's lock guards.
@@ -169,6 +175,11 @@ impl SequenceBuffer {
             .map(|d| d.inputs.iter().map(|k| Arc::from(k.as_str())).collect())
             .collect();
         let n_rpcs = specs.len();
+        let read_by = config
+            .rpcs
+            .iter()
+            .flat_map(|d| std::iter::repeat_n(d.name.clone(), d.reads as usize))
+            .collect();
         let inner = Inner {
             table: SlotTable::new(capacity, specs),
             samples: vec![None; capacity],
@@ -189,6 +200,8 @@ impl SequenceBuffer {
                 rpc_ready: (0..n_rpcs).map(|_| Notify::new()).collect(),
                 space: Notify::new(),
                 closed: AtomicBool::new(false),
+                freed_sink: config.freed_sink,
+                read_by,
             }),
         })
     }

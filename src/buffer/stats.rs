@@ -108,7 +108,7 @@ impl SequenceBuffer {
             (stats, wake, dropped)
         };
         shared.notify(wake);
-        drop(dropped);
+        shared.dispose(dropped);
         stats
     }
 }

@@ -5,12 +5,17 @@
 //!   the only place that talks to `object_store`.
 //! * `archive.rs`: [`ArchiveWriter`], a hive-partitioned, zstd-compressed Parquet dataset of
 //!   samples that left the buffer, readable by pyarrow, DuckDB and Polars without this
-//!   crate.
+//!   crate;
+//! * `archiver.rs`: [`Archiver`], the background task that batches the buffer's consumed
+//!   samples (it is the buffer's `FreedSink`) and writes them with an `ArchiveWriter`.
 //!
-//! Nothing here knows about slots or leases; the buffer hands it whole samples.
+//! Nothing here knows about slots or leases; the buffer hands it whole samples through the
+//! `FreedSink` trait it defines, and never imports this module.
 
 mod archive;
+mod archiver;
 mod store;
 
 pub use archive::{ArchiveWriter, ArchivedSample, ExitReason};
+pub use archiver::{ArchiveOptions, Archiver};
 pub use store::Store;

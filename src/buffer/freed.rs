@@ -1,0 +1,30 @@
+//! `FreedSink`: where samples go when their slot is freed.
+//!
+//! The buffer calls the sink outside its lock, after notifying waiters, with every sample
+//! whose reads were all used. The persistence layer implements it to archive consumed
+//! samples (`persist::Archiver`); without a sink the payloads are simply dropped.
+
+use super::Shared;
+use crate::sample::Sample;
+use crate::sync::Arc;
+use std::fmt;
+
+/// Receives the samples the buffer frees. Implementations must not block: the call runs on
+/// the task that finished the last read.
+pub trait FreedSink: Send + Sync + fmt::Debug {
+    /// `samples` used every read of every RPC; `read_by` names the RPCs that read them, one
+    /// entry per read (the same for every sample).
+    fn consumed(&self, samples: Vec<Arc<Sample>>, read_by: &[String]);
+}
+
+impl Shared {
+    /// Hands freed payloads to the sink, if any; runs outside the lock.
+    pub(crate) fn dispose(&self, freed: Vec<Arc<Sample>>) {
+        if freed.is_empty() {
+            return;
+        }
+        if let Some(sink) = &self.freed_sink {
+            sink.consumed(freed, &self.read_by);
+        }
+    }
+}
