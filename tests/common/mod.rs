@@ -1,6 +1,9 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "persist")]
+pub mod faulty;
+
 use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
 
 /// AReaL's PPO graph: gen (prompt -> tokens), reward (tokens -> reward), train (tokens, reward).

@@ -1,0 +1,126 @@
+//! `FaultyStore`: an `ObjectStore` wrapper that fails or tears writes on demand, for the
+//! fault-injection tests.
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
+};
+use std::fmt;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// What the next writes do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    /// Writes go through.
+    None = 0,
+    /// Writes fail and store nothing.
+    Fail = 1,
+    /// Writes store the first half of the object, then report a failure (an upload cut
+    /// short on a store without atomic puts).
+    Tear = 2,
+}
+
+/// Wraps a store; reads, lists and deletes always go through.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+    fault: AtomicU8,
+    /// Writes refused or torn so far.
+    pub injected: AtomicUsize,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Arc<Self> {
+        Arc::new(Self {
+            inner,
+            fault: AtomicU8::new(Fault::None as u8),
+            injected: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn set(&self, fault: Fault) {
+        self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    fn fault(&self) -> Fault {
+        match self.fault.load(Ordering::SeqCst) {
+            1 => Fault::Fail,
+            2 => Fault::Tear,
+            _ => Fault::None,
+        }
+    }
+
+    fn injected_error(&self, location: &Path) -> object_store::Error {
+        self.injected.fetch_add(1, Ordering::SeqCst);
+        object_store::Error::Generic {
+            store: "faulty",
+            source: format!("injected write failure at {location}").into(),
+        }
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        match self.fault() {
+            Fault::None => self.inner.put_opts(location, payload, opts).await,
+            Fault::Fail => Err(self.injected_error(location)),
+            Fault::Tear => {
+                let bytes = bytes::Bytes::from(payload);
+                let half = PutPayload::from(bytes.slice(..bytes.len() / 2));
+                self.inner.put_opts(location, half, opts).await?;
+                Err(self.injected_error(location))
+            }
+        }
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        match self.fault() {
+            Fault::None => self.inner.put_multipart_opts(location, opts).await,
+            _ => Err(self.injected_error(location)),
+        }
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+}

@@ -1,0 +1,123 @@
+//! Fault injection: a store whose writes fail or tear. Errors reach the caller with the
+//! store and path, nothing half-written is taken for data, and everything works again once
+//! the store does.
+#![cfg(feature = "persist")]
+
+mod common;
+use bytes::Bytes;
+use common::faulty::{Fault, FaultyStore};
+use object_store::memory::InMemory;
+use rollout_buffer::persist::{
+    ArchiveOptions, ArchiveWriter, ArchivedSample, Archiver, ExitReason, Store,
+};
+use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn faulty() -> (Arc<FaultyStore>, Store) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "run");
+    (faulty, store)
+}
+
+#[tokio::test]
+async fn failed_writes_name_store_and_path_then_recover() {
+    let (faults, store) = faulty();
+    faults.set(Fault::Fail);
+    match store.put("a/b", Bytes::from_static(b"x")).await {
+        Err(Error::Storage { url, path, detail }) => {
+            assert_eq!(path, "a/b");
+            assert!(url.contains("run"), "{url}");
+            assert!(detail.contains("injected"), "{detail}");
+        }
+        other => panic!("expected a storage error, got {other:?}"),
+    }
+    assert!(matches!(
+        store.put_if_absent("m", Bytes::new()).await,
+        Err(Error::Storage { .. })
+    ));
+    assert_eq!(store.get("a/b").await.expect("reads still work"), None);
+    faults.set(Fault::None);
+    store
+        .put("a/b", Bytes::from_static(b"x"))
+        .await
+        .expect("works again");
+    assert!(store
+        .put_if_absent("m", Bytes::new())
+        .await
+        .expect("create"));
+}
+
+fn rows(n: usize) -> Vec<ArchivedSample> {
+    (0..n)
+        .map(|i| ArchivedSample {
+            sample: Sample::new(format!("s{i}")).with("tokens", vec![i as i32; 3]),
+            read_by: vec!["train".into()],
+            reason: ExitReason::Consumed,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_torn_archive_file_is_reported_by_path() {
+    let (faults, store) = faulty();
+    let writer = ArchiveWriter::new(store);
+    faults.set(Fault::Tear);
+    assert!(matches!(
+        writer.write(&rows(20)).await,
+        Err(Error::Storage { .. })
+    ));
+    faults.set(Fault::None);
+    match writer.read_all().await {
+        Err(Error::Storage { path, .. }) => assert!(path.starts_with("archive/"), "{path}"),
+        other => panic!("a torn file must not read as data: {other:?}"),
+    }
+    // The retry writes the same rows under the same name, replacing the torn file.
+    writer.write(&rows(20)).await.expect("retry");
+    assert_eq!(writer.read_all().await.expect("read").len(), 20);
+}
+
+/// The archiver keeps consumed samples while the store fails, reports the failure on
+/// flush, and writes them all once the store is back; the buffer is never blocked by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archiver_retries_after_the_store_recovers() {
+    let (faults, store) = faulty();
+    let options = ArchiveOptions {
+        max_rows: 8,
+        max_delay: Duration::from_millis(5),
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(16)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    faults.set(Fault::Fail);
+    for chunk in 0..10 {
+        let samples = (0..4)
+            .map(|i| Sample::new(format!("c{chunk}-{i}")).with("tokens", vec![1i32]))
+            .collect();
+        buf.put_batch(samples).await.expect("put");
+        buf.get_batch_for_rpc("train")
+            .await
+            .expect("get")
+            .commit()
+            .await
+            .expect("commit");
+    }
+    assert!(
+        matches!(archiver.flush().await, Err(Error::Storage { .. })),
+        "the failure is reported"
+    );
+    assert!(faults.injected.load(Ordering::SeqCst) > 0);
+    faults.set(Fault::None);
+    archiver
+        .flush()
+        .await
+        .expect("written once the store is back");
+    let archived = ArchiveWriter::new(store).read_all().await.expect("read");
+    assert_eq!(archived.len(), 40, "every consumed sample, once");
+    assert!(buf.is_empty());
+}
