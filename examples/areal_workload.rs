@@ -9,6 +9,8 @@
 //! rewards`), train (`packed_input_ids, rewards`; the last reader frees the slot), all with
 //! `n_seqs` 64; puts of 64; metadata-only samples (one scalar per key) built before timing.
 //!
+//! Each figure is the median of three runs on fresh buffers.
+//!
 //! * `put_per_s`: samples/s filling empty buffers with puts of 64 (at least 16,384 samples).
 //! * `pipeline_per_s`: samples/s trained end to end: one producer putting 64 at a time
 //!   under back-pressure, one task per RPC doing get -> complete (gen, reward) or commit
@@ -72,6 +74,13 @@ fn ok<T>(r: rollout_buffer::Result<T>) -> T {
 }
 
 /// (a) put throughput into empty buffers.
+/// The median of three runs of `f` (each on fresh buffers): the first run in a process also
+/// pays for faulting in fresh heap pages, which later runs (and a long-running job) do not.
+async fn median3<F: std::future::Future<Output = f64>>(mut f: impl FnMut() -> F) -> f64 {
+    let mut v = vec![f().await, f().await, f().await];
+    percentile(&mut v, 0.5)
+}
+
 async fn measure_put(capacity: usize) -> f64 {
     let rounds = MIN_SAMPLES.div_ceil(capacity).max(1);
     let mut elapsed = Duration::ZERO;
@@ -304,9 +313,9 @@ fn main() {
         return;
     }
     for &capacity in &capacities {
-        let put = runtime.block_on(measure_put(capacity));
-        let pipeline = runtime.block_on(measure_pipeline(capacity));
-        let pipeline_1t = single.block_on(measure_pipeline(capacity));
+        let put = runtime.block_on(median3(|| measure_put(capacity)));
+        let pipeline = runtime.block_on(median3(|| measure_pipeline(capacity)));
+        let pipeline_1t = single.block_on(median3(|| measure_pipeline(capacity)));
         let (p50, p99) = runtime.block_on(measure_get(capacity));
         println!(
             "{{\"capacity\": {capacity}, \"put_per_s\": {put:.0}, \"pipeline_per_s\": {pipeline:.0}, \"pipeline_1thread_per_s\": {pipeline_1t:.0}, \"get_p50_us\": {p50:.2}, \"get_p99_us\": {p99:.2}}}"
