@@ -8,7 +8,8 @@
 //! be invisible and loom could not find a lost wake-up. The stand-in keeps that window
 //! inside a loom mutex, where loom explores it.
 //!
-//! The rest of the crate imports `crate::sync::{Arc, AtomicBool, Mutex, Notify}` and never names
+//! The rest of the crate imports its primitives from here (`Arc`, `Mutex`, `Notify`,
+//! `AtomicBool`, `Ordering`, and the archive task's `mpsc` / `oneshot`) and never names
 //! `std::sync`, `loom` or `tokio::sync` itself.
 
 /// Reference counting is not part of any wake-up protocol, and loom's `Arc` cannot be made

@@ -121,3 +121,97 @@ async fn archiver_retries_after_the_store_recovers() {
     assert_eq!(archived.len(), 40, "every consumed sample, once");
     assert!(buf.is_empty());
 }
+
+/// `max_delay` is a deadline for the oldest pending sample, not an idle timeout: a steady
+/// trickle of consumed samples (one every 5 ms against a 20 ms delay) is written without any
+/// flush.
+#[tokio::test(start_paused = true)]
+async fn archiver_writes_a_steady_trickle_within_max_delay() {
+    let store = Store::open("memory://").expect("store");
+    let options = ArchiveOptions {
+        max_rows: 10_000,
+        max_delay: Duration::from_millis(20),
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(4)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    for i in 0..40 {
+        buf.put_batch(vec![Sample::new(format!("t{i}")).with("tokens", vec![1i32])])
+            .await
+            .expect("put");
+        buf.get_batch_for_rpc("train")
+            .await
+            .expect("get")
+            .commit()
+            .await
+            .expect("commit");
+        tokio::time::advance(Duration::from_millis(5)).await;
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let written = ArchiveWriter::new(store)
+        .read_all()
+        .await
+        .expect("read")
+        .len();
+    assert!(
+        written >= 30,
+        "only {written} of 40 rows written before any flush"
+    );
+    archiver.flush().await.expect("flush");
+}
+
+/// A write that fails after some of its partitions were stored is retried as the very same
+/// batch, so the stored partitions are rewritten under the same names: no duplicate rows,
+/// even with new samples consumed in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_written_batch_is_retried_without_duplicates() {
+    let (faults, store) = faulty();
+    let options = ArchiveOptions {
+        max_rows: 100_000,
+        max_delay: Duration::from_secs(3600),
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 8).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    let consume = |tag: &'static str| {
+        let buf = buf.clone();
+        async move {
+            let samples = (0..8)
+                .map(|i| {
+                    let env = if i % 2 == 0 { "math" } else { "code" };
+                    Sample::new(format!("{tag}-{i}"))
+                        .with("tokens", vec![1i32])
+                        .meta("environment", env)
+                })
+                .collect();
+            buf.put_batch(samples).await.expect("put");
+            buf.get_batch_for_rpc("train")
+                .await
+                .expect("get")
+                .commit()
+                .await
+                .expect("commit");
+        }
+    };
+    consume("first").await;
+    faults.set_after(Fault::Fail, 1); // one partition gets written, the other fails
+    assert!(archiver.flush().await.is_err());
+    consume("second").await; // more rows arrive while the failed batch waits
+    faults.set(Fault::None);
+    archiver.flush().await.expect("retry and new rows");
+    let rows = ArchiveWriter::new(store).read_all().await.expect("read");
+    let mut ids: Vec<String> = rows.iter().map(|r| r.sample.id().to_string()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((rows.len(), ids.len()), (16, 16), "every row once");
+}

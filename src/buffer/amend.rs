@@ -4,8 +4,10 @@
 //! Two steps: under the lock, check every handle and mark the slots `amending` (they leave
 //! every ready index, so no batch can be taken from a half-applied amend); then, under the
 //! lock again, apply the patches and end the amend, which makes the slots eligible for the
-//! RPCs whose inputs are now present. A guard ends the amend if the future is dropped in
-//! between. Two amends of one slot both land; for the same key the one published later wins.
+//! RPCs whose inputs are now present. Nothing awaits between the steps today; a guard ends
+//! the amend if the second step is not reached (a panic now, a dropped future once the
+//! durable-log write sits there). Two amends of one slot both land; for the same key the
+//! one published later wins.
 
 use super::{SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};

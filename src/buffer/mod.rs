@@ -21,15 +21,17 @@
 //! free slots appeared; the caller notifies (`notify_waiters`) those after dropping the lock.
 //! A notification between steps 1 and 3 completes the enabled future, so a waiter that saw
 //! "not ready" in step 2 still wakes. Transitions that notify: put publish and amend finish
-//! (RPCs whose inputs are now present), lease completion (RPCs whose inputs the outputs
-//! completed, the RPC itself when reads remain, space when slots are freed), lease release
-//! and expiry (the lease's RPC), putter dequeue (space), and `close` (everyone).
+//! (RPCs whose inputs are now present; space when an amend's end frees its slot), lease
+//! completion (RPCs whose inputs the outputs completed, the RPC itself when reads remain,
+//! space when slots are freed), lease release and expiry (the lease's RPC), a put that gives
+//! its claimed slots back, putter dequeue (space), and `close` (everyone).
 //!
 //! # Cancellation
 //!
-//! A put that has claimed slots holds a guard that gives them back if its future is dropped
-//! before publishing; a waiting putter's queue ticket is likewise removed on drop; an amend
-//! in flight is ended by its guard; a get leases and builds its [`Batch`] without an await in
+//! A put that has claimed slots holds a guard that gives them back if it does not reach
+//! publishing (a panic today; a dropped future once a durable-log write sits between the two
+//! steps); a waiting putter's queue ticket is removed on drop; an amend in flight is ended
+//! by its guard likewise; a get leases and builds its [`Batch`] without an await in
 //! between, and a `Batch` dropped without `complete`/`commit` releases its lease.
 
 mod amend;

@@ -12,8 +12,8 @@
 //! `__HIVE_DEFAULT_PARTITION__` value, which the readers turn into null. Rows hold the
 //! sample's columns as [`to_record_batch`](crate::arrow::to_record_batch) lays them out,
 //! plus `read_by` (list of the RPCs that used it) and `reason` (how it left). Files are
-//! zstd-compressed and named by a hash of the ids they hold, so a retried write replaces
-//! its own earlier attempt instead of adding a duplicate.
+//! zstd-compressed and named by a hash of their bytes, so writing the same rows again
+//! replaces the earlier attempt instead of adding a duplicate.
 
 use super::store::{percent_decode, Store};
 use crate::arrow::{from_record_batch, to_record_batch};

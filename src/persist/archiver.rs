@@ -1,10 +1,12 @@
 //! `Archiver`: a background task that batches consumed samples and writes them to the
 //! archive, plugged into a buffer as its [`FreedSink`].
 //!
-//! The task writes when `max_rows` samples are pending, when `max_delay` has passed since
-//! the last write attempt with samples pending, and on [`Archiver::flush`]. A failed write
-//! is logged and retried with the next one; `flush` returns the error. Until the
-//! write-ahead log lands, samples not yet written when the process dies are not archived.
+//! The task writes when `max_rows` samples are pending, when the oldest pending sample has
+//! waited `max_delay`, and on [`Archiver::flush`]. A failed write is logged and retried, as
+//! the very same batch (file names hash the content, so the retry replaces whatever part
+//! of it was written: no duplicate rows), `max_delay` later or at the next write; `flush`
+//! returns the error. Until the write-ahead log lands, samples not yet written when the
+//! process dies are not archived.
 
 use super::{ArchiveWriter, ArchivedSample, ExitReason};
 use crate::buffer::FreedSink;
@@ -19,7 +21,7 @@ use std::time::Duration;
 pub struct ArchiveOptions {
     /// Write once this many samples are pending (default 4,096).
     pub max_rows: usize,
-    /// Write at most this long after samples started waiting (default 1 s).
+    /// Write once the oldest pending sample has waited this long (default 1 s).
     pub max_delay: Duration,
 }
 
@@ -109,41 +111,93 @@ impl FreedSink for Archiver {
     }
 }
 
+/// The task's state: rows waiting for their first write, and a batch whose write failed,
+/// kept exactly as it was so its retry produces the same files (names are a hash of the
+/// content) and replaces any part of it that did get written.
+struct Queue {
+    writer: ArchiveWriter,
+    options: ArchiveOptions,
+    pending: Vec<ArchivedSample>,
+    failed: Vec<ArchivedSample>,
+    /// When the oldest waiting row (or the failed batch's retry) is due.
+    due: Option<tokio::time::Instant>,
+    last_error: Option<Error>,
+}
+
+impl Queue {
+    fn push(&mut self, rows: Vec<ArchivedSample>) {
+        if self.due.is_none() {
+            self.due = Some(tokio::time::Instant::now() + self.options.max_delay);
+        }
+        self.pending.extend(rows);
+    }
+
+    /// Retries the failed batch, then writes what is pending. Returns the first error.
+    async fn write_all(&mut self) -> Result<()> {
+        let result = async {
+            write(&self.writer, &mut self.failed).await?;
+            if !self.pending.is_empty() {
+                self.failed = std::mem::take(&mut self.pending);
+                write(&self.writer, &mut self.failed).await?;
+            }
+            Ok(())
+        }
+        .await;
+        self.due = match (&result, self.failed.is_empty()) {
+            (Ok(()), _) | (Err(_), true) => None,
+            (Err(_), false) => Some(tokio::time::Instant::now() + self.options.max_delay),
+        };
+        result
+    }
+}
+
 async fn run(writer: ArchiveWriter, options: ArchiveOptions, mut rx: mpsc::UnboundedReceiver<Msg>) {
-    let mut pending: Vec<ArchivedSample> = Vec::new();
-    let mut last_error: Option<Error> = None;
+    let mut q = Queue {
+        writer,
+        options,
+        pending: Vec::new(),
+        failed: Vec::new(),
+        due: None,
+        last_error: None,
+    };
     loop {
-        let msg = if pending.is_empty() {
-            rx.recv().await
-        } else {
-            match tokio::time::timeout(options.max_delay, rx.recv()).await {
+        let msg = match q.due {
+            None => rx.recv().await,
+            Some(due) => match tokio::time::timeout_at(due, rx.recv()).await {
                 Ok(msg) => msg,
                 Err(_) => {
-                    last_error = write(&writer, &mut pending).await.err().or(last_error);
+                    // A deadline, not an idle timeout: rows never wait much longer than
+                    // max_delay, however steadily new ones arrive.
+                    if let Err(e) = q.write_all().await {
+                        q.last_error = Some(e);
+                    }
                     continue;
                 }
-            }
+            },
         };
         match msg {
             Some(Msg::Rows(rows)) => {
-                pending.extend(rows);
-                if pending.len() >= options.max_rows {
-                    last_error = write(&writer, &mut pending).await.err().or(last_error);
+                q.push(rows);
+                if q.pending.len() >= q.options.max_rows {
+                    if let Err(e) = q.write_all().await {
+                        q.last_error = Some(e);
+                    }
                 }
             }
             Some(Msg::Flush(reply)) => {
-                let result = match write(&writer, &mut pending).await {
-                    Ok(()) => last_error.take().map_or(Ok(()), Err),
+                let result = match q.write_all().await {
+                    Ok(()) => q.last_error.take().map_or(Ok(()), Err),
                     Err(e) => {
-                        last_error = None;
+                        q.last_error = None;
                         Err(e)
                     }
                 };
                 let _ = reply.send(result);
             }
             None => {
-                if let Err(e) = write(&writer, &mut pending).await {
-                    tracing::warn!(error = %e, rows = pending.len(), "archiver: final write failed");
+                if let Err(e) = q.write_all().await {
+                    let rows = q.failed.len() + q.pending.len();
+                    tracing::warn!(error = %e, rows, "archiver: final write failed");
                 }
                 return;
             }

@@ -1,6 +1,6 @@
 //! `SlotTable::check_invariants`: a full O(capacity × RPCs) audit of the invariants listed in
-//! `table.rs`. Tests, proptest runs and loom models call it after every step; it is never on
-//! a hot path.
+//! `table.rs`. Tests and proptest runs call it after every step, loom models at their
+//! checkpoints; it is never on a hot path.
 
 use super::table::SlotTable;
 use std::collections::HashSet;

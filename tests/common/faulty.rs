@@ -30,6 +30,8 @@ pub enum Fault {
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
     fault: AtomicU8,
+    /// Writes that still go through before the fault applies.
+    grace: AtomicUsize,
     /// Writes refused or torn so far.
     pub injected: AtomicUsize,
 }
@@ -39,15 +41,29 @@ impl FaultyStore {
         Arc::new(Self {
             inner,
             fault: AtomicU8::new(Fault::None as u8),
+            grace: AtomicUsize::new(0),
             injected: AtomicUsize::new(0),
         })
     }
 
     pub fn set(&self, fault: Fault) {
+        self.set_after(fault, 0);
+    }
+
+    /// Lets `grace` more writes through, then applies `fault`.
+    pub fn set_after(&self, fault: Fault, grace: usize) {
+        self.grace.store(grace, Ordering::SeqCst);
         self.fault.store(fault as u8, Ordering::SeqCst);
     }
 
     fn fault(&self) -> Fault {
+        let spared = self
+            .grace
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| g.checked_sub(1))
+            .is_ok();
+        if spared {
+            return Fault::None;
+        }
         match self.fault.load(Ordering::SeqCst) {
             1 => Fault::Fail,
             2 => Fault::Tear,
