@@ -9,7 +9,8 @@
 //!
 //! ```
 //! use rollout_buffer::{Patch, RpcDef, Sample, SequenceBuffer};
-//! # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), rollout_buffer::Error> {
 //! let buf = SequenceBuffer::new(1024, [
 //!     RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
 //!     RpcDef::new("reward", 2).inputs(["tokens"]).outputs(["reward"]),
@@ -35,7 +36,8 @@
 //! assert!(train.sample(0).is_some_and(|s| s.get("prompt").is_none())); // only the RPC's input keys
 //! train.commit().await?;                         // last read: slots are freed
 //! assert!(buf.is_empty());
-//! # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Module map: `rpc_defs` (RPC definitions, graph validation, key interning), `state` (the

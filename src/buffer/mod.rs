@@ -81,7 +81,8 @@ impl SlotHandle {
 ///
 /// ```
 /// use rollout_buffer::{RpcDef, Sample, SequenceBuffer, Tensor, Patch};
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), rollout_buffer::Error> {
 /// let buf = SequenceBuffer::new(8, [
 ///     RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
 ///     RpcDef::new("train", 2).inputs(["tokens"]),
@@ -95,7 +96,8 @@ impl SlotHandle {
 /// batch.complete(outputs).await?;
 /// buf.get_batch_for_rpc("train").await?.commit().await?;
 /// assert_eq!(buf.len(), 0);
-/// # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug, Clone)]
 pub struct SequenceBuffer {

@@ -46,7 +46,8 @@ enum Msg {
 /// ```
 /// use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter, Archiver, Store};
 /// use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
-/// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), rollout_buffer::Error> {
 /// let archiver = Archiver::start(
 ///     ArchiveWriter::new(Store::open("memory://")?),
 ///     ArchiveOptions::default(),
@@ -58,7 +59,8 @@ enum Msg {
 /// )?;
 /// // ... run; then, before exiting:
 /// archiver.flush().await?;
-/// # Ok::<(), rollout_buffer::Error>(()) }).unwrap();
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Clone)]
 pub struct Archiver {
