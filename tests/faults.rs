@@ -15,6 +15,29 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// A buffer with one RPC, "train" (`n_seqs`, input `tokens`), whose consumed samples go
+/// to an archiver on `store` with the given batching.
+fn archived_trainer(
+    store: &Store,
+    capacity: usize,
+    n_seqs: usize,
+    max_rows: usize,
+    max_delay: Duration,
+) -> (Archiver, SequenceBuffer) {
+    let options = ArchiveOptions {
+        max_rows,
+        max_delay,
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(capacity)
+            .rpc(RpcDef::new("train", n_seqs).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    (archiver, buf)
+}
+
 fn faulty() -> (Arc<FaultyStore>, Store) {
     let faulty = FaultyStore::new(Arc::new(InMemory::new()));
     let store = Store::from_object_store(Arc::clone(&faulty) as _, "run");
@@ -83,17 +106,7 @@ async fn a_torn_archive_file_is_reported_by_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archiver_retries_after_the_store_recovers() {
     let (faults, store) = faulty();
-    let options = ArchiveOptions {
-        max_rows: 8,
-        max_delay: Duration::from_millis(5),
-    };
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(16)
-            .rpc(RpcDef::new("train", 4).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
+    let (archiver, buf) = archived_trainer(&store, 16, 4, 8, Duration::from_millis(5));
     faults.set(Fault::Fail);
     for chunk in 0..10 {
         let samples = (0..4)
@@ -128,17 +141,7 @@ async fn archiver_retries_after_the_store_recovers() {
 #[tokio::test(start_paused = true)]
 async fn archiver_writes_a_steady_trickle_within_max_delay() {
     let store = Store::open("memory://").expect("store");
-    let options = ArchiveOptions {
-        max_rows: 10_000,
-        max_delay: Duration::from_millis(20),
-    };
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(4)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
+    let (archiver, buf) = archived_trainer(&store, 4, 1, 10_000, Duration::from_millis(20));
     for i in 0..40 {
         buf.put_batch(vec![Sample::new(format!("t{i}")).with("tokens", vec![1i32])])
             .await
@@ -172,17 +175,7 @@ async fn archiver_writes_a_steady_trickle_within_max_delay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partly_written_batch_is_retried_without_duplicates() {
     let (faults, store) = faulty();
-    let options = ArchiveOptions {
-        max_rows: 100_000,
-        max_delay: Duration::from_secs(3600),
-    };
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(64)
-            .rpc(RpcDef::new("train", 8).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
+    let (archiver, buf) = archived_trainer(&store, 64, 8, 100_000, Duration::from_secs(3600));
     let consume = |tag: &'static str| {
         let buf = buf.clone();
         async move {
