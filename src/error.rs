@@ -214,6 +214,25 @@ pub enum Error {
         detail: String,
     },
 
+    /// A stored file is damaged: unreadable, truncated, or failing its checksum.
+    #[error("corrupt file `{path}` in `{url}`: {detail}")]
+    Corrupt {
+        /// The store's URL.
+        url: String,
+        /// The file, relative to the store.
+        path: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+
+    /// Stored data does not fit the buffer being opened on it (an RPC or key it needs was
+    /// removed, or it holds more samples than the new capacity).
+    #[error("stored data does not match the buffer's configuration: {detail}")]
+    Incompatible {
+        /// What does not match.
+        detail: String,
+    },
+
     /// A feature that runs a background task (the archive writer) was configured outside a
     /// tokio runtime.
     #[error("{what} needs a tokio runtime: build the buffer inside one")]

@@ -57,7 +57,8 @@ mod sync;
 mod tensor;
 
 pub use buffer::{
-    Batch, BufferConfig, FreedSink, RpcStats, SampleView, SequenceBuffer, SlotHandle, Stats,
+    Batch, BufferConfig, FreedSink, RpcStats, SampleView, SequenceBuffer, SinkFuture, SlotHandle,
+    Stats, StoredSample,
 };
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};

@@ -31,7 +31,12 @@ pub(crate) use tokio::sync::Notify;
 /// Channels to the archive's writer task (not part of the slot protocol; never under loom,
 /// whose build has no `persist`).
 #[cfg(feature = "persist")]
-pub(crate) use tokio::sync::{mpsc, oneshot};
+pub(crate) use tokio::sync::mpsc;
+
+/// A durable change's result travels from the journal's writer to its caller through a
+/// oneshot; it is not part of the slot protocol (the slot state changes under the buffer's
+/// lock before the result is sent), so it is tokio's in every build.
+pub(crate) use tokio::sync::oneshot;
 
 #[cfg(rollout_buffer_loom)]
 pub(crate) use self::loom_notify::Notify;
@@ -79,10 +84,19 @@ impl<T> Mutex<T> {
 /// value here, so default births follow put order across every buffer in the process. This
 /// counter is not part of any wake-up protocol, so it stays a plain std atomic under loom.
 pub(crate) fn next_births(n: u64) -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static NEXT_BIRTH: AtomicU64 = AtomicU64::new(1);
-    NEXT_BIRTH.fetch_add(n, Ordering::Relaxed)
+    NEXT_BIRTH.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
 }
+
+/// Makes every later default birth larger than `birth` (a recovered buffer's samples keep
+/// their births, and new samples must come after them).
+pub(crate) fn births_after(birth: u64) {
+    NEXT_BIRTH.fetch_max(
+        birth.saturating_add(1),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+static NEXT_BIRTH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[cfg(rollout_buffer_loom)]
 mod loom_notify {

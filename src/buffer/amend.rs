@@ -1,19 +1,19 @@
 //! `amend_batch`: add or replace fields of stored samples (a verifier's score, a late
 //! reference logprob).
 //!
-//! Two steps: under the lock, check every handle and mark the slots `amending` (they leave
-//! every ready index, so no batch can be taken from a half-applied amend); then, under the
-//! lock again, apply the patches and end the amend, which makes the slots eligible for the
-//! RPCs whose inputs are now present. Nothing awaits between the steps today; a guard ends
-//! the amend if the second step is not reached (a panic now, a dropped future once the
-//! durable-log write sits there). Two amends of one slot both land; for the same key the
-//! one published later wins.
+//! Under the lock every handle is checked first, so a rejected call changes nothing. Then,
+//! without a sync journal, the patches are applied (and logged) in the same critical
+//! section. With a sync journal the slots are marked `amending` (they leave every ready
+//! index, so no batch is taken from a sample whose amend is not yet durable), the amend is
+//! logged, and the journal's callback applies the patches once the record is durable (or
+//! ends the amend with nothing applied if the write failed). Callbacks run in log order, so
+//! two amends of one key end as the log replays them: the one called later wins.
 
-use super::{SequenceBuffer, Shared, SlotHandle};
+use super::{Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::Patch;
-use crate::sync::Arc;
+use crate::sync::{oneshot, Arc};
 
 impl SequenceBuffer {
     /// Applies `patches[i]` to the sample behind `handles[i]`: its fields replace or add to
@@ -22,9 +22,9 @@ impl SequenceBuffer {
     /// All or nothing: a handle whose slot was freed or reused since it was issued gives
     /// [`Error::StaleHandle`], a count mismatch [`Error::LengthMismatch`], and nothing is
     /// applied. Amending never waits for leases: a batch already handed out keeps the fields
-    /// it was given.
+    /// it was given. With `Durability::Sync` it returns once the amend is on storage.
     pub async fn amend_batch(&self, handles: &[SlotHandle], patches: Vec<Patch>) -> Result<()> {
-        let shared = &*self.shared;
+        let shared = &self.shared;
         shared.check_open()?;
         if handles.len() != patches.len() {
             return Err(Error::LengthMismatch {
@@ -41,81 +41,122 @@ impl SequenceBuffer {
             .map(|p| shared.graph.key_set(p.keys()))
             .collect();
         let slots: Vec<u32> = handles.iter().map(SlotHandle::slot).collect();
-        {
+        let patches: Arc<[Patch]> = patches.into();
+        let pending = {
             let mut inner = shared.lock();
             if inner.closed {
                 return Err(Error::Closed);
             }
-            for h in handles {
-                let slot = h.slot as usize;
-                if slot >= shared.capacity {
-                    return Err(Error::InvalidSlot {
-                        slot: h.slot,
-                        capacity: shared.capacity,
+            shared.check_handles(&inner, handles)?;
+            inner.table.begin_amend(&slots);
+            let record = Record::Amend {
+                ids: inner.ids_of(&slots),
+                patches: Arc::clone(&patches),
+            };
+            let mut amend = AmendInFlight {
+                shared: Arc::clone(shared),
+                slots: Some(slots),
+            };
+            match inner.journal.clone().filter(|_| shared.sync_journal) {
+                Some(journal) => {
+                    let (tx, rx) = oneshot::channel();
+                    let then: Durable = Box::new(move |verdict| {
+                        if verdict.is_ok() {
+                            amend.publish(&patches, &added);
+                        }
+                        let _ = tx.send(verdict);
                     });
+                    let refused = journal.append(vec![record], Some(then));
+                    (rx, refused)
                 }
-                match inner.table.stored_generation(slot) {
-                    Some(g) if g == h.generation => {}
-                    _ => {
-                        return Err(Error::StaleHandle {
-                            slot: h.slot,
-                            generation: h.generation,
-                            current: inner.table.slots[slot].generation,
-                        })
-                    }
+                None => {
+                    inner.log(|| record);
+                    let (wake, dropped) = amend.apply(&mut inner, &patches, &added);
+                    drop(inner);
+                    shared.notify(wake);
+                    shared.dispose(dropped);
+                    return Ok(());
                 }
             }
-            inner.table.begin_amend(&slots);
-        }
-        let mut amend = AmendInFlight {
-            shared,
-            slots: Some(slots),
         };
-        // The amend is claimed: a durable log write goes here, outside the lock.
-        amend.publish(&patches, &added);
+        let (pending, refused) = pending;
+        drop(refused);
+        pending.await.unwrap_or(Err(Error::Closed))
+    }
+}
+
+impl Shared {
+    /// Checks that every handle names a stored sample of the generation it was issued for.
+    fn check_handles(&self, inner: &Inner, handles: &[SlotHandle]) -> Result<()> {
+        for h in handles {
+            let slot = h.slot as usize;
+            if slot >= self.capacity {
+                return Err(Error::InvalidSlot {
+                    slot: h.slot,
+                    capacity: self.capacity,
+                });
+            }
+            match inner.table.stored_generation(slot) {
+                Some(g) if g == h.generation => {}
+                _ => {
+                    return Err(Error::StaleHandle {
+                        slot: h.slot,
+                        generation: h.generation,
+                        current: inner.table.slots[slot].generation,
+                    })
+                }
+            }
+        }
         Ok(())
     }
 }
 
 /// Slots marked `amending` by one call; ends the amend (applying nothing) when dropped
-/// unpublished.
-struct AmendInFlight<'a> {
-    shared: &'a Shared,
+/// unpublished (a failed write, or a journal that shut down).
+struct AmendInFlight {
+    shared: Arc<Shared>,
     slots: Option<Vec<u32>>,
 }
 
-impl AmendInFlight<'_> {
-    fn publish(&mut self, patches: &[Patch], added: &[KeySet]) {
+/// Who to wake, and the payloads freed, by the end of an amend.
+type Ended = (crate::state::Wake, Vec<Arc<crate::sample::Sample>>);
+
+impl AmendInFlight {
+    /// Applies the patches and ends the amend, under the lock `inner`.
+    fn apply(&mut self, inner: &mut Inner, patches: &[Patch], added: &[KeySet]) -> Ended {
         let Some(slots) = self.slots.take() else {
-            return;
+            return Default::default();
         };
-        let mut freed = Vec::new();
-        let (wake, dropped) = {
-            let mut inner = self.shared.lock();
-            for (&slot, patch) in slots.iter().zip(patches) {
-                if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
-                    Arc::make_mut(sample).apply(patch);
-                }
+        for (&slot, patch) in slots.iter().zip(patches) {
+            if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
+                Arc::make_mut(sample).apply(patch);
             }
-            let wake = inner.table.finish_amend(&slots, added, &mut freed);
-            (wake, inner.take_freed(&freed))
-        };
-        self.shared.notify(wake);
-        self.shared.dispose(dropped);
+        }
+        end(inner, &slots, added)
+    }
+
+    /// Takes the lock, applies the patches and ends the amend.
+    fn publish(mut self, patches: &[Patch], added: &[KeySet]) {
+        let shared = Arc::clone(&self.shared);
+        let (wake, dropped) = self.apply(&mut shared.lock(), patches, added);
+        shared.notify(wake);
+        shared.dispose(dropped);
     }
 }
 
-impl Drop for AmendInFlight<'_> {
+/// Ends the amend of `slots`, adding `added` to their keys.
+fn end(inner: &mut Inner, slots: &[u32], added: &[KeySet]) -> Ended {
+    let mut freed = Vec::new();
+    let wake = inner.table.finish_amend(slots, added, &mut freed);
+    (wake, inner.take_freed(&freed))
+}
+
+impl Drop for AmendInFlight {
     fn drop(&mut self) {
         let Some(slots) = self.slots.take() else {
             return;
         };
-        let mut freed = Vec::new();
-        let (wake, dropped) = {
-            let mut inner = self.shared.lock();
-            let wake = inner.table.finish_amend(&slots, &[], &mut freed);
-            (wake, inner.take_freed(&freed))
-        };
+        let (wake, dropped) = end(&mut self.shared.lock(), &slots, &[]);
         self.shared.notify(wake);
         self.shared.dispose(dropped);
     }

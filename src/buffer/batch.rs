@@ -7,12 +7,12 @@
 //! changes. A lease past its RPC's lease timeout is released by the buffer, and a late
 //! `complete` / `commit` fails with [`Error::LeaseExpired`] with nothing applied.
 
-use super::{now, SequenceBuffer, Shared, SlotHandle};
+use super::{now, Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{MetaValue, Patch, Sample, SampleId};
 use crate::state::{LeaseEnd, LeaseGone, LeaseId, Wake};
-use crate::sync::Arc;
+use crate::sync::{oneshot, Arc};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -140,7 +140,7 @@ impl Batch {
     /// applied and the lease is released (the samples are redelivered to this RPC).
     pub async fn complete(mut self, outputs: Vec<Patch>) -> Result<()> {
         let added = self.check_outputs(Some(&outputs))?;
-        self.finish(Some((&outputs, &added)))
+        self.finish(Some((outputs.into(), added))).await
     }
 
     /// Uses one read of every sample without writing anything. Fails like
@@ -148,7 +148,7 @@ impl Batch {
     /// reads.
     pub async fn commit(mut self) -> Result<()> {
         self.check_outputs(None)?;
-        self.finish(None)
+        self.finish(None).await
     }
 
     /// Checks the outputs (or, for `None`, their absence) and returns each patch's graph
@@ -204,51 +204,156 @@ impl Batch {
         Ok(added)
     }
 
-    fn finish(&mut self, outputs: Option<(&[Patch], &[KeySet])>) -> Result<()> {
+    /// Uses the lease's reads (with `outputs`), now or, with a sync journal, once the
+    /// completion is durable.
+    async fn finish(&mut self, outputs: Option<Outputs>) -> Result<()> {
+        match self.end_lease(outputs)? {
+            Some(durable) => durable.await.unwrap_or(Err(Error::Closed)),
+            None => Ok(()),
+        }
+    }
+
+    /// The synchronous part of [`Self::finish`]: ends the lease now, or hands the
+    /// completion to the sync journal and returns where its verdict will arrive.
+    fn end_lease(
+        &mut self,
+        outputs: Option<Outputs>,
+    ) -> Result<Option<oneshot::Receiver<Result<()>>>> {
         let shared = Arc::clone(&self.shared);
         // Drop the snapshots first, so the stored samples are unshared again and the outputs
         // are added in place instead of copying each sample.
         self.samples.clear();
         let mut freed = Vec::new();
         let now = self.deadline.map(|_| now());
-        let (wake, dropped, result) = {
-            let mut inner = shared.lock();
-            match inner.table.lease(self.lease, now) {
-                Ok(_) => {
-                    let mut added: &[KeySet] = &[];
-                    if let Some((patches, keys)) = outputs {
-                        for (h, patch) in self.handles.iter().zip(patches) {
-                            if let Some(Some(sample)) = inner.samples.get_mut(h.slot as usize) {
-                                Arc::make_mut(sample).apply(patch);
-                            }
-                        }
-                        added = keys;
-                    }
-                    let wake =
-                        inner
-                            .table
-                            .finish_lease(self.lease, LeaseEnd::Used, added, &mut freed);
-                    (wake, inner.take_freed(&freed), Ok(()))
-                }
-                Err(LeaseGone::Expired) => {
-                    // Reclaim it now if no waiting getter has yet.
-                    let wake =
-                        now.map_or(Wake::default(), |t| inner.table.expire_due(t, &mut freed));
-                    let timeout = inner.table.rpcs[self.rpc].lease_timeout.unwrap_or_default();
-                    let err = Error::LeaseExpired {
-                        rpc: self.rpc_name().to_owned(),
-                        lease: self.lease.number(),
-                        timeout,
-                    };
-                    (wake, inner.take_freed(&freed), Err(err))
+        let slots: Vec<u32> = self.handles.iter().map(SlotHandle::slot).collect();
+        let mut inner = shared.lock();
+        if let Err(LeaseGone::Expired) = inner.table.lease(self.lease, now) {
+            // Reclaim it now if no waiting getter has yet.
+            let wake = now.map_or(Wake::default(), |t| inner.expire_due(t, &mut freed));
+            let dropped = inner.take_freed(&freed);
+            drop(inner);
+            self.done = true;
+            shared.notify(wake);
+            shared.dispose(dropped);
+            let timeout = shared.graph.rpcs()[self.rpc]
+                .lease_timeout
+                .unwrap_or_default();
+            return Err(Error::LeaseExpired {
+                rpc: self.rpc_name().to_owned(),
+                lease: self.lease.number(),
+                timeout,
+            });
+        }
+        self.done = true;
+        let record = match &inner.journal {
+            Some(_) => Some(Record::Complete {
+                rpc: Arc::clone(&inner.rpc_names[self.rpc]),
+                ids: inner.ids_of(&slots),
+                outputs: outputs.as_ref().map(|(p, _)| Arc::clone(p)),
+            }),
+            None => None,
+        };
+        let mut finishing = Finishing {
+            shared: Arc::clone(&shared),
+            rpc: self.rpc,
+            lease: self.lease,
+            slots,
+            outputs,
+            pending: true,
+        };
+        let journal = inner.journal.clone().filter(|_| shared.sync_journal);
+        let (Some(journal), Some(record)) = (journal, record.clone()) else {
+            if let Some(record) = record {
+                inner.log(|| record);
+            }
+            let (wake, dropped) = finishing.use_reads(&mut inner);
+            drop(inner);
+            shared.notify(wake);
+            shared.dispose(dropped);
+            return Ok(None);
+        };
+        // The lease must not expire while its completion is on its way to storage.
+        inner.table.pin_lease(self.lease);
+        let (tx, rx) = oneshot::channel();
+        let then: Durable = Box::new(move |verdict| {
+            if verdict.is_ok() {
+                let shared = Arc::clone(&finishing.shared);
+                let (wake, dropped) = finishing.use_reads(&mut shared.lock());
+                shared.notify(wake);
+                shared.dispose(dropped);
+            }
+            let _ = tx.send(verdict);
+        });
+        let refused = journal.append(vec![record], Some(then));
+        drop(inner);
+        drop(refused);
+        Ok(Some(rx))
+    }
+}
+
+/// A completion's outputs and their graph keys.
+type Outputs = (Arc<[Patch]>, Vec<KeySet>);
+
+/// A lease being finished. Dropped without [`Finishing::use_reads`] (a failed write, or a
+/// journal that shut down) it releases the lease, so the samples are redelivered.
+struct Finishing {
+    shared: Arc<Shared>,
+    rpc: usize,
+    lease: LeaseId,
+    slots: Vec<u32>,
+    outputs: Option<Outputs>,
+    pending: bool,
+}
+
+impl Finishing {
+    /// Applies the outputs and uses one read of every sample, under the lock `inner`.
+    fn use_reads(&mut self, inner: &mut Inner) -> (Wake, Vec<Arc<Sample>>) {
+        self.pending = false;
+        let mut added: &[KeySet] = &[];
+        if let Some((patches, keys)) = &self.outputs {
+            for (&slot, patch) in self.slots.iter().zip(patches.iter()) {
+                if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
+                    Arc::make_mut(sample).apply(patch);
                 }
             }
-        };
-        self.done = true;
-        shared.notify(wake);
-        shared.dispose(dropped);
-        result
+            added = keys;
+        }
+        let mut freed = Vec::new();
+        let wake = inner
+            .table
+            .finish_lease(self.lease, LeaseEnd::Used, added, &mut freed);
+        (wake, inner.take_freed(&freed))
     }
+}
+
+impl Drop for Finishing {
+    fn drop(&mut self) {
+        if self.pending {
+            release(&self.shared, self.rpc, self.lease, &self.slots);
+        }
+    }
+}
+
+/// Releases a lease unused (logging the release) and notifies.
+fn release(shared: &Shared, rpc: usize, lease: LeaseId, slots: &[u32]) {
+    let mut freed = Vec::new();
+    let (wake, dropped) = {
+        let mut inner = shared.lock();
+        inner.log(|| Record::Release {
+            rpc: Arc::clone(&inner.rpc_names[rpc]),
+            ids: inner.ids_of(slots),
+            expired: false,
+        });
+        let wake = inner
+            .table
+            .finish_lease(lease, LeaseEnd::Released, &[], &mut freed);
+        (wake, inner.take_freed(&freed))
+    };
+    if wake.rpcs != 0 {
+        tracing::trace!(rpc, n = slots.len(), "lease released; redelivering");
+    }
+    shared.notify(wake);
+    shared.dispose(dropped);
 }
 
 impl Drop for Batch {
@@ -256,23 +361,8 @@ impl Drop for Batch {
         if self.done {
             return;
         }
-        let mut freed = Vec::new();
-        let (wake, dropped) = {
-            let mut inner = self.shared.lock();
-            let wake = inner
-                .table
-                .finish_lease(self.lease, LeaseEnd::Released, &[], &mut freed);
-            (wake, inner.take_freed(&freed))
-        };
-        if wake.rpcs != 0 {
-            tracing::trace!(
-                rpc = self.rpc_name(),
-                n = self.samples.len(),
-                "batch dropped; redelivering"
-            );
-        }
-        self.shared.notify(wake);
-        self.shared.dispose(dropped);
+        let slots: Vec<u32> = self.handles.iter().map(SlotHandle::slot).collect();
+        release(&self.shared, self.rpc, self.lease, &slots);
     }
 }
 

@@ -5,9 +5,12 @@
 //! samples (`persist::Archiver`); without a sink the payloads are simply dropped.
 
 use super::Shared;
+use crate::error::Result;
 use crate::sample::Sample;
 use crate::sync::Arc;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 
 /// Receives the samples the buffer frees. Implementations must not block: the call runs on
 /// the task that finished the last read.
@@ -15,7 +18,16 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
     /// `samples` used every read of every RPC; `read_by` names the RPCs that read them, one
     /// entry per read (the same for every sample).
     fn consumed(&self, samples: Vec<Arc<Sample>>, read_by: &[String]);
+
+    /// Resolves once every sample handed over so far is written (for sinks that write in
+    /// the background); the default has nothing to wait for.
+    fn flush(&self) -> SinkFuture {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
+
+/// The future [`FreedSink::flush`] returns.
+pub type SinkFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
 impl Shared {
     /// Hands freed payloads to the sink, if any; runs outside the lock.

@@ -93,7 +93,7 @@ impl Shared {
             let t = (has_timeout || inner.table.next_deadline().is_some()).then(now);
             if let (Some(t), Some(d)) = (t, inner.table.next_deadline()) {
                 if d <= t {
-                    wake = inner.table.expire_due(t, &mut freed);
+                    wake = inner.expire_due(t, &mut freed);
                     dropped = inner.take_freed(&freed);
                 }
             }

@@ -39,17 +39,23 @@ mod batch;
 mod config;
 mod freed;
 mod get;
+mod journal;
 mod put;
+mod restore;
 mod stats;
 
 pub use batch::{Batch, SampleView};
 pub use config::BufferConfig;
-pub use freed::FreedSink;
+pub use freed::{FreedSink, SinkFuture};
+pub use restore::StoredSample;
 pub use stats::{RpcStats, Stats};
+
+pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
+pub(crate) use restore::Restored;
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
-use crate::sample::{IdIndex, Sample};
+use crate::sample::{IdIndex, Sample, SampleId};
 use crate::state::{RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
@@ -123,6 +129,8 @@ pub(crate) struct Shared {
     pub(crate) freed_sink: Option<Arc<dyn FreedSink>>,
     /// Every RPC name once per read: what a consumed sample was read by.
     pub(crate) read_by: Vec<String>,
+    /// Whether changes wait for their log records to be durable (a sync journal).
+    pub(crate) sync_journal: bool,
 }
 
 /// Everything the buffer's lock guards.
@@ -136,11 +144,16 @@ pub(crate) struct Inner {
     pub(crate) closed: bool,
     /// Samples in rejected put calls.
     pub(crate) rejected: u64,
+    /// The durable log, if any. It lives under the lock so that every record is appended
+    /// while the change it describes is made, which keeps the log in the buffer's order.
+    pub(crate) journal: Option<Arc<dyn Journal>>,
+    /// RPC names by index, for log records.
+    pub(crate) rpc_names: Vec<Arc<str>>,
 }
 
 impl Inner {
-    /// Drops the payload and id of freed slots; returns the payloads so the caller can drop
-    /// them after releasing the lock.
+    /// Drops the payload and id of freed slots (logging that they left); returns the
+    /// payloads so the caller can drop them after releasing the lock.
     pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Vec<Arc<Sample>> {
         let mut out = Vec::with_capacity(freed.len());
         for &s in freed {
@@ -149,7 +162,48 @@ impl Inner {
                 out.push(sample);
             }
         }
+        if !out.is_empty() {
+            self.log(|| Record::Free {
+                ids: out.iter().map(|s| s.id.clone()).collect(),
+                reason: FreeReason::Consumed,
+            });
+        }
         out
+    }
+
+    /// Releases the leases past their deadline at `now` (logging each release); freed
+    /// slots are appended to `freed`.
+    pub(crate) fn expire_due(&mut self, now: Instant, freed: &mut Vec<u32>) -> Wake {
+        let mut expired = Vec::new();
+        let wake = self.table.expire_due(now, freed, &mut expired);
+        for (r, slots) in expired {
+            if let (Some(journal), Some(rpc)) = (&self.journal, self.rpc_names.get(r)) {
+                let release = Record::Release {
+                    rpc: Arc::clone(rpc),
+                    ids: self.ids_of(&slots),
+                    expired: true,
+                };
+                // Only a callback is ever handed back.
+                let _ = journal.append(vec![release], None);
+            }
+        }
+        wake
+    }
+
+    /// Appends the record `make` builds, if there is a log (without one nothing is built).
+    pub(crate) fn log(&self, make: impl FnOnce() -> Record) {
+        if let Some(journal) = &self.journal {
+            // Only a callback is ever handed back.
+            let _ = journal.append(vec![make()], None);
+        }
+    }
+
+    /// The ids of the samples stored in `slots`.
+    pub(crate) fn ids_of(&self, slots: &[u32]) -> Vec<SampleId> {
+        slots
+            .iter()
+            .filter_map(|&s| self.samples.get(s as usize)?.as_ref().map(|x| x.id.clone()))
+            .collect()
     }
 }
 
@@ -166,6 +220,12 @@ impl SequenceBuffer {
 
     /// A buffer built from a full configuration.
     pub fn with_config(config: BufferConfig) -> Result<Self> {
+        Self::build(config, false)
+    }
+
+    /// A buffer built from `config`; `sync_journal` says whether the journal that will be
+    /// attached makes changes wait for durability.
+    pub(crate) fn build(config: BufferConfig, sync_journal: bool) -> Result<Self> {
         let capacity = config.capacity;
         let max = u32::MAX as usize;
         if capacity == 0 || capacity > max {
@@ -194,6 +254,8 @@ impl SequenceBuffer {
             ids: IdIndex::with_capacity_and_hasher(capacity.min(4096), Default::default()),
             closed: false,
             rejected: 0,
+            journal: None,
+            rpc_names: graph.rpcs().iter().map(|r| Arc::clone(&r.name)).collect(),
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -206,6 +268,7 @@ impl SequenceBuffer {
                 closed: AtomicBool::new(false),
                 freed_sink: config.freed_sink,
                 read_by,
+                sync_journal,
             }),
         })
     }
@@ -237,6 +300,19 @@ impl SequenceBuffer {
             rpcs: u64::MAX,
             space: true,
         });
+    }
+
+    /// Resolves once every change made so far is durable (with a journal) and every freed
+    /// sample handed to the freed-sample sink is written; at once when there are neither.
+    pub async fn flush(&self) -> Result<()> {
+        let journal = self.shared.lock().journal.clone();
+        if let Some(journal) = journal {
+            journal.flush().await?;
+        }
+        match &self.shared.freed_sink {
+            Some(sink) => sink.flush().await,
+            None => Ok(()),
+        }
     }
 
     /// True once [`Self::close`] was called.

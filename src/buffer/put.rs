@@ -1,27 +1,63 @@
 //! `put_batch`, `try_put_batch` and `put_batch_timeout`.
 //!
-//! A put is validated whole before any slot is touched, then runs in three steps: claim
-//! free slots under the lock (they become `putting` and their ids are reserved), build the
-//! shared payloads outside it, publish under it (slots become stored and enter the ready
-//! indexes). A put that must wait joins a FIFO queue of putters, so waiting putters are
-//! served in arrival order; only the head of the queue may claim.
+//! A put is validated and its shared payloads are built before any slot is touched. Then,
+//! under the lock, it claims free slots (they become `putting` and its ids are reserved)
+//! and, without a sync journal, publishes them at once (they become stored and enter the
+//! ready indexes) and logs the put if there is a journal. With a sync journal the put is
+//! logged at the claim and the slots stay `putting` until the journal reports the record
+//! durable; the journal's callback then publishes them (or gives them back if the write
+//! failed), whether or not the caller is still waiting. A put that must wait joins a FIFO
+//! queue of putters, so waiting putters are served in arrival order; only the head of the
+//! queue may claim.
 
-use super::{Inner, SequenceBuffer, Shared, SlotHandle};
+use super::{Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{PrehashedId, Sample, SampleId};
 use crate::state::{Ticket, Wake};
-use crate::sync::{next_births, Arc};
+use crate::sync::{next_births, oneshot, Arc};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 use std::pin::pin;
 use std::time::Duration;
 
-/// A validated batch: samples with their births assigned and their graph key sets.
+/// A validated batch: the shared payloads with their births assigned, and their graph key
+/// sets.
 struct Prepared {
-    samples: Vec<Sample>,
+    samples: Vec<Arc<Sample>>,
+    births: Vec<u64>,
     keys: Vec<KeySet>,
+}
+
+/// What storing claimed slots gave: handles now, or the journal's verdict later; and who
+/// to wake once the lock is dropped.
+enum Stored {
+    Done(Vec<SlotHandle>, Wake),
+    /// With a callback the journal handed back, to drop once the lock is released.
+    Pending(
+        oneshot::Receiver<Result<Vec<SlotHandle>>>,
+        Wake,
+        Option<Durable>,
+    ),
+}
+
+impl Stored {
+    /// Notifies (the lock is dropped by now) and waits for the handles if they are not
+    /// there yet.
+    async fn finish(self, shared: &Shared) -> Result<Vec<SlotHandle>> {
+        match self {
+            Stored::Done(handles, wake) => {
+                shared.notify(wake);
+                Ok(handles)
+            }
+            Stored::Pending(rx, wake, refused) => {
+                shared.notify(wake);
+                drop(refused);
+                rx.await.unwrap_or(Err(Error::Closed))
+            }
+        }
+    }
 }
 
 impl SequenceBuffer {
@@ -31,8 +67,10 @@ impl SequenceBuffer {
     /// All or nothing: the batch is rejected whole, with nothing stored, if an id repeats
     /// (within the batch or against a stored sample), a birth is 0, a dataset key is missing
     /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
+    /// With `Durability::Sync` it returns once the put is on storage, and a failed write
+    /// returns the storage error with nothing stored.
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
-        let shared = &*self.shared;
+        let shared = &self.shared;
         let Some(prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
         };
@@ -41,16 +79,14 @@ impl SequenceBuffer {
             shared,
             ticket: None,
         };
-        loop {
+        let stored = loop {
             let mut notified = pin!(shared.space.notified());
             notified.as_mut().enable();
             {
                 let mut inner = shared.lock();
                 match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
                     Claim::Claimed(slots, wake) => {
-                        drop(inner);
-                        shared.notify(wake);
-                        return shared.publish(slots, prepared);
+                        break shared.store(&mut inner, slots, prepared, wake);
                     }
                     Claim::Rejected(err, wake) => {
                         drop(inner);
@@ -65,33 +101,33 @@ impl SequenceBuffer {
                 }
             }
             notified.await;
-        }
+        };
+        stored.finish(shared).await
     }
 
     /// Stores `samples` if there is room now (and no earlier putter is waiting), else
     /// returns [`Error::Full`] with nothing changed. Validation as in [`Self::put_batch`].
     pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
-        let shared = &*self.shared;
+        let shared = &self.shared;
         let Some(prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
         };
         let n = prepared.samples.len();
-        let mut inner = shared.lock();
-        match shared.try_claim(&mut inner, &prepared, &mut None) {
-            Claim::Claimed(slots, wake) => {
-                drop(inner);
-                shared.notify(wake);
-                shared.publish(slots, prepared)
+        let stored = {
+            let mut inner = shared.lock();
+            match shared.try_claim(&mut inner, &prepared, &mut None) {
+                Claim::Claimed(slots, wake) => shared.store(&mut inner, slots, prepared, wake),
+                Claim::Rejected(err, _) => return Err(err),
+                Claim::Wait => {
+                    inner.rejected += n as u64;
+                    return Err(Error::Full {
+                        requested: n,
+                        free: inner.table.free.len(),
+                    });
+                }
             }
-            Claim::Rejected(err, _) => Err(err),
-            Claim::Wait => {
-                inner.rejected += n as u64;
-                Err(Error::Full {
-                    requested: n,
-                    free: inner.table.free.len(),
-                })
-            }
-        }
+        };
+        stored.finish(shared).await
     }
 
     /// [`Self::put_batch`] that gives up after `timeout` with [`Error::Timeout`], storing
@@ -111,8 +147,9 @@ impl SequenceBuffer {
 }
 
 /// Outcome of one claim attempt under the lock.
-enum Claim<'a> {
-    Claimed(ClaimedSlots<'a>, Wake),
+enum Claim {
+    /// These slots are `putting`, with the batch's ids reserved for them.
+    Claimed(Vec<u32>, Wake),
     Rejected(Error, Wake),
     Wait,
 }
@@ -141,7 +178,13 @@ impl Shared {
                 s.birth = Some(birth);
             }
         }
-        Ok(Some(Prepared { samples, keys }))
+        let births = samples.iter().map(|s| s.birth.unwrap_or(1)).collect();
+        let samples = samples.into_iter().map(Arc::new).collect();
+        Ok(Some(Prepared {
+            samples,
+            births,
+            keys,
+        }))
     }
 
     /// Validates the batch on its own; returns each sample's graph keys.
@@ -192,7 +235,7 @@ impl Shared {
         inner: &mut Inner,
         prepared: &Prepared,
         ticket: &mut Option<Ticket>,
-    ) -> Claim<'_> {
+    ) -> Claim {
         let n = prepared.samples.len();
         let leave_queue = |inner: &mut Inner, ticket: &mut Option<Ticket>| {
             ticket
@@ -213,8 +256,9 @@ impl Shared {
             return Claim::Wait;
         };
         *ticket = None; // claim_put took it off the queue
-                        // Reserve the ids: one probe each. Ids are unique within the batch (validated), so a
-                        // hit is a sample stored or being put by someone else.
+
+        // Reserve the ids: one probe each. Ids are unique within the batch (validated), so
+        // a hit is a sample stored or being put by someone else.
         for (index, (s, &slot)) in prepared.samples.iter().zip(&slots).enumerate() {
             match inner.ids.entry(s.id.clone()) {
                 Entry::Vacant(v) => {
@@ -236,45 +280,59 @@ impl Shared {
                 }
             }
         }
-        let ids = prepared.samples.iter().map(|s| s.id.clone()).collect();
-        Claim::Claimed(
-            ClaimedSlots {
-                shared: self,
-                slots: Some((slots, ids)),
-            },
-            wake,
-        )
+        Claim::Claimed(slots, wake)
     }
 
-    /// Builds the payloads outside the lock, then publishes the claimed slots.
-    fn publish(
-        &self,
-        mut claimed: ClaimedSlots<'_>,
+    /// Stores the batch in its claimed slots: publishes them now (logging the put if there
+    /// is a journal), or, with a sync journal, logs the put and leaves the publishing to the
+    /// journal's verdict.
+    fn store(
+        self: &Arc<Self>,
+        inner: &mut Inner,
+        slots: Vec<u32>,
         prepared: Prepared,
-    ) -> Result<Vec<SlotHandle>> {
-        let births: Vec<u64> = prepared
-            .samples
-            .iter()
-            .map(|s| s.birth.unwrap_or(1))
-            .collect();
-        let payloads: Vec<Arc<Sample>> = prepared.samples.into_iter().map(Arc::new).collect();
-        let (slots, _ids) = claimed.slots.take().unwrap_or_default();
-        let (generations, wake) = {
-            let mut inner = self.lock();
-            for (&slot, payload) in slots.iter().zip(payloads) {
-                if let Some(entry) = inner.samples.get_mut(slot as usize) {
-                    *entry = Some(payload);
-                }
+        mut wake: Wake,
+    ) -> Stored {
+        let journal = match &inner.journal {
+            Some(j) if self.sync_journal => Arc::clone(j),
+            _ => {
+                inner.log(|| Record::Put(prepared.samples.clone()));
+                let (handles, published) = publish(inner, &slots, prepared);
+                wake.merge(published);
+                return Stored::Done(handles, wake);
             }
-            inner.table.publish_put(&slots, &births, &prepared.keys)
         };
-        self.notify(wake);
-        Ok(slots
-            .iter()
-            .zip(generations)
-            .map(|(&slot, generation)| SlotHandle { slot, generation })
-            .collect())
+        let (tx, rx) = oneshot::channel();
+        let ids = prepared.samples.iter().map(|s| s.id.clone()).collect();
+        let claimed = ClaimedSlots {
+            shared: Arc::clone(self),
+            slots: Some((slots, ids)),
+        };
+        let record = Record::Put(prepared.samples.clone());
+        let then: Durable = Box::new(move |verdict| {
+            let _ = tx.send(verdict.map(|()| claimed.publish(prepared)));
+        });
+        let refused = journal.append(vec![record], Some(then));
+        Stored::Pending(rx, wake, refused)
     }
+}
+
+/// Publishes claimed slots under the lock; returns the handles and who to wake.
+fn publish(inner: &mut Inner, slots: &[u32], prepared: Prepared) -> (Vec<SlotHandle>, Wake) {
+    for (&slot, payload) in slots.iter().zip(prepared.samples) {
+        if let Some(entry) = inner.samples.get_mut(slot as usize) {
+            *entry = Some(payload);
+        }
+    }
+    let (generations, wake) = inner
+        .table
+        .publish_put(slots, &prepared.births, &prepared.keys);
+    let handles = slots
+        .iter()
+        .zip(generations)
+        .map(|(&slot, generation)| SlotHandle { slot, generation })
+        .collect();
+    (handles, wake)
 }
 
 /// The first sample whose id is already in the buffer, as an error.
@@ -288,14 +346,26 @@ fn stored_duplicate(inner: &Inner, prepared: &Prepared) -> Option<Error> {
     })
 }
 
-/// Claimed slots (and the ids reserved for them) not yet published; dropping it (a
-/// cancelled or failed put) gives them back and releases the ids.
-struct ClaimedSlots<'a> {
-    shared: &'a Shared,
+/// Claimed slots (and the ids reserved for them) waiting for a sync journal; dropping it
+/// unpublished (a failed write, or a journal that shut down) gives them back and releases
+/// the ids.
+struct ClaimedSlots {
+    shared: Arc<Shared>,
     slots: Option<(Vec<u32>, Vec<SampleId>)>,
 }
 
-impl Drop for ClaimedSlots<'_> {
+impl ClaimedSlots {
+    fn publish(mut self, prepared: Prepared) -> Vec<SlotHandle> {
+        let Some((slots, _)) = self.slots.take() else {
+            return Vec::new();
+        };
+        let (handles, wake) = publish(&mut self.shared.lock(), &slots, prepared);
+        self.shared.notify(wake);
+        handles
+    }
+}
+
+impl Drop for ClaimedSlots {
     fn drop(&mut self) {
         let Some((slots, ids)) = self.slots.take() else {
             return;

@@ -68,7 +68,7 @@ impl SequenceBuffer {
         let (stats, wake, dropped) = {
             let mut inner = shared.lock();
             let wake = match inner.table.next_deadline() {
-                Some(_) => inner.table.expire_due(now(), &mut freed),
+                Some(_) => inner.expire_due(now(), &mut freed),
                 None => Default::default(),
             };
             let dropped = inner.take_freed(&freed);

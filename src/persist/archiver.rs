@@ -9,7 +9,7 @@
 //! process dies are not archived.
 
 use super::{ArchiveWriter, ArchivedSample, ExitReason};
-use crate::buffer::FreedSink;
+use crate::buffer::{FreedSink, SinkFuture};
 use crate::error::{Error, Result};
 use crate::sample::Sample;
 use crate::sync::{mpsc, oneshot, Arc};
@@ -110,6 +110,11 @@ impl FreedSink for Archiver {
         if self.tx.send(Msg::Rows(rows)).is_err() {
             tracing::warn!("the archiver has stopped; consumed samples are not archived");
         }
+    }
+
+    fn flush(&self) -> SinkFuture {
+        let me = self.clone();
+        Box::pin(async move { Archiver::flush(&me).await })
     }
 }
 

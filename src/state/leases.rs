@@ -89,6 +89,21 @@ impl LeaseTable {
         Some(lease)
     }
 
+    /// Removes a live lease's deadline (it will not expire).
+    pub(crate) fn pin(&mut self, id: LeaseId) {
+        let Some(entry) = self.entries.get_mut(id.index as usize) else {
+            return;
+        };
+        if entry.generation != id.generation {
+            return;
+        }
+        if let Some(lease) = entry.lease.as_mut() {
+            if let Some(d) = lease.deadline.take() {
+                self.deadlines.remove(&(d, id.index));
+            }
+        }
+    }
+
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|&(d, _)| d)
     }

@@ -314,6 +314,30 @@ impl SlotTable {
         (generations, self.deliverable(wake))
     }
 
+    /// Stores a recovered sample in a claimed slot, like [`Self::publish_put`] but with
+    /// `reads_left[r]` reads left for RPC `r` (at least one read must be left somewhere).
+    /// Recovered samples are published in their original put order, which orders equal
+    /// births as before.
+    pub(crate) fn restore_put(
+        &mut self,
+        slot: u32,
+        birth: u64,
+        keys: KeySet,
+        reads_left: &[u16],
+    ) -> u32 {
+        let (generations, _) = self.publish_put(&[slot], &[birth], &[keys]);
+        let s = slot as usize;
+        let n_rpcs = self.rpcs.len();
+        let mut total = 0u32;
+        for (r, &left) in reads_left.iter().enumerate().take(n_rpcs) {
+            self.reads_left[s * n_rpcs + r] = left;
+            total += u32::from(left);
+        }
+        self.slots[s].reads_total = total;
+        self.sync_ready(s);
+        generations.first().copied().unwrap_or(0)
+    }
+
     /// Gives claimed slots back (a put that failed or was cancelled before publishing).
     pub(crate) fn abort_put(&mut self, slots: &[u32]) -> Wake {
         for &s in slots {
@@ -483,8 +507,14 @@ impl SlotTable {
         self.leases.next_deadline()
     }
 
-    /// Releases every lease whose deadline is at or before `now`.
-    pub(crate) fn expire_due(&mut self, now: Instant, freed: &mut Vec<u32>) -> Wake {
+    /// Releases every lease whose deadline is at or before `now`; each released lease's
+    /// RPC and slots are appended to `expired` (for the log).
+    pub(crate) fn expire_due(
+        &mut self,
+        now: Instant,
+        freed: &mut Vec<u32>,
+        expired: &mut Vec<(usize, Vec<u32>)>,
+    ) -> Wake {
         let mut wake = Wake::default();
         while let Some(id) = self.leases.pop_due(now) {
             if let Some(lease) = self.leases.get(id) {
@@ -495,10 +525,17 @@ impl SlotTable {
                     slots = lease.slots.len(),
                     "lease expired; redelivering"
                 );
+                expired.push((r, lease.slots.clone()));
             }
             wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));
         }
         wake
+    }
+
+    /// Takes away a live lease's deadline, so it cannot expire while its completion is
+    /// being made durable.
+    pub(crate) fn pin_lease(&mut self, id: LeaseId) {
+        self.leases.pin(id);
     }
 
     /// Counts a getter of RPC `r` as parked (it found too few eligible samples).

@@ -160,7 +160,7 @@ fn expired_lease_is_released_once() {
     assert!(t.lease(id, Some(t0 + Duration::from_secs(5))).is_err());
     let mut freed = Vec::new();
     t.park_getter(0);
-    let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed);
+    let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed, &mut Vec::new());
     assert_eq!(wake.rpcs, 1);
     assert_eq!(
         (t.totals.redelivered[0], t.totals.expired_leases[0]),
@@ -431,7 +431,7 @@ proptest! {
                 Op::Tick(secs) => {
                     now += Duration::from_secs(secs);
                     let mut freed = Vec::new();
-                    let _ = t.expire_due(now, &mut freed);
+                    let _ = t.expire_due(now, &mut freed, &mut Vec::new());
                     prop_assert!(freed.is_empty(), "expiry never frees");
                     let due: Vec<usize> = (0..m.leases.len())
                         .filter(|&k| m.leases[k].deadline.is_some_and(|d| d <= now))
