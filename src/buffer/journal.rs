@@ -73,9 +73,6 @@ pub(crate) type JournalFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>
 
 /// The log a buffer writes through (see the module docs).
 pub(crate) trait Journal: Send + Sync + fmt::Debug {
-    /// Whether changes wait for their records to be durable before they take effect.
-    fn sync(&self) -> bool;
-
     /// Queues `records` as one unit. Called with the buffer's lock held: it must only
     /// queue, never block, wait, or run or drop `then` (which takes the buffer's lock).
     /// `then`, if given, is called with the unit's fate. A journal that can no longer write

@@ -301,7 +301,7 @@ fn encode_segment(s: &str) -> String {
 /// FNV-1a over the encoded file: a fixed algorithm, so the same rows give the same name in
 /// every process and toolchain (a retried write replaces itself), and different rows never
 /// take another file's name (ids that recur across runs do not overwrite older files).
-fn content_hash(bytes: &[u8]) -> u64 {
+pub(crate) fn content_hash(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })

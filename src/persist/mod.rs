@@ -1,21 +1,41 @@
-//! Storage: where a buffer's files live, and the Parquet archive of consumed samples.
+//! Storage: where a buffer's files live, the write-ahead log and checkpoints that make it
+//! survive a crash, and the Parquet archive of consumed samples.
 //!
-//! * `store.rs`: [`Store`], one `object_store` backend chosen by URL (`memory://`,
-//!   `file:///path` or a bare path, `s3://`, `gs://`, `az://`) plus a prefix inside it;
-//!   the only place that talks to `object_store`.
-//! * `archive.rs`: [`ArchiveWriter`], a hive-partitioned, zstd-compressed Parquet dataset of
-//!   samples that left the buffer, readable by pyarrow, DuckDB and Polars without this
-//!   crate;
-//! * `archiver.rs`: [`Archiver`], the background task that batches the buffer's consumed
-//!   samples (it is the buffer's `FreedSink`) and writes them with an `ArchiveWriter`.
+//! Layout under a store's root:
 //!
-//! Nothing here knows about slots or leases; the buffer hands it whole samples through the
-//! `FreedSink` trait it defines, and never imports this module.
+//! ```text
+//! wal/<seq>.log                  group commits of log records (see `log.rs`)
+//! segments/seg-<hash>.parquet    checkpointed samples (see `checkpoint.rs`)
+//! manifest/<number>.json         the current checkpoint: segments and where the log resumes
+//! archive/environment=<e>/policy_version=<v>/part-<hash>.parquet   consumed samples
+//! ```
+//!
+//! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
+//!   talks to `object_store`.
+//! * `codec.rs`: the binary encoding of records and samples; `log.rs`: log group files.
+//! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
+//!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
+//!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
+//! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
+//!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
+//!   batches them (the buffer's `FreedSink`).
+//!
+//! The buffer defines the `Journal` and `FreedSink` traits this module implements and never
+//! imports it.
 
 mod archive;
 mod archiver;
+mod checkpoint;
+mod codec;
+mod log;
+mod open;
+mod recover;
+mod state;
 mod store;
+mod wal;
 
 pub use archive::{ArchiveWriter, ArchivedSample, ExitReason};
 pub use archiver::{ArchiveOptions, Archiver};
+pub use open::{PersistOptions, RecoveryMode};
 pub use store::Store;
+pub use wal::Durability;

@@ -23,6 +23,9 @@ pub enum Fault {
     /// Writes store the first half of the object, then report a failure (an upload cut
     /// short on a store without atomic puts).
     Tear = 2,
+    /// Writes wait until the fault is changed, then do what the new fault says (a store
+    /// that hangs).
+    Stall = 3,
 }
 
 /// Wraps a store; reads, lists and deletes always go through.
@@ -34,6 +37,10 @@ pub struct FaultyStore {
     grace: AtomicUsize,
     /// Writes refused or torn so far.
     pub injected: AtomicUsize,
+    /// Stalled writes wait here for the fault to change.
+    changed: tokio::sync::Notify,
+    /// Writes waiting in a stall.
+    pub stalled: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -43,6 +50,8 @@ impl FaultyStore {
             fault: AtomicU8::new(Fault::None as u8),
             grace: AtomicUsize::new(0),
             injected: AtomicUsize::new(0),
+            changed: tokio::sync::Notify::new(),
+            stalled: AtomicUsize::new(0),
         })
     }
 
@@ -54,6 +63,22 @@ impl FaultyStore {
     pub fn set_after(&self, fault: Fault, grace: usize) {
         self.grace.store(grace, Ordering::SeqCst);
         self.fault.store(fault as u8, Ordering::SeqCst);
+        self.changed.notify_waiters();
+    }
+
+    /// Waits while the fault is `Stall`, then returns the fault that applies.
+    async fn fault_after_stall(&self) -> Fault {
+        loop {
+            let mut changed = std::pin::pin!(self.changed.notified());
+            changed.as_mut().enable();
+            let fault = self.fault();
+            if fault != Fault::Stall {
+                return fault;
+            }
+            self.stalled.fetch_add(1, Ordering::SeqCst);
+            changed.await;
+            self.stalled.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     fn fault(&self) -> Fault {
@@ -67,6 +92,7 @@ impl FaultyStore {
         match self.fault.load(Ordering::SeqCst) {
             1 => Fault::Fail,
             2 => Fault::Tear,
+            3 => Fault::Stall,
             _ => Fault::None,
         }
     }
@@ -94,8 +120,8 @@ impl ObjectStore for FaultyStore {
         payload: PutPayload,
         opts: PutOptions,
     ) -> Result<PutResult> {
-        match self.fault() {
-            Fault::None => self.inner.put_opts(location, payload, opts).await,
+        match self.fault_after_stall().await {
+            Fault::None | Fault::Stall => self.inner.put_opts(location, payload, opts).await,
             Fault::Fail => Err(self.injected_error(location)),
             Fault::Tear => {
                 let bytes = bytes::Bytes::from(payload);

@@ -1,0 +1,455 @@
+//! Checkpoints: the durable state folded into immutable Parquet segments, made current by a
+//! manifest committed with create-if-absent.
+//!
+//! ```text
+//! segments/seg-<hash of bytes>.parquet   id | birth | seq | state (binary)
+//! manifest/<number, 20 digits>.json      segments, log_from, RPCs, totals
+//! ```
+//!
+//! Segment rows hold a sample's id and birth as plain columns (for inspection with any
+//! Parquet reader) and its reads used plus every field in `state`, in this crate's binary
+//! encoding, so a segment stores whatever the buffer held, whatever its field types. Files
+//! are named by a hash of their bytes: a retried upload rewrites the same object. A
+//! checkpoint exists once its manifest does; `PutMode::Create` makes that the commit point,
+//! and a manifest number that is already taken means another writer shares the store.
+//! Recovery reads the newest manifest, its segments, and the log groups from `log_from` on;
+//! anything no manifest names is an orphan, deleted only after a newer manifest commits.
+
+use super::archive::content_hash;
+use super::codec::{put_sample, take_sample, Reader, Writer};
+use super::log::{parse_log_path, LOG_DIR};
+use super::state::{DurableState, Entry, RpcTotals};
+use super::store::Store;
+use crate::error::{Error, Result};
+use crate::rpc_defs::RpcDef;
+use crate::sync::Arc;
+use arrow_array::{Array, BinaryArray, RecordBatch, StringArray, UInt64Array};
+use arrow_schema::{DataType, Field, Schema};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+const SEGMENT_DIR: &str = "segments";
+const MANIFEST_DIR: &str = "manifest";
+/// Rows per segment file: bounds the memory one file takes to write or read.
+const SEGMENT_ROWS: usize = 65_536;
+const FORMAT: u64 = 1;
+
+/// An RPC as a manifest records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredRpc {
+    pub(crate) name: String,
+    pub(crate) reads: u32,
+    pub(crate) inputs: Vec<String>,
+    pub(crate) outputs: Vec<String>,
+}
+
+impl From<&RpcDef> for StoredRpc {
+    fn from(d: &RpcDef) -> Self {
+        Self {
+            name: d.name.clone(),
+            reads: d.reads,
+            inputs: d.inputs.clone(),
+            outputs: d.outputs.clone(),
+        }
+    }
+}
+
+/// The configuration a checkpoint was written under.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct StoredConfig {
+    pub(crate) rpcs: Vec<StoredRpc>,
+    pub(crate) external_keys: Vec<String>,
+}
+
+impl StoredConfig {
+    /// Every key the configuration names.
+    pub(crate) fn keys(&self) -> Vec<&str> {
+        let mut keys: Vec<&str> = self
+            .rpcs
+            .iter()
+            .flat_map(|r| r.inputs.iter().chain(&r.outputs))
+            .chain(&self.external_keys)
+            .map(String::as_str)
+            .collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
+/// A committed checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Manifest {
+    pub(crate) number: u64,
+    /// The first log group not folded into the segments.
+    pub(crate) log_from: u64,
+    pub(crate) segments: Vec<String>,
+    pub(crate) bytes: u64,
+    pub(crate) config: StoredConfig,
+    pub(crate) put: u64,
+    pub(crate) freed: u64,
+    pub(crate) next_seq: u64,
+    pub(crate) totals: BTreeMap<String, RpcTotals>,
+}
+
+fn manifest_path(number: u64) -> String {
+    format!("{MANIFEST_DIR}/{number:020}.json")
+}
+
+fn parse_manifest_path(path: &str) -> Option<u64> {
+    let digits = path
+        .strip_prefix(MANIFEST_DIR)?
+        .strip_prefix('/')?
+        .strip_suffix(".json")?;
+    (digits.len() == 20).then_some(())?;
+    digits.parse().ok()
+}
+
+fn corrupt(store: &Store, path: &str, detail: impl std::fmt::Display) -> Error {
+    Error::Corrupt {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: detail.to_string(),
+    }
+}
+
+impl Manifest {
+    fn to_json(&self) -> Value {
+        let rpcs: Vec<Value> = self
+            .config
+            .rpcs
+            .iter()
+            .map(|r| json!({"name": r.name, "reads": r.reads, "inputs": r.inputs, "outputs": r.outputs}))
+            .collect();
+        let totals: serde_json::Map<String, Value> = self
+            .totals
+            .iter()
+            .map(|(name, t)| {
+                let v = json!({"reads": t.reads, "redelivered": t.redelivered, "expired_leases": t.expired_leases});
+                (name.clone(), v)
+            })
+            .collect();
+        json!({
+            "format": FORMAT,
+            "number": self.number,
+            "log_from": self.log_from,
+            "segments": self.segments,
+            "bytes": self.bytes,
+            "rpcs": rpcs,
+            "external_keys": self.config.external_keys,
+            "put": self.put,
+            "freed": self.freed,
+            "next_seq": self.next_seq,
+            "totals": totals,
+        })
+    }
+
+    fn from_json(v: &Value) -> std::result::Result<Self, String> {
+        let u = |k: &str| v.get(k).and_then(Value::as_u64).ok_or(format!("no `{k}`"));
+        let strings = |v: Option<&Value>, what: &str| -> std::result::Result<Vec<String>, String> {
+            v.and_then(Value::as_array)
+                .ok_or(format!("no `{what}` list"))?
+                .iter()
+                .map(|s| {
+                    s.as_str()
+                        .map(str::to_owned)
+                        .ok_or(format!("`{what}`: not a string"))
+                })
+                .collect()
+        };
+        if u("format")? != FORMAT {
+            return Err(format!("format {} is not {FORMAT}", u("format")?));
+        }
+        let mut rpcs = Vec::new();
+        for r in v.get("rpcs").and_then(Value::as_array).ok_or("no `rpcs`")? {
+            rpcs.push(StoredRpc {
+                name: r
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or("rpc without a name")?
+                    .to_owned(),
+                reads: r
+                    .get("reads")
+                    .and_then(Value::as_u64)
+                    .ok_or("rpc without reads")? as u32,
+                inputs: strings(r.get("inputs"), "inputs")?,
+                outputs: strings(r.get("outputs"), "outputs")?,
+            });
+        }
+        let mut totals = BTreeMap::new();
+        for (name, t) in v
+            .get("totals")
+            .and_then(Value::as_object)
+            .ok_or("no `totals`")?
+        {
+            let f = |k: &str| t.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let t = RpcTotals {
+                reads: f("reads"),
+                redelivered: f("redelivered"),
+                expired_leases: f("expired_leases"),
+            };
+            totals.insert(name.clone(), t);
+        }
+        Ok(Self {
+            number: u("number")?,
+            log_from: u("log_from")?,
+            segments: strings(v.get("segments"), "segments")?,
+            bytes: u("bytes")?,
+            config: StoredConfig {
+                rpcs,
+                external_keys: strings(v.get("external_keys"), "external_keys")?,
+            },
+            put: u("put")?,
+            freed: u("freed")?,
+            next_seq: u("next_seq")?,
+            totals,
+        })
+    }
+}
+
+// ----- writing ---------------------------------------------------------------------------
+
+/// Writes `state` (everything the log holds before group `log_from`) as checkpoint
+/// `number`, then deletes what it supersedes. Returns the committed manifest.
+pub(crate) async fn write(
+    store: &Store,
+    state: &DurableState,
+    log_from: u64,
+    number: u64,
+    config: &StoredConfig,
+) -> Result<Manifest> {
+    let entries = state.ordered();
+    let mut segments = Vec::new();
+    let mut bytes = 0u64;
+    for chunk in entries.chunks(SEGMENT_ROWS) {
+        let encoded = encode_segment(chunk).map_err(|e| Error::Storage {
+            url: store.url().to_owned(),
+            path: SEGMENT_DIR.to_owned(),
+            detail: e,
+        })?;
+        let path = format!("{SEGMENT_DIR}/seg-{:016x}.parquet", content_hash(&encoded));
+        bytes += encoded.len() as u64;
+        store.put(&path, encoded).await?;
+        segments.push(path);
+    }
+    let manifest = Manifest {
+        number,
+        log_from,
+        segments,
+        bytes,
+        config: config.clone(),
+        put: state.put,
+        freed: state.freed,
+        next_seq: state.next_seq,
+        totals: state
+            .rpcs
+            .iter()
+            .map(|(name, t)| (name.to_string(), *t))
+            .collect(),
+    };
+    let path = manifest_path(number);
+    let json = Bytes::from(manifest.to_json().to_string());
+    if !store.put_if_absent(&path, json).await? {
+        return Err(Error::Storage {
+            url: store.url().to_owned(),
+            path,
+            detail: "this manifest already exists: another buffer is writing to this store".into(),
+        });
+    }
+    tracing::debug!(
+        number,
+        log_from,
+        rows = entries.len(),
+        bytes,
+        "checkpoint committed"
+    );
+    if let Err(e) = delete_superseded(store, &manifest).await {
+        tracing::warn!(error = %e, "could not delete files the checkpoint superseded");
+    }
+    Ok(manifest)
+}
+
+/// Deletes log groups before the manifest's `log_from`, segments it does not name, and
+/// older manifests.
+async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
+    for path in store.list(LOG_DIR).await? {
+        if parse_log_path(&path).is_some_and(|seq| seq < manifest.log_from) {
+            store.delete(&path).await?;
+        }
+    }
+    for path in store.list(SEGMENT_DIR).await? {
+        if !manifest.segments.contains(&path) {
+            store.delete(&path).await?;
+        }
+    }
+    for path in store.list(MANIFEST_DIR).await? {
+        if parse_manifest_path(&path).is_some_and(|n| n < manifest.number) {
+            store.delete(&path).await?;
+        }
+    }
+    Ok(())
+}
+
+fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
+    let ids = StringArray::from_iter_values(entries.iter().map(|e| e.sample.id.as_str()));
+    let births = UInt64Array::from_iter_values(entries.iter().map(|e| e.sample.birth.unwrap_or(0)));
+    let seqs = UInt64Array::from_iter_values(entries.iter().map(|e| e.seq));
+    let states: Vec<Vec<u8>> = entries
+        .iter()
+        .map(|e| {
+            let mut w = Writer::default();
+            w.len(e.used.len());
+            for (rpc, &used) in &e.used {
+                w.str(rpc);
+                w.u16(used);
+            }
+            put_sample(&mut w, &e.sample);
+            w.buf
+        })
+        .collect();
+    let states = BinaryArray::from_iter_values(states.iter());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("birth", DataType::UInt64, false),
+        Field::new("seq", DataType::UInt64, false),
+        Field::new("state", DataType::Binary, false),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(ids),
+            Arc::new(births),
+            Arc::new(seqs),
+            Arc::new(states),
+        ],
+    )
+    .map_err(|e| e.to_string())?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
+        .build();
+    let mut buf = Vec::new();
+    let mut writer =
+        ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(|e| e.to_string())?;
+    writer.write(&batch).map_err(|e| e.to_string())?;
+    writer.close().map_err(|e| e.to_string())?;
+    Ok(Bytes::from(buf))
+}
+
+// ----- reading ---------------------------------------------------------------------------
+
+/// The newest manifest and the state its segments hold, or `None` for a store without
+/// one. With `lenient`, a damaged manifest or segment is skipped with a warning (falling
+/// back to an older manifest, or to an empty state) instead of failing.
+pub(crate) async fn load(store: &Store, lenient: bool) -> Result<Option<(Manifest, DurableState)>> {
+    let mut numbers: Vec<(u64, String)> = store
+        .list(MANIFEST_DIR)
+        .await?
+        .into_iter()
+        .filter_map(|p| parse_manifest_path(&p).map(|n| (n, p)))
+        .collect();
+    numbers.sort();
+    while let Some((_, path)) = numbers.pop() {
+        match load_one(store, &path).await {
+            Ok(loaded) => return Ok(Some(loaded)),
+            Err(e) if lenient => {
+                tracing::warn!(error = %e, "skipping a damaged checkpoint (lenient recovery)");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)> {
+    let bytes = store
+        .get(path)
+        .await?
+        .ok_or_else(|| corrupt(store, path, "listed but gone"))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(store, path, e))?;
+    let manifest = Manifest::from_json(&value).map_err(|e| corrupt(store, path, e))?;
+    let mut state = DurableState {
+        next_seq: manifest.next_seq,
+        put: manifest.put,
+        freed: manifest.freed,
+        rpcs: manifest
+            .totals
+            .iter()
+            .map(|(n, t)| (Arc::from(n.as_str()), *t))
+            .collect(),
+        ..DurableState::default()
+    };
+    for segment in &manifest.segments {
+        let bytes = store
+            .get(segment)
+            .await?
+            .ok_or_else(|| corrupt(store, segment, "named by the manifest but missing"))?;
+        // The Parquet decoder is not panic-free on every malformed page: a bad file must
+        // come back as an error naming it.
+        let decoded = std::panic::catch_unwind(|| decode_segment(bytes))
+            .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
+            .map_err(|e| corrupt(store, segment, e))?;
+        for entry in decoded {
+            state.samples.insert(entry.sample.id.clone(), entry);
+        }
+    }
+    Ok((manifest, state))
+}
+
+fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
+    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
+        .and_then(|b| b.build())
+        .map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| e.to_string())?;
+        let column = |name: &str| {
+            batch
+                .column_by_name(name)
+                .ok_or(format!("no `{name}` column"))
+        };
+        let seqs = column("seq")?
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .ok_or("`seq` is not uint64")?
+            .clone();
+        let states = column("state")?
+            .as_any()
+            .downcast_ref::<BinaryArray>()
+            .ok_or("`state` is not binary")?
+            .clone();
+        for row in 0..batch.num_rows() {
+            let mut r = Reader::new(states.value(row));
+            let n = r.count(10)?;
+            let mut used = BTreeMap::new();
+            for _ in 0..n {
+                let rpc: Arc<str> = Arc::from(r.str()?);
+                used.insert(rpc, r.u16()?);
+            }
+            let sample = take_sample(&mut r).map_err(|e| format!("row {row}: {e}"))?;
+            out.push(Entry {
+                seq: seqs.value(row),
+                sample: Arc::new(sample),
+                used,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Every log path from `log_from` on, with its sequence number, in order.
+pub(crate) async fn log_files(store: &Store, log_from: u64) -> Result<Vec<(u64, String)>> {
+    let mut files: Vec<(u64, String)> = store
+        .list(LOG_DIR)
+        .await?
+        .into_iter()
+        .filter_map(|p| parse_log_path(&p).map(|s| (s, p)))
+        .filter(|&(s, _)| s >= log_from)
+        .collect();
+    files.sort();
+    Ok(files)
+}

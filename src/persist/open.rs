@@ -1,0 +1,254 @@
+//! `SequenceBuffer::open`: a buffer whose contents live in a store, created or recovered.
+//!
+//! Opening recovers the newest checkpoint and the log after it, checks that the stored
+//! data fits the RPC definitions given, restores every sample with the reads it has left
+//! (leases held at the crash come back released), writes a fresh checkpoint when the log
+//! had anything to replay, and starts the log writer and the archiver.
+
+use super::archive::ArchiveWriter;
+use super::archiver::{ArchiveOptions, Archiver};
+use super::checkpoint::{self, StoredConfig, StoredRpc};
+use super::recover::recover;
+use super::state::DurableState;
+use super::store::Store;
+use super::wal::{Durability, Wal, WriterSetup};
+use crate::buffer::{BufferConfig, Journal, SequenceBuffer};
+use crate::error::{Error, Result};
+use crate::rpc_defs::RpcDef;
+use crate::sync::{births_after, Arc};
+
+/// What recovery does with a damaged file that is not the log's torn tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RecoveryMode {
+    /// Fail with [`Error::Corrupt`] naming the file.
+    #[default]
+    Strict,
+    /// Skip it with a warning and recover what the other files hold.
+    Lenient,
+}
+
+/// How a persistent buffer logs, recovers and archives.
+///
+/// ```
+/// use rollout_buffer::persist::{Durability, PersistOptions, RecoveryMode};
+/// /// let options = PersistOptions::new()
+///     .durability(Durability::Interval(Duration::from_millis(10)))
+///     .recovery(RecoveryMode::Strict);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone)]
+pub struct PersistOptions {
+    durability: Durability,
+    recovery: RecoveryMode,
+    archive: Option<ArchiveOptions>,
+    checkpoint_bytes: u64,
+}
+
+impl Default for PersistOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PersistOptions {
+    /// `Durability::Sync`, strict recovery, consumed samples archived with the default
+    /// [`ArchiveOptions`], a checkpoint once 64 MiB of log (and at least the size of the
+    /// last checkpoint) has been written.
+    pub fn new() -> Self {
+        Self {
+            durability: Durability::Sync,
+            recovery: RecoveryMode::Strict,
+            archive: Some(ArchiveOptions::default()),
+            checkpoint_bytes: 64 << 20,
+        }
+    }
+
+    /// When a change counts as done.
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// What recovery does with damaged files.
+    pub fn recovery(mut self, mode: RecoveryMode) -> Self {
+        self.recovery = mode;
+        self
+    }
+
+    /// Archives consumed samples under `<url>/archive/` with `options` (the default), or,
+    /// with `None`, not at all.
+    pub fn archive(mut self, options: Option<ArchiveOptions>) -> Self {
+        self.archive = options;
+        self
+    }
+
+    /// Log bytes written before a checkpoint folds the log into segments (it also waits
+    /// until the log outgrows the last checkpoint, so checkpoints cost amortised O(1) per
+    /// logged byte).
+    pub fn checkpoint_bytes(mut self, bytes: u64) -> Self {
+        self.checkpoint_bytes = bytes;
+        self
+    }
+}
+
+impl SequenceBuffer {
+    /// Creates or recovers the buffer stored at `url` (`memory://`, `file:///dir` or a
+    /// path, `s3://bucket/prefix`, `gs://…`, `az://…`): `capacity` slots serving `rpcs`.
+    /// Must run inside a tokio runtime (the log writer and archiver are tasks).
+    ///
+    /// Everything durable before a crash comes back: samples with their fields, amends,
+    /// births and the reads each RPC has left; leases held at the crash come back released.
+    /// Fails with [`Error::Corrupt`] naming a damaged file (unless
+    /// [`RecoveryMode::Lenient`]), and with [`Error::Incompatible`] when the stored data
+    /// needs an RPC or key that `rpcs` no longer has, or more slots than `capacity`.
+    ///
+    /// ```
+    /// use rollout_buffer::{persist::PersistOptions, RpcDef, Sample, SequenceBuffer};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), rollout_buffer::Error> {
+    /// let dir = std::env::temp_dir().join(format!("rb-open-doc-{}", std::process::id()));
+    /// let url = dir.to_string_lossy().into_owned();
+    /// let rpcs = || [RpcDef::new("train", 1).inputs(["tokens"])];
+    /// let buf = SequenceBuffer::open(&url, 8, rpcs(), PersistOptions::new()).await?;
+    /// buf.put_batch(vec![Sample::new("a").with("tokens", vec![1i32, 2])]).await?;
+    /// drop(buf); // or a crash: the put returned, so it is on disk
+    /// let again = SequenceBuffer::open(&url, 8, rpcs(), PersistOptions::new()).await?;
+    /// assert_eq!(again.len(), 1);
+    /// # drop(again);
+    /// # std::fs::remove_dir_all(&dir).ok();
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn open(
+        url: &str,
+        capacity: usize,
+        rpcs: impl IntoIterator<Item = RpcDef>,
+        options: PersistOptions,
+    ) -> Result<Self> {
+        let store = Store::open(url)?;
+        Self::open_in(store, BufferConfig::new(capacity).rpcs(rpcs), options).await
+    }
+
+    /// [`Self::open`] on a [`Store`] already opened, with a full configuration (external
+    /// keys; a freed-sample sink of its own replaces the archiver).
+    pub async fn open_in(
+        store: Store,
+        mut config: BufferConfig,
+        options: PersistOptions,
+    ) -> Result<Self> {
+        let lenient = options.recovery == RecoveryMode::Lenient;
+        let mut recovered = recover(&store, lenient).await?;
+        let stored_config = StoredConfig {
+            rpcs: config.rpcs.iter().map(StoredRpc::from).collect(),
+            external_keys: config.external_keys.clone(),
+        };
+        let old_config = recovered.manifest.as_ref().map(|m| &m.config);
+        check_compatible(&recovered.state, old_config, &stored_config)?;
+        let reads: Vec<(Arc<str>, u16)> = config
+            .rpcs
+            .iter()
+            .map(|d| {
+                (
+                    Arc::from(d.name.as_str()),
+                    u16::try_from(d.reads).unwrap_or(u16::MAX),
+                )
+            })
+            .collect();
+        let restored = recovered.state.restored(&reads);
+        births_after(recovered.state.max_birth());
+        if config.freed_sink.is_none() {
+            if let Some(archive) = options.archive.clone() {
+                let archiver = Archiver::start(ArchiveWriter::new(store.clone()), archive)?;
+                config = config.freed_sink(archiver);
+            }
+        }
+        let sync = options.durability == Durability::Sync;
+        let buffer = SequenceBuffer::build(config, sync)?;
+        if options.durability == Durability::None {
+            buffer.restore(restored, None)?;
+            return Ok(buffer);
+        }
+        let mut number = recovered.manifest.as_ref().map_or(0, |m| m.number + 1);
+        let mut checkpoint_size = recovered.manifest.as_ref().map_or(0, |m| m.bytes);
+        let changed = Some(&stored_config) != recovered.manifest.as_ref().map(|m| &m.config);
+        let mut skipped = recovered.skipped;
+        if recovered.replayed > 0 || changed || !skipped.is_empty() {
+            // Fold what was replayed into a checkpoint now: the next recovery starts from
+            // it, and the skipped groups are deleted with the rest of the old log.
+            let next = recovered.next_seq;
+            let m =
+                checkpoint::write(&store, &recovered.state, next, number, &stored_config).await?;
+            number += 1;
+            checkpoint_size = m.bytes;
+            skipped.clear();
+        }
+        let wal = Wal::start(WriterSetup {
+            store,
+            durability: options.durability,
+            seq: recovered.next_seq,
+            abandoned: skipped,
+            state: recovered.state,
+            manifest: number,
+            config: stored_config,
+            checkpoint_bytes: options.checkpoint_bytes,
+            checkpoint_size,
+        })?;
+        let journal: Arc<dyn Journal> = Arc::new(wal);
+        buffer.restore(restored, Some(journal))?;
+        Ok(buffer)
+    }
+}
+
+/// Fails when the stored samples need something the new configuration dropped: reads of
+/// an RPC that no longer exists, or a key the old configuration knew and the new one does
+/// not.
+fn check_compatible(
+    state: &DurableState,
+    old: Option<&StoredConfig>,
+    new: &StoredConfig,
+) -> Result<()> {
+    let Some(old) = old else {
+        return Ok(());
+    };
+    let new_keys = new.keys();
+    let removed: Vec<&str> = old
+        .keys()
+        .into_iter()
+        .filter(|k| !new_keys.contains(k))
+        .collect();
+    for key in removed {
+        let holders = state
+            .samples
+            .values()
+            .filter(|e| e.sample.get(key).is_some())
+            .count();
+        if holders > 0 {
+            return Err(Error::Incompatible {
+                detail: format!(
+                    "key `{key}` was removed from the RPC definitions, but {holders} stored \
+                     samples hold it"
+                ),
+            });
+        }
+    }
+    for rpc in &old.rpcs {
+        if new.rpcs.iter().any(|r| r.name == rpc.name) {
+            continue;
+        }
+        let owed = state
+            .samples
+            .values()
+            .filter(|e| u32::from(e.used.get(rpc.name.as_str()).copied().unwrap_or(0)) < rpc.reads)
+            .count();
+        if owed > 0 {
+            return Err(Error::Incompatible {
+                detail: format!(
+                    "RPC `{}` was removed, but {owed} stored samples still owe it reads",
+                    rpc.name
+                ),
+            });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,115 @@
+//! Recovery: the newest checkpoint plus the log groups after it.
+//!
+//! Groups are applied in sequence order. A group that a later group declares abandoned is
+//! ignored (its write failed and its callers were told so). A damaged group (bad checksum,
+//! truncated) that is the last one is a torn tail, the write a crash interrupted: it is
+//! skipped with a warning. Any other damaged or missing group is an error naming its path,
+//! or a warning under lenient recovery. Nothing here panics on what it reads.
+
+use super::checkpoint::{self, Manifest};
+use super::log::{decode_group, log_path};
+use super::state::DurableState;
+use super::store::Store;
+use crate::error::{Error, Result};
+use std::collections::BTreeSet;
+
+/// What recovery found.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    pub(crate) manifest: Option<Manifest>,
+    pub(crate) state: DurableState,
+    /// The sequence number the next log group must take.
+    pub(crate) next_seq: u64,
+    /// Groups skipped (torn, damaged, or missing) that the next group must declare
+    /// abandoned, so a later recovery never applies them either.
+    pub(crate) skipped: Vec<u64>,
+    /// Log groups applied on top of the checkpoint.
+    pub(crate) replayed: usize,
+}
+
+pub(crate) async fn recover(store: &Store, lenient: bool) -> Result<Recovered> {
+    let (manifest, mut state) = match checkpoint::load(store, lenient).await? {
+        Some((m, s)) => (Some(m), s),
+        None => (None, DurableState::default()),
+    };
+    let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
+    let files = checkpoint::log_files(store, log_from).await?;
+    let mut groups = Vec::with_capacity(files.len());
+    for (seq, path) in files {
+        // A file deleted between the listing and the read is a missing group, handled below.
+        let Some(bytes) = store.get(&path).await? else {
+            continue;
+        };
+        let decoded = decode_group(&bytes).and_then(|g| {
+            if g.seq == seq {
+                Ok(g)
+            } else {
+                Err(format!(
+                    "holds group {} under the name of group {seq}",
+                    g.seq
+                ))
+            }
+        });
+        groups.push((seq, path, decoded));
+    }
+    let abandoned: BTreeSet<u64> = groups
+        .iter()
+        .filter_map(|(_, _, g)| g.as_ref().ok())
+        .flat_map(|g| g.abandoned.iter().copied())
+        .collect();
+    let last = groups.last().map(|(seq, _, _)| *seq);
+    let mut skipped = Vec::new();
+    let mut replayed = 0;
+    let mut expected = log_from;
+    let damaged = |path: &str, detail: String| Error::Corrupt {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail,
+    };
+    for (seq, path, decoded) in groups {
+        for missing in expected..seq {
+            if abandoned.contains(&missing) {
+                continue;
+            }
+            let path = log_path(missing);
+            let detail = "log group missing while later groups exist".to_owned();
+            if !lenient {
+                return Err(damaged(&path, detail));
+            }
+            tracing::warn!(%path, "{detail}; skipped (lenient recovery)");
+            skipped.push(missing);
+        }
+        expected = seq + 1;
+        if abandoned.contains(&seq) {
+            continue;
+        }
+        match decoded {
+            Ok(group) => {
+                group.records.iter().for_each(|r| state.apply(r));
+                replayed += 1;
+            }
+            Err(detail) if Some(seq) == last => {
+                tracing::warn!(%path, %detail, "torn last log group skipped");
+                skipped.push(seq);
+            }
+            Err(detail) if lenient => {
+                tracing::warn!(%path, %detail, "damaged log group skipped (lenient recovery)");
+                skipped.push(seq);
+            }
+            Err(detail) => return Err(damaged(&path, detail)),
+        }
+    }
+    if state.unmatched > 0 {
+        tracing::warn!(
+            records = state.unmatched,
+            "log records named samples the recovered state does not hold"
+        );
+    }
+    Ok(Recovered {
+        manifest,
+        state,
+        next_seq: expected,
+        skipped,
+        replayed,
+    })
+}

@@ -1,0 +1,337 @@
+//! `Wal`: the write-ahead log a persistent buffer writes through (the buffer's `Journal`),
+//! and the task that commits it in groups and checkpoints it.
+//!
+//! # Locking
+//!
+//! The buffer appends with its own lock held; `Wal::append` only pushes onto the queue under
+//! the queue's mutex and wakes the writer. The writer takes the whole queue at once (one
+//! group commit: every record appended since the last one), encodes and writes it outside
+//! any lock, then runs the callbacks of the units it held, in log order. Lock order is
+//! buffer, then queue; the writer never takes the buffer's lock while holding the queue's.
+//!
+//! # Durability modes
+//!
+//! * `Sync`: the writer commits as soon as anything is queued (while one write is in
+//!   flight, new records gather for the next). A failed write fails every call whose
+//!   records it held (their changes are undone) and the group is *abandoned*: the next
+//!   group lists it, so recovery ignores it even if the failed write left an object.
+//! * `Interval(d)`: changes apply at once; a record waits at most `d` before its group's
+//!   write starts. A failed write is retried, same name and bytes, with backoff, before
+//!   anything newer is written, so the log never has a hole.
+//!
+//! After each commit the writer applies the group to its `DurableState`; once the log
+//! since the last checkpoint outgrows both `checkpoint_bytes` and the last checkpoint, it
+//! starts a checkpoint of that state in a separate task.
+
+use super::checkpoint::{self, StoredConfig};
+use super::log::{encode_group, log_path};
+use super::state::DurableState;
+use super::store::Store;
+use crate::buffer::{Durable, Journal, JournalFuture, Record};
+use crate::error::{Error, Result};
+use crate::sync::{oneshot, Arc, Mutex, Notify};
+use bytes::Bytes;
+use std::fmt;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// When a change counts as done, relative to its log record reaching storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Durability {
+    /// A put, amend or completion returns only after its record is on storage; a failed
+    /// write returns the error with nothing changed.
+    Sync,
+    /// Changes apply at once and are written in groups at most this long after they were
+    /// made: a crash loses at most the last interval, never part of a call and never out
+    /// of order.
+    Interval(Duration),
+    /// No log: the buffer starts from what is stored but records nothing new.
+    None,
+}
+
+/// What the writer needs besides the queue.
+#[derive(Debug)]
+pub(crate) struct WriterSetup {
+    pub(crate) store: Store,
+    pub(crate) durability: Durability,
+    /// The next group's sequence number.
+    pub(crate) seq: u64,
+    /// Groups the next commit must declare abandoned.
+    pub(crate) abandoned: Vec<u64>,
+    pub(crate) state: DurableState,
+    /// The next manifest's number.
+    pub(crate) manifest: u64,
+    pub(crate) config: StoredConfig,
+    /// Log bytes after which a checkpoint is considered.
+    pub(crate) checkpoint_bytes: u64,
+    /// Size of the last checkpoint's segments.
+    pub(crate) checkpoint_size: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    records: Vec<Record>,
+    callbacks: Vec<Durable>,
+    flushes: Vec<oneshot::Sender<Result<()>>>,
+    /// When the oldest queued record was appended.
+    oldest: Option<Instant>,
+    /// The buffer is gone: write what is queued, then stop.
+    closing: bool,
+    /// The writer has stopped: appends hand their callbacks back.
+    stopped: bool,
+}
+
+struct WalShared {
+    queue: Mutex<Queue>,
+    wake: Notify,
+    sync: bool,
+}
+
+/// The journal handle the buffer holds. Dropping it (with the buffer) lets the writer
+/// commit what is queued and stop.
+pub(crate) struct Wal {
+    shared: Arc<WalShared>,
+}
+
+impl fmt::Debug for Wal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Wal")
+            .field("sync", &self.shared.sync)
+            .finish()
+    }
+}
+
+impl Wal {
+    /// Starts the writer on the current runtime.
+    pub(crate) fn start(setup: WriterSetup) -> Result<Self> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime {
+            what: "the write-ahead log",
+        })?;
+        let shared = Arc::new(WalShared {
+            queue: Mutex::new(Queue::default()),
+            wake: Notify::new(),
+            sync: setup.durability == Durability::Sync,
+        });
+        handle.spawn(run(Arc::clone(&shared), setup));
+        Ok(Self { shared })
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        self.shared.queue.lock().closing = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+impl Journal for Wal {
+    fn append(&self, records: Vec<Record>, then: Option<Durable>) -> Option<Durable> {
+        let mut q = self.shared.queue.lock();
+        if q.stopped {
+            tracing::warn!("the log writer has stopped; a change is not logged");
+            return then;
+        }
+        let was_empty = q.records.is_empty();
+        q.records.extend(records);
+        if let Some(then) = then {
+            q.callbacks.push(then);
+        }
+        if q.oldest.is_none() {
+            q.oldest = Some(Instant::now());
+        }
+        drop(q);
+        // The interval writer only needs to know when its timer should start.
+        if self.shared.sync || was_empty {
+            self.shared.wake.notify_one();
+        }
+        None
+    }
+
+    fn flush(&self) -> JournalFuture {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut q = self.shared.queue.lock();
+            if q.stopped {
+                return Box::pin(std::future::ready(Err(Error::Closed)));
+            }
+            q.flushes.push(tx);
+        }
+        self.shared.wake.notify_one();
+        Box::pin(async move { rx.await.unwrap_or(Err(Error::Closed)) })
+    }
+}
+
+/// One group taken off the queue.
+struct Taken {
+    records: Vec<Record>,
+    callbacks: Vec<Durable>,
+    flushes: Vec<oneshot::Sender<Result<()>>>,
+    last: bool,
+}
+
+/// The writer task.
+async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
+    let interval = match w.durability {
+        Durability::Interval(d) => Some(d),
+        _ => None,
+    };
+    // Interval mode: a group that failed, kept to be retried as it was.
+    let mut failed: Option<(u64, Bytes, Vec<Record>)> = None;
+    let mut backoff = Duration::from_millis(10);
+    let mut log_bytes = 0u64;
+    let mut checkpointing: Option<tokio::task::JoinHandle<Result<checkpoint::Manifest>>> = None;
+    loop {
+        let taken = next_group(&shared, interval, failed.is_some()).await;
+        if let Some((seq, bytes, records)) = failed.take() {
+            match w.store.put(&log_path(seq), bytes.clone()).await {
+                Ok(()) => {
+                    log_bytes += bytes.len() as u64;
+                    records.iter().for_each(|r| w.state.apply(r));
+                    backoff = Duration::from_millis(10);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, seq, "log write failed again; retrying");
+                    taken.flushes.into_iter().for_each(|f| {
+                        let _ = f.send(Err(e.clone()));
+                    });
+                    failed = Some((seq, bytes, records));
+                    requeue(&shared, taken.records, taken.callbacks);
+                    if taken.last {
+                        tracing::error!("the buffer is gone and the log cannot be written");
+                        break;
+                    }
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    continue;
+                }
+            }
+        }
+        if !taken.records.is_empty() {
+            let seq = w.seq;
+            let bytes = Bytes::from(encode_group(seq, &w.abandoned, &taken.records));
+            w.seq += 1;
+            match w.store.put(&log_path(seq), bytes.clone()).await {
+                Ok(()) => {
+                    w.abandoned.clear();
+                    log_bytes += bytes.len() as u64;
+                    taken.records.iter().for_each(|r| w.state.apply(r));
+                    taken.callbacks.into_iter().for_each(|f| f(Ok(())));
+                }
+                Err(e) if interval.is_some() => {
+                    tracing::warn!(error = %e, seq, "log write failed; retrying");
+                    taken.flushes.into_iter().for_each(|f| {
+                        let _ = f.send(Err(e.clone()));
+                    });
+                    failed = Some((seq, bytes, taken.records));
+                    if taken.last {
+                        tracing::error!("the buffer is gone and the log cannot be written");
+                        break;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, seq, "log write failed; its calls fail");
+                    w.abandoned.push(seq);
+                    taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
+                    taken.flushes.into_iter().for_each(|f| {
+                        let _ = f.send(Err(e.clone()));
+                    });
+                    if taken.last {
+                        break;
+                    }
+                    continue;
+                }
+            }
+        }
+        taken.flushes.into_iter().for_each(|f| {
+            let _ = f.send(Ok(()));
+        });
+        if taken.last {
+            break;
+        }
+        // Checkpoint once the log since the last one outgrows it (so the work stays
+        // proportional to what is logged) and the configured floor.
+        if let Some(done) = checkpointing.take_if(|h| h.is_finished()) {
+            match done.await {
+                Ok(Ok(m)) => w.checkpoint_size = m.bytes,
+                Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
+                Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
+            }
+        }
+        // Not while a failed group waits for its retry: the state does not hold it yet.
+        let outgrown = log_bytes >= w.checkpoint_bytes.max(w.checkpoint_size);
+        if checkpointing.is_none() && failed.is_none() && outgrown {
+            let (store, state, config) = (w.store.clone(), w.state.clone(), w.config.clone());
+            let (log_from, number) = (w.seq, w.manifest);
+            w.manifest += 1;
+            log_bytes = 0;
+            checkpointing = Some(tokio::spawn(async move {
+                checkpoint::write(&store, &state, log_from, number, &config).await
+            }));
+        }
+    }
+    // Stopped: later appends hand their callbacks back; queued ones are dropped (undone)
+    // here, outside every lock.
+    let leftover = {
+        let mut q = shared.queue.lock();
+        q.stopped = true;
+        std::mem::take(&mut *q)
+    };
+    drop(leftover);
+    if let Some(h) = checkpointing {
+        let _ = h.await;
+    }
+}
+
+/// Puts records back at the front of the queue (the interval writer's retry holds them
+/// back until the failed group is written).
+fn requeue(shared: &WalShared, mut records: Vec<Record>, mut callbacks: Vec<Durable>) {
+    if records.is_empty() && callbacks.is_empty() {
+        return;
+    }
+    let mut q = shared.queue.lock();
+    records.append(&mut q.records);
+    q.records = records;
+    callbacks.append(&mut q.callbacks);
+    q.callbacks = callbacks;
+    if q.oldest.is_none() {
+        q.oldest = Some(Instant::now());
+    }
+}
+
+/// Waits until a group is due and takes it: anything queued in sync mode, the queue once
+/// its oldest record is `interval` old, everything on a flush or when closing, or nothing
+/// (to retry a failed group) when `retry` is set.
+async fn next_group(shared: &WalShared, interval: Option<Duration>, retry: bool) -> Taken {
+    loop {
+        let notified = shared.wake.notified();
+        let deadline = {
+            let mut q = shared.queue.lock();
+            let now = Instant::now();
+            let due_at = match (interval, q.oldest) {
+                (Some(d), Some(t)) => Some(t + d),
+                (None, Some(t)) => Some(t),
+                _ => None,
+            };
+            let due =
+                retry || q.closing || !q.flushes.is_empty() || due_at.is_some_and(|t| t <= now);
+            if due {
+                q.oldest = None;
+                return Taken {
+                    records: std::mem::take(&mut q.records),
+                    callbacks: std::mem::take(&mut q.callbacks),
+                    flushes: std::mem::take(&mut q.flushes),
+                    last: q.closing,
+                };
+            }
+            due_at
+        };
+        match deadline {
+            Some(t) => {
+                let _ = tokio::time::timeout_at(t, notified).await;
+            }
+            None => notified.await,
+        }
+    }
+}

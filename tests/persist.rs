@@ -1,0 +1,332 @@
+//! Persistence through the public API: round trips through every backend and durability
+//! mode, checkpoints, leases at a crash, and configuration changes across a reopen.
+
+mod common;
+
+use common::{assert_invariants, TempDir};
+use rollout_buffer::persist::{Durability, PersistOptions, Store};
+use rollout_buffer::{
+    BufferConfig, Error, Patch, RpcDef, Sample, SequenceBuffer, StoredSample, Tensor,
+};
+use std::time::Duration;
+
+/// Where a test's buffer lives; `store()` opens it again as a new process would.
+enum Backend {
+    Memory(Store),
+    Url(String),
+}
+
+impl Backend {
+    fn store(&self) -> Store {
+        match self {
+            Backend::Memory(store) => store.clone(),
+            Backend::Url(url) => Store::open(url).expect("store opens"),
+        }
+    }
+}
+
+/// Runs `test` against `memory://`, a temp dir, and S3 when the CI server is there.
+async fn each_backend<F, Fut>(tag: &str, test: F)
+where
+    F: Fn(Backend) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    test(Backend::Memory(
+        Store::open("memory://").expect("memory store"),
+    ))
+    .await;
+    let dir = TempDir::new(tag);
+    test(Backend::Url(dir.path().to_owned())).await;
+    if let Some(url) = common::s3_url(tag) {
+        test(Backend::Url(url)).await;
+    }
+}
+
+fn ppo_rpcs() -> Vec<RpcDef> {
+    vec![
+        RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
+        RpcDef::new("reward", 2)
+            .inputs(["tokens"])
+            .outputs(["reward"]),
+        RpcDef::new("train", 2)
+            .inputs(["tokens", "reward"])
+            .reads(2),
+    ]
+}
+
+fn config(capacity: usize) -> BufferConfig {
+    BufferConfig::new(capacity)
+        .rpcs(ppo_rpcs())
+        .external_keys(["score"])
+}
+
+async fn open(backend: &Backend, options: PersistOptions) -> SequenceBuffer {
+    SequenceBuffer::open_in(backend.store(), config(64), options)
+        .await
+        .expect("opens")
+}
+
+fn sample(i: usize) -> Sample {
+    Sample::new(format!("s{i}"))
+        .with("prompt", Tensor::from(vec![i as i32, 1, 2]))
+        .meta("environment", "math")
+        .meta("policy_version", (i % 3) as i64)
+}
+
+/// A workload that leaves samples in every stage: some consumed and freed, some halfway
+/// through the graph, some amended, some untouched.
+async fn workload(buf: &SequenceBuffer) {
+    let handles = buf
+        .put_batch((0..10).map(sample).collect())
+        .await
+        .expect("put");
+    buf.amend_batch(
+        &handles[..3],
+        (0..3)
+            .map(|i| Patch::new().with("score", i as f64).meta("checked", true))
+            .collect(),
+    )
+    .await
+    .expect("amend");
+    for _ in 0..3 {
+        let batch = buf.get_batch_for_rpc("gen").await.expect("gen batch");
+        let out = batch
+            .samples()
+            .map(|s| Patch::new().with("tokens", vec![s.id().as_str().len() as i32; 4]))
+            .collect();
+        batch.complete(out).await.expect("gen completes");
+    }
+    for _ in 0..2 {
+        let batch = buf.get_batch_for_rpc("reward").await.expect("reward batch");
+        let out = batch
+            .samples()
+            .map(|_| Patch::new().with("reward", 0.5f64))
+            .collect();
+        batch.complete(out).await.expect("reward completes");
+    }
+    // Train reads twice: the first pair of samples is consumed and freed, the second
+    // keeps one read.
+    buf.get_batch_for_rpc("train")
+        .await
+        .expect("train")
+        .commit()
+        .await
+        .expect("train commits");
+    buf.get_batch_for_rpc("train")
+        .await
+        .expect("train")
+        .commit()
+        .await
+        .expect("train commits");
+    // A released lease counts as a redelivery.
+    drop(buf.get_batch_for_rpc("gen").await.expect("gen batch"));
+}
+
+fn by_id(mut contents: Vec<StoredSample>) -> Vec<StoredSample> {
+    contents.sort_by(|a, b| a.sample.id().as_str().cmp(b.sample.id().as_str()));
+    contents
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopening_gives_the_same_buffer_in_every_backend_and_mode() {
+    each_backend("roundtrip", |backend| async move {
+        for durability in [
+            Durability::Sync,
+            Durability::Interval(Duration::from_millis(5)),
+        ] {
+            // Each mode on a fresh prefix of the backend.
+            let backend = match &backend {
+                Backend::Memory(_) => Backend::Memory(Store::open("memory://").expect("mem")),
+                Backend::Url(url) => Backend::Url(format!("{url}/{durability:?}")),
+            };
+            let options = || PersistOptions::new().durability(durability);
+            let buf = open(&backend, options()).await;
+            workload(&buf).await;
+            buf.flush().await.expect("flush");
+            let (contents, stats) = (buf.contents(), buf.stats());
+            assert_eq!(stats.freed, 2, "{durability:?}");
+            drop(buf);
+
+            let again = open(&backend, options()).await;
+            assert_invariants(&again);
+            assert_eq!(
+                by_id(again.contents()),
+                by_id(contents.clone()),
+                "{durability:?}"
+            );
+            assert_eq!(again.stats(), stats, "{durability:?}");
+            // Birth order comes back too: FIFO serves the same samples first.
+            let batch = again
+                .get_batch_for_rpc("gen")
+                .await
+                .expect("gen after reopen");
+            let first: Vec<String> = batch.ids().map(|id| id.to_string()).collect();
+            assert_eq!(first, ["s6", "s7"], "{durability:?}");
+            drop(batch);
+            drop(again);
+
+            // A third open replays nothing new and still agrees.
+            let third = open(&backend, options()).await;
+            assert_eq!(by_id(third.contents()), by_id(contents), "{durability:?}");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_held_at_a_crash_come_back_released() {
+    each_backend("leases", |backend| async move {
+        let buf = open(&backend, PersistOptions::new()).await;
+        buf.put_batch((0..4).map(sample).collect())
+            .await
+            .expect("put");
+        let held = buf.get_batch_for_rpc("gen").await.expect("gen");
+        let held_ids: Vec<String> = held.ids().map(|id| id.to_string()).collect();
+        // The process dies holding the lease: nothing releases it.
+        std::mem::forget(held);
+        let again = open(&backend, PersistOptions::new()).await;
+        assert_eq!(again.stats().rpcs[0].eligible, 4);
+        let redelivered = again.get_batch_for_rpc("gen").await.expect("gen");
+        let ids: Vec<String> = redelivered.ids().map(|id| id.to_string()).collect();
+        assert_eq!(
+            ids, held_ids,
+            "the oldest samples, the ones that were leased"
+        );
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_fold_the_log_and_recovery_starts_from_them() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    // Checkpoint after every group.
+    let options = || PersistOptions::new().checkpoint_bytes(1).archive(None);
+    let buf = open(&backend, options()).await;
+    for round in 0..20 {
+        buf.put_batch(vec![sample(round)]).await.expect("put");
+        let batch = buf
+            .get_batch_for_rpc_timeout("gen", Duration::from_millis(1))
+            .await;
+        if let Ok(batch) = batch {
+            let out = batch
+                .samples()
+                .map(|_| Patch::new().with("tokens", vec![1i32]))
+                .collect();
+            batch.complete(out).await.expect("complete");
+        }
+    }
+    buf.flush().await.expect("flush");
+    let contents = by_id(buf.contents());
+    drop(buf);
+    let store = backend.store();
+    let again = open(&backend, options()).await;
+    assert_eq!(by_id(again.contents()), contents);
+    // Opening folded the rest of the log into a checkpoint: one manifest, its segments,
+    // and no log file older than it.
+    let manifests = store.list("manifest").await.expect("list");
+    assert_eq!(manifests.len(), 1, "{manifests:?}");
+    assert!(store.list("wal").await.expect("list").is_empty());
+    assert!(!store.list("segments").await.expect("list").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_segment_is_deleted_once_a_manifest_supersedes_it() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    let buf = open(&backend, PersistOptions::new()).await;
+    buf.put_batch(vec![sample(1)]).await.expect("put");
+    drop(buf);
+    let store = backend.store();
+    // A checkpoint that died between its segment upload and its manifest.
+    store
+        .put("segments/seg-00000000deadbeef.parquet", "partial".into())
+        .await
+        .expect("orphan");
+    let again = open(&backend, PersistOptions::new()).await;
+    assert_eq!(again.len(), 1, "the orphan is not part of the state");
+    let segments = store.list("segments").await.expect("list");
+    assert!(
+        !segments.iter().any(|p| p.contains("deadbeef")),
+        "{segments:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_key_or_an_rpc_that_stored_samples_need_is_a_clear_error() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    let buf = open(&backend, PersistOptions::new()).await;
+    buf.put_batch(vec![sample(1), sample(2)])
+        .await
+        .expect("put");
+    let batch = buf.get_batch_for_rpc("gen").await.expect("gen");
+    let out = batch
+        .samples()
+        .map(|_| Patch::new().with("tokens", vec![1i32]))
+        .collect();
+    batch.complete(out).await.expect("gen");
+    drop(buf);
+
+    // `tokens` is gone from the graph, but the stored samples hold it.
+    let no_tokens = BufferConfig::new(64).rpc(RpcDef::new("gen", 2).inputs(["prompt"]));
+    let err = SequenceBuffer::open_in(backend.store(), no_tokens, PersistOptions::new())
+        .await
+        .expect_err("tokens removed");
+    assert!(
+        matches!(&err, Error::Incompatible { detail } if detail.contains("`tokens`")),
+        "{err}"
+    );
+
+    // `train` is gone but the samples still owe it reads.
+    let no_train = BufferConfig::new(64)
+        .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
+        .rpc(
+            RpcDef::new("reward", 2)
+                .inputs(["tokens"])
+                .outputs(["reward"]),
+        );
+    let err = SequenceBuffer::open_in(backend.store(), no_train, PersistOptions::new())
+        .await
+        .expect_err("train removed");
+    assert!(
+        matches!(&err, Error::Incompatible { detail } if detail.contains("`train`")),
+        "{err}"
+    );
+
+    // Too few slots for what is stored.
+    let err = SequenceBuffer::open_in(backend.store(), config(1), PersistOptions::new())
+        .await
+        .expect_err("capacity 1");
+    assert!(matches!(err, Error::Incompatible { .. }), "{err}");
+
+    // The failed opens changed nothing: the right configuration still recovers both.
+    let again = open(&backend, PersistOptions::new()).await;
+    assert_eq!(again.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_births_after_a_reopen_come_after_the_recovered_ones() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    let buf = open(&backend, PersistOptions::new()).await;
+    buf.put_batch(vec![Sample::new("old")
+        .birth(u64::MAX / 2)
+        .with("prompt", vec![1i32])])
+        .await
+        .expect("put");
+    drop(buf);
+    let again = open(&backend, PersistOptions::new()).await;
+    again
+        .put_batch(vec![Sample::new("new").with("prompt", vec![1i32])])
+        .await
+        .expect("put");
+    let births: Vec<(String, u64)> = again
+        .contents()
+        .iter()
+        .map(|s| {
+            (
+                s.sample.id().to_string(),
+                s.sample.birth_value().unwrap_or(0),
+            )
+        })
+        .collect();
+    assert_eq!(births[0].0, "old", "{births:?}");
+    assert!(births[1].1 > births[0].1, "{births:?}");
+}
