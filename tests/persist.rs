@@ -292,7 +292,20 @@ async fn removing_a_key_or_an_rpc_that_stored_samples_need_is_a_clear_error() {
     );
 
     // Too few slots for what is stored.
-    let err = SequenceBuffer::open_in(backend.store(), config(1), PersistOptions::new())
+    let one_slot = BufferConfig::new(1)
+        .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
+        .rpc(
+            RpcDef::new("reward", 1)
+                .inputs(["tokens"])
+                .outputs(["reward"]),
+        )
+        .rpc(
+            RpcDef::new("train", 1)
+                .inputs(["tokens", "reward"])
+                .reads(2),
+        )
+        .external_keys(["score"]);
+    let err = SequenceBuffer::open_in(backend.store(), one_slot, PersistOptions::new())
         .await
         .expect_err("capacity 1");
     assert!(matches!(err, Error::Incompatible { .. }), "{err}");

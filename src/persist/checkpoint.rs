@@ -388,11 +388,18 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
             .get(segment)
             .await?
             .ok_or_else(|| corrupt(store, segment, "named by the manifest but missing"))?;
+        // The name is the hash of the bytes: any damage shows before decoding (Parquet
+        // pages carry no checksum by default).
+        let expected = format!("{SEGMENT_DIR}/seg-{:016x}.parquet", content_hash(&bytes));
+        if *segment != expected {
+            return Err(corrupt(store, segment, "content does not match its hash"));
+        }
         // The Parquet decoder is not panic-free on every malformed page: a bad file must
         // come back as an error naming it.
-        let decoded = std::panic::catch_unwind(|| decode_segment(bytes))
-            .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
-            .map_err(|e| corrupt(store, segment, e))?;
+        let decoded =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_segment(bytes)))
+                .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
+                .map_err(|e| corrupt(store, segment, e))?;
         for entry in decoded {
             state.samples.insert(entry.sample.id.clone(), entry);
         }

@@ -1,0 +1,195 @@
+//! Fault injection under the write-ahead log: a store that fails, tears or stalls writes.
+//! The caller of the failing operation gets the error and nothing of it is applied; the
+//! buffer keeps serving what it holds; once the store works again so does the buffer, and
+//! a reopen recovers exactly what the buffer acknowledged.
+
+mod common;
+
+use common::faulty::{Fault, FaultyStore};
+use common::wait_until;
+use object_store::memory::InMemory;
+use rollout_buffer::persist::{Durability, PersistOptions, Store};
+use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Sample, SequenceBuffer, StoredSample};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn config() -> BufferConfig {
+    BufferConfig::new(16)
+        .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
+        .rpc(RpcDef::new("train", 1).inputs(["tokens", "score"]))
+        .external_keys(["score"])
+}
+
+async fn open(store: &Store, durability: Durability) -> SequenceBuffer {
+    let options = PersistOptions::new().durability(durability).archive(None);
+    SequenceBuffer::open_in(store.clone(), config(), options)
+        .await
+        .expect("opens")
+}
+
+fn faulty() -> (Arc<FaultyStore>, Store) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "run");
+    (faulty, store)
+}
+
+fn prompt(id: &str) -> Sample {
+    Sample::new(id).with("prompt", vec![1i32, 2])
+}
+
+fn sorted(mut c: Vec<StoredSample>) -> Vec<StoredSample> {
+    c.sort_by(|a, b| a.sample.id().as_str().cmp(b.sample.id().as_str()));
+    c
+}
+
+fn is_storage(e: &Error) -> bool {
+    matches!(e, Error::Storage { path, .. } if path.starts_with("wal/"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_failures_reach_their_callers_and_undo_nothing_else() {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Sync).await;
+    let handles = buf.put_batch(vec![prompt("a")]).await.expect("put a");
+
+    faults.set(Fault::Fail);
+    let err = buf
+        .put_batch(vec![prompt("b")])
+        .await
+        .expect_err("put b fails");
+    assert!(is_storage(&err), "{err}");
+    assert_eq!(buf.len(), 1, "nothing of the failed put is stored");
+    let err = buf
+        .amend_batch(&handles, vec![Patch::new().with("score", 1.0f64)])
+        .await
+        .expect_err("amend fails");
+    assert!(is_storage(&err), "{err}");
+    // Getting is not logged: the buffer keeps serving. Completing is, and fails: the
+    // lease is released, not lost.
+    let batch = buf
+        .get_batch_for_rpc("gen")
+        .await
+        .expect("get while failing");
+    let out = vec![Patch::new().with("tokens", vec![7i32])];
+    let err = batch.complete(out).await.expect_err("complete fails");
+    assert!(is_storage(&err), "{err}");
+    let stats = buf.stats();
+    assert_eq!((stats.rpcs[0].eligible, stats.rpcs[0].reads), (1, 0));
+    let a = &buf.contents()[0];
+    assert!(a.sample.get("score").is_none() && a.sample.get("tokens").is_none());
+    common::assert_invariants(&buf);
+
+    faults.set(Fault::None);
+    buf.put_batch(vec![prompt("b")]).await.expect("put b again");
+    buf.amend_batch(&handles, vec![Patch::new().with("score", 2.0f64)])
+        .await
+        .expect("amend");
+    let batch = buf.get_batch_for_rpc("gen").await.expect("get");
+    let out = vec![Patch::new().with("tokens", vec![8i32])];
+    batch.complete(out).await.expect("complete");
+    let live = sorted(buf.contents());
+    assert_eq!(live.len(), 2);
+
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(sorted(again.contents()), live);
+}
+
+/// A buffer that stored `a`, then saw its put of `torn` torn (half a log group written,
+/// and an error).
+async fn torn_after_a() -> (Arc<FaultyStore>, Store, SequenceBuffer) {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Sync).await;
+    buf.put_batch(vec![prompt("a")]).await.expect("put a");
+    faults.set(Fault::Tear);
+    let err = buf.put_batch(vec![prompt("torn")]).await.expect_err("torn");
+    assert!(is_storage(&err), "{err}");
+    assert_eq!(faults.injected.load(Ordering::SeqCst), 1);
+    faults.set(Fault::None);
+    (faults, store, buf)
+}
+
+async fn stored_ids(buf: &SequenceBuffer) -> Vec<String> {
+    let mut ids: Vec<String> = buf
+        .contents()
+        .iter()
+        .map(|s| s.sample.id().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_last_group_is_skipped_after_a_crash() {
+    let (_faults, store, buf) = torn_after_a().await;
+    std::mem::forget(buf); // crash: nothing more is written
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(stored_ids(&again).await, ["a"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_torn_group_is_abandoned_by_the_next_one() {
+    let (_faults, store, buf) = torn_after_a().await;
+    buf.put_batch(vec![prompt("b")]).await.expect("put b");
+    std::mem::forget(buf);
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(stored_ids(&again).await, ["a", "b"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_mode_retries_until_the_store_is_back() {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Interval(Duration::from_millis(2))).await;
+    faults.set(Fault::Fail);
+    buf.put_batch(vec![prompt("a"), prompt("b")])
+        .await
+        .expect("applies at once");
+    assert_eq!(buf.len(), 2);
+    let err = buf.flush().await.expect_err("not durable yet");
+    assert!(is_storage(&err), "{err}");
+    faults.set(Fault::None);
+    buf.flush().await.expect("durable now");
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(sorted(again.contents()), sorted(buf.contents()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_store_holds_up_only_the_calls_that_write() {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Sync).await;
+    buf.put_batch(vec![prompt("a")]).await.expect("put a");
+    faults.set(Fault::Stall);
+    let putter = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.put_batch(vec![prompt("b")]).await })
+    };
+    wait_until(|| faults.stalled.load(Ordering::SeqCst) > 0).await;
+    // Reads of what is stored go on while the write hangs; the pending put is not visible.
+    let batch = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert_eq!(batch.ids().next().map(|id| id.as_str()), Some("a"));
+    drop(batch);
+    assert_eq!(buf.len(), 1);
+    assert_eq!(buf.stats().putting, 1);
+    faults.set(Fault::None);
+    putter.await.expect("joins").expect("put b lands");
+    assert_eq!(buf.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_stops_waiting_changes_nothing_about_the_outcome() {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Sync).await;
+    faults.set(Fault::Stall);
+    let put = tokio::time::timeout(
+        Duration::from_millis(20),
+        buf.put_batch(vec![prompt("gone")]),
+    )
+    .await;
+    assert!(put.is_err(), "the put was still waiting for storage");
+    faults.set(Fault::None);
+    // The record reaches storage, so the put lands even though nobody waits for it.
+    buf.flush().await.expect("flush");
+    wait_until(|| buf.len() == 1).await;
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(again.len(), 1);
+}

@@ -1,0 +1,170 @@
+//! Recovery from damaged files: a torn last log group is skipped with a warning; a damaged
+//! or missing group before it, a damaged segment or manifest is an error naming the file,
+//! or skipped under `RecoveryMode::Lenient`. Never a panic.
+
+mod common;
+
+use rollout_buffer::persist::{PersistOptions, RecoveryMode, Store};
+use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
+
+fn config() -> BufferConfig {
+    BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+}
+
+fn options(mode: RecoveryMode) -> PersistOptions {
+    PersistOptions::new().recovery(mode).archive(None)
+}
+
+async fn open(store: &Store, mode: RecoveryMode) -> Result<SequenceBuffer, Error> {
+    SequenceBuffer::open_in(store.clone(), config(), options(mode)).await
+}
+
+/// A store holding four samples, each put in its own log group: `wal` lists them in order.
+async fn four_groups() -> (Store, Vec<String>) {
+    let store = Store::open("memory://").expect("memory store");
+    let buf = open(&store, RecoveryMode::Strict).await.expect("opens");
+    for i in 0..4 {
+        buf.put_batch(vec![Sample::new(format!("s{i}")).with("tokens", vec![i])])
+            .await
+            .expect("put");
+    }
+    drop(buf);
+    let wal = store.list("wal").await.expect("list");
+    assert_eq!(wal.len(), 4, "{wal:?}");
+    (store, wal)
+}
+
+async fn ids(buf: &SequenceBuffer) -> Vec<String> {
+    buf.contents()
+        .iter()
+        .map(|s| s.sample.id().to_string())
+        .collect()
+}
+
+async fn rewrite(store: &Store, path: &str, f: impl FnOnce(&mut Vec<u8>)) {
+    let mut bytes = store
+        .get(path)
+        .await
+        .expect("get")
+        .expect("exists")
+        .to_vec();
+    f(&mut bytes);
+    store.put(path, bytes.into()).await.expect("put");
+}
+
+fn corrupt_path(err: &Error) -> &str {
+    match err {
+        Error::Corrupt { path, .. } => path,
+        other => panic!("expected a corrupt-file error, got {other}"),
+    }
+}
+
+#[tokio::test]
+async fn a_torn_last_group_is_skipped_and_stays_skipped() {
+    let (store, wal) = four_groups().await;
+    rewrite(&store, &wal[3], |b| b.truncate(b.len() / 2)).await;
+    let buf = open(&store, RecoveryMode::Strict).await.expect("recovers");
+    assert_eq!(ids(&buf).await, ["s0", "s1", "s2"]);
+    // New writes after the torn group land, and the torn group never comes back.
+    buf.put_batch(vec![Sample::new("s4").with("tokens", vec![4])])
+        .await
+        .expect("put");
+    drop(buf);
+    let again = open(&store, RecoveryMode::Strict).await.expect("recovers");
+    assert_eq!(ids(&again).await, ["s0", "s1", "s2", "s4"]);
+}
+
+#[tokio::test]
+async fn a_damaged_group_before_the_last_is_an_error_naming_it_or_skipped_when_lenient() {
+    let (store, wal) = four_groups().await;
+    rewrite(&store, &wal[1], |b| {
+        let mid = b.len() / 2;
+        b[mid] ^= 0x5a;
+    })
+    .await;
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("damaged group 1");
+    assert_eq!(corrupt_path(&err), wal[1]);
+    assert!(err.to_string().contains("checksum"), "{err}");
+    let buf = open(&store, RecoveryMode::Lenient).await.expect("lenient");
+    assert_eq!(ids(&buf).await, ["s0", "s2", "s3"]);
+}
+
+#[tokio::test]
+async fn a_deleted_group_is_an_error_naming_it_or_skipped_when_lenient() {
+    let (store, wal) = four_groups().await;
+    store.delete(&wal[2]).await.expect("delete");
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("missing group 2");
+    assert_eq!(corrupt_path(&err), wal[2]);
+    assert!(err.to_string().contains("missing"), "{err}");
+    let buf = open(&store, RecoveryMode::Lenient).await.expect("lenient");
+    assert_eq!(ids(&buf).await, ["s0", "s1", "s3"]);
+}
+
+#[tokio::test]
+async fn garbage_in_every_byte_of_a_group_never_panics() {
+    let (store, wal) = four_groups().await;
+    let original = store.get(&wal[0]).await.expect("get").expect("exists");
+    for i in (0..original.len()).step_by(7) {
+        let mut bytes = original.to_vec();
+        bytes[i] = bytes[i].wrapping_add(1);
+        store.put(&wal[0], bytes.into()).await.expect("put");
+        let err = open(&store, RecoveryMode::Strict)
+            .await
+            .expect_err("damaged first group");
+        assert_eq!(corrupt_path(&err), wal[0], "byte {i}");
+    }
+}
+
+/// A store whose samples are all in a checkpoint (opening folds the log into one).
+async fn checkpointed() -> (Store, String, String) {
+    let (store, _) = four_groups().await;
+    drop(
+        open(&store, RecoveryMode::Strict)
+            .await
+            .expect("checkpoints"),
+    );
+    let segments = store.list("segments").await.expect("list");
+    let manifests = store.list("manifest").await.expect("list");
+    assert_eq!((segments.len(), manifests.len()), (1, 1));
+    (store, segments[0].clone(), manifests[0].clone())
+}
+
+#[tokio::test]
+async fn a_damaged_segment_is_an_error_naming_it() {
+    let (store, segment, _) = checkpointed().await;
+    rewrite(&store, &segment, |b| {
+        let n = b.len();
+        for byte in &mut b[n / 4..n / 2] {
+            *byte = !*byte;
+        }
+    })
+    .await;
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("damaged segment");
+    assert_eq!(corrupt_path(&err), segment);
+    // Lenient recovery gives up on the checkpoint and keeps going.
+    assert!(open(&store, RecoveryMode::Lenient).await.is_ok());
+}
+
+#[tokio::test]
+async fn a_missing_segment_or_a_truncated_manifest_is_an_error_naming_it() {
+    let (store, segment, manifest) = checkpointed().await;
+    rewrite(&store, &manifest, |b| b.truncate(b.len() / 3)).await;
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("truncated manifest");
+    assert_eq!(corrupt_path(&err), manifest);
+
+    let (store, segment2, _) = checkpointed().await;
+    assert_ne!(segment, manifest);
+    store.delete(&segment2).await.expect("delete");
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("missing segment");
+    assert_eq!(corrupt_path(&err), segment2);
+}
