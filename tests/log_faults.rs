@@ -2,6 +2,7 @@
 //! The caller of the failing operation gets the error and nothing of it is applied; the
 //! buffer keeps serving what it holds; once the store works again so does the buffer, and
 //! a reopen recovers exactly what the buffer acknowledged.
+#![cfg(feature = "persist")]
 
 mod common;
 

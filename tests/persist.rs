@@ -1,5 +1,6 @@
 //! Persistence through the public API: round trips through every backend and durability
 //! mode, checkpoints, leases at a crash, and configuration changes across a reopen.
+#![cfg(feature = "persist")]
 
 mod common;
 

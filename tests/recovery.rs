@@ -1,6 +1,7 @@
 //! Recovery from damaged files: a torn last log group is skipped with a warning; a damaged
 //! or missing group before it, a damaged segment or manifest is an error naming the file,
 //! or skipped under `RecoveryMode::Lenient`. Never a panic.
+#![cfg(feature = "persist")]
 
 mod common;
 
