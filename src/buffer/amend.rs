@@ -61,8 +61,10 @@ impl SequenceBuffer {
                 Some(journal) => {
                     let (tx, rx) = oneshot::channel();
                     let then: Durable = Box::new(move |verdict| {
-                        if verdict.is_ok() {
-                            amend.publish(&patches, &added);
+                        // Apply, or end the amend unapplied, before the caller hears of it.
+                        match verdict {
+                            Ok(()) => amend.publish(&patches, &added),
+                            Err(_) => drop(amend),
                         }
                         let _ = tx.send(verdict);
                     });

@@ -276,12 +276,14 @@ impl Batch {
         inner.table.pin_lease(self.lease);
         let (tx, rx) = oneshot::channel();
         let then: Durable = Box::new(move |verdict| {
+            // Use the reads, or release the lease, before the caller hears of it.
             if verdict.is_ok() {
                 let shared = Arc::clone(&finishing.shared);
                 let (wake, dropped) = finishing.use_reads(&mut shared.lock());
                 shared.notify(wake);
                 shared.dispose(dropped);
             }
+            drop(finishing);
             let _ = tx.send(verdict);
         });
         let refused = journal.append(vec![record], Some(then));

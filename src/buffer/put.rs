@@ -310,7 +310,15 @@ impl Shared {
         };
         let record = Record::Put(prepared.samples.clone());
         let then: Durable = Box::new(move |verdict| {
-            let _ = tx.send(verdict.map(|()| claimed.publish(prepared)));
+            // Publish, or give the slots back, before the caller hears of it.
+            let result = match verdict {
+                Ok(()) => Ok(claimed.publish(prepared)),
+                Err(e) => {
+                    drop(claimed);
+                    Err(e)
+                }
+            };
+            let _ = tx.send(result);
         });
         let refused = journal.append(vec![record], Some(then));
         Stored::Pending(rx, wake, refused)

@@ -16,9 +16,9 @@
 //! anything no manifest names is an orphan, deleted only after a newer manifest commits.
 
 use super::archive::content_hash;
-use super::codec::{put_sample, take_sample, Reader, Writer};
+use super::codec::{Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
-use super::state::{DurableState, Entry, RpcTotals};
+use super::state::{Body, DurableState, Entry, RpcTotals};
 use super::store::Store;
 use crate::error::{Error, Result};
 use crate::rpc_defs::RpcDef;
@@ -223,7 +223,7 @@ pub(crate) async fn write(
     number: u64,
     config: &StoredConfig,
 ) -> Result<Manifest> {
-    let entries = state.ordered();
+    let entries: Vec<&Entry> = state.entries().collect();
     let mut segments = Vec::new();
     let mut bytes = 0u64;
     for chunk in entries.chunks(SEGMENT_ROWS) {
@@ -296,8 +296,8 @@ async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
 }
 
 fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
-    let ids = StringArray::from_iter_values(entries.iter().map(|e| e.sample.id.as_str()));
-    let births = UInt64Array::from_iter_values(entries.iter().map(|e| e.sample.birth.unwrap_or(0)));
+    let ids = StringArray::from_iter_values(entries.iter().map(|e| e.id.as_str()));
+    let births = UInt64Array::from_iter_values(entries.iter().map(|e| e.birth));
     let seqs = UInt64Array::from_iter_values(entries.iter().map(|e| e.seq));
     let states: Vec<Vec<u8>> = entries
         .iter()
@@ -308,7 +308,7 @@ fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
                 w.str(rpc);
                 w.u16(used);
             }
-            put_sample(&mut w, &e.sample);
+            e.encode_sample(&mut w);
             w.buf
         })
         .collect();
@@ -372,17 +372,15 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
         .ok_or_else(|| corrupt(store, path, "listed but gone"))?;
     let value: Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(store, path, e))?;
     let manifest = Manifest::from_json(&value).map_err(|e| corrupt(store, path, e))?;
-    let mut state = DurableState {
-        next_seq: manifest.next_seq,
-        put: manifest.put,
-        freed: manifest.freed,
-        rpcs: manifest
-            .totals
-            .iter()
-            .map(|(n, t)| (Arc::from(n.as_str()), *t))
-            .collect(),
-        ..DurableState::default()
-    };
+    let mut state = DurableState::default();
+    state.next_seq = manifest.next_seq;
+    state.put = manifest.put;
+    state.freed = manifest.freed;
+    state.rpcs = manifest
+        .totals
+        .iter()
+        .map(|(n, t)| (Arc::from(n.as_str()), *t))
+        .collect();
     for segment in &manifest.segments {
         let bytes = store
             .get(segment)
@@ -401,7 +399,7 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
                 .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
                 .map_err(|e| corrupt(store, segment, e))?;
         for entry in decoded {
-            state.samples.insert(entry.sample.id.clone(), entry);
+            state.push(entry);
         }
     }
     Ok((manifest, state))
@@ -419,6 +417,16 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
                 .column_by_name(name)
                 .ok_or(format!("no `{name}` column"))
         };
+        let ids = column("id")?
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .ok_or("`id` is not a string")?
+            .clone();
+        let births = column("birth")?
+            .as_any()
+            .downcast_ref::<UInt64Array>()
+            .ok_or("`birth` is not uint64")?
+            .clone();
         let seqs = column("seq")?
             .as_any()
             .downcast_ref::<UInt64Array>()
@@ -430,17 +438,21 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
             .ok_or("`state` is not binary")?
             .clone();
         for row in 0..batch.num_rows() {
-            let mut r = Reader::new(states.value(row));
+            let state = states.value(row);
+            let mut r = Reader::new(state);
             let n = r.count(10)?;
             let mut used = BTreeMap::new();
             for _ in 0..n {
                 let rpc: Arc<str> = Arc::from(r.str()?);
                 used.insert(rpc, r.u16()?);
             }
-            let sample = take_sample(&mut r).map_err(|e| format!("row {row}: {e}"))?;
+            // The sample stays encoded until someone needs it.
+            let sample = Bytes::copy_from_slice(&state[r.position()..]);
             out.push(Entry {
                 seq: seqs.value(row),
-                sample: Arc::new(sample),
+                id: ids.value(row).into(),
+                birth: births.value(row),
+                body: Body::Encoded(sample),
                 used,
             });
         }

@@ -57,6 +57,9 @@ impl<'a> Reader<'a> {
     pub(crate) fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
+    pub(crate) fn position(&self) -> usize {
+        self.pos
+    }
     pub(crate) fn bytes(&mut self, n: usize) -> Result<&'a [u8], Bad> {
         if n > self.remaining() {
             return Err(format!(
@@ -111,6 +114,19 @@ trait Wire: Sized + Clone {
     const SIZE: usize;
     fn put(&self, w: &mut Writer);
     fn take(r: &mut Reader<'_>) -> Result<Self, Bad>;
+    /// Encodes a contiguous run of values (numbers override this with a loop the
+    /// compiler vectorises).
+    fn put_slice(values: &[Self], w: &mut Writer) {
+        values.iter().for_each(|v| v.put(w));
+    }
+    /// Decodes `n` values (checked against the bytes left by the caller).
+    fn take_vec(r: &mut Reader<'_>, n: usize) -> Result<Vec<Self>, Bad> {
+        let mut values = Vec::with_capacity(n);
+        for _ in 0..n {
+            values.push(Self::take(r)?);
+        }
+        Ok(values)
+    }
 }
 
 macro_rules! wire_number {
@@ -123,6 +139,26 @@ macro_rules! wire_number {
             }
             fn take(r: &mut Reader<'_>) -> Result<Self, Bad> {
                 Ok(<$ty>::from_le_bytes(r.array()?))
+            }
+            fn put_slice(values: &[Self], w: &mut Writer) {
+                const N: usize = std::mem::size_of::<$ty>();
+                let start = w.buf.len();
+                w.buf.resize(start + values.len() * N, 0);
+                for (out, v) in w.buf[start..].chunks_exact_mut(N).zip(values) {
+                    out.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            fn take_vec(r: &mut Reader<'_>, n: usize) -> Result<Vec<Self>, Bad> {
+                const N: usize = std::mem::size_of::<$ty>();
+                let bytes = r.bytes(n.saturating_mul(N))?;
+                Ok(bytes
+                    .chunks_exact(N)
+                    .map(|c| {
+                        let mut a = [0u8; N];
+                        a.copy_from_slice(c);
+                        <$ty>::from_le_bytes(a)
+                    })
+                    .collect())
             }
         }
     };
@@ -162,7 +198,7 @@ fn put_array<T: Wire>(w: &mut Writer, a: &ArcArray<T, IxDyn>) {
         w.len(d);
     }
     match a.as_slice() {
-        Some(values) => values.iter().for_each(|v| v.put(w)),
+        Some(values) => T::put_slice(values, w),
         None => a.iter().for_each(|v| v.put(w)),
     }
 }
@@ -178,10 +214,7 @@ fn take_array<T: Wire + crate::tensor::Element>(r: &mut Reader<'_>) -> Result<Te
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
         .filter(|&n| n.saturating_mul(T::SIZE) <= r.remaining())
         .ok_or_else(|| format!("shape {shape:?} exceeds the {} bytes left", r.remaining()))?;
-    let mut values = Vec::with_capacity(n);
-    for _ in 0..n {
-        values.push(T::take(r)?);
-    }
+    let mut values = T::take_vec(r, n)?;
     if ndim == 0 {
         if let Some(v) = values.pop() {
             return Ok(Tensor::scalar(v));
@@ -319,6 +352,99 @@ pub(crate) fn take_sample(r: &mut Reader<'_>) -> Result<Sample, Bad> {
         s = s.meta(&k, v);
     }
     Ok(s)
+}
+
+/// Steps over an encoded sample, returning its id and birth: recovery keeps the bytes of
+/// samples it only moves into a checkpoint, instead of decoding their tensors.
+pub(crate) fn skip_sample(r: &mut Reader<'_>) -> Result<(SampleId, u64), Bad> {
+    let id = SampleId::from(r.str()?);
+    let birth = r.u64()?;
+    for _ in 0..r.count(10)? {
+        r.str()?;
+        skip_tensor(r)?;
+    }
+    for _ in 0..r.count(10)? {
+        r.str()?;
+        match r.u8()? {
+            0 | 1 => {
+                r.u64()?;
+            }
+            2 => {
+                r.str()?;
+            }
+            3 => {
+                r.u8()?;
+            }
+            tag => return Err(format!("unknown metadata tag {tag}")),
+        }
+    }
+    Ok((id, birth))
+}
+
+fn skip_tensor(r: &mut Reader<'_>) -> Result<(), Bad> {
+    let size = match r.u8()? {
+        i32::TAG | f32::TAG => Some(4),
+        i64::TAG | f64::TAG => Some(8),
+        bool::TAG | u8::TAG => Some(1),
+        String::TAG => None,
+        tag => return Err(format!("unknown element type tag {tag}")),
+    };
+    let ndim = r.count(8)?;
+    let mut n = 1usize;
+    for _ in 0..ndim {
+        n = n.saturating_mul(r.count(0)?);
+    }
+    match size {
+        Some(size) => {
+            r.bytes(n.saturating_mul(size))?;
+        }
+        None => {
+            for _ in 0..n {
+                r.str()?;
+            }
+        }
+    }
+    if r.u8()? != 0 {
+        let lengths = r.count(8)?;
+        r.bytes(lengths * 8)?;
+    }
+    Ok(())
+}
+
+/// A put recovery has not decoded: the sample's id, birth and encoded bytes.
+#[derive(Debug, Clone)]
+pub(crate) struct EncodedSample {
+    pub(crate) id: SampleId,
+    pub(crate) birth: u64,
+    pub(crate) bytes: bytes::Bytes,
+}
+
+/// A log record as recovery reads it: puts stay encoded.
+#[derive(Debug)]
+pub(crate) enum Replayed {
+    Put(Vec<EncodedSample>),
+    Other(Record),
+}
+
+/// [`take_record`] for recovery: a put's samples are stepped over, not decoded, and kept
+/// as slices of `source` (the bytes `r` reads).
+pub(crate) fn take_replayed(r: &mut Reader<'_>, source: &bytes::Bytes) -> Result<Replayed, Bad> {
+    if r.buf.get(r.pos) != Some(&PUT) {
+        return take_record(r).map(Replayed::Other);
+    }
+    r.u8()?;
+    let n = r.count(16)?;
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = r.position();
+        let (id, birth) = skip_sample(r)?;
+        samples.push(EncodedSample {
+            id,
+            birth,
+            bytes: source.slice(start..r.position()),
+        });
+    }
+    Ok(Replayed::Put(samples))
 }
 
 fn put_patch(w: &mut Writer, p: &Patch) {
@@ -514,6 +640,35 @@ mod tests {
         put_sample(&mut w, &s);
         let back = take_sample(&mut Reader::new(&w.buf)).expect("decodes");
         assert_eq!(back, s);
+    }
+
+    #[test]
+    fn skipping_a_sample_lands_where_decoding_it_does() {
+        let s = Sample::new("x")
+            .birth(3)
+            .with(
+                "a",
+                Tensor::ragged(vec![1i32, 2, 3], vec![1, 2]).expect("ragged"),
+            )
+            .with("h", vec![String::from("p"), String::from("qq")])
+            .with("r", 0.5f64)
+            .meta("env", "math")
+            .meta("v", 2i64);
+        let mut w = Writer::default();
+        put_record(
+            &mut w,
+            &Record::Put(vec![Arc::new(s.clone()), Arc::new(s.clone())]),
+        );
+        let source = bytes::Bytes::from(w.buf);
+        let mut r = Reader::new(&source);
+        let Ok(Replayed::Put(samples)) = take_replayed(&mut r, &source) else {
+            panic!("a put");
+        };
+        assert_eq!(r.remaining(), 0);
+        for e in samples {
+            assert_eq!((e.id.as_str(), e.birth), ("x", 3));
+            assert_eq!(take_sample(&mut Reader::new(&e.bytes)).expect("decodes"), s);
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! earlier groups whose write failed: their callers were told so, and recovery must ignore
 //! them even if the failed write did leave an object behind.
 
-use super::codec::{crc32, put_record, take_record, Bad, Reader, Writer};
+use super::codec::{crc32, put_record, take_replayed, Bad, Reader, Replayed, Writer};
 use crate::buffer::Record;
 
 /// Where log files live, relative to the store.
@@ -37,12 +37,20 @@ pub(crate) fn parse_log_path(path: &str) -> Option<u64> {
 pub(crate) struct Group {
     pub(crate) seq: u64,
     pub(crate) abandoned: Vec<u64>,
-    pub(crate) records: Vec<Record>,
+    pub(crate) records: Vec<Replayed>,
 }
 
-/// Encodes group `seq`.
-pub(crate) fn encode_group(seq: u64, abandoned: &[u64], records: &[Record]) -> Vec<u8> {
-    let mut w = Writer::default();
+/// Encodes group `seq`; `size_hint` is the expected size (the last group's, say), so the
+/// buffer rarely grows by copying.
+pub(crate) fn encode_group(
+    seq: u64,
+    abandoned: &[u64],
+    records: &[Record],
+    size_hint: usize,
+) -> Vec<u8> {
+    let mut w = Writer {
+        buf: Vec::with_capacity(size_hint),
+    };
     w.buf.extend_from_slice(MAGIC);
     w.u64(seq);
     w.len(abandoned.len());
@@ -54,8 +62,9 @@ pub(crate) fn encode_group(seq: u64, abandoned: &[u64], records: &[Record]) -> V
     w.buf
 }
 
-/// Decodes a group file, checking its checksum first.
-pub(crate) fn decode_group(bytes: &[u8]) -> Result<Group, Bad> {
+/// Decodes a group file, checking its checksum first. Put records keep their samples
+/// encoded, as slices of `bytes`.
+pub(crate) fn decode_group(bytes: &bytes::Bytes) -> Result<Group, Bad> {
     let Some(body_len) = bytes.len().checked_sub(4) else {
         return Err(format!("{} bytes: too short for a log file", bytes.len()));
     };
@@ -81,7 +90,7 @@ pub(crate) fn decode_group(bytes: &[u8]) -> Result<Group, Bad> {
     let n = r.count(1)?;
     let mut records = Vec::with_capacity(n);
     for _ in 0..n {
-        records.push(take_record(&mut r)?);
+        records.push(take_replayed(&mut r, bytes)?);
     }
     if r.remaining() != 0 {
         return Err(format!("{} bytes after the last record", r.remaining()));
@@ -110,17 +119,20 @@ mod tests {
     #[test]
     fn a_group_round_trips_and_any_damage_is_detected() {
         let put = Record::Put(vec![Arc::new(Sample::new("a").with("x", vec![1i32, 2]))]);
-        let bytes = encode_group(7, &[5, 6], &[put]);
+        let bytes = bytes::Bytes::from(encode_group(7, &[5, 6], &[put], 0));
         let group = decode_group(&bytes).expect("decodes");
         assert_eq!((group.seq, group.abandoned.as_slice()), (7, &[5u64, 6][..]));
-        assert!(matches!(&group.records[..], [Record::Put(s)] if s[0].id.as_str() == "a"));
+        assert!(matches!(&group.records[..], [Replayed::Put(s)] if s[0].id.as_str() == "a"));
         for cut in 0..bytes.len() {
-            assert!(decode_group(&bytes[..cut]).is_err(), "truncated at {cut}");
+            assert!(
+                decode_group(&bytes.slice(..cut)).is_err(),
+                "truncated at {cut}"
+            );
         }
         for i in 0..bytes.len() {
-            let mut flipped = bytes.clone();
+            let mut flipped = bytes.to_vec();
             flipped[i] ^= 0x40;
-            assert!(decode_group(&flipped).is_err(), "flipped byte {i}");
+            assert!(decode_group(&flipped.into()).is_err(), "flipped byte {i}");
         }
     }
 }

@@ -9,7 +9,7 @@ use super::archive::ArchiveWriter;
 use super::archiver::{ArchiveOptions, Archiver};
 use super::checkpoint::{self, StoredConfig, StoredRpc};
 use super::recover::recover;
-use super::state::DurableState;
+use super::state::{Body, DurableState};
 use super::store::Store;
 use super::wal::{Durability, Wal, WriterSetup};
 use crate::buffer::{BufferConfig, Journal, SequenceBuffer};
@@ -143,6 +143,12 @@ impl SequenceBuffer {
             rpcs: config.rpcs.iter().map(StoredRpc::from).collect(),
             external_keys: config.external_keys.clone(),
         };
+        let undecodable = |detail| Error::Corrupt {
+            url: store.url().to_owned(),
+            path: String::new(),
+            detail,
+        };
+        recovered.state.decode_all().map_err(undecodable)?;
         let old_config = recovered.manifest.as_ref().map(|m| &m.config);
         check_compatible(&recovered.state, old_config, &stored_config)?;
         let reads: Vec<(Arc<str>, u16)> = config
@@ -155,10 +161,10 @@ impl SequenceBuffer {
                 )
             })
             .collect();
-        let restored = recovered.state.restored(&reads);
+        let restored = recovered.state.restored(&reads).map_err(undecodable)?;
         births_after(recovered.state.max_birth());
         if config.freed_sink.is_none() {
-            if let Some(archive) = options.archive.clone() {
+            if let Some(archive) = options.archive {
                 let archiver = Archiver::start(ArchiveWriter::new(store.clone()), archive)?;
                 config = config.freed_sink(archiver);
             }
@@ -188,7 +194,6 @@ impl SequenceBuffer {
             durability: options.durability,
             seq: recovered.next_seq,
             abandoned: skipped,
-            state: recovered.state,
             manifest: number,
             config: stored_config,
             checkpoint_bytes: options.checkpoint_bytes,
@@ -219,9 +224,8 @@ fn check_compatible(
         .collect();
     for key in removed {
         let holders = state
-            .samples
-            .values()
-            .filter(|e| e.sample.get(key).is_some())
+            .entries()
+            .filter(|e| matches!(&e.body, Body::Decoded(s) if s.get(key).is_some()))
             .count();
         if holders > 0 {
             return Err(Error::Incompatible {
@@ -237,8 +241,7 @@ fn check_compatible(
             continue;
         }
         let owed = state
-            .samples
-            .values()
+            .entries()
             .filter(|e| u32::from(e.used.get(rpc.name.as_str()).copied().unwrap_or(0)) < rpc.reads)
             .count();
         if owed > 0 {

@@ -6,7 +6,7 @@
 //! skipped with a warning. Any other damaged or missing group is an error naming its path,
 //! or a warning under lenient recovery. Nothing here panics on what it reads.
 
-use super::checkpoint::{self, Manifest};
+use super::checkpoint::{self, Manifest, StoredConfig};
 use super::log::{decode_group, log_path};
 use super::state::DurableState;
 use super::store::Store;
@@ -27,13 +27,32 @@ pub(crate) struct Recovered {
     pub(crate) replayed: usize,
 }
 
+/// Recovers everything the store holds.
 pub(crate) async fn recover(store: &Store, lenient: bool) -> Result<Recovered> {
+    recover_until(store, lenient, u64::MAX).await
+}
+
+/// Writes checkpoint `number` of the log before group `log_from`, recovered (strictly)
+/// from the store: the log writer's background checkpoint.
+pub(crate) async fn checkpoint_until(
+    store: &Store,
+    log_from: u64,
+    number: u64,
+    config: &StoredConfig,
+) -> Result<Manifest> {
+    let recovered = recover_until(store, false, log_from).await?;
+    checkpoint::write(store, &recovered.state, log_from, number, config).await
+}
+
+/// Recovers the checkpoint and the log groups before `until`.
+async fn recover_until(store: &Store, lenient: bool, until: u64) -> Result<Recovered> {
     let (manifest, mut state) = match checkpoint::load(store, lenient).await? {
         Some((m, s)) => (Some(m), s),
         None => (None, DurableState::default()),
     };
     let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
-    let files = checkpoint::log_files(store, log_from).await?;
+    let mut files = checkpoint::log_files(store, log_from).await?;
+    files.retain(|&(seq, _)| seq < until);
     let mut groups = Vec::with_capacity(files.len());
     for (seq, path) in files {
         // A file deleted between the listing and the read is a missing group, handled below.
@@ -85,7 +104,9 @@ pub(crate) async fn recover(store: &Store, lenient: bool) -> Result<Recovered> {
         }
         match decoded {
             Ok(group) => {
-                group.records.iter().for_each(|r| state.apply(r));
+                for record in &group.records {
+                    state.apply(record).map_err(|e| damaged(&path, e))?;
+                }
                 replayed += 1;
             }
             Err(detail) if Some(seq) == last => {

@@ -1,24 +1,63 @@
-//! `DurableState`: the buffer's contents as the durable log describes them.
+//! `DurableState`: the buffer's contents as the stored files describe them.
 //!
-//! Recovery builds one from the newest manifest's segments and replays the log after it;
-//! the log writer keeps one up to date as groups become durable, and compaction writes it
-//! out as the next segments. It knows nothing of slots or leases: a sample, the reads each
-//! RPC (by name) has used, and its put order. Whether a sample still has reads left is
-//! decided when it is restored, against the RPC definitions of the buffer being opened.
+//! Recovery builds one from the newest checkpoint's segments and replays the log after it;
+//! `open` restores it into a buffer, and a checkpoint writes it out as the next segments.
+//! It knows nothing of slots or leases: a sample, the reads each RPC (by name) has used,
+//! and its put order. Whether a sample still has reads left is decided when it is
+//! restored, against the RPC definitions of the buffer being opened.
+//!
+//! A sample stays in its encoded form until something needs its fields (an amend or a
+//! completion to apply, a buffer to restore it into): a checkpoint mostly moves samples
+//! from the log into a segment, and copying their bytes costs a fraction of decoding them.
 
+use super::codec::{put_sample, take_sample, Bad, EncodedSample, Reader, Replayed, Writer};
 use crate::buffer::{Record, Restored};
-use crate::sample::{Sample, SampleId};
+use crate::sample::{PrehashedId, Sample, SampleId};
 use crate::sync::Arc;
+use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+
+/// A sample's fields: still encoded, or decoded.
+#[derive(Debug, Clone)]
+pub(crate) enum Body {
+    Encoded(Bytes),
+    Decoded(Arc<Sample>),
+}
 
 /// One stored sample.
 #[derive(Debug, Clone)]
 pub(crate) struct Entry {
     /// Put order (ties between equal births are served in this order).
     pub(crate) seq: u64,
-    pub(crate) sample: Arc<Sample>,
+    pub(crate) id: SampleId,
+    pub(crate) birth: u64,
+    pub(crate) body: Body,
     /// Reads used, per RPC name.
     pub(crate) used: BTreeMap<Arc<str>, u16>,
+}
+
+impl Entry {
+    /// The sample, decoding it on first use.
+    pub(crate) fn sample(&mut self) -> Result<&mut Arc<Sample>, Bad> {
+        if let Body::Encoded(bytes) = &self.body {
+            let sample = take_sample(&mut Reader::new(bytes))
+                .map_err(|e| format!("sample `{}`: {e}", self.id))?;
+            self.body = Body::Decoded(Arc::new(sample));
+        }
+        match &mut self.body {
+            Body::Decoded(sample) => Ok(sample),
+            Body::Encoded(_) => Err("undecodable".into()),
+        }
+    }
+
+    /// Appends the sample's encoding (the same bytes `put_sample` writes).
+    pub(crate) fn encode_sample(&self, w: &mut Writer) {
+        match &self.body {
+            Body::Encoded(bytes) => w.buf.extend_from_slice(bytes),
+            Body::Decoded(sample) => put_sample(w, sample),
+        }
+    }
 }
 
 /// Running totals per RPC name.
@@ -29,10 +68,16 @@ pub(crate) struct RpcTotals {
     pub(crate) expired_leases: u64,
 }
 
-/// The contents and totals the log describes.
+/// The contents and totals the stored files describe.
+///
+/// Entries live in a vector in put order (a freed one leaves a `None`), with an id index
+/// beside it: recovery appends far more than it looks up, and everything that walks the
+/// state (decoding, restoring, checkpointing) walks it in put order, which is also the
+/// order its bytes were read in.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct DurableState {
-    pub(crate) samples: HashMap<SampleId, Entry>,
+    entries: Vec<Option<Entry>>,
+    index: HashMap<SampleId, usize, BuildHasherDefault<PrehashedId>>,
     pub(crate) next_seq: u64,
     pub(crate) put: u64,
     pub(crate) freed: u64,
@@ -43,37 +88,83 @@ pub(crate) struct DurableState {
 }
 
 impl DurableState {
-    /// Applies one record, as the buffer applied it.
-    pub(crate) fn apply(&mut self, record: &Record) {
+    /// Adds an entry after every other (a later seq); replaces one with the same id.
+    pub(crate) fn push(&mut self, entry: Entry) {
+        if let Some(old) = self.index.insert(entry.id.clone(), self.entries.len()) {
+            self.entries[old] = None;
+        }
+        self.entries.push(Some(entry));
+    }
+
+    fn get_mut(&mut self, id: &SampleId) -> Option<&mut Entry> {
+        let i = *self.index.get(id)?;
+        self.entries.get_mut(i)?.as_mut()
+    }
+
+    fn remove(&mut self, id: &SampleId) -> bool {
+        match self.index.remove(id) {
+            Some(i) => self.entries.get_mut(i).and_then(Option::take).is_some(),
+            None => false,
+        }
+    }
+
+    /// The entries in put order.
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().flatten()
+    }
+
+    /// Adds a sample put now, with the next seq.
+    fn insert(&mut self, e: &EncodedSample) {
+        let entry = Entry {
+            seq: self.next_seq,
+            id: e.id.clone(),
+            birth: e.birth,
+            body: Body::Encoded(e.bytes.clone()),
+            used: BTreeMap::new(),
+        };
+        self.next_seq += 1;
+        self.put += 1;
+        self.push(entry);
+    }
+
+    /// Applies one log record, as the buffer applied it. Fails only on a sample whose
+    /// bytes do not decode.
+    pub(crate) fn apply(&mut self, record: &Replayed) -> Result<(), Bad> {
+        let record = match record {
+            Replayed::Put(samples) => {
+                samples.iter().for_each(|e| self.insert(e));
+                return Ok(());
+            }
+            Replayed::Other(record) => record,
+        };
         match record {
             Record::Put(samples) => {
                 for s in samples {
-                    let entry = Entry {
-                        seq: self.next_seq,
-                        sample: Arc::clone(s),
-                        used: BTreeMap::new(),
-                    };
-                    self.next_seq += 1;
-                    self.put += 1;
-                    self.samples.insert(s.id.clone(), entry);
+                    let mut w = Writer::default();
+                    put_sample(&mut w, s);
+                    self.insert(&EncodedSample {
+                        id: s.id.clone(),
+                        birth: s.birth.unwrap_or(0),
+                        bytes: w.buf.into(),
+                    });
                 }
             }
             Record::Amend { ids, patches } => {
                 for (id, patch) in ids.iter().zip(patches.iter()) {
-                    match self.samples.get_mut(id) {
-                        Some(e) => Arc::make_mut(&mut e.sample).apply(patch),
+                    match self.get_mut(id) {
+                        Some(e) => Arc::make_mut(e.sample()?).apply(patch),
                         None => self.unmatched += 1,
                     }
                 }
             }
             Record::Complete { rpc, ids, outputs } => {
                 for (i, id) in ids.iter().enumerate() {
-                    let Some(e) = self.samples.get_mut(id) else {
+                    let Some(e) = self.get_mut(id) else {
                         self.unmatched += 1;
                         continue;
                     };
                     if let Some(patch) = outputs.as_ref().and_then(|o| o.get(i)) {
-                        Arc::make_mut(&mut e.sample).apply(patch);
+                        Arc::make_mut(e.sample()?).apply(patch);
                     }
                     let used = e.used.entry(Arc::clone(rpc)).or_default();
                     *used = used.saturating_add(1);
@@ -87,7 +178,7 @@ impl DurableState {
             }
             Record::Free { ids, .. } => {
                 for id in ids {
-                    if self.samples.remove(id).is_some() {
+                    if self.remove(id) {
                         self.freed += 1;
                     } else {
                         self.unmatched += 1;
@@ -95,35 +186,46 @@ impl DurableState {
                 }
             }
         }
+        Ok(())
     }
 
-    /// The entries in put order.
-    pub(crate) fn ordered(&self) -> Vec<&Entry> {
-        let mut entries: Vec<&Entry> = self.samples.values().collect();
-        entries.sort_unstable_by_key(|e| e.seq);
-        entries
+    /// Decodes every sample still encoded; fails naming the first that does not decode.
+    pub(crate) fn decode_all(&mut self) -> Result<(), Bad> {
+        self.entries
+            .iter_mut()
+            .flatten()
+            .try_for_each(|e| e.sample().map(|_| ()))
     }
 
-    /// The contents for a buffer whose RPCs are `rpcs` (name, reads per sample). A sample
-    /// with no read left for any of them was consumed before the crash (its free was not
-    /// yet logged): it is dropped from the state and counted as freed.
-    pub(crate) fn restored(&mut self, rpcs: &[(Arc<str>, u16)]) -> Restored {
+    /// The contents for a buffer whose RPCs are `rpcs` (name, reads per sample), decoding
+    /// every sample. A sample with no read left for any of them was consumed before the
+    /// crash (its free was not yet logged): it is dropped from the state and counted as
+    /// freed.
+    pub(crate) fn restored(&mut self, rpcs: &[(Arc<str>, u16)]) -> Result<Restored, Bad> {
         let left_of = |e: &Entry| -> Vec<u16> {
             rpcs.iter()
                 .map(|(name, reads)| reads.saturating_sub(e.used.get(name).copied().unwrap_or(0)))
                 .collect()
         };
-        let before = self.samples.len();
-        self.samples
-            .retain(|_, e| left_of(e).iter().any(|&l| l > 0));
-        self.freed += (before - self.samples.len()) as u64;
+        let consumed: Vec<SampleId> = self
+            .entries()
+            .filter(|e| left_of(e).iter().all(|&l| l == 0))
+            .map(|e| e.id.clone())
+            .collect();
+        for id in &consumed {
+            self.remove(id);
+        }
+        self.freed += consumed.len() as u64;
+        self.decode_all()?;
         let mut out = Restored {
             put: self.put,
             freed: self.freed,
             ..Restored::default()
         };
-        for e in self.ordered() {
-            out.samples.push((Arc::clone(&e.sample), left_of(e)));
+        for e in self.entries() {
+            if let Body::Decoded(sample) = &e.body {
+                out.samples.push((Arc::clone(sample), left_of(e)));
+            }
         }
         for (name, _) in rpcs {
             let t = self.rpcs.get(name).copied().unwrap_or_default();
@@ -131,15 +233,11 @@ impl DurableState {
             out.redelivered.push(t.redelivered);
             out.expired_leases.push(t.expired_leases);
         }
-        out
+        Ok(out)
     }
 
     /// The largest birth of any stored sample.
     pub(crate) fn max_birth(&self) -> u64 {
-        self.samples
-            .values()
-            .filter_map(|e| e.sample.birth)
-            .max()
-            .unwrap_or(0)
+        self.entries().map(|e| e.birth).max().unwrap_or(0)
     }
 }
