@@ -32,7 +32,9 @@ pub enum RecoveryMode {
 ///
 /// ```
 /// use rollout_buffer::persist::{Durability, PersistOptions, RecoveryMode};
-/// /// let options = PersistOptions::new()
+/// use std::time::Duration;
+///
+/// let options = PersistOptions::new()
 ///     .durability(Durability::Interval(Duration::from_millis(10)))
 ///     .recovery(RecoveryMode::Strict);
 /// # let _ = options;
