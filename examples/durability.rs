@@ -8,7 +8,8 @@
 //! Samples are small rollouts: an id, 16 prompt tokens (int32). Puts go in batches of 64
 //! from one task into an empty buffer large enough for all of them; "calls" is the rate the
 //! put calls return at, "durable" includes waiting for the log to be on storage
-//! (`flush`). Each figure is the median of three runs.
+//! (`flush`). Each figure is the median of five runs (min and max beside it where they
+//! differ much: a checkpoint starting during a run competes for the same two cores).
 
 use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
@@ -120,11 +121,11 @@ async fn main() -> Result<(), rollout_buffer::Error> {
         );
         return Ok(());
     }
-    println!("{n} samples of 16 int32 tokens, batches of {BATCH}, one putter; median of 3");
+    println!("{n} samples of 16 int32 tokens, batches of {BATCH}, one putter; median of 5");
 
     // In memory: the baseline.
     let mut mem = Vec::new();
-    for run in 0..3 {
+    for run in 0..5 {
         let buf = SequenceBuffer::new(n, rpcs())?;
         let (calls, _) = put_all(&buf, batches(run, n)).await;
         mem.push(rate(n, calls));
@@ -134,7 +135,7 @@ async fn main() -> Result<(), rollout_buffer::Error> {
 
     let mut calls = Vec::new();
     let mut durable = Vec::new();
-    for run in 0..3 {
+    for run in 0..5 {
         let url = format!("{dir}/interval-{run}");
         let buf = SequenceBuffer::open(
             &url,
@@ -147,20 +148,32 @@ async fn main() -> Result<(), rollout_buffer::Error> {
         calls.push(rate(n, c));
         durable.push(rate(n, d));
     }
-    let (calls, durable) = (median(calls), median(durable));
+    let pct = |v: &[f64]| {
+        let mut v: Vec<f64> = v.iter().map(|x| 100.0 * x / mem).collect();
+        v.sort_by(f64::total_cmp);
+        format!(
+            "{:.0}% of in memory; min {:.0}%, max {:.0}%",
+            v[v.len() / 2],
+            v[0],
+            v[v.len() - 1]
+        )
+    };
     println!(
-        "Interval(10ms):     calls {} ({:.0}% of in memory), durable {} ({:.0}%)",
-        m(calls),
-        100.0 * calls / mem,
-        m(durable),
-        100.0 * durable / mem
+        "Interval(10ms):     calls {} ({})",
+        m(median(calls.clone())),
+        pct(&calls)
+    );
+    println!(
+        "                    durable {} ({})",
+        m(median(durable.clone())),
+        pct(&durable)
     );
 
     // Sync: every call waits for its group commit, so use fewer samples.
     let sync_n = (n / 8).max(BATCH) / BATCH * BATCH;
     for tasks in [1usize, 8] {
         let mut rates = Vec::new();
-        for run in 0..3 {
+        for run in 0..5 {
             let url = format!("{dir}/sync-{tasks}-{run}");
             let buf = SequenceBuffer::open(&url, sync_n, rpcs(), opts(Durability::Sync)).await?;
             let d = put_concurrently(&buf, batches(run, sync_n), tasks).await;

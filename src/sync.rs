@@ -89,6 +89,7 @@ pub(crate) fn next_births(n: u64) -> u64 {
 
 /// Makes every later default birth larger than `birth` (a recovered buffer's samples keep
 /// their births, and new samples must come after them).
+#[cfg(feature = "persist")]
 pub(crate) fn births_after(birth: u64) {
     NEXT_BIRTH.fetch_max(
         birth.saturating_add(1),

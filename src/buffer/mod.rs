@@ -37,20 +37,25 @@
 mod amend;
 mod batch;
 mod config;
+mod contents;
 mod freed;
 mod get;
 mod journal;
 mod put;
+#[cfg(feature = "persist")]
 mod restore;
 mod stats;
 
 pub use batch::{Batch, SampleView};
 pub use config::BufferConfig;
+pub use contents::StoredSample;
 pub use freed::{FreedSink, SinkFuture};
-pub use restore::StoredSample;
 pub use stats::{RpcStats, Stats};
 
-pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
+#[cfg(feature = "persist")]
+pub(crate) use journal::JournalFuture;
+pub(crate) use journal::{Durable, FreeReason, Journal, Record};
+#[cfg(feature = "persist")]
 pub(crate) use restore::Restored;
 
 use crate::error::{Error, Result};

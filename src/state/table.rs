@@ -318,6 +318,7 @@ impl SlotTable {
     /// `reads_left[r]` reads left for RPC `r` (at least one read must be left somewhere).
     /// Recovered samples are published in their original put order, which orders equal
     /// births as before.
+    #[cfg(feature = "persist")]
     pub(crate) fn restore_put(
         &mut self,
         slot: u32,
