@@ -139,19 +139,48 @@ async fn a_torn_group_is_abandoned_by_the_next_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn interval_mode_retries_until_the_store_is_back() {
-    let (faults, store) = faulty();
-    let buf = open(&store, Durability::Interval(Duration::from_millis(2))).await;
-    faults.set(Fault::Fail);
-    buf.put_batch(vec![prompt("a"), prompt("b")])
+    // A torn first attempt leaves half the group behind: the retry replaces it.
+    for fault in [Fault::Fail, Fault::Tear] {
+        let (faults, store) = faulty();
+        let buf = open(&store, Durability::Interval(Duration::from_millis(2))).await;
+        faults.set(fault);
+        buf.put_batch(vec![prompt("a"), prompt("b")])
+            .await
+            .expect("applies at once");
+        assert_eq!(buf.len(), 2);
+        let err = buf.flush().await.expect_err("not durable yet");
+        assert!(is_storage(&err), "{fault:?}: {err}");
+        faults.set(Fault::None);
+        buf.flush().await.expect("durable now");
+        buf.put_batch(vec![prompt("c")]).await.expect("put c");
+        buf.flush().await.expect("durable");
+        let again = open(&store, Durability::Sync).await;
+        assert_eq!(again.len(), 3, "{fault:?}");
+        assert_eq!(
+            sorted(again.contents()),
+            sorted(buf.contents()),
+            "{fault:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_buffer_on_the_same_store_stops_the_first_from_overwriting_it() {
+    let store = Store::open("memory://").expect("memory store");
+    let first = open(&store, Durability::Sync).await;
+    first.put_batch(vec![prompt("a1")]).await.expect("a1");
+    // A restarted job opens the store while the old one still runs.
+    let second = open(&store, Durability::Sync).await;
+    second.put_batch(vec![prompt("b1")]).await.expect("b1");
+    let err = first
+        .put_batch(vec![prompt("a2")])
         .await
-        .expect("applies at once");
-    assert_eq!(buf.len(), 2);
-    let err = buf.flush().await.expect_err("not durable yet");
-    assert!(is_storage(&err), "{err}");
-    faults.set(Fault::None);
-    buf.flush().await.expect("durable now");
-    let again = open(&store, Durability::Sync).await;
-    assert_eq!(sorted(again.contents()), sorted(buf.contents()));
+        .expect_err("the first buffer no longer owns the store");
+    assert!(err.to_string().contains("another buffer"), "{err}");
+    assert!(first.put_batch(vec![prompt("a3")]).await.is_err());
+    drop((first, second));
+    let third = open(&store, Durability::Sync).await;
+    assert_eq!(stored_ids(&third).await, ["a1", "b1"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

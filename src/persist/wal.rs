@@ -172,123 +172,203 @@ struct Taken {
     last: bool,
 }
 
+/// How a group write failed.
+enum Failure {
+    /// The store failed; the write may be retried.
+    Store(Error),
+    /// Another writer's group holds this sequence number: this buffer no longer owns the
+    /// store, and must stop writing to it.
+    Conflict(Error),
+}
+
+/// Writes group `seq` with create-if-absent, so two buffers writing one store cannot
+/// overwrite each other's log. An object already there is an earlier attempt of ours if it
+/// holds these bytes (a write that landed but reported failure) or a prefix of them (one
+/// torn on a store without atomic puts: rewritten); anything else is another writer's.
+async fn write_group(store: &Store, seq: u64, bytes: &Bytes) -> std::result::Result<(), Failure> {
+    let path = log_path(seq);
+    if store
+        .put_if_absent(&path, bytes.clone())
+        .await
+        .map_err(Failure::Store)?
+    {
+        return Ok(());
+    }
+    let existing = store.get(&path).await.map_err(Failure::Store)?;
+    match existing {
+        Some(old) if old == *bytes => Ok(()),
+        Some(old) if old.len() < bytes.len() && bytes.starts_with(&old) => store
+            .put(&path, bytes.clone())
+            .await
+            .map_err(Failure::Store),
+        // Deleted between the two calls: only a checkpoint of another writer does that.
+        _ => Err(Failure::Conflict(Error::Storage {
+            url: store.url().to_owned(),
+            path,
+            detail: "another buffer is writing to this store (its log holds this group)".into(),
+        })),
+    }
+}
+
+/// The writer's own state besides its setup.
+struct Progress {
+    /// Interval mode: a group that failed, kept to be retried as it was.
+    failed: Option<(u64, Bytes)>,
+    backoff: Duration,
+    /// Log bytes written since the last checkpoint started.
+    log_bytes: u64,
+    /// The encoding buffer, kept between groups: a fresh one each time costs more in page
+    /// faults (the kernel zeroing new pages) than the encoding itself.
+    spare: Vec<u8>,
+    checkpointing: Option<tokio::task::JoinHandle<Result<Manifest>>>,
+}
+
+/// What the writer does after a group.
+enum Next {
+    Continue,
+    Stop,
+}
+
 /// The writer task.
 async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
     let interval = match w.durability {
         Durability::Interval(d) => Some(d),
         _ => None,
     };
-    // Interval mode: a group that failed, kept to be retried as it was.
-    let mut failed: Option<(u64, Bytes)> = None;
-    let mut backoff = Duration::from_millis(10);
-    let mut log_bytes = 0u64;
-    // The encoding buffer, kept between groups: a fresh one each time costs more in page
-    // faults (the kernel zeroing new pages) than the encoding itself.
-    let mut spare: Vec<u8> = Vec::new();
-    let mut checkpointing: Option<tokio::task::JoinHandle<Result<Manifest>>> = None;
+    let mut p = Progress {
+        failed: None,
+        backoff: Duration::from_millis(10),
+        log_bytes: 0,
+        spare: Vec::new(),
+        checkpointing: None,
+    };
     loop {
-        let taken = next_group(&shared, interval, failed.is_some()).await;
-        if let Some((seq, bytes)) = failed.take() {
-            match w.store.put(&log_path(seq), bytes.clone()).await {
-                Ok(()) => {
-                    log_bytes += bytes.len() as u64;
-                    backoff = Duration::from_millis(10);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, seq, "log write failed again; retrying");
-                    taken.flushes.into_iter().for_each(|f| {
-                        let _ = f.send(Err(e.clone()));
-                    });
-                    failed = Some((seq, bytes));
-                    requeue(&shared, taken.records, taken.callbacks);
-                    if taken.last {
-                        tracing::error!("the buffer is gone and the log cannot be written");
-                        break;
-                    }
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(1));
-                    continue;
-                }
-            }
-        }
-        if !taken.records.is_empty() {
-            let seq = w.seq;
-            let buf = std::mem::take(&mut spare);
-            let bytes = Bytes::from(encode_group(seq, &w.abandoned, &taken.records, buf));
-            w.seq += 1;
-            match w.store.put(&log_path(seq), bytes.clone()).await {
-                Ok(()) => {
-                    w.abandoned.clear();
-                    log_bytes += bytes.len() as u64;
-                    drop(taken.records);
-                    if let Ok(buf) = bytes.try_into_mut() {
-                        spare = Vec::from(buf);
-                    }
-                    taken.callbacks.into_iter().for_each(|f| f(Ok(())));
-                }
-                Err(e) if interval.is_some() => {
-                    tracing::warn!(error = %e, seq, "log write failed; retrying");
-                    taken.flushes.into_iter().for_each(|f| {
-                        let _ = f.send(Err(e.clone()));
-                    });
-                    failed = Some((seq, bytes));
-                    if taken.last {
-                        tracing::error!("the buffer is gone and the log cannot be written");
-                        break;
-                    }
-                    continue;
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, seq, "log write failed; its calls fail");
-                    w.abandoned.push(seq);
-                    taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
-                    taken.flushes.into_iter().for_each(|f| {
-                        let _ = f.send(Err(e.clone()));
-                    });
-                    if taken.last {
-                        break;
-                    }
-                    continue;
-                }
-            }
-        }
-        taken.flushes.into_iter().for_each(|f| {
-            let _ = f.send(Ok(()));
-        });
-        if taken.last {
+        let taken = next_group(&shared, interval, p.failed.is_some()).await;
+        let last = taken.last;
+        let next = commit(&shared, &mut w, &mut p, interval.is_some(), taken).await;
+        if matches!(next, Next::Stop) || last {
             break;
         }
-        // Checkpoint once the log since the last one outgrows it (so the work stays
-        // proportional to what is logged) and the configured floor.
-        if let Some(done) = checkpointing.take_if(|h| h.is_finished()) {
-            match done.await {
-                Ok(Ok(m)) => w.checkpoint_size = m.bytes,
-                Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
-                Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
-            }
-        }
-        // Not while a failed group waits for its retry: it must be part of the log first.
-        let outgrown = log_bytes >= w.checkpoint_bytes.max(w.checkpoint_size);
-        if checkpointing.is_none() && failed.is_none() && outgrown {
-            let (store, config) = (w.store.clone(), w.config.clone());
-            let (log_from, number) = (w.seq, w.manifest);
-            w.manifest += 1;
-            log_bytes = 0;
-            checkpointing = Some(tokio::spawn(async move {
-                checkpoint_until(&store, log_from, number, &config).await
-            }));
-        }
+        maybe_checkpoint(&mut w, &mut p).await;
     }
     // Stopped: later appends hand their callbacks back; queued ones are dropped (undone)
     // here, outside every lock.
     let leftover = {
         let mut q = shared.queue.lock();
         q.stopped = true;
-        std::mem::take(&mut *q)
+        let callbacks = std::mem::take(&mut q.callbacks);
+        let flushes = std::mem::take(&mut q.flushes);
+        (std::mem::take(&mut q.records), callbacks, flushes)
     };
     drop(leftover);
-    if let Some(h) = checkpointing {
+    if let Some(h) = p.checkpointing {
         let _ = h.await;
+    }
+}
+
+/// Writes a failed group again (interval mode), then the group taken, and settles the
+/// callbacks and flushes.
+async fn commit(
+    shared: &WalShared,
+    w: &mut WriterSetup,
+    p: &mut Progress,
+    retries: bool,
+    taken: Taken,
+) -> Next {
+    let fail_flushes = |flushes: Vec<oneshot::Sender<Result<()>>>, e: &Error| {
+        flushes.into_iter().for_each(|f| {
+            let _ = f.send(Err(e.clone()));
+        });
+    };
+    let stop = |taken: Taken, e: Error| {
+        tracing::error!(error = %e, "the log cannot be written any more; changes fail");
+        taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
+        fail_flushes(taken.flushes, &e);
+        Next::Stop
+    };
+    if let Some((seq, bytes)) = p.failed.take() {
+        match write_group(&w.store, seq, &bytes).await {
+            Ok(()) => {
+                p.log_bytes += bytes.len() as u64;
+                p.backoff = Duration::from_millis(10);
+            }
+            Err(Failure::Conflict(e)) => return stop(taken, e),
+            Err(Failure::Store(e)) => {
+                tracing::warn!(error = %e, seq, "log write failed again; retrying");
+                fail_flushes(taken.flushes, &e);
+                p.failed = Some((seq, bytes));
+                requeue(shared, taken.records, taken.callbacks);
+                if taken.last {
+                    tracing::error!("the buffer is gone and the log cannot be written");
+                    return Next::Stop;
+                }
+                tokio::time::sleep(p.backoff).await;
+                p.backoff = (p.backoff * 2).min(Duration::from_secs(1));
+                return Next::Continue;
+            }
+        }
+    }
+    if !taken.records.is_empty() {
+        let seq = w.seq;
+        let buf = std::mem::take(&mut p.spare);
+        let bytes = Bytes::from(encode_group(seq, &w.abandoned, &taken.records, buf));
+        w.seq += 1;
+        match write_group(&w.store, seq, &bytes).await {
+            Ok(()) => {
+                w.abandoned.clear();
+                p.log_bytes += bytes.len() as u64;
+                drop(taken.records);
+                if let Ok(buf) = bytes.try_into_mut() {
+                    p.spare = Vec::from(buf);
+                }
+                taken.callbacks.into_iter().for_each(|f| f(Ok(())));
+            }
+            Err(Failure::Conflict(e)) => return stop(taken, e),
+            Err(Failure::Store(e)) if retries => {
+                tracing::warn!(error = %e, seq, "log write failed; retrying");
+                fail_flushes(taken.flushes, &e);
+                p.failed = Some((seq, bytes));
+                if taken.last {
+                    tracing::error!("the buffer is gone and the log cannot be written");
+                    return Next::Stop;
+                }
+                return Next::Continue;
+            }
+            Err(Failure::Store(e)) => {
+                tracing::warn!(error = %e, seq, "log write failed; its calls fail");
+                w.abandoned.push(seq);
+                taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
+                fail_flushes(taken.flushes, &e);
+                return Next::Continue;
+            }
+        }
+    }
+    taken.flushes.into_iter().for_each(|f| {
+        let _ = f.send(Ok(()));
+    });
+    Next::Continue
+}
+
+/// Starts a checkpoint once the log since the last one outgrows it (so the work stays
+/// proportional to what is logged) and the configured floor; collects a finished one.
+async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
+    if let Some(done) = p.checkpointing.take_if(|h| h.is_finished()) {
+        match done.await {
+            Ok(Ok(m)) => w.checkpoint_size = m.bytes,
+            Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
+            Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
+        }
+    }
+    // Not while a failed group waits for its retry: it must be part of the log first.
+    let outgrown = p.log_bytes >= w.checkpoint_bytes.max(w.checkpoint_size);
+    if p.checkpointing.is_none() && p.failed.is_none() && outgrown {
+        let (store, config) = (w.store.clone(), w.config.clone());
+        let (log_from, number) = (w.seq, w.manifest);
+        w.manifest += 1;
+        p.log_bytes = 0;
+        p.checkpointing = Some(tokio::spawn(async move {
+            checkpoint_until(&store, log_from, number, &config).await
+        }));
     }
 }
 
