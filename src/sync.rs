@@ -33,6 +33,11 @@ pub(crate) use tokio::sync::Notify;
 #[cfg(feature = "persist")]
 pub(crate) use tokio::sync::mpsc;
 
+/// The log's backlog counter (read by putters, written by the log writer; not part of the
+/// slot protocol).
+#[cfg(feature = "persist")]
+pub(crate) use std::sync::atomic::AtomicU64;
+
 /// A durable change's result travels from the journal's writer to its caller through a
 /// oneshot; it is not part of the slot protocol (the slot state changes under the buffer's
 /// lock before the result is sent), so it is tokio's in every build.

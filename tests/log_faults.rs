@@ -223,3 +223,44 @@ async fn a_caller_that_stops_waiting_changes_nothing_about_the_outcome() {
     let again = open(&store, Durability::Sync).await;
     assert_eq!(again.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_falls_behind_holds_puts_back_instead_of_growing_memory() {
+    let (faults, store) = faulty();
+    let options = PersistOptions::new()
+        .durability(Durability::Interval(Duration::from_millis(1)))
+        .archive(None)
+        .max_backlog(1); // a single unwritten put is the limit
+    let buf = SequenceBuffer::open_in(store.clone(), config(), options)
+        .await
+        .expect("opens");
+    faults.set(Fault::Stall);
+    buf.put_batch(vec![prompt("a")])
+        .await
+        .expect("under the limit");
+    wait_until(|| faults.stalled.load(Ordering::SeqCst) > 0).await;
+    let err = buf
+        .put_batch_timeout(vec![prompt("b")], Duration::from_millis(50))
+        .await
+        .expect_err("waits for the log");
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    let err = buf
+        .try_put_batch(vec![prompt("b")])
+        .await
+        .expect_err("no room in the log");
+    assert!(matches!(err, Error::Full { .. }), "{err}");
+    assert_eq!(buf.len(), 1, "nothing of the held-back puts is stored");
+    let waiting = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.put_batch(vec![prompt("b")]).await })
+    };
+    faults.set(Fault::None);
+    waiting
+        .await
+        .expect("joins")
+        .expect("put b once the log caught up");
+    assert_eq!(buf.len(), 2);
+    buf.flush().await.expect("flush");
+    let again = open(&store, Durability::Sync).await;
+    assert_eq!(stored_ids(&again).await, ["a", "b"]);
+}

@@ -84,4 +84,10 @@ pub(crate) trait Journal: Send + Sync + fmt::Debug {
     /// Writes everything appended so far and resolves once it is durable, or with the
     /// error that stopped it.
     fn flush(&self) -> JournalFuture;
+
+    /// `Some(wait)` when more put data waits to be written than the journal's limit:
+    /// putters await it, outside the buffer's lock, before claiming slots, so a store that
+    /// falls behind slows puts down instead of growing memory without bound. Called with
+    /// the buffer's lock held: it only looks.
+    fn backlog(&self) -> Option<JournalFuture>;
 }

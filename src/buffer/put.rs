@@ -68,7 +68,9 @@ impl SequenceBuffer {
     /// (within the batch or against a stored sample), a birth is 0, a dataset key is missing
     /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
     /// With `Durability::Sync` it returns once the put is on storage, and a failed write
-    /// returns the storage error with nothing stored.
+    /// returns the storage error with nothing stored. A persistent buffer whose log has more
+    /// put data waiting to be written than its limit (`PersistOptions::max_backlog`) waits
+    /// for it first.
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
         let Some(prepared) = shared.prepare(samples)? else {
@@ -82,31 +84,42 @@ impl SequenceBuffer {
         let stored = loop {
             let mut notified = pin!(shared.space.notified());
             notified.as_mut().enable();
-            {
+            let backlog = {
                 let mut inner = shared.lock();
-                match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
-                    Claim::Claimed(slots, wake) => {
-                        break shared.store(&mut inner, slots, prepared, wake);
-                    }
-                    Claim::Rejected(err, wake) => {
-                        drop(inner);
-                        shared.notify(wake);
-                        return Err(err);
-                    }
-                    Claim::Wait => {
-                        if ticket.ticket.is_none() {
-                            ticket.ticket = Some(inner.table.enqueue_putter(n));
+                if let Some(wait) = inner.journal.as_ref().and_then(|j| j.backlog()) {
+                    // The log is behind: wait for it before taking slots (and the queue's
+                    // head), so memory stays bounded when the store is slow.
+                    Some(wait)
+                } else {
+                    match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
+                        Claim::Claimed(slots, wake) => {
+                            break shared.store(&mut inner, slots, prepared, wake);
+                        }
+                        Claim::Rejected(err, wake) => {
+                            drop(inner);
+                            shared.notify(wake);
+                            return Err(err);
+                        }
+                        Claim::Wait => {
+                            if ticket.ticket.is_none() {
+                                ticket.ticket = Some(inner.table.enqueue_putter(n));
+                            }
+                            None
                         }
                     }
                 }
+            };
+            match backlog {
+                Some(wait) => wait.await?,
+                None => notified.await,
             }
-            notified.await;
         };
         stored.finish(shared).await
     }
 
-    /// Stores `samples` if there is room now (and no earlier putter is waiting), else
-    /// returns [`Error::Full`] with nothing changed. Validation as in [`Self::put_batch`].
+    /// Stores `samples` if there is room now (and no earlier putter is waiting, and a
+    /// persistent buffer's log is not behind), else returns [`Error::Full`] with nothing
+    /// changed. Validation as in [`Self::put_batch`].
     pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
         let Some(prepared) = shared.prepare(samples)? else {
@@ -115,6 +128,13 @@ impl SequenceBuffer {
         let n = prepared.samples.len();
         let stored = {
             let mut inner = shared.lock();
+            if inner.journal.as_ref().and_then(|j| j.backlog()).is_some() {
+                inner.rejected += n as u64;
+                return Err(Error::Full {
+                    requested: n,
+                    free: 0,
+                });
+            }
             match shared.try_claim(&mut inner, &prepared, &mut None) {
                 Claim::Claimed(slots, wake) => shared.store(&mut inner, slots, prepared, wake),
                 Claim::Rejected(err, _) => return Err(err),

@@ -45,6 +45,7 @@ pub struct PersistOptions {
     recovery: RecoveryMode,
     archive: Option<ArchiveOptions>,
     checkpoint_bytes: u64,
+    max_backlog: u64,
 }
 
 impl Default for PersistOptions {
@@ -56,13 +57,15 @@ impl Default for PersistOptions {
 impl PersistOptions {
     /// `Durability::Sync`, strict recovery, consumed samples archived with the default
     /// [`ArchiveOptions`], a checkpoint once 64 MiB of log (and at least the size of the
-    /// last checkpoint) has been written.
+    /// last checkpoint) has been written, puts held back while more than 256 MiB of put
+    /// data waits for the log.
     pub fn new() -> Self {
         Self {
             durability: Durability::Sync,
             recovery: RecoveryMode::Strict,
             archive: Some(ArchiveOptions::default()),
             checkpoint_bytes: 64 << 20,
+            max_backlog: 256 << 20,
         }
     }
 
@@ -82,6 +85,13 @@ impl PersistOptions {
     /// with `None`, not at all.
     pub fn archive(mut self, options: Option<ArchiveOptions>) -> Self {
         self.archive = options;
+        self
+    }
+
+    /// Tensor bytes of puts not yet on storage above which `put_batch` waits (and
+    /// `try_put_batch` returns `Full`): what a store that falls behind may cost in memory.
+    pub fn max_backlog(mut self, bytes: u64) -> Self {
+        self.max_backlog = bytes.max(1);
         self
     }
 
@@ -200,6 +210,7 @@ impl SequenceBuffer {
             config: stored_config,
             checkpoint_bytes: options.checkpoint_bytes,
             checkpoint_size,
+            max_backlog: options.max_backlog,
         })?;
         let journal: Arc<dyn Journal> = Arc::new(wal);
         buffer.restore(restored, Some(journal))?;

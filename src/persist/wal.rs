@@ -32,7 +32,7 @@ use super::recover::checkpoint_until;
 use super::store::Store;
 use crate::buffer::{Durable, Journal, JournalFuture, Record};
 use crate::error::{Error, Result};
-use crate::sync::{oneshot, Arc, Mutex, Notify};
+use crate::sync::{oneshot, Arc, AtomicU64, Mutex, Notify, Ordering};
 use bytes::Bytes;
 use std::fmt;
 use std::time::Duration;
@@ -69,6 +69,8 @@ pub(crate) struct WriterSetup {
     pub(crate) checkpoint_bytes: u64,
     /// Size of the last checkpoint's segments.
     pub(crate) checkpoint_size: u64,
+    /// Tensor bytes of puts not yet durable above which putters wait.
+    pub(crate) max_backlog: u64,
 }
 
 #[derive(Default)]
@@ -78,6 +80,8 @@ struct Queue {
     flushes: Vec<oneshot::Sender<Result<()>>>,
     /// When the oldest queued record was appended.
     oldest: Option<Instant>,
+    /// Tensor bytes of the queued puts.
+    bytes: u64,
     /// The buffer is gone: write what is queued, then stop.
     closing: bool,
     /// The writer has stopped: appends hand their callbacks back.
@@ -88,6 +92,22 @@ struct WalShared {
     queue: Mutex<Queue>,
     wake: Notify,
     sync: bool,
+    /// Tensor bytes of puts appended and not yet durable (queued, being written, or
+    /// waiting for a retry).
+    backlog: AtomicU64,
+    max_backlog: u64,
+    /// Notified when the backlog shrinks or the writer stops.
+    drained: Notify,
+}
+
+impl WalShared {
+    /// `bytes` of puts became durable, were abandoned, or will never be written.
+    fn settled(&self, bytes: u64) {
+        if bytes > 0 {
+            self.backlog.fetch_sub(bytes, Ordering::AcqRel);
+            self.drained.notify_waiters();
+        }
+    }
 }
 
 /// The journal handle the buffer holds. Dropping it (with the buffer) lets the writer
@@ -114,6 +134,9 @@ impl Wal {
             queue: Mutex::new(Queue::default()),
             wake: Notify::new(),
             sync: setup.durability == Durability::Sync,
+            backlog: AtomicU64::new(0),
+            max_backlog: setup.max_backlog,
+            drained: Notify::new(),
         });
         handle.spawn(run(Arc::clone(&shared), setup));
         Ok(Self { shared })
@@ -135,6 +158,11 @@ impl Journal for Wal {
             return then;
         }
         let was_empty = q.records.is_empty();
+        let bytes = put_bytes(&records);
+        if bytes > 0 {
+            q.bytes += bytes;
+            self.shared.backlog.fetch_add(bytes, Ordering::AcqRel);
+        }
         q.records.extend(records);
         if let Some(then) = then {
             q.callbacks.push(then);
@@ -148,6 +176,24 @@ impl Journal for Wal {
             self.shared.wake.notify_one();
         }
         None
+    }
+
+    fn backlog(&self) -> Option<JournalFuture> {
+        if self.shared.backlog.load(Ordering::Acquire) < self.shared.max_backlog {
+            return None;
+        }
+        let shared = Arc::clone(&self.shared);
+        Some(Box::pin(async move {
+            loop {
+                let mut drained = std::pin::pin!(shared.drained.notified());
+                drained.as_mut().enable();
+                let stopped = shared.queue.lock().stopped;
+                if stopped || shared.backlog.load(Ordering::Acquire) < shared.max_backlog {
+                    return Ok(());
+                }
+                drained.await;
+            }
+        }))
     }
 
     fn flush(&self) -> JournalFuture {
@@ -164,11 +210,27 @@ impl Journal for Wal {
     }
 }
 
+/// Tensor bytes of the samples the put records among `records` carry.
+fn put_bytes(records: &[Record]) -> u64 {
+    records
+        .iter()
+        .map(|r| match r {
+            Record::Put(samples) => samples
+                .iter()
+                .flat_map(|s| s.fields().map(|(_, t)| t.nbytes() as u64))
+                .sum(),
+            _ => 0,
+        })
+        .sum()
+}
+
 /// One group taken off the queue.
 struct Taken {
     records: Vec<Record>,
     callbacks: Vec<Durable>,
     flushes: Vec<oneshot::Sender<Result<()>>>,
+    /// Tensor bytes of its puts (counted in the backlog until they settle).
+    bytes: u64,
     last: bool,
 }
 
@@ -212,8 +274,9 @@ async fn write_group(store: &Store, seq: u64, bytes: &Bytes) -> std::result::Res
 
 /// The writer's own state besides its setup.
 struct Progress {
-    /// Interval mode: a group that failed, kept to be retried as it was.
-    failed: Option<(u64, Bytes)>,
+    /// Interval mode: a group that failed, kept to be retried as it was, with the
+    /// backlog bytes it holds.
+    failed: Option<(u64, Bytes, u64)>,
     backoff: Duration,
     /// Log bytes written since the last checkpoint started.
     log_bytes: u64,
@@ -261,6 +324,9 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
         (std::mem::take(&mut q.records), callbacks, flushes)
     };
     drop(leftover);
+    // Nothing more will be written: no putter may wait for the backlog to drain.
+    shared.backlog.store(0, Ordering::Release);
+    shared.drained.notify_waiters();
     if let Some(h) = p.checkpointing {
         let _ = h.await;
     }
@@ -286,18 +352,19 @@ async fn commit(
         fail_flushes(taken.flushes, &e);
         Next::Stop
     };
-    if let Some((seq, bytes)) = p.failed.take() {
+    if let Some((seq, bytes, backlog)) = p.failed.take() {
         match write_group(&w.store, seq, &bytes).await {
             Ok(()) => {
                 p.log_bytes += bytes.len() as u64;
                 p.backoff = Duration::from_millis(10);
+                shared.settled(backlog);
             }
             Err(Failure::Conflict(e)) => return stop(taken, e),
             Err(Failure::Store(e)) => {
                 tracing::warn!(error = %e, seq, "log write failed again; retrying");
                 fail_flushes(taken.flushes, &e);
-                p.failed = Some((seq, bytes));
-                requeue(shared, taken.records, taken.callbacks);
+                p.failed = Some((seq, bytes, backlog));
+                requeue(shared, taken.records, taken.callbacks, taken.bytes);
                 if taken.last {
                     tracing::error!("the buffer is gone and the log cannot be written");
                     return Next::Stop;
@@ -322,12 +389,13 @@ async fn commit(
                     p.spare = Vec::from(buf);
                 }
                 taken.callbacks.into_iter().for_each(|f| f(Ok(())));
+                shared.settled(taken.bytes);
             }
             Err(Failure::Conflict(e)) => return stop(taken, e),
             Err(Failure::Store(e)) if retries => {
                 tracing::warn!(error = %e, seq, "log write failed; retrying");
                 fail_flushes(taken.flushes, &e);
-                p.failed = Some((seq, bytes));
+                p.failed = Some((seq, bytes, taken.bytes));
                 if taken.last {
                     tracing::error!("the buffer is gone and the log cannot be written");
                     return Next::Stop;
@@ -338,6 +406,7 @@ async fn commit(
                 tracing::warn!(error = %e, seq, "log write failed; its calls fail");
                 w.abandoned.push(seq);
                 taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
+                shared.settled(taken.bytes);
                 fail_flushes(taken.flushes, &e);
                 return Next::Continue;
             }
@@ -374,11 +443,12 @@ async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
 
 /// Puts records back at the front of the queue (the interval writer's retry holds them
 /// back until the failed group is written).
-fn requeue(shared: &WalShared, mut records: Vec<Record>, mut callbacks: Vec<Durable>) {
+fn requeue(shared: &WalShared, mut records: Vec<Record>, mut callbacks: Vec<Durable>, bytes: u64) {
     if records.is_empty() && callbacks.is_empty() {
         return;
     }
     let mut q = shared.queue.lock();
+    q.bytes += bytes;
     records.append(&mut q.records);
     q.records = records;
     callbacks.append(&mut q.callbacks);
@@ -410,6 +480,7 @@ async fn next_group(shared: &WalShared, interval: Option<Duration>, retry: bool)
                     records: std::mem::take(&mut q.records),
                     callbacks: std::mem::take(&mut q.callbacks),
                     flushes: std::mem::take(&mut q.flushes),
+                    bytes: std::mem::take(&mut q.bytes),
                     last: q.closing,
                 };
             }
