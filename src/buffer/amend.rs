@@ -49,10 +49,11 @@ impl SequenceBuffer {
             }
             shared.check_handles(&inner, handles)?;
             inner.table.begin_amend(&slots);
-            let record = Record::Amend {
-                ids: inner.ids_of(&slots),
+            let record = |inner: &Inner| Record::Amend {
+                ids: inner.ids_of(slots.iter().copied()),
                 patches: Arc::clone(&patches),
             };
+            let record = inner.journal.is_some().then(|| record(&inner));
             let mut amend = AmendInFlight {
                 shared: Arc::clone(shared),
                 slots: Some(slots),
@@ -68,11 +69,14 @@ impl SequenceBuffer {
                         }
                         let _ = tx.send(verdict);
                     });
-                    let refused = journal.append(vec![record], Some(then));
+                    let records = record.into_iter().collect();
+                    let refused = journal.append(records, Some(then));
                     (rx, refused)
                 }
                 None => {
-                    inner.log(|| record);
+                    if let Some(record) = record {
+                        inner.log(|| record);
+                    }
                     let (wake, dropped) = amend.apply(&mut inner, &patches, &added);
                     drop(inner);
                     shared.notify(wake);

@@ -140,7 +140,7 @@ impl Batch {
     /// applied and the lease is released (the samples are redelivered to this RPC).
     pub async fn complete(mut self, outputs: Vec<Patch>) -> Result<()> {
         let added = self.check_outputs(Some(&outputs))?;
-        self.finish(Some((outputs.into(), added))).await
+        self.finish(Some((outputs, added))).await
     }
 
     /// Uses one read of every sample without writing anything. Fails like
@@ -223,12 +223,11 @@ impl Batch {
         // Drop the snapshots first, so the stored samples are unshared again and the outputs
         // are added in place instead of copying each sample.
         self.samples.clear();
-        let mut freed = Vec::new();
         let now = self.deadline.map(|_| now());
-        let slots: Vec<u32> = self.handles.iter().map(SlotHandle::slot).collect();
         let mut inner = shared.lock();
         if let Err(LeaseGone::Expired) = inner.table.lease(self.lease, now) {
             // Reclaim it now if no waiting getter has yet.
+            let mut freed = Vec::new();
             let wake = now.map_or(Wake::default(), |t| inner.expire_due(t, &mut freed));
             let dropped = inner.take_freed(&freed);
             drop(inner);
@@ -245,41 +244,56 @@ impl Batch {
             });
         }
         self.done = true;
-        let record = match &inner.journal {
-            Some(_) => Some(Record::Complete {
-                rpc: Arc::clone(&inner.rpc_names[self.rpc]),
-                ids: inner.ids_of(&slots),
-                outputs: outputs.as_ref().map(|(p, _)| Arc::clone(p)),
-            }),
-            None => None,
-        };
-        let mut finishing = Finishing {
-            shared: Arc::clone(&shared),
-            rpc: self.rpc,
-            lease: self.lease,
-            slots,
-            outputs,
-            pending: true,
-        };
-        let journal = inner.journal.clone().filter(|_| shared.sync_journal);
-        let (Some(journal), Some(record)) = (journal, record.clone()) else {
-            if let Some(record) = record {
-                inner.log(|| record);
-            }
-            let (wake, dropped) = finishing.use_reads(&mut inner);
+        let slots = self.handles.iter().map(SlotHandle::slot);
+        let Some(journal) = inner.journal.clone() else {
+            let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
+            let (wake, dropped) = use_reads(&mut inner, self.lease, slots, outputs);
             drop(inner);
             shared.notify(wake);
             shared.dispose(dropped);
             return Ok(None);
         };
+        // Logged: the record and (with a sync journal) the deferred completion share the
+        // outputs.
+        let outputs: Option<SharedOutputs> = outputs.map(|(p, k)| (p.into(), k));
+        let record = Record::Complete {
+            rpc: Arc::clone(&inner.rpc_names[self.rpc]),
+            ids: inner.ids_of(slots.clone()),
+            outputs: outputs.as_ref().map(|(p, _)| Arc::clone(p)),
+        };
+        if !shared.sync_journal {
+            // Only a callback is ever handed back.
+            let _ = journal.append(vec![record], None);
+            let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
+            let (wake, dropped) = use_reads(&mut inner, self.lease, slots, outputs);
+            drop(inner);
+            shared.notify(wake);
+            shared.dispose(dropped);
+            return Ok(None);
+        }
         // The lease must not expire while its completion is on its way to storage.
         inner.table.pin_lease(self.lease);
+        let mut finishing = Finishing {
+            shared: Arc::clone(&shared),
+            rpc: self.rpc,
+            lease: self.lease,
+            slots: slots.collect(),
+            outputs,
+            pending: true,
+        };
         let (tx, rx) = oneshot::channel();
         let then: Durable = Box::new(move |verdict| {
             // Use the reads, or release the lease, before the caller hears of it.
             if verdict.is_ok() {
+                finishing.pending = false;
                 let shared = Arc::clone(&finishing.shared);
-                let (wake, dropped) = finishing.use_reads(&mut shared.lock());
+                let outputs = finishing.outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
+                let (wake, dropped) = use_reads(
+                    &mut shared.lock(),
+                    finishing.lease,
+                    finishing.slots.iter().copied(),
+                    outputs,
+                );
                 shared.notify(wake);
                 shared.dispose(dropped);
             }
@@ -294,50 +308,61 @@ impl Batch {
 }
 
 /// A completion's outputs and their graph keys.
-type Outputs = (Arc<[Patch]>, Vec<KeySet>);
+type Outputs = (Vec<Patch>, Vec<KeySet>);
+/// The same, shared between a log record and a completion waiting for it.
+type SharedOutputs = (Arc<[Patch]>, Vec<KeySet>);
 
-/// A lease being finished. Dropped without [`Finishing::use_reads`] (a failed write, or a
-/// journal that shut down) it releases the lease, so the samples are redelivered.
+/// Applies `outputs` to the samples in `slots` and uses one read of each for `lease`,
+/// under the lock `inner`; returns who to wake and the payloads freed.
+fn use_reads(
+    inner: &mut Inner,
+    lease: LeaseId,
+    slots: impl Iterator<Item = u32>,
+    outputs: Option<(&[Patch], &[KeySet])>,
+) -> (Wake, Vec<Arc<Sample>>) {
+    let mut added: &[KeySet] = &[];
+    if let Some((patches, keys)) = outputs {
+        for (slot, patch) in slots.zip(patches) {
+            if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
+                Arc::make_mut(sample).apply(patch);
+            }
+        }
+        added = keys;
+    }
+    let mut freed = Vec::new();
+    let wake = inner
+        .table
+        .finish_lease(lease, LeaseEnd::Used, added, &mut freed);
+    (wake, inner.take_freed(&freed))
+}
+
+/// A completion waiting for its record to be durable. Dropped still pending (a failed
+/// write, or a journal that shut down) it releases the lease, so the samples are
+/// redelivered.
 struct Finishing {
     shared: Arc<Shared>,
     rpc: usize,
     lease: LeaseId,
     slots: Vec<u32>,
-    outputs: Option<Outputs>,
+    outputs: Option<SharedOutputs>,
     pending: bool,
-}
-
-impl Finishing {
-    /// Applies the outputs and uses one read of every sample, under the lock `inner`.
-    fn use_reads(&mut self, inner: &mut Inner) -> (Wake, Vec<Arc<Sample>>) {
-        self.pending = false;
-        let mut added: &[KeySet] = &[];
-        if let Some((patches, keys)) = &self.outputs {
-            for (&slot, patch) in self.slots.iter().zip(patches.iter()) {
-                if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
-                    Arc::make_mut(sample).apply(patch);
-                }
-            }
-            added = keys;
-        }
-        let mut freed = Vec::new();
-        let wake = inner
-            .table
-            .finish_lease(self.lease, LeaseEnd::Used, added, &mut freed);
-        (wake, inner.take_freed(&freed))
-    }
 }
 
 impl Drop for Finishing {
     fn drop(&mut self) {
         if self.pending {
-            release(&self.shared, self.rpc, self.lease, &self.slots);
+            release(
+                &self.shared,
+                self.rpc,
+                self.lease,
+                self.slots.iter().copied(),
+            );
         }
     }
 }
 
 /// Releases a lease unused (logging the release) and notifies.
-fn release(shared: &Shared, rpc: usize, lease: LeaseId, slots: &[u32]) {
+fn release(shared: &Shared, rpc: usize, lease: LeaseId, slots: impl Iterator<Item = u32>) {
     let mut freed = Vec::new();
     let (wake, dropped) = {
         let mut inner = shared.lock();
@@ -352,7 +377,7 @@ fn release(shared: &Shared, rpc: usize, lease: LeaseId, slots: &[u32]) {
         (wake, inner.take_freed(&freed))
     };
     if wake.rpcs != 0 {
-        tracing::trace!(rpc, n = slots.len(), "lease released; redelivering");
+        tracing::trace!(rpc, "lease released; redelivering");
     }
     shared.notify(wake);
     shared.dispose(dropped);
@@ -363,8 +388,8 @@ impl Drop for Batch {
         if self.done {
             return;
         }
-        let slots: Vec<u32> = self.handles.iter().map(SlotHandle::slot).collect();
-        release(&self.shared, self.rpc, self.lease, &slots);
+        let slots = self.handles.iter().map(SlotHandle::slot);
+        release(&self.shared, self.rpc, self.lease, slots);
     }
 }
 

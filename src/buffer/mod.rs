@@ -185,7 +185,7 @@ impl Inner {
             if let (Some(journal), Some(rpc)) = (&self.journal, self.rpc_names.get(r)) {
                 let release = Record::Release {
                     rpc: Arc::clone(rpc),
-                    ids: self.ids_of(&slots),
+                    ids: self.ids_of(slots),
                     expired: true,
                 };
                 // Only a callback is ever handed back.
@@ -204,10 +204,10 @@ impl Inner {
     }
 
     /// The ids of the samples stored in `slots`.
-    pub(crate) fn ids_of(&self, slots: &[u32]) -> Vec<SampleId> {
+    pub(crate) fn ids_of(&self, slots: impl IntoIterator<Item = u32>) -> Vec<SampleId> {
         slots
-            .iter()
-            .filter_map(|&s| self.samples.get(s as usize)?.as_ref().map(|x| x.id.clone()))
+            .into_iter()
+            .filter_map(|s| self.samples.get(s as usize)?.as_ref().map(|x| x.id.clone()))
             .collect()
     }
 }
