@@ -43,13 +43,14 @@ where
     }
 }
 
-fn ppo_rpcs() -> Vec<RpcDef> {
+/// gen -> reward -> train, `n` samples per batch, train reading each sample twice.
+fn ppo_rpcs(n: usize) -> Vec<RpcDef> {
     vec![
-        RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]),
-        RpcDef::new("reward", 2)
+        RpcDef::new("gen", n).inputs(["prompt"]).outputs(["tokens"]),
+        RpcDef::new("reward", n)
             .inputs(["tokens"])
             .outputs(["reward"]),
-        RpcDef::new("train", 2)
+        RpcDef::new("train", n)
             .inputs(["tokens", "reward"])
             .reads(2),
     ]
@@ -57,7 +58,7 @@ fn ppo_rpcs() -> Vec<RpcDef> {
 
 fn config(capacity: usize) -> BufferConfig {
     BufferConfig::new(capacity)
-        .rpcs(ppo_rpcs())
+        .rpcs(ppo_rpcs(2))
         .external_keys(["score"])
 }
 
@@ -105,20 +106,11 @@ async fn workload(buf: &SequenceBuffer) {
             .collect();
         batch.complete(out).await.expect("reward completes");
     }
-    // Train reads twice: the first pair of samples is consumed and freed, the second
-    // keeps one read.
-    buf.get_batch_for_rpc("train")
-        .await
-        .expect("train")
-        .commit()
-        .await
-        .expect("train commits");
-    buf.get_batch_for_rpc("train")
-        .await
-        .expect("train")
-        .commit()
-        .await
-        .expect("train commits");
+    // Train reads twice, oldest first: the first pair of samples is consumed and freed.
+    for _ in 0..2 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("train");
+        batch.commit().await.expect("train commits");
+    }
     // A released lease counts as a redelivery.
     drop(buf.get_batch_for_rpc("gen").await.expect("gen batch"));
 }
@@ -277,13 +269,7 @@ async fn removing_a_key_or_an_rpc_that_stored_samples_need_is_a_clear_error() {
     );
 
     // `train` is gone but the samples still owe it reads.
-    let no_train = BufferConfig::new(64)
-        .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
-        .rpc(
-            RpcDef::new("reward", 2)
-                .inputs(["tokens"])
-                .outputs(["reward"]),
-        );
+    let no_train = BufferConfig::new(64).rpcs(ppo_rpcs(2).into_iter().take(2));
     let err = SequenceBuffer::open_in(backend.store(), no_train, PersistOptions::new())
         .await
         .expect_err("train removed");
@@ -294,17 +280,7 @@ async fn removing_a_key_or_an_rpc_that_stored_samples_need_is_a_clear_error() {
 
     // Too few slots for what is stored.
     let one_slot = BufferConfig::new(1)
-        .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
-        .rpc(
-            RpcDef::new("reward", 1)
-                .inputs(["tokens"])
-                .outputs(["reward"]),
-        )
-        .rpc(
-            RpcDef::new("train", 1)
-                .inputs(["tokens", "reward"])
-                .reads(2),
-        )
+        .rpcs(ppo_rpcs(1))
         .external_keys(["score"]);
     let err = SequenceBuffer::open_in(backend.store(), one_slot, PersistOptions::new())
         .await

@@ -247,10 +247,9 @@ impl Batch {
         let slots = self.handles.iter().map(SlotHandle::slot);
         let Some(journal) = inner.journal.clone() else {
             let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
-            let (wake, dropped) = use_reads(&mut inner, self.lease, slots, outputs);
+            let ended = use_reads(&mut inner, self.lease, slots, outputs);
             drop(inner);
-            shared.notify(wake);
-            shared.dispose(dropped);
+            shared.settle(ended);
             return Ok(None);
         };
         // Logged: the record and (with a sync journal) the deferred completion share the
@@ -265,10 +264,9 @@ impl Batch {
             // Only a callback is ever handed back.
             let _ = journal.append(vec![record], None);
             let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
-            let (wake, dropped) = use_reads(&mut inner, self.lease, slots, outputs);
+            let ended = use_reads(&mut inner, self.lease, slots, outputs);
             drop(inner);
-            shared.notify(wake);
-            shared.dispose(dropped);
+            shared.settle(ended);
             return Ok(None);
         }
         // The lease must not expire while its completion is on its way to storage.
@@ -288,14 +286,13 @@ impl Batch {
                 finishing.pending = false;
                 let shared = Arc::clone(&finishing.shared);
                 let outputs = finishing.outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
-                let (wake, dropped) = use_reads(
+                let ended = use_reads(
                     &mut shared.lock(),
                     finishing.lease,
                     finishing.slots.iter().copied(),
                     outputs,
                 );
-                shared.notify(wake);
-                shared.dispose(dropped);
+                shared.settle(ended);
             }
             drop(finishing);
             let _ = tx.send(verdict);

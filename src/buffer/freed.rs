@@ -30,6 +30,13 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
 pub type SinkFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
 impl Shared {
+    /// After a transition, outside the lock: notifies the waiters it unblocked and hands
+    /// the payloads it freed to the sink.
+    pub(crate) fn settle(&self, (wake, freed): (crate::state::Wake, Vec<Arc<Sample>>)) {
+        self.notify(wake);
+        self.dispose(freed);
+    }
+
     /// Hands freed payloads to the sink, if any; runs outside the lock.
     pub(crate) fn dispose(&self, freed: Vec<Arc<Sample>>) {
         if freed.is_empty() {

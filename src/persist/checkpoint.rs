@@ -412,31 +412,10 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| e.to_string())?;
-        let column = |name: &str| {
-            batch
-                .column_by_name(name)
-                .ok_or(format!("no `{name}` column"))
-        };
-        let ids = column("id")?
-            .as_any()
-            .downcast_ref::<StringArray>()
-            .ok_or("`id` is not a string")?
-            .clone();
-        let births = column("birth")?
-            .as_any()
-            .downcast_ref::<UInt64Array>()
-            .ok_or("`birth` is not uint64")?
-            .clone();
-        let seqs = column("seq")?
-            .as_any()
-            .downcast_ref::<UInt64Array>()
-            .ok_or("`seq` is not uint64")?
-            .clone();
-        let states = column("state")?
-            .as_any()
-            .downcast_ref::<BinaryArray>()
-            .ok_or("`state` is not binary")?
-            .clone();
+        let ids: StringArray = column(&batch, "id")?;
+        let births: UInt64Array = column(&batch, "birth")?;
+        let seqs: UInt64Array = column(&batch, "seq")?;
+        let states: BinaryArray = column(&batch, "state")?;
         for row in 0..batch.num_rows() {
             let state = states.value(row);
             let mut r = Reader::new(state);
@@ -458,6 +437,27 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
         }
     }
     Ok(out)
+}
+
+/// Column `name` of `batch` as an array of type `A`.
+fn column<A: Array + Clone + 'static>(
+    batch: &RecordBatch,
+    name: &str,
+) -> std::result::Result<A, String> {
+    batch
+        .column_by_name(name)
+        .ok_or(format!("no `{name}` column"))?
+        .as_any()
+        .downcast_ref::<A>()
+        .cloned()
+        .ok_or(format!(
+            "`{name}` has type {:?}",
+            batch
+                .schema()
+                .field_with_name(name)
+                .map(|f| f.data_type().clone())
+                .ok()
+        ))
 }
 
 /// Every log path from `log_from` on, with its sequence number, in order.
