@@ -264,3 +264,37 @@ async fn a_store_that_falls_behind_holds_puts_back_instead_of_growing_memory() {
     let again = open(&store, Durability::Sync).await;
     assert_eq!(stored_ids(&again).await, ["a", "b"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_failed_but_landed_never_comes_back() {
+    for checkpoint_every_group in [false, true] {
+        let (faults, store) = faulty();
+        let mut options = PersistOptions::new().archive(None);
+        if checkpoint_every_group {
+            options = options.checkpoint_bytes(1);
+        }
+        let buf = SequenceBuffer::open_in(store.clone(), config(), options)
+            .await
+            .expect("opens");
+        buf.put_batch(vec![prompt("a")]).await.expect("put a");
+        faults.set(Fault::Ghost);
+        let err = buf
+            .put_batch(vec![prompt("ghost")])
+            .await
+            .expect_err("reported failed");
+        assert!(is_storage(&err), "{err}");
+        faults.set(Fault::None);
+        if checkpoint_every_group {
+            buf.put_batch(vec![prompt("c")]).await.expect("put c");
+            buf.flush().await.expect("flush");
+        }
+        std::mem::forget(buf); // crash
+        let again = open(&store, Durability::Sync).await;
+        let want: &[&str] = if checkpoint_every_group {
+            &["a", "c"]
+        } else {
+            &["a"]
+        };
+        assert_eq!(stored_ids(&again).await, want);
+    }
+}

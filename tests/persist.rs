@@ -320,3 +320,16 @@ async fn default_births_after_a_reopen_come_after_the_recovered_ones() {
     assert_eq!(births[0].0, "old", "{births:?}");
     assert!(births[1].1 > births[0].1, "{births:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interval_too_long_to_represent_means_writing_on_flush_only() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    let options = || PersistOptions::new().durability(Durability::Interval(Duration::MAX));
+    let buf = open(&backend, options()).await;
+    buf.put_batch(vec![sample(1)]).await.expect("put");
+    assert!(backend.store().list("wal").await.expect("list").is_empty());
+    buf.flush().await.expect("flush writes it");
+    assert_eq!(backend.store().list("wal").await.expect("list").len(), 1);
+    drop(buf);
+    assert_eq!(open(&backend, options()).await.len(), 1);
+}

@@ -160,6 +160,10 @@ async fn a_missing_segment_or_a_truncated_manifest_is_an_error_naming_it() {
         .await
         .expect_err("truncated manifest");
     assert_eq!(corrupt_path(&err), manifest);
+    // Lenient recovery starts over without it, and its next checkpoint comes after it.
+    let buf = open(&store, RecoveryMode::Lenient).await.expect("lenient");
+    drop(buf);
+    assert!(open(&store, RecoveryMode::Strict).await.is_ok());
 
     let (store, segment2, _) = checkpointed().await;
     assert_ne!(segment, manifest);
@@ -168,4 +172,23 @@ async fn a_missing_segment_or_a_truncated_manifest_is_an_error_naming_it() {
         .await
         .expect_err("missing segment");
     assert_eq!(corrupt_path(&err), segment2);
+}
+
+#[tokio::test]
+async fn a_stray_group_far_past_the_log_is_reported_or_skipped_at_once() {
+    let (store, wal) = four_groups().await;
+    store
+        .put("wal/00000000099999999999.log", "not a group".into())
+        .await
+        .expect("put");
+    let err = open(&store, RecoveryMode::Strict)
+        .await
+        .expect_err("a gap before it");
+    assert_eq!(
+        corrupt_path(&err),
+        "wal/00000000000000000004.log",
+        "{wal:?}"
+    );
+    let buf = open(&store, RecoveryMode::Lenient).await.expect("lenient");
+    assert_eq!(ids(&buf).await, ["s0", "s1", "s2", "s3"]);
 }

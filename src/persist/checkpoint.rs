@@ -342,10 +342,19 @@ fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
 
 // ----- reading ---------------------------------------------------------------------------
 
-/// The newest manifest and the state its segments hold, or `None` for a store without
-/// one. With `lenient`, a damaged manifest or segment is skipped with a warning (falling
-/// back to an older manifest, or to an empty state) instead of failing.
-pub(crate) async fn load(store: &Store, lenient: bool) -> Result<Option<(Manifest, DurableState)>> {
+/// What [`load`] found.
+pub(crate) struct Loaded {
+    /// The newest manifest that loads, and the state its segments hold.
+    pub(crate) checkpoint: Option<(Manifest, DurableState)>,
+    /// The largest manifest number listed, damaged or not: the next checkpoint must come
+    /// after it.
+    pub(crate) highest: Option<u64>,
+}
+
+/// The newest manifest and the state its segments hold (`None` for a store without one).
+/// With `lenient`, a damaged manifest or segment is skipped with a warning (falling back
+/// to an older manifest, or to an empty state) instead of failing.
+pub(crate) async fn load(store: &Store, lenient: bool) -> Result<Loaded> {
     let mut numbers: Vec<(u64, String)> = store
         .list(MANIFEST_DIR)
         .await?
@@ -353,16 +362,25 @@ pub(crate) async fn load(store: &Store, lenient: bool) -> Result<Option<(Manifes
         .filter_map(|p| parse_manifest_path(&p).map(|n| (n, p)))
         .collect();
     numbers.sort();
+    let highest = numbers.last().map(|(n, _)| *n);
     while let Some((_, path)) = numbers.pop() {
         match load_one(store, &path).await {
-            Ok(loaded) => return Ok(Some(loaded)),
+            Ok(loaded) => {
+                return Ok(Loaded {
+                    checkpoint: Some(loaded),
+                    highest,
+                })
+            }
             Err(e) if lenient => {
                 tracing::warn!(error = %e, "skipping a damaged checkpoint (lenient recovery)");
             }
             Err(e) => return Err(e),
         }
     }
-    Ok(None)
+    Ok(Loaded {
+        checkpoint: None,
+        highest,
+    })
 }
 
 async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)> {

@@ -187,7 +187,7 @@ impl SequenceBuffer {
             buffer.restore(restored, None)?;
             return Ok(buffer);
         }
-        let mut number = recovered.manifest.as_ref().map_or(0, |m| m.number + 1);
+        let mut number = recovered.next_manifest;
         let mut checkpoint_size = recovered.manifest.as_ref().map_or(0, |m| m.bytes);
         let changed = Some(&stored_config) != recovered.manifest.as_ref().map(|m| &m.config);
         let mut skipped = recovered.skipped;

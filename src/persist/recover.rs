@@ -17,6 +17,8 @@ use std::collections::BTreeSet;
 #[derive(Debug)]
 pub(crate) struct Recovered {
     pub(crate) manifest: Option<Manifest>,
+    /// The number the next manifest must take.
+    pub(crate) next_manifest: u64,
     pub(crate) state: DurableState,
     /// The sequence number the next log group must take.
     pub(crate) next_seq: u64,
@@ -29,24 +31,33 @@ pub(crate) struct Recovered {
 
 /// Recovers everything the store holds.
 pub(crate) async fn recover(store: &Store, lenient: bool) -> Result<Recovered> {
-    recover_until(store, lenient, u64::MAX).await
+    recover_until(store, lenient, u64::MAX, &[]).await
 }
 
 /// Writes checkpoint `number` of the log before group `log_from`, recovered (strictly)
-/// from the store: the log writer's background checkpoint.
+/// from the store: the log writer's background checkpoint. `abandoned` are groups whose
+/// write failed and that no stored group declares abandoned yet.
 pub(crate) async fn checkpoint_until(
     store: &Store,
     log_from: u64,
     number: u64,
     config: &StoredConfig,
+    abandoned: &[u64],
 ) -> Result<Manifest> {
-    let recovered = recover_until(store, false, log_from).await?;
+    let recovered = recover_until(store, false, log_from, abandoned).await?;
     checkpoint::write(store, &recovered.state, log_from, number, config).await
 }
 
-/// Recovers the checkpoint and the log groups before `until`.
-async fn recover_until(store: &Store, lenient: bool, until: u64) -> Result<Recovered> {
-    let (manifest, mut state) = match checkpoint::load(store, lenient).await? {
+/// Recovers the checkpoint and the log groups before `until`, ignoring the groups in
+/// `abandoned` besides those the log itself declares abandoned.
+async fn recover_until(
+    store: &Store,
+    lenient: bool,
+    until: u64,
+    abandoned: &[u64],
+) -> Result<Recovered> {
+    let loaded = checkpoint::load(store, lenient).await?;
+    let (manifest, mut state) = match loaded.checkpoint {
         Some((m, s)) => (Some(m), s),
         None => (None, DurableState::default()),
     };
@@ -75,6 +86,7 @@ async fn recover_until(store: &Store, lenient: bool, until: u64) -> Result<Recov
         .iter()
         .filter_map(|(_, _, g)| g.as_ref().ok())
         .flat_map(|g| g.abandoned.iter().copied())
+        .chain(abandoned.iter().copied())
         .collect();
     let last = groups.last().map(|(seq, _, _)| *seq);
     let mut skipped = Vec::new();
@@ -86,17 +98,15 @@ async fn recover_until(store: &Store, lenient: bool, until: u64) -> Result<Recov
         detail,
     };
     for (seq, path, decoded) in groups {
-        for missing in expected..seq {
-            if abandoned.contains(&missing) {
-                continue;
-            }
+        // Groups missing before this one: each must have been abandoned. (A missing group
+        // needs no abandoning: there is nothing to ignore later.)
+        if let Some(missing) = (expected..seq).find(|s| !abandoned.contains(s)) {
             let path = log_path(missing);
             let detail = "log group missing while later groups exist".to_owned();
             if !lenient {
                 return Err(damaged(&path, detail));
             }
-            tracing::warn!(%path, "{detail}; skipped (lenient recovery)");
-            skipped.push(missing);
+            tracing::warn!(%path, until = seq, "{detail}; skipped (lenient recovery)");
         }
         expected = seq + 1;
         if abandoned.contains(&seq) {
@@ -128,6 +138,7 @@ async fn recover_until(store: &Store, lenient: bool, until: u64) -> Result<Recov
     }
     Ok(Recovered {
         manifest,
+        next_manifest: loaded.highest.map_or(0, |n| n + 1),
         state,
         next_seq: expected,
         skipped,

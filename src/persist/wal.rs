@@ -272,6 +272,22 @@ async fn write_group(store: &Store, seq: u64, bytes: &Bytes) -> std::result::Res
     }
 }
 
+/// Deletes a group whose write failed, retrying a few times; if the store refuses even
+/// that, the abandonment the next group declares is what keeps recovery from applying it.
+async fn remove_failed_group(store: &Store, seq: u64) {
+    let mut pause = Duration::from_millis(10);
+    for attempt in 1..=3 {
+        match store.delete(&log_path(seq)).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, seq, attempt, "could not delete a failed log group");
+                tokio::time::sleep(pause).await;
+                pause *= 4;
+            }
+        }
+    }
+}
+
 /// The writer's own state besides its setup.
 struct Progress {
     /// Interval mode: a group that failed, kept to be retried as it was, with the
@@ -292,8 +308,31 @@ enum Next {
     Stop,
 }
 
+/// Marks the writer stopped when its task ends, however it ends (returning, panicking, or
+/// dropped with its runtime): later appends hand their callbacks back, queued ones are
+/// dropped (undoing their changes), flushes fail and putters stop waiting for the backlog.
+/// Nobody is left waiting on a writer that is gone.
+struct StopOnExit(Arc<WalShared>);
+
+impl Drop for StopOnExit {
+    fn drop(&mut self) {
+        let shared = &self.0;
+        let leftover = {
+            let mut q = shared.queue.lock();
+            q.stopped = true;
+            let callbacks = std::mem::take(&mut q.callbacks);
+            let flushes = std::mem::take(&mut q.flushes);
+            (std::mem::take(&mut q.records), callbacks, flushes)
+        };
+        drop(leftover);
+        shared.backlog.store(0, Ordering::Release);
+        shared.drained.notify_waiters();
+    }
+}
+
 /// The writer task.
 async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
+    let _stop = StopOnExit(Arc::clone(&shared));
     let interval = match w.durability {
         Durability::Interval(d) => Some(d),
         _ => None,
@@ -314,19 +353,6 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
         }
         maybe_checkpoint(&mut w, &mut p).await;
     }
-    // Stopped: later appends hand their callbacks back; queued ones are dropped (undone)
-    // here, outside every lock.
-    let leftover = {
-        let mut q = shared.queue.lock();
-        q.stopped = true;
-        let callbacks = std::mem::take(&mut q.callbacks);
-        let flushes = std::mem::take(&mut q.flushes);
-        (std::mem::take(&mut q.records), callbacks, flushes)
-    };
-    drop(leftover);
-    // Nothing more will be written: no putter may wait for the backlog to drain.
-    shared.backlog.store(0, Ordering::Release);
-    shared.drained.notify_waiters();
     if let Some(h) = p.checkpointing {
         let _ = h.await;
     }
@@ -404,6 +430,10 @@ async fn commit(
             }
             Err(Failure::Store(e)) => {
                 tracing::warn!(error = %e, seq, "log write failed; its calls fail");
+                // A write that reported failure may still have stored the group (or part of
+                // it). Its callers are about to hear it failed, so it must never be
+                // replayed: delete it now, and declare it abandoned in the next group too.
+                remove_failed_group(&w.store, seq).await;
                 w.abandoned.push(seq);
                 taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
                 shared.settled(taken.bytes);
@@ -433,10 +463,12 @@ async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
     if p.checkpointing.is_none() && p.failed.is_none() && outgrown {
         let (store, config) = (w.store.clone(), w.config.clone());
         let (log_from, number) = (w.seq, w.manifest);
+        // Failed groups the log does not declare abandoned yet (the next group will).
+        let abandoned = w.abandoned.clone();
         w.manifest += 1;
         p.log_bytes = 0;
         p.checkpointing = Some(tokio::spawn(async move {
-            checkpoint_until(&store, log_from, number, &config).await
+            checkpoint_until(&store, log_from, number, &config, &abandoned).await
         }));
     }
 }
@@ -467,8 +499,9 @@ async fn next_group(shared: &WalShared, interval: Option<Duration>, retry: bool)
         let deadline = {
             let mut q = shared.queue.lock();
             let now = Instant::now();
+            // An interval too long to represent means "only on flush or close".
             let due_at = match (interval, q.oldest) {
-                (Some(d), Some(t)) => Some(t + d),
+                (Some(d), Some(t)) => t.checked_add(d),
                 (None, Some(t)) => Some(t),
                 _ => None,
             };

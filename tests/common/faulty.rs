@@ -26,6 +26,9 @@ pub enum Fault {
     /// Writes wait until the fault is changed, then do what the new fault says (a store
     /// that hangs).
     Stall = 3,
+    /// Writes store the whole object, then report a failure (a timeout after the upload
+    /// completed).
+    Ghost = 4,
 }
 
 /// Wraps a store; reads, lists and deletes always go through.
@@ -93,6 +96,7 @@ impl FaultyStore {
             1 => Fault::Fail,
             2 => Fault::Tear,
             3 => Fault::Stall,
+            4 => Fault::Ghost,
             _ => Fault::None,
         }
     }
@@ -123,6 +127,10 @@ impl ObjectStore for FaultyStore {
         match self.fault_after_stall().await {
             Fault::None | Fault::Stall => self.inner.put_opts(location, payload, opts).await,
             Fault::Fail => Err(self.injected_error(location)),
+            Fault::Ghost => {
+                self.inner.put_opts(location, payload, opts).await?;
+                Err(self.injected_error(location))
+            }
             Fault::Tear => {
                 let bytes = bytes::Bytes::from(payload);
                 let half = PutPayload::from(bytes.slice(..bytes.len() / 2));
