@@ -309,6 +309,9 @@ impl SequenceBuffer {
 
     /// Resolves once every change made so far is durable (with a journal) and every freed
     /// sample handed to the freed-sample sink is written; at once when there are neither.
+    /// A persistent buffer also lets a running checkpoint finish, so after `flush` and
+    /// dropping the buffer its store can be opened again at once (in this process or
+    /// another) without racing the old buffer's background writes.
     pub async fn flush(&self) -> Result<()> {
         let journal = self.shared.lock().journal.clone();
         if let Some(journal) = journal {

@@ -300,6 +300,8 @@ struct Progress {
     /// faults (the kernel zeroing new pages) than the encoding itself.
     spare: Vec<u8>,
     checkpointing: Option<tokio::task::JoinHandle<Result<Manifest>>>,
+    /// Flushes whose data is written, answered once no checkpoint runs.
+    flushed: Vec<oneshot::Sender<Result<()>>>,
 }
 
 /// What the writer does after a group.
@@ -343,6 +345,7 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
         log_bytes: 0,
         spare: Vec::new(),
         checkpointing: None,
+        flushed: Vec::new(),
     };
     loop {
         let taken = next_group(&shared, interval, p.failed.is_some()).await;
@@ -352,10 +355,14 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
             break;
         }
         maybe_checkpoint(&mut w, &mut p).await;
+        answer_flushes(&mut w, &mut p).await;
     }
-    if let Some(h) = p.checkpointing {
+    if let Some(h) = p.checkpointing.take() {
         let _ = h.await;
     }
+    p.flushed.drain(..).for_each(|f| {
+        let _ = f.send(Ok(()));
+    });
 }
 
 /// Writes a failed group again (interval mode), then the group taken, and settles the
@@ -442,21 +449,42 @@ async fn commit(
             }
         }
     }
-    taken.flushes.into_iter().for_each(|f| {
+    p.flushed.extend(taken.flushes);
+    Next::Continue
+}
+
+/// Collects a finished checkpoint task.
+fn checkpoint_done(
+    w: &mut WriterSetup,
+    result: std::result::Result<Result<Manifest>, tokio::task::JoinError>,
+) {
+    match result {
+        Ok(Ok(m)) => w.checkpoint_size = m.bytes,
+        Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
+        Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
+    }
+}
+
+/// Answers the flushes whose data is written, once no checkpoint is running either: a
+/// flushed buffer leaves its store quiescent, so it can be opened again (after the buffer
+/// is dropped) without racing a checkpoint's deletions.
+async fn answer_flushes(w: &mut WriterSetup, p: &mut Progress) {
+    if p.flushed.is_empty() {
+        return;
+    }
+    if let Some(running) = p.checkpointing.take() {
+        checkpoint_done(w, running.await);
+    }
+    p.flushed.drain(..).for_each(|f| {
         let _ = f.send(Ok(()));
     });
-    Next::Continue
 }
 
 /// Starts a checkpoint once the log since the last one outgrows it (so the work stays
 /// proportional to what is logged) and the configured floor; collects a finished one.
 async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
     if let Some(done) = p.checkpointing.take_if(|h| h.is_finished()) {
-        match done.await {
-            Ok(Ok(m)) => w.checkpoint_size = m.bytes,
-            Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
-            Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
-        }
+        checkpoint_done(w, done.await);
     }
     // Not while a failed group waits for its retry: it must be part of the log first.
     let outgrown = p.log_bytes >= w.checkpoint_bytes.max(w.checkpoint_size);
