@@ -333,3 +333,25 @@ async fn an_interval_too_long_to_represent_means_writing_on_flush_only() {
     drop(buf);
     assert_eq!(open(&backend, options()).await.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durability_none_starts_from_the_store_and_logs_nothing() {
+    let backend = Backend::Memory(Store::open("memory://").expect("mem"));
+    let buf = open(&backend, PersistOptions::new()).await;
+    buf.put_batch(vec![sample(1)]).await.expect("put");
+    buf.flush().await.expect("flush");
+    drop(buf);
+    let unlogged = open(&backend, PersistOptions::new().durability(Durability::None)).await;
+    assert_eq!(unlogged.len(), 1, "recovered what was stored");
+    unlogged.put_batch(vec![sample(2)]).await.expect("put");
+    assert_eq!(unlogged.len(), 2);
+    unlogged.flush().await.expect("nothing to flush");
+    drop(unlogged);
+    let again = open(&backend, PersistOptions::new()).await;
+    let ids: Vec<String> = again
+        .contents()
+        .iter()
+        .map(|s| s.sample.id().to_string())
+        .collect();
+    assert_eq!(ids, ["s1"], "the unlogged put is not in the store");
+}
