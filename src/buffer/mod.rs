@@ -3,8 +3,10 @@
 //! # Locking
 //!
 //! One `Mutex<Inner>` guards the [`SlotTable`], the stored payloads (`Arc<Sample>` per
-//! slot) and the id index. It is held only for synchronous work proportional to the batch
-//! at hand: no await, no I/O, no copies of tensor data. Payloads move as `Arc`s; a batch
+//! slot), the id index and the journal handle (log records are appended under it, so the
+//! log is in the order of the changes). It is held only for synchronous work proportional
+//! to the batch at hand: no await, no I/O, no copies of tensor data; the journal's writer
+//! encodes and writes outside it. Payloads move as `Arc`s; a batch
 //! holds `Arc` snapshots of its samples; an amend or completion of a sample whose previous
 //! version a batch still holds copies only the sample's small list of field handles.
 //!
@@ -28,11 +30,14 @@
 //!
 //! # Cancellation
 //!
-//! A put that has claimed slots holds a guard that gives them back if it does not reach
-//! publishing (a panic today; a dropped future once a durable-log write sits between the two
-//! steps); a waiting putter's queue ticket is removed on drop; an amend in flight is ended
-//! by its guard likewise; a get leases and builds its [`Batch`] without an await in
-//! between, and a `Batch` dropped without `complete`/`commit` releases its lease.
+//! Without a sync journal, a put, an amend and a completion each change the state in one
+//! critical section, with no await inside. With one (see `journal.rs`), the change is
+//! finished by the journal's callback when its record is durable, whatever happened to the
+//! caller's future; the guards that callback owns (claimed slots, an amend in flight, a
+//! lease being finished) undo the change if the write fails or the journal goes away. A
+//! waiting putter's queue ticket is removed on drop; a get leases and builds its [`Batch`]
+//! without an await in between, and a `Batch` dropped without `complete`/`commit` releases
+//! its lease.
 
 mod amend;
 mod batch;
