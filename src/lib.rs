@@ -50,6 +50,7 @@ mod buffer;
 mod error;
 #[cfg(feature = "persist")]
 pub mod persist;
+pub mod rollout;
 mod rpc_defs;
 mod sample;
 mod state;
