@@ -205,20 +205,10 @@ async fn buffer_archives_consumed_samples() {
             .map(|_| Patch::new().with("tokens", vec![7i32]))
             .collect();
         g.complete(out).await.expect("complete");
-        buf.get_batch_for_rpc("train")
-            .await
-            .expect("train")
-            .commit()
-            .await
-            .expect("commit");
+        common::commit_next(&buf, "train").await;
         if chunk < 24 {
             // the last chunk keeps one read left: it stays in the buffer
-            buf.get_batch_for_rpc("train")
-                .await
-                .expect("train")
-                .commit()
-                .await
-                .expect("commit");
+            common::commit_next(&buf, "train").await;
         }
     }
     archiver.flush().await.expect("flush");

@@ -113,12 +113,7 @@ async fn archiver_retries_after_the_store_recovers() {
             .map(|i| Sample::new(format!("c{chunk}-{i}")).with("tokens", vec![1i32]))
             .collect();
         buf.put_batch(samples).await.expect("put");
-        buf.get_batch_for_rpc("train")
-            .await
-            .expect("get")
-            .commit()
-            .await
-            .expect("commit");
+        common::commit_next(&buf, "train").await;
     }
     assert!(
         matches!(archiver.flush().await, Err(Error::Storage { .. })),
@@ -146,12 +141,7 @@ async fn archiver_writes_a_steady_trickle_within_max_delay() {
         buf.put_batch(vec![Sample::new(format!("t{i}")).with("tokens", vec![1i32])])
             .await
             .expect("put");
-        buf.get_batch_for_rpc("train")
-            .await
-            .expect("get")
-            .commit()
-            .await
-            .expect("commit");
+        common::commit_next(&buf, "train").await;
         tokio::time::advance(Duration::from_millis(5)).await;
         for _ in 0..8 {
             tokio::task::yield_now().await;
@@ -188,12 +178,7 @@ async fn a_partly_written_batch_is_retried_without_duplicates() {
                 })
                 .collect();
             buf.put_batch(samples).await.expect("put");
-            buf.get_batch_for_rpc("train")
-                .await
-                .expect("get")
-                .commit()
-                .await
-                .expect("commit");
+            common::commit_next(&buf, "train").await;
         }
     };
     consume("first").await;

@@ -186,18 +186,8 @@ async fn each_rpc_uses_each_sample_reads_times_then_frees() {
     buf.put_batch(vec![Sample::new("s").with("x", 0i32)])
         .await
         .expect("put");
-    buf.get_batch_for_rpc("twice")
-        .await
-        .expect("1st")
-        .commit()
-        .await
-        .expect("commit");
-    buf.get_batch_for_rpc("once")
-        .await
-        .expect("once")
-        .commit()
-        .await
-        .expect("commit");
+    common::commit_next(&buf, "twice").await;
+    common::commit_next(&buf, "once").await;
     assert_eq!(buf.len(), 1, "twice has one read left");
     assert!(matches!(
         buf.get_batch_for_rpc_timeout("once", Duration::from_secs(1))

@@ -156,12 +156,7 @@ async fn complete_and_commit_must_give_outputs_others_read() {
     buf.put_batch(vec![prompt("t").with("tokens", vec![1i32])])
         .await
         .expect("put");
-    buf.get_batch_for_rpc("gen")
-        .await
-        .expect("get")
-        .commit()
-        .await
-        .expect("has tokens");
+    common::commit_next(&buf, "gen").await;
     assert_invariants(&buf);
 }
 

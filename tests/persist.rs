@@ -108,8 +108,7 @@ async fn workload(buf: &SequenceBuffer) {
     }
     // Train reads twice, oldest first: the first pair of samples is consumed and freed.
     for _ in 0..2 {
-        let batch = buf.get_batch_for_rpc("train").await.expect("train");
-        batch.commit().await.expect("train commits");
+        common::commit_next(buf, "train").await;
     }
     // A released lease counts as a redelivery.
     drop(buf.get_batch_for_rpc("gen").await.expect("gen batch"));

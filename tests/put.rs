@@ -139,23 +139,13 @@ async fn put_waits_for_space_and_resumes_when_freed() {
     });
     // The putter registers in the queue; observe it through stats, not a sleep.
     wait_until(|| buf.stats().waiting_putters == 1).await;
-    buf.get_batch_for_rpc("take")
-        .await
-        .expect("get")
-        .commit()
-        .await
-        .expect("commit");
+    common::commit_next(&buf, "take").await;
     assert_eq!(
         buf.stats().waiting_putters,
         1,
         "one free slot is not enough for two"
     );
-    buf.get_batch_for_rpc("take")
-        .await
-        .expect("get")
-        .commit()
-        .await
-        .expect("commit");
+    common::commit_next(&buf, "take").await;
     let handles = tokio::time::timeout(Duration::from_secs(10), putter)
         .await
         .expect("putter woke")
@@ -186,12 +176,7 @@ async fn waiting_putters_are_served_in_arrival_order() {
         assert_eq!(buf.stats().waiting_putters, i + 1);
     }
     let take = || async {
-        buf.get_batch_for_rpc("take")
-            .await
-            .expect("get")
-            .commit()
-            .await
-            .expect("commit");
+        common::commit_next(&buf, "take").await;
         settle().await;
     };
     take().await; // 1 free: p1 would fit, but big is ahead of it

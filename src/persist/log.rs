@@ -120,10 +120,10 @@ mod tests {
     }
 
     #[test]
-    fn a_group_round_trips_and_any_damage_is_detected() {
+    fn a_group_round_trips_and_any_damage_is_detected() -> Result<(), Bad> {
         let put = Record::Put(vec![Arc::new(Sample::new("a").with("x", vec![1i32, 2]))]);
         let bytes = bytes::Bytes::from(encode_group(7, &[5, 6], &[put], Vec::new()));
-        let group = decode_group(&bytes).expect("decodes");
+        let group = decode_group(&bytes)?;
         assert_eq!((group.seq, group.abandoned.as_slice()), (7, &[5u64, 6][..]));
         assert!(matches!(&group.records[..], [Replayed::Put(s)] if s[0].id.as_str() == "a"));
         for cut in 0..bytes.len() {
@@ -137,5 +137,6 @@ mod tests {
             flipped[i] ^= 0x40;
             assert!(decode_group(&flipped.into()).is_err(), "flipped byte {i}");
         }
+        Ok(())
     }
 }

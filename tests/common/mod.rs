@@ -44,6 +44,18 @@ pub fn patches(batch: &Batch, key: &'static str) -> Vec<Patch> {
         .collect()
 }
 
+/// Leases the next batch of `rpc` (waiting for one) and commits it.
+pub async fn commit_next(buf: &SequenceBuffer, rpc: &str) {
+    let batch = buf
+        .get_batch_for_rpc(rpc)
+        .await
+        .unwrap_or_else(|e| panic!("get {rpc}: {e}"));
+    batch
+        .commit()
+        .await
+        .unwrap_or_else(|e| panic!("commit {rpc}: {e}"));
+}
+
 /// Panics with the violation if the buffer's invariants do not hold.
 pub fn assert_invariants(buf: &SequenceBuffer) {
     if let Err(e) = buf.check_invariants() {
