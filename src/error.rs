@@ -51,6 +51,51 @@ pub enum Error {
         /// The largest supported.
         max: u32,
     },
+    /// A put batch holds more tensor bytes than the buffer's whole byte budget.
+    #[error("put batch of {bytes} bytes exceeds the byte budget of {max}")]
+    OverBudget {
+        /// Bytes in the batch.
+        bytes: u64,
+        /// The budget.
+        max: u64,
+    },
+    /// An RPC's selection policy has parameters out of range.
+    #[error("RPC `{rpc}`: invalid selection: {detail}")]
+    InvalidSelection {
+        /// The RPC.
+        rpc: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A sample's policy version is newer than the buffer's current one (Marin's rule:
+    /// rollouts from the future are rejected).
+    #[error("sample `{id}` has policy version {version}, newer than the current {current}")]
+    FutureVersion {
+        /// The sample.
+        id: String,
+        /// Its version.
+        version: u64,
+        /// The buffer's current version.
+        current: u64,
+    },
+    /// A metadata entry the buffer interprets has the wrong type or value.
+    #[error("sample `{id}`: metadata `{key}`: {detail}")]
+    InvalidMetadata {
+        /// The sample.
+        id: String,
+        /// The key.
+        key: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// `set_policy_version` was given a version older than the current one.
+    #[error("policy version {requested} is older than the current {current}")]
+    VersionRegressed {
+        /// The current version.
+        current: u64,
+        /// The version asked for.
+        requested: u64,
+    },
     /// Two RPCs declare the same output key.
     #[error("key `{key}` is an output of both `{first}` and `{second}`")]
     DuplicateProducer {

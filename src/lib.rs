@@ -58,8 +58,8 @@ mod sync;
 mod tensor;
 
 pub use buffer::{
-    Batch, BufferConfig, FreedSink, RpcStats, SampleView, SequenceBuffer, SinkFuture, SlotHandle,
-    Stats, StoredSample,
+    Batch, BufferConfig, DropReason, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer,
+    SinkFuture, SlotHandle, Stats, StoredSample, CREATED_TS, POLICY_VERSION,
 };
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};

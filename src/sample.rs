@@ -313,6 +313,11 @@ impl Sample {
         self
     }
 
+    /// Bytes of tensor data in the sample's fields (what the byte budget counts).
+    pub(crate) fn payload_bytes(&self) -> u64 {
+        self.fields.iter().map(|(_, t)| t.nbytes() as u64).sum()
+    }
+
     pub(crate) fn meta_mut(&mut self) -> &mut BTreeMap<String, MetaValue> {
         Arc::make_mut(self.meta.get_or_insert_with(Default::default))
     }

@@ -125,7 +125,7 @@ struct AmendInFlight {
 }
 
 /// Who to wake, and the payloads freed, by the end of an amend.
-type Ended = (crate::state::Wake, Vec<Arc<crate::sample::Sample>>);
+type Ended = (crate::state::Wake, super::Freed);
 
 impl AmendInFlight {
     /// Applies the patches and ends the amend, under the lock `inner`.
@@ -134,9 +134,7 @@ impl AmendInFlight {
             return Default::default();
         };
         for (&slot, patch) in slots.iter().zip(patches) {
-            if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
-                Arc::make_mut(sample).apply(patch);
-            }
+            inner.patch(slot, patch);
         }
         end(inner, &slots, added)
     }

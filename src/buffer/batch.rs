@@ -316,13 +316,11 @@ fn use_reads(
     lease: LeaseId,
     slots: impl Iterator<Item = u32>,
     outputs: Option<(&[Patch], &[KeySet])>,
-) -> (Wake, Vec<Arc<Sample>>) {
+) -> (Wake, super::Freed) {
     let mut added: &[KeySet] = &[];
     if let Some((patches, keys)) = outputs {
         for (slot, patch) in slots.zip(patches) {
-            if let Some(Some(sample)) = inner.samples.get_mut(slot as usize) {
-                Arc::make_mut(sample).apply(patch);
-            }
+            inner.patch(slot, patch);
         }
         added = keys;
     }

@@ -23,6 +23,23 @@ pub struct BufferConfig {
     pub(crate) rpcs: Vec<RpcDef>,
     pub(crate) external_keys: Vec<String>,
     pub(crate) freed_sink: Option<Arc<dyn FreedSink>>,
+    pub(crate) max_bytes: Option<u64>,
+    pub(crate) overflow: Overflow,
+}
+
+/// What a put that does not fit (too few free slots, or over the byte budget) does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Overflow {
+    /// Wait until it fits (back-pressure). The default.
+    #[default]
+    Wait,
+    /// Evict the oldest fully-ready samples (stored, not leased or amended, ready for
+    /// every RPC that still owes them reads) when that makes the put fit, else wait.
+    /// Evicted samples go to the freed-sample sink with `DropReason::Evicted`.
+    EvictOldest,
+    /// Fail at once with `Error::Full`, like `try_put_batch`.
+    Reject,
 }
 
 impl BufferConfig {
@@ -33,7 +50,24 @@ impl BufferConfig {
             rpcs: Vec::new(),
             external_keys: Vec::new(),
             freed_sink: None,
+            max_bytes: None,
+            overflow: Overflow::Wait,
         }
+    }
+
+    /// Limits the tensor bytes the stored samples hold (besides the slot count). A put
+    /// reserves its bytes when it takes its slots; amends and completions never wait and
+    /// may go over, after which puts wait until the total is back under. A batch larger
+    /// than the budget on its own is rejected.
+    pub fn max_bytes(mut self, bytes: u64) -> Self {
+        self.max_bytes = Some(bytes);
+        self
+    }
+
+    /// What a put that does not fit does (default [`Overflow::Wait`]).
+    pub fn overflow(mut self, overflow: Overflow) -> Self {
+        self.overflow = overflow;
+        self
     }
 
     /// Adds one RPC.

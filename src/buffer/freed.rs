@@ -1,12 +1,14 @@
 //! `FreedSink`: where samples go when their slot is freed.
 //!
 //! The buffer calls the sink outside its lock, after notifying waiters, with every sample
-//! whose reads were all used. The persistence layer implements it to archive consumed
-//! samples (`persist::Archiver`); without a sink the payloads are simply dropped.
+//! whose reads were all used, and with every sample it dropped unconsumed (stale, or
+//! evicted to make room). The persistence layer implements it to archive them
+//! (`persist::Archiver`); without a sink the payloads are simply dropped.
 
 use super::Shared;
 use crate::error::Result;
 use crate::sample::Sample;
+use crate::state::Exit;
 use crate::sync::Arc;
 use std::fmt;
 use std::future::Future;
@@ -19,10 +21,54 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
     /// entry per read (the same for every sample).
     fn consumed(&self, samples: Vec<Arc<Sample>>, read_by: &[String]);
 
+    /// `samples` left the buffer unconsumed, for `reason`. The default drops them.
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
+        let _ = (samples, reason);
+    }
+
     /// Resolves once every sample handed over so far is written (for sinks that write in
     /// the background); the default has nothing to wait for.
     fn flush(&self) -> SinkFuture {
         Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Why the buffer dropped samples before every read was used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DropReason {
+    /// Too old (policy version or age) for an RPC that still owed it reads.
+    Stale,
+    /// Evicted to make room for a put under the byte budget.
+    Evicted,
+}
+
+/// The payloads a transition freed, by why they left; handed to the sink after unlocking.
+#[derive(Debug, Default)]
+#[must_use = "freed payloads go to the sink after the lock is dropped"]
+pub(crate) struct Freed {
+    pub(crate) consumed: Vec<Arc<Sample>>,
+    pub(crate) stale: Vec<Arc<Sample>>,
+    pub(crate) evicted: Vec<Arc<Sample>>,
+}
+
+impl Freed {
+    pub(crate) fn push(&mut self, sample: Arc<Sample>, exit: Exit) {
+        match exit {
+            Exit::Consumed => self.consumed.push(sample),
+            Exit::Stale => self.stale.push(sample),
+            Exit::Evicted => self.evicted.push(sample),
+        }
+    }
+
+    pub(crate) fn extend(&mut self, other: Freed) {
+        self.consumed.extend(other.consumed);
+        self.stale.extend(other.stale);
+        self.evicted.extend(other.evicted);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.consumed.is_empty() && self.stale.is_empty() && self.evicted.is_empty()
     }
 }
 
@@ -32,18 +78,27 @@ pub type SinkFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 impl Shared {
     /// After a transition, outside the lock: notifies the waiters it unblocked and hands
     /// the payloads it freed to the sink.
-    pub(crate) fn settle(&self, (wake, freed): (crate::state::Wake, Vec<Arc<Sample>>)) {
+    pub(crate) fn settle(&self, (wake, freed): (crate::state::Wake, Freed)) {
         self.notify(wake);
         self.dispose(freed);
     }
 
     /// Hands freed payloads to the sink, if any; runs outside the lock.
-    pub(crate) fn dispose(&self, freed: Vec<Arc<Sample>>) {
+    pub(crate) fn dispose(&self, freed: Freed) {
         if freed.is_empty() {
             return;
         }
-        if let Some(sink) = &self.freed_sink {
-            sink.consumed(freed, &self.read_by);
+        let Some(sink) = &self.freed_sink else {
+            return;
+        };
+        if !freed.consumed.is_empty() {
+            sink.consumed(freed.consumed, &self.read_by);
+        }
+        if !freed.stale.is_empty() {
+            sink.dropped(freed.stale, DropReason::Stale);
+        }
+        if !freed.evicted.is_empty() {
+            sink.dropped(freed.evicted, DropReason::Evicted);
         }
     }
 }

@@ -33,6 +33,10 @@ use std::pin::Pin;
 pub(crate) enum FreeReason {
     /// Every RPC used all its reads.
     Consumed,
+    /// Too old for an RPC that still owed it reads.
+    Stale,
+    /// Evicted to make room.
+    Evicted,
 }
 
 /// One change to the buffer's contents, in the order the buffer applied it.

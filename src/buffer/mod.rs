@@ -44,6 +44,7 @@ mod batch;
 mod config;
 mod contents;
 mod freed;
+mod freshness;
 mod get;
 mod journal;
 mod put;
@@ -52,9 +53,11 @@ mod restore;
 mod stats;
 
 pub use batch::{Batch, SampleView};
-pub use config::BufferConfig;
+pub use config::{BufferConfig, Overflow};
 pub use contents::StoredSample;
-pub use freed::{FreedSink, SinkFuture};
+pub(crate) use freed::Freed;
+pub use freed::{DropReason, FreedSink, SinkFuture};
+pub use freshness::{CREATED_TS, POLICY_VERSION};
 pub use stats::{RpcStats, Stats};
 
 #[cfg(feature = "persist")]
@@ -65,7 +68,7 @@ pub(crate) use restore::Restored;
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
-use crate::sample::{IdIndex, Sample, SampleId};
+use crate::sample::{IdIndex, Patch, Sample, SampleId};
 use crate::state::{RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
@@ -141,6 +144,12 @@ pub(crate) struct Shared {
     pub(crate) read_by: Vec<String>,
     /// Whether changes wait for their log records to be durable (a sync journal).
     pub(crate) sync_journal: bool,
+    /// Whether some RPC has an age bound (puts then read `created_ts`).
+    pub(crate) ages: bool,
+    /// The byte budget, if any.
+    pub(crate) max_bytes: Option<u64>,
+    /// What a put that does not fit does.
+    pub(crate) overflow: Overflow,
 }
 
 /// Everything the buffer's lock guards.
@@ -164,28 +173,35 @@ pub(crate) struct Inner {
 impl Inner {
     /// Drops the payload and id of freed slots (logging that they left); returns the
     /// payloads so the caller can drop them after releasing the lock.
-    pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Vec<Arc<Sample>> {
-        let mut out = Vec::with_capacity(freed.len());
+    pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Freed {
+        let mut out = Freed::default();
         for &s in freed {
             if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
                 self.ids.remove(&sample.id);
-                out.push(sample);
+                out.push(sample, self.table.exits[s as usize]);
             }
         }
-        if !out.is_empty() {
-            self.log(|| Record::Free {
-                ids: out.iter().map(|s| s.id.clone()).collect(),
-                reason: FreeReason::Consumed,
-            });
+        for (samples, reason) in [
+            (&out.consumed, FreeReason::Consumed),
+            (&out.stale, FreeReason::Stale),
+            (&out.evicted, FreeReason::Evicted),
+        ] {
+            if !samples.is_empty() {
+                self.log(|| Record::Free {
+                    ids: samples.iter().map(|s| s.id.clone()).collect(),
+                    reason,
+                });
+            }
         }
         out
     }
 
-    /// Releases the leases past their deadline at `now` (logging each release); freed
-    /// slots are appended to `freed`.
+    /// Releases the leases past their deadline at `now` (logging each release) and ages
+    /// samples out; freed slots are appended to `freed`.
     pub(crate) fn expire_due(&mut self, now: Instant, freed: &mut Vec<u32>) -> Wake {
         let mut expired = Vec::new();
-        let wake = self.table.expire_due(now, freed, &mut expired);
+        let mut wake = self.table.expire_due(now, freed, &mut expired);
+        wake.merge(self.table.age_out(now, freed));
         for (r, slots) in expired {
             if let (Some(journal), Some(rpc)) = (&self.journal, self.rpc_names.get(r)) {
                 let release = Record::Release {
@@ -198,6 +214,18 @@ impl Inner {
             }
         }
         wake
+    }
+
+    /// Applies `patch` to the sample in `slot` (copying its field list if a batch still
+    /// holds the old version), keeping the byte budget's count of it up to date.
+    pub(crate) fn patch(&mut self, slot: u32, patch: &Patch) {
+        if let Some(Some(sample)) = self.samples.get_mut(slot as usize) {
+            let sample = Arc::make_mut(sample);
+            sample.apply(patch);
+            if self.table.budget.max.is_some() {
+                self.table.set_bytes(slot as usize, sample.payload_bytes());
+            }
+        }
     }
 
     /// Appends the record `make` builds, if there is a log (without one nothing is built).
@@ -255,7 +283,8 @@ impl SequenceBuffer {
             .flat_map(|d| std::iter::repeat_n(d.name.clone(), d.reads as usize))
             .collect();
         let inner = Inner {
-            table: SlotTable::new(capacity, specs),
+            table: SlotTable::new(capacity, specs)
+                .with_budget(config.max_bytes, config.overflow == Overflow::EvictOldest),
             samples: vec![None; capacity],
             // Grows with the number of stored samples, not with the capacity: an index sized
             // for the capacity would spread a few live ids over a table far larger than the
@@ -279,6 +308,9 @@ impl SequenceBuffer {
                 freed_sink: config.freed_sink,
                 read_by,
                 sync_journal,
+                ages: config.rpcs.iter().any(|r| r.max_age.is_some()),
+                max_bytes: config.max_bytes,
+                overflow: config.overflow,
             }),
         })
     }

@@ -10,11 +10,12 @@
 //! queue of putters, so waiting putters are served in arrival order; only the head of the
 //! queue may claim.
 
-use super::{Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
+use super::freshness::freshness_of;
+use super::{now, Durable, Freed, Inner, Overflow, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{PrehashedId, Sample, SampleId};
-use crate::state::{Ticket, Wake};
+use crate::state::{Freshness, Ticket, Wake};
 use crate::sync::{next_births, oneshot, Arc};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -28,17 +29,28 @@ struct Prepared {
     samples: Vec<Arc<Sample>>,
     births: Vec<u64>,
     keys: Vec<KeySet>,
+    /// Each sample's policy version and age; empty when no sample has either.
+    fresh: Vec<Freshness>,
+    /// Each sample's tensor bytes, when the buffer has a byte budget (else empty).
+    bytes: Vec<u64>,
+}
+
+impl Prepared {
+    fn total_bytes(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
 }
 
 /// What storing claimed slots gave: handles now, or the journal's verdict later; and who
 /// to wake once the lock is dropped.
 enum Stored {
-    Done(Vec<SlotHandle>, Wake),
+    Done(Vec<SlotHandle>, Wake, Freed),
     /// With a callback the journal handed back, to drop once the lock is released.
     Pending(
         oneshot::Receiver<Result<Vec<SlotHandle>>>,
         Wake,
         Option<Durable>,
+        Freed,
     ),
 }
 
@@ -47,12 +59,12 @@ impl Stored {
     /// there yet.
     async fn finish(self, shared: &Shared) -> Result<Vec<SlotHandle>> {
         match self {
-            Stored::Done(handles, wake) => {
-                shared.notify(wake);
+            Stored::Done(handles, wake, dropped) => {
+                shared.settle((wake, dropped));
                 Ok(handles)
             }
-            Stored::Pending(rx, wake, refused) => {
-                shared.notify(wake);
+            Stored::Pending(rx, wake, refused, evicted) => {
+                shared.settle((wake, evicted));
                 drop(refused);
                 rx.await.unwrap_or(Err(Error::Closed))
             }
@@ -92,8 +104,8 @@ impl SequenceBuffer {
                     Some(wait)
                 } else {
                     match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
-                        Claim::Claimed(slots, wake) => {
-                            break shared.store(&mut inner, slots, prepared, wake);
+                        Claim::Claimed(slots, wake, evicted) => {
+                            break shared.store(&mut inner, slots, prepared, wake, evicted);
                         }
                         Claim::Rejected(err, wake) => {
                             drop(inner);
@@ -136,7 +148,9 @@ impl SequenceBuffer {
                 });
             }
             match shared.try_claim(&mut inner, &prepared, &mut None) {
-                Claim::Claimed(slots, wake) => shared.store(&mut inner, slots, prepared, wake),
+                Claim::Claimed(slots, wake, evicted) => {
+                    shared.store(&mut inner, slots, prepared, wake, evicted)
+                }
                 Claim::Rejected(err, _) => return Err(err),
                 Claim::Wait => {
                     inner.rejected += n as u64;
@@ -168,8 +182,9 @@ impl SequenceBuffer {
 
 /// Outcome of one claim attempt under the lock.
 enum Claim {
-    /// These slots are `putting`, with the batch's ids reserved for them.
-    Claimed(Vec<u32>, Wake),
+    /// These slots are `putting`, with the batch's ids reserved for them; the samples
+    /// evicted to make room go to the sink once the lock is dropped.
+    Claimed(Vec<u32>, Wake, Freed),
     Rejected(Error, Wake),
     Wait,
 }
@@ -183,8 +198,21 @@ impl Shared {
         if n == 0 {
             return Ok(None);
         }
-        let keys = match self.validate(&samples) {
-            Ok(keys) => keys,
+        let checked = self.validate(&samples).and_then(|keys| {
+            let mut fresh = Vec::new();
+            for (i, s) in samples.iter().enumerate() {
+                if let Some(f) = freshness_of(s, self.ages)? {
+                    fresh.resize(i, Freshness::default());
+                    fresh.push(f);
+                }
+            }
+            if !fresh.is_empty() {
+                fresh.resize(samples.len(), Freshness::default());
+            }
+            Ok((keys, fresh))
+        });
+        let (keys, fresh) = match checked {
+            Ok(checked) => checked,
             Err(e) => {
                 self.lock().rejected += n as u64;
                 tracing::debug!(error = %e, "put rejected");
@@ -199,11 +227,24 @@ impl Shared {
             }
         }
         let births = samples.iter().map(|s| s.birth.unwrap_or(1)).collect();
+        let bytes: Vec<u64> = match self.max_bytes {
+            Some(_) => samples.iter().map(Sample::payload_bytes).collect(),
+            None => Vec::new(),
+        };
+        if let Some(max) = self.max_bytes {
+            let total = bytes.iter().sum();
+            if total > max {
+                self.lock().rejected += n as u64;
+                return Err(Error::OverBudget { bytes: total, max });
+            }
+        }
         let samples = samples.into_iter().map(Arc::new).collect();
         Ok(Some(Prepared {
             samples,
             births,
             keys,
+            fresh,
+            bytes,
         }))
     }
 
@@ -266,9 +307,31 @@ impl Shared {
             let wake = leave_queue(inner, ticket);
             return Claim::Rejected(Error::Closed, wake);
         }
-        let Some((slots, wake)) = inner.table.claim_put(n, *ticket) else {
+        if let Some(err) = future_version(inner, prepared) {
+            let wake = leave_queue(inner, ticket);
+            inner.rejected += n as u64;
+            return Claim::Rejected(err, wake);
+        }
+        let bytes = prepared.total_bytes();
+        let mut claimed = inner.table.claim_put_sized(n, bytes, *ticket);
+        let mut evicted = Vec::new();
+        if claimed.is_none()
+            && self.overflow == Overflow::EvictOldest
+            && stored_duplicate(inner, prepared).is_none()
+            && inner.table.is_turn_of(*ticket)
+            && inner.table.make_room(n, bytes, &mut evicted)
+        {
+            tracing::debug!(evicted = evicted.len(), "evicted to make room for a put");
+            claimed = inner.table.claim_put_sized(n, bytes, *ticket);
+        }
+        let evicted = inner.take_freed(&evicted);
+        let Some((slots, wake)) = claimed else {
             // Waiting: an id that is already stored would fail after the wait too.
-            if let Some(err) = stored_duplicate(inner, prepared) {
+            let full = (self.overflow == Overflow::Reject).then_some(Error::Full {
+                requested: n,
+                free: inner.table.free.len(),
+            });
+            if let Some(err) = stored_duplicate(inner, prepared).or(full) {
                 let wake = leave_queue(inner, ticket);
                 inner.rejected += n as u64;
                 return Claim::Rejected(err, wake);
@@ -276,6 +339,7 @@ impl Shared {
             return Claim::Wait;
         };
         *ticket = None; // claim_put took it off the queue
+        inner.table.reserve_bytes(&slots, &prepared.bytes);
 
         // Reserve the ids: one probe each. Ids are unique within the batch (validated), so
         // a hit is a sample stored or being put by someone else.
@@ -300,7 +364,7 @@ impl Shared {
                 }
             }
         }
-        Claim::Claimed(slots, wake)
+        Claim::Claimed(slots, wake, evicted)
     }
 
     /// Stores the batch in its claimed slots: publishes them now (logging the put if there
@@ -312,14 +376,16 @@ impl Shared {
         slots: Vec<u32>,
         prepared: Prepared,
         mut wake: Wake,
+        evicted: Freed,
     ) -> Stored {
         let journal = match &inner.journal {
             Some(j) if self.sync_journal => Arc::clone(j),
             _ => {
                 inner.log(|| Record::Put(prepared.samples.clone()));
-                let (handles, published) = publish(inner, &slots, prepared);
+                let (handles, published, mut dropped) = publish(inner, &slots, prepared, self.ages);
                 wake.merge(published);
-                return Stored::Done(handles, wake);
+                dropped.extend(evicted);
+                return Stored::Done(handles, wake, dropped);
             }
         };
         let (tx, rx) = oneshot::channel();
@@ -341,26 +407,57 @@ impl Shared {
             let _ = tx.send(result);
         });
         let refused = journal.append(vec![record], Some(then));
-        Stored::Pending(rx, wake, refused)
+        Stored::Pending(rx, wake, refused, evicted)
     }
 }
 
-/// Publishes claimed slots under the lock; returns the handles and who to wake.
-fn publish(inner: &mut Inner, slots: &[u32], prepared: Prepared) -> (Vec<SlotHandle>, Wake) {
+/// Publishes claimed slots under the lock; returns the handles, who to wake, and the
+/// samples dropped at once for being stale already.
+fn publish(
+    inner: &mut Inner,
+    slots: &[u32],
+    prepared: Prepared,
+    ages: bool,
+) -> (Vec<SlotHandle>, Wake, Freed) {
     for (&slot, payload) in slots.iter().zip(prepared.samples) {
         if let Some(entry) = inner.samples.get_mut(slot as usize) {
             *entry = Some(payload);
         }
     }
-    let (generations, wake) = inner
-        .table
-        .publish_put(slots, &prepared.births, &prepared.keys);
+    let mut freed = Vec::new();
+    let (generations, wake) = inner.table.publish_put_fresh(
+        slots,
+        &prepared.births,
+        &prepared.keys,
+        &prepared.fresh,
+        ages.then(now),
+        &mut freed,
+    );
     let handles = slots
         .iter()
         .zip(generations)
         .map(|(&slot, generation)| SlotHandle { slot, generation })
         .collect();
-    (handles, wake)
+    (handles, wake, inner.take_freed(&freed))
+}
+
+/// A sample with a policy version newer than the buffer's, as an error.
+fn future_version(inner: &Inner, prepared: &Prepared) -> Option<Error> {
+    prepared
+        .samples
+        .iter()
+        .zip(&prepared.fresh)
+        .find_map(|(s, f)| {
+            inner
+                .table
+                .check_version(f.version)
+                .err()
+                .map(|current| Error::FutureVersion {
+                    id: s.id.to_string(),
+                    version: f.version,
+                    current,
+                })
+        })
 }
 
 /// The first sample whose id is already in the buffer, as an error.
@@ -387,8 +484,9 @@ impl ClaimedSlots {
         let Some((slots, _)) = self.slots.take() else {
             return Vec::new();
         };
-        let (handles, wake) = publish(&mut self.shared.lock(), &slots, prepared);
-        self.shared.notify(wake);
+        let ages = self.shared.ages;
+        let (handles, wake, dropped) = publish(&mut self.shared.lock(), &slots, prepared, ages);
+        self.shared.settle((wake, dropped));
         handles
     }
 }

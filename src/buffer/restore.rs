@@ -3,7 +3,8 @@
 //! Restoring happens before the buffer is shared with anyone and before its journal is
 //! attached, so nothing restored is logged again and no waiter exists to notify.
 
-use super::{Journal, SequenceBuffer};
+use super::freshness::freshness_of;
+use super::{now, Journal, SequenceBuffer};
 use crate::error::{Error, Result};
 use crate::sample::Sample;
 use crate::sync::Arc;
@@ -41,17 +42,34 @@ impl SequenceBuffer {
                 ),
             });
         }
+        let mut doomed = Vec::new();
         for (sample, reads_left) in restored.samples {
             let keys = shared.graph.key_set(sample.keys());
             let Some((slots, _)) = inner.table.claim_put(1, None) else {
                 break;
             };
             let slot = slots[0];
+            // Metadata was checked when the sample was first put; a value that no longer
+            // parses only loses its freshness rules.
+            let fresh = freshness_of(&sample, shared.ages)
+                .ok()
+                .flatten()
+                .map(|f| (f, now()));
             inner.ids.insert(sample.id.clone(), slot);
+            // A recovered buffer may start over its byte budget; puts wait until it is not.
+            let bytes = if shared.max_bytes.is_some() {
+                sample.payload_bytes()
+            } else {
+                0
+            };
+            inner.table.reserve_bytes(&[slot], &[bytes]);
             inner
                 .table
-                .restore_put(slot, sample.birth.unwrap_or(1), keys, &reads_left);
+                .restore_put(slot, sample.birth.unwrap_or(1), keys, &reads_left, fresh);
             inner.samples[slot as usize] = Some(sample);
+            if inner.table.is_doomed(slot as usize) {
+                doomed.push(slot);
+            }
         }
         let totals = &mut inner.table.totals;
         totals.put = restored.put;
@@ -66,6 +84,14 @@ impl SequenceBuffer {
             }
         }
         inner.journal = journal;
+        // Samples that aged out while the buffer was down leave now, logged as stale.
+        let mut freed = Vec::new();
+        for slot in doomed {
+            let _ = inner.table.settle(slot as usize, &mut freed);
+        }
+        let dropped = inner.take_freed(&freed);
+        drop(inner);
+        shared.dispose(dropped);
         Ok(())
     }
 }

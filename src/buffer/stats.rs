@@ -51,6 +51,15 @@ pub struct Stats {
     pub read: u64,
     /// Samples freed after their last read.
     pub freed: u64,
+    /// Samples dropped unconsumed because an RPC that owed them reads could no longer
+    /// serve them (policy version or age).
+    pub stale: u64,
+    /// Samples evicted to make room under the byte budget.
+    pub evicted: u64,
+    /// The current policy version, if set.
+    pub policy_version: Option<u64>,
+    /// Tensor bytes held (only counted when the buffer has a byte budget).
+    pub bytes: u64,
     /// Samples released unused, over all RPCs.
     pub redelivered: u64,
     /// Samples in put calls that were rejected (invalid, duplicate, or `Full`).
@@ -101,6 +110,10 @@ impl SequenceBuffer {
                 put: t.totals.put,
                 read: t.totals.reads.iter().sum(),
                 freed: t.totals.freed,
+                stale: t.totals.stale,
+                evicted: t.totals.evicted,
+                policy_version: t.policy_version(),
+                bytes: t.budget.used,
                 redelivered: t.totals.redelivered.iter().sum(),
                 rejected: inner.rejected,
                 closed: inner.closed,

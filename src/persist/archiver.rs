@@ -9,7 +9,7 @@
 //! process dies are not archived.
 
 use super::{ArchiveWriter, ArchivedSample, ExitReason};
-use crate::buffer::{FreedSink, SinkFuture};
+use crate::buffer::{DropReason, FreedSink, SinkFuture};
 use crate::error::{Error, Result};
 use crate::sample::Sample;
 use crate::sync::{mpsc, oneshot, Arc};
@@ -109,6 +109,24 @@ impl FreedSink for Archiver {
             .collect();
         if self.tx.send(Msg::Rows(rows)).is_err() {
             tracing::warn!("the archiver has stopped; consumed samples are not archived");
+        }
+    }
+
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
+        let reason = match reason {
+            DropReason::Stale => ExitReason::Stale,
+            DropReason::Evicted => ExitReason::Evicted,
+        };
+        let rows = samples
+            .into_iter()
+            .map(|s| ArchivedSample {
+                sample: Arc::try_unwrap(s).unwrap_or_else(|shared| (*shared).clone()),
+                read_by: Vec::new(),
+                reason,
+            })
+            .collect();
+        if self.tx.send(Msg::Rows(rows)).is_err() {
+            tracing::warn!("the archiver has stopped; dropped samples are not archived");
         }
     }
 

@@ -524,6 +524,8 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
             w.u8(FREE);
             w.u8(match reason {
                 FreeReason::Consumed => 0,
+                FreeReason::Stale => 1,
+                FreeReason::Evicted => 2,
             });
             put_ids(w, ids);
         }
@@ -563,6 +565,8 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
         FREE => {
             let reason = match r.u8()? {
                 0 => FreeReason::Consumed,
+                1 => FreeReason::Stale,
+                2 => FreeReason::Evicted,
                 tag => return Err(format!("unknown free reason {tag}")),
             };
             Record::Free {

@@ -2,8 +2,15 @@
 
 use std::time::Duration;
 
-/// The order in which an RPC takes eligible samples.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// How an RPC picks `n_seqs` samples among the eligible ones.
+///
+/// `Fifo` and `Lifo` take from one end of the RPC's ready index and cost O(`n_seqs`). The
+/// randomised policies look at every eligible sample once per batch (O(eligible)) and draw
+/// without replacement with the Gumbel-top-k trick, from a stream seeded by `seed` and
+/// the batch's step (or the RPC's count of leases): the same seed and the same sequence of
+/// operations give the same batches, however unrelated tasks are scheduled. No policy
+/// depends on hash-map order or on unseeded randomness.
+#[derive(Debug, Clone, PartialEq, Default)]
 #[non_exhaustive]
 pub enum Selection {
     /// Oldest birth first; equal births in put order. The default, as in AReaL.
@@ -11,6 +18,38 @@ pub enum Selection {
     Fifo,
     /// Newest birth first; equal births in reverse put order.
     Lifo,
+    /// Every eligible sample equally likely.
+    Uniform {
+        /// Seed of the draws.
+        seed: u64,
+    },
+    /// The `i`-th oldest eligible sample (from 0) has weight `(i + 1)^alpha`: the newest
+    /// heaviest (Marin's replay buffer). `alpha = 0` is uniform.
+    Recency {
+        /// The exponent.
+        alpha: f64,
+        /// Seed of the draws.
+        seed: u64,
+    },
+    /// Weight `priority^exponent`, the priority being the scalar field (or numeric
+    /// metadata) `key` of the sample; missing, non-finite or non-positive priorities weigh
+    /// nothing and are taken only when too few samples weigh something.
+    Prioritized {
+        /// The field or metadata key holding the priority.
+        key: String,
+        /// The exponent (Reverb's and PER's `alpha`).
+        exponent: f64,
+        /// Seed of the draws.
+        seed: u64,
+    },
+    /// At least `ceil(fraction * n_seqs)` samples of the current policy version when that
+    /// many are eligible, picked by `then`; the rest by `then` among all others.
+    OnPolicyFraction {
+        /// Share of the batch from the current version, in `[0, 1]`.
+        fraction: f64,
+        /// How samples are picked within each part.
+        then: Box<Selection>,
+    },
 }
 
 /// One consumer of the buffer: a name, the batch size it takes (`n_seqs`), the keys a sample
@@ -35,6 +74,8 @@ pub struct RpcDef {
     pub(crate) reads: u32,
     pub(crate) selection: Selection,
     pub(crate) lease_timeout: Option<Duration>,
+    pub(crate) max_staleness: Option<u64>,
+    pub(crate) max_age: Option<Duration>,
 }
 
 impl RpcDef {
@@ -49,6 +90,8 @@ impl RpcDef {
             reads: 1,
             selection: Selection::Fifo,
             lease_timeout: None,
+            max_staleness: None,
+            max_age: None,
         }
     }
 
@@ -86,6 +129,25 @@ impl RpcDef {
         self
     }
 
+    /// Serves a sample only while its policy version `p` satisfies
+    /// `current - max_staleness <= p <= current`, `current` being the version last given to
+    /// `SequenceBuffer::set_policy_version` (Marin's freshness rule; a mixed-policy group
+    /// counts as its oldest member). A sample this RPC still owes reads that falls out of
+    /// the window is dropped from the buffer (it could never be freed otherwise).
+    pub fn max_staleness(mut self, versions: u64) -> Self {
+        self.max_staleness = Some(versions);
+        self
+    }
+
+    /// Serves a sample only while it is younger than `age`, measured from its
+    /// `created_ts` metadata (Unix seconds; samples without it never age). Like
+    /// [`Self::max_staleness`], a sample too old for an RPC that still owes it reads is
+    /// dropped.
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+
     /// The name.
     pub fn name(&self) -> &str {
         &self.name
@@ -111,9 +173,19 @@ impl RpcDef {
         self.reads
     }
 
-    /// The selection order.
-    pub fn selection_order(&self) -> Selection {
-        self.selection
+    /// The selection policy.
+    pub fn selection_order(&self) -> &Selection {
+        &self.selection
+    }
+
+    /// The staleness bound in policy versions, if any.
+    pub fn staleness_bound(&self) -> Option<u64> {
+        self.max_staleness
+    }
+
+    /// The maximum sample age, if any.
+    pub fn age_bound(&self) -> Option<Duration> {
+        self.max_age
     }
 
     /// The lease timeout, if any.

@@ -64,6 +64,8 @@ pub(crate) struct RpcInfo {
     pub(crate) reads: u16,
     pub(crate) selection: Selection,
     pub(crate) lease_timeout: Option<Duration>,
+    pub(crate) max_staleness: Option<u64>,
+    pub(crate) max_age: Option<Duration>,
 }
 
 /// The validated RPC list and the key interning table.
@@ -123,6 +125,12 @@ impl RpcGraph {
                     max: u32::from(u16::MAX),
                 });
             }
+            if let Some(detail) = selection_problem(&def.selection) {
+                return Err(Error::InvalidSelection {
+                    rpc: def.name.clone(),
+                    detail,
+                });
+            }
             let ins: Vec<usize> = def.inputs.iter().map(|k| intern(k)).collect();
             let outs: Vec<usize> = def.outputs.iter().map(|k| intern(k)).collect();
             interned.push((i, ins, outs));
@@ -173,7 +181,9 @@ impl RpcGraph {
                 outputs: outs.iter().fold(KeySet::EMPTY, |s, &k| s.with(k)),
                 needed_outputs: KeySet::EMPTY,
                 reads: u16::try_from(def.reads).unwrap_or(u16::MAX),
-                selection: def.selection,
+                selection: def.selection.clone(),
+                max_staleness: def.max_staleness,
+                max_age: def.max_age,
                 lease_timeout: def.lease_timeout,
             });
         }
@@ -267,6 +277,32 @@ impl RpcGraph {
             Some(id) => s.with(id),
             None => s,
         })
+    }
+}
+
+/// What is wrong with a selection's parameters, if anything.
+fn selection_problem(selection: &Selection) -> Option<String> {
+    match selection {
+        Selection::Recency { alpha, .. } if !alpha.is_finite() || *alpha < 0.0 => {
+            Some(format!("Recency alpha {alpha} is not a finite number >= 0"))
+        }
+        Selection::Prioritized { exponent, .. } if !exponent.is_finite() || *exponent < 0.0 => {
+            Some(format!(
+                "Prioritized exponent {exponent} is not a finite number >= 0"
+            ))
+        }
+        Selection::OnPolicyFraction { fraction, then } => {
+            if !(0.0..=1.0).contains(fraction) {
+                Some(format!(
+                    "OnPolicyFraction fraction {fraction} is not in [0, 1]"
+                ))
+            } else if matches!(**then, Selection::OnPolicyFraction { .. }) {
+                Some("OnPolicyFraction cannot nest another OnPolicyFraction".to_owned())
+            } else {
+                selection_problem(then)
+            }
+        }
+        _ => None,
     }
 }
 

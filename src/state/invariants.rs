@@ -72,9 +72,15 @@ impl SlotTable {
                 "slot {s}: reads_total {} != sum {sum}",
                 self.slots[s].reads_total
             );
+            let held = self.slots[s].amenders > 0 || self.slots[s].lease_bits != 0;
             ensure!(
-                sum > 0 || self.slots[s].amenders > 0 || self.slots[s].lease_bits != 0,
+                sum > 0 || held,
                 "slot {s}: all reads used and nothing holds it, but it was not freed"
+            );
+            ensure!(
+                !self.is_doomed(s) || held,
+                "slot {s}: stale for an RPC that owes it reads and nothing holds it, but it \
+                 was not dropped"
             );
             for (rpc, &l) in left.iter().enumerate() {
                 ensure!(
@@ -86,6 +92,27 @@ impl SlotTable {
                 if self.slots[s].lease_bits & bit != 0 {
                     ensure!(l > 0, "slot {s}: leased by rpc {rpc} with no reads left");
                 }
+            }
+            // invariant 8
+            if self.budget.evict {
+                let evictable =
+                    self.budget.evictable.get(&self.slots[s].order) == Some(&(s as u32));
+                let owing =
+                    (0..n_rpcs).fold(
+                        0u64,
+                        |acc, rpc| {
+                            if left[rpc] > 0 {
+                                acc | 1 << rpc
+                            } else {
+                                acc
+                            }
+                        },
+                    );
+                let want = !held && owing != 0 && self.slots[s].in_ready == owing;
+                ensure!(
+                    evictable == want,
+                    "slot {s}: in the eviction index {evictable}, evictable {want}"
+                );
             }
             // invariant 5
             for rpc in 0..n_rpcs {
@@ -199,6 +226,26 @@ impl SlotTable {
         ensure!(
             tickets.len() == self.putters.len(),
             "duplicate putter tickets"
+        );
+        // invariant 8
+        if self.budget.max.is_some() {
+            let sum: u64 = self.budget.per_slot.iter().sum();
+            ensure!(
+                sum == self.budget.used,
+                "bytes used {} != sum over slots {sum}",
+                self.budget.used
+            );
+            for s in 0..self.capacity {
+                ensure!(
+                    !self.empty.get(s) || self.budget.per_slot[s] == 0,
+                    "slot {s}: empty but holds {} bytes",
+                    self.budget.per_slot[s]
+                );
+            }
+        }
+        ensure!(
+            self.budget.evictable.len() <= self.capacity,
+            "eviction index larger than the capacity"
         );
         Ok(())
     }

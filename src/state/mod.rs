@@ -10,15 +10,22 @@
 //! * `invariants.rs`: `check_invariants()`, the audit of those invariants;
 //! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
 //! * `leases.rs`: live leases and their deadlines;
-//! * `mask.rs`: word bitsets for the per-state masks.
+//! * `mask.rs`: word bitsets for the per-state masks;
+//! * `budget.rs`: the byte budget and eviction of the oldest fully-ready samples;
+//! * `freshness.rs`: policy versions and ages, which make samples stale for an RPC;
+//! * `select.rs`: the randomised selection policies (seeded, deterministic).
 
+mod budget;
+mod freshness;
 mod invariants;
 mod leases;
 mod mask;
 mod ready;
+mod select;
 mod table;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use freshness::{Age, Freshness, NO_VERSION};
 pub(crate) use leases::LeaseId;
-pub(crate) use table::{LeaseEnd, LeaseGone, RpcSpec, SlotTable, Ticket, Wake};
+pub(crate) use table::{Exit, LeaseEnd, LeaseGone, RpcSpec, SlotTable, Ticket, Wake};

@@ -144,6 +144,25 @@ impl ReadyIndex {
         slot
     }
 
+    /// Every live slot in ascending (birth, put order), whatever the index's direction.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut run = self
+            .run
+            .iter()
+            .filter(|&&(_, s)| s != TOMBSTONE)
+            .copied()
+            .peekable();
+        let mut rest = self.rest.iter().map(|(&k, &s)| (k, s)).peekable();
+        std::iter::from_fn(move || {
+            let take_run = match (run.peek(), rest.peek()) {
+                (Some(a), Some(b)) => a.0 < b.0,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if take_run { run.next() } else { rest.next() }.map(|(_, s)| s)
+        })
+    }
+
     /// Whether `slot` is indexed (live) under `key`.
     pub(crate) fn contains(&self, key: OrderKey, slot: u32) -> bool {
         if self.rest.get(&key) == Some(&slot) {
@@ -230,6 +249,7 @@ mod tests {
                     }
                 }
                 prop_assert_eq!(ix.len(), model.len());
+                prop_assert!(ix.iter().eq(model.values().copied()));
             }
         }
     }

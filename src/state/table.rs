@@ -27,14 +27,18 @@
 //! 2. The free list holds exactly the empty slots, each once.
 //! 3. An empty or putting slot has no keys, reads, lease bits, amenders or ready entries.
 //! 4. A slot's `reads_total` is the sum of its `reads_left` over all RPCs; a stored slot
-//!    with `reads_total == 0` still has an amend or a lease in flight (otherwise it was
-//!    freed).
+//!    with `reads_total == 0`, or stale for an RPC it still owes reads, still has an amend
+//!    or a lease in flight (otherwise it was freed).
 //! 5. Slot `s` is in RPC `r`'s ready index, under its order key, iff it is eligible for `r`:
-//!    stored, not amending, holds every input key of `r`, has reads left for `r`, and `r`
-//!    does not lease it. `in_ready[s]` mirrors these memberships bit for bit.
+//!    stored, not amending, holds every input key of `r`, has reads left for `r`, is not
+//!    stale for `r`, and `r` does not lease it. `in_ready[s]` mirrors these memberships bit
+//!    for bit.
 //! 6. Each lease bit `(s, r)` belongs to exactly one live lease of RPC `r`, and every live
 //!    lease's slots carry its bit; a lease has a deadline entry iff it has a deadline.
 //! 7. Waiting putters have distinct tickets.
+//! 8. The bytes in use are the sum of the slots' bytes, and empty slots hold none. With
+//!    eviction on, a slot is in the eviction index iff it is stored, neither amended nor
+//!    leased, and eligible for exactly the RPCs that still owe it reads (at least one).
 //!
 //! # Wake-ups
 //!
@@ -44,9 +48,12 @@
 //! same lock, after their last look at the state, so one that is not counted yet will see
 //! the change when it takes the lock.
 
+use super::budget::Budget;
+use super::freshness::{Freshness, FreshnessIndex};
 use super::leases::{Lease, LeaseId, LeaseTable};
 use super::mask::Mask;
 use super::ready::{OrderKey, ReadyIndex};
+use super::select::{choose, draw_seed, policy_seed, Candidate};
 use crate::rpc_defs::{KeySet, RpcInfo, Selection};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -79,6 +86,8 @@ pub(crate) struct SlotMeta {
     pub(crate) reads_total: u32,
     /// Amends in flight.
     pub(crate) amenders: u32,
+    /// Bit `r`: the sample is too old (by version or age) for RPC `r`; sticky until freed.
+    pub(crate) stale: u64,
 }
 
 /// What one RPC means to the state machine.
@@ -87,8 +96,10 @@ pub(crate) struct RpcSpec {
     pub(crate) inputs: KeySet,
     pub(crate) reads: u16,
     pub(crate) n_seqs: usize,
-    pub(crate) lifo: bool,
+    pub(crate) selection: Selection,
     pub(crate) lease_timeout: Option<Duration>,
+    pub(crate) max_staleness: Option<u64>,
+    pub(crate) max_age: Option<Duration>,
 }
 
 impl From<&RpcInfo> for RpcSpec {
@@ -97,8 +108,10 @@ impl From<&RpcInfo> for RpcSpec {
             inputs: info.inputs,
             reads: info.reads,
             n_seqs: info.n_seqs,
-            lifo: matches!(info.selection, Selection::Lifo),
+            selection: info.selection.clone(),
             lease_timeout: info.lease_timeout,
+            max_staleness: info.max_staleness,
+            max_age: info.max_age,
         }
     }
 }
@@ -134,6 +147,22 @@ pub(crate) struct Totals {
     pub(crate) redelivered: Vec<u64>,
     /// Per RPC: leases that expired.
     pub(crate) expired_leases: Vec<u64>,
+    /// Samples dropped because an RPC that owed them reads could no longer serve them.
+    pub(crate) stale: u64,
+    /// Samples evicted to make room.
+    pub(crate) evicted: u64,
+}
+
+/// Why a slot was last freed (valid until it is claimed again).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Exit {
+    /// Every RPC used all its reads.
+    #[default]
+    Consumed,
+    /// Stale for an RPC that still owed it reads.
+    Stale,
+    /// Evicted to make room for a put.
+    Evicted,
 }
 
 /// How a lease ends.
@@ -185,12 +214,24 @@ pub(crate) struct SlotTable {
     /// Put order, for ties between equal births.
     next_seq: u64,
     pub(crate) totals: Totals,
+    /// Policy versions and age deadlines (see `freshness.rs`).
+    pub(crate) freshness: FreshnessIndex,
+    /// Per slot: why it was last freed.
+    pub(crate) exits: Vec<Exit>,
+    /// Per RPC: leases taken, the draw counter of randomised selection without a step.
+    pub(crate) draws: Vec<u64>,
+    /// The byte budget and the eviction index (see `budget.rs`).
+    pub(crate) budget: Budget,
 }
 
 impl SlotTable {
     pub(crate) fn new(capacity: usize, rpcs: Vec<RpcSpec>) -> Self {
         let n = rpcs.len();
-        let ready = rpcs.iter().map(|r| ReadyIndex::new(r.lifo)).collect();
+        let ready = rpcs
+            .iter()
+            .map(|r| ReadyIndex::new(matches!(r.selection, Selection::Lifo)))
+            .collect();
+        let track_versions = rpcs.iter().any(|r| r.max_staleness.is_some());
         Self {
             capacity,
             slots: filled(capacity, SlotMeta::default()),
@@ -214,8 +255,19 @@ impl SlotTable {
                 expired_leases: vec![0; n],
                 ..Totals::default()
             },
+            freshness: FreshnessIndex::new(capacity, n, track_versions),
+            exits: filled(capacity, Exit::Consumed),
+            draws: vec![0; n],
+            budget: Budget::default(),
             rpcs,
         }
+    }
+
+    /// Adds a byte budget of `max` bytes; `evict` makes puts that do not fit evict the
+    /// oldest fully-ready samples.
+    pub(crate) fn with_budget(mut self, max: Option<u64>, evict: bool) -> Self {
+        self.budget = Budget::new(self.capacity, max, evict);
+        self
     }
 
     /// Slots holding a sample (stored or being put).
@@ -237,12 +289,19 @@ impl SlotTable {
         n: usize,
         ticket: Option<Ticket>,
     ) -> Option<(Vec<u32>, Wake)> {
-        let my_turn = match (self.putters.front(), ticket) {
-            (None, _) => true,
-            (Some(&(head, _)), Some(t)) => head == t,
-            (Some(_), None) => false,
-        };
-        if !my_turn || self.free.len() < n {
+        self.claim_put_sized(n, 0, ticket)
+    }
+
+    /// [`Self::claim_put`] for a put of `bytes` payload bytes, which must also fit the
+    /// byte budget (the caller then records each slot's share with `reserve_bytes`).
+    pub(crate) fn claim_put_sized(
+        &mut self,
+        n: usize,
+        bytes: u64,
+        ticket: Option<Ticket>,
+    ) -> Option<(Vec<u32>, Wake)> {
+        let my_turn = self.is_turn_of(ticket);
+        if !my_turn || self.free.len() < n || !self.budget.fits(bytes) {
             return None;
         }
         let mut wake = Wake::default();
@@ -260,6 +319,15 @@ impl SlotTable {
             self.putting.set(s);
         }
         Some((slots, wake))
+    }
+
+    /// Whether the putter holding `ticket` (or a putter without one) may claim now.
+    pub(crate) fn is_turn_of(&self, ticket: Option<Ticket>) -> bool {
+        match (self.putters.front(), ticket) {
+            (None, _) => true,
+            (Some(&(head, _)), Some(t)) => head == t,
+            (Some(_), None) => false,
+        }
     }
 
     /// Joins the queue of putters waiting for `n` slots.
@@ -290,10 +358,26 @@ impl SlotTable {
         births: &[u64],
         keys: &[KeySet],
     ) -> (Vec<u32>, Wake) {
+        let mut freed = Vec::new();
+        self.publish_put_fresh(slots, births, keys, &[], None, &mut freed)
+    }
+
+    /// [`Self::publish_put`] with each sample's freshness (missing entries: no version, no
+    /// age) at `now`. A sample already stale for an RPC it owes reads is dropped at once
+    /// (appended to `freed`, exit `Stale`); its generation is still returned.
+    pub(crate) fn publish_put_fresh(
+        &mut self,
+        slots: &[u32],
+        births: &[u64],
+        keys: &[KeySet],
+        fresh: &[Freshness],
+        now: Option<Instant>,
+        freed: &mut Vec<u32>,
+    ) -> (Vec<u32>, Wake) {
         let n_rpcs = self.rpcs.len();
         let mut wake = Wake::default();
         let mut generations = Vec::with_capacity(slots.len());
-        for ((&s, &birth), &k) in slots.iter().zip(births).zip(keys) {
+        for (i, ((&s, &birth), &k)) in slots.iter().zip(births).zip(keys).enumerate() {
             let s = s as usize;
             debug_assert!(self.putting.get(s));
             self.putting.clear(s);
@@ -307,8 +391,12 @@ impl SlotTable {
                 total += u32::from(rpc.reads);
             }
             self.slots[s].reads_total = total;
-            wake.rpcs |= self.sync_ready(s);
+            let f = fresh.get(i).copied().unwrap_or_default();
+            if f != Freshness::default() {
+                self.slots[s].stale = self.admit_fresh(s, f, now);
+            }
             generations.push(self.slots[s].generation);
+            wake.merge(self.settle(s, freed));
         }
         self.totals.put += slots.len() as u64;
         (generations, self.deliverable(wake))
@@ -318,6 +406,8 @@ impl SlotTable {
     /// `reads_left[r]` reads left for RPC `r` (at least one read must be left somewhere).
     /// Recovered samples are published in their original put order, which orders equal
     /// births as before.
+    /// With `fresh` it may come back stale; a sample stale for an RPC it owes reads is
+    /// left for the caller to drop with [`Self::settle`] (so the drop can be logged).
     #[cfg(feature = "persist")]
     pub(crate) fn restore_put(
         &mut self,
@@ -325,6 +415,7 @@ impl SlotTable {
         birth: u64,
         keys: KeySet,
         reads_left: &[u16],
+        fresh: Option<(Freshness, Instant)>,
     ) -> u32 {
         let (generations, _) = self.publish_put(&[slot], &[birth], &[keys]);
         let s = slot as usize;
@@ -335,6 +426,9 @@ impl SlotTable {
             total += u32::from(left);
         }
         self.slots[s].reads_total = total;
+        if let Some((fresh, now)) = fresh {
+            self.slots[s].stale = self.admit_fresh(s, fresh, Some(now));
+        }
         self.sync_ready(s);
         generations.first().copied().unwrap_or(0)
     }
@@ -414,16 +508,50 @@ impl SlotTable {
     /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
     /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
     /// the RPC has a lease timeout.
+    #[cfg(test)]
     pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
+        self.try_lease_with(r, now, None, &|_| 0.0)
+    }
+
+    /// [`Self::try_lease`] for batch number `step` (which seeds randomised selection; the
+    /// RPC's count of leases when `None`), with `log_priority(slot)` giving the `ln` of a
+    /// slot's weight under `Prioritized`.
+    pub(crate) fn try_lease_with(
+        &mut self,
+        r: usize,
+        now: Option<Instant>,
+        step: Option<u64>,
+        log_priority: &dyn Fn(u32) -> f64,
+    ) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
         // A timeout too large to represent as an instant means no deadline.
         let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
-        let index = self.ready.get_mut(r)?;
-        if index.len() < n {
+        if self.ready.get(r)?.len() < n {
             return None;
         }
-        let slots = index.take(n);
+        let draw = step.unwrap_or(self.draws[r]);
+        self.draws[r] += 1;
+        let slots = match &self.rpcs[r].selection {
+            Selection::Fifo | Selection::Lifo => self.ready[r].take(n),
+            selection => {
+                let candidates: Vec<Candidate> = self.ready[r]
+                    .iter()
+                    .map(|s| Candidate {
+                        slot: s,
+                        version: self.freshness.versions[s as usize],
+                        log_priority: log_priority(s),
+                    })
+                    .collect();
+                let seed = draw_seed(policy_seed(selection), draw);
+                let picks = choose(selection, &candidates, n, self.freshness.current, seed);
+                let slots: Vec<u32> = picks.iter().map(|&i| candidates[i].slot).collect();
+                for &s in &slots {
+                    self.ready[r].remove(self.slots[s as usize].order);
+                }
+                slots
+            }
+        };
         // Load every slot's line first: in a large, cold table these misses then overlap
         // instead of each waiting behind the previous slot's update.
         let warm = slots.iter().fold(0u64, |acc, &s| {
@@ -433,6 +561,9 @@ impl SlotTable {
         let bit = 1u64 << r;
         for &s in &slots {
             let s = s as usize;
+            if self.budget.evict {
+                self.budget.evictable.remove(&self.slots[s].order);
+            }
             self.slots[s].in_ready &= !bit;
             if self.slots[s].lease_bits == 0 {
                 self.reading.set(s);
@@ -503,9 +634,12 @@ impl SlotTable {
         self.deliverable(wake)
     }
 
-    /// The earliest lease deadline, if any lease has one.
+    /// The earliest lease deadline or age deadline, if any.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.leases.next_deadline()
+        match (self.leases.next_deadline(), self.freshness.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Releases every lease whose deadline is at or before `now`; each released lease's
@@ -574,16 +708,19 @@ impl SlotTable {
 
     /// After a transition on stored slot `s`: frees it if every read is used and nothing
     /// holds it, otherwise brings its ready-index entries up to date.
-    fn settle(&mut self, s: usize, freed: &mut Vec<u32>) -> Wake {
-        if self.slots[s].reads_total == 0
-            && self.slots[s].amenders == 0
-            && self.slots[s].lease_bits == 0
-        {
-            self.sync_ready(s);
-            self.idle.clear(s);
-            self.release_slot(s);
-            self.totals.freed += 1;
-            freed.push(s as u32);
+    pub(crate) fn settle(&mut self, s: usize, freed: &mut Vec<u32>) -> Wake {
+        let held = self.slots[s].amenders != 0 || self.slots[s].lease_bits != 0;
+        let exit = if held {
+            None
+        } else if self.slots[s].reads_total == 0 {
+            Some(Exit::Consumed)
+        } else if self.is_doomed(s) {
+            Some(Exit::Stale)
+        } else {
+            None
+        };
+        if let Some(exit) = exit {
+            self.drop_slot(s, exit, freed);
             Wake {
                 rpcs: 0,
                 space: true,
@@ -603,7 +740,7 @@ impl SlotTable {
             && self.slots[s].amenders == 0
             && self.slots[s].keys.contains_all(self.rpcs[r].inputs)
             && self.reads_left[s * n_rpcs + r] > 0
-            && self.slots[s].lease_bits & (1u64 << r) == 0
+            && (self.slots[s].lease_bits | self.slots[s].stale) & (1u64 << r) == 0
     }
 
     /// Makes slot `s`'s ready-index memberships match its eligibility; returns the RPCs it
@@ -628,12 +765,34 @@ impl SlotTable {
             }
         }
         self.slots[s].in_ready = want;
+        self.sync_evictable(s, want);
         added
+    }
+
+    /// Frees stored, unheld slot `s` for `exit`.
+    pub(crate) fn drop_slot(&mut self, s: usize, exit: Exit, freed: &mut Vec<u32>) {
+        // Reads left are zeroed first so that no ready index keeps it.
+        let n_rpcs = self.rpcs.len();
+        self.reads_left[s * n_rpcs..(s + 1) * n_rpcs].fill(0);
+        self.slots[s].reads_total = 0;
+        self.sync_ready(s);
+        self.idle.clear(s);
+        self.release_slot(s);
+        match exit {
+            Exit::Consumed => self.totals.freed += 1,
+            Exit::Stale => self.totals.stale += 1,
+            Exit::Evicted => self.totals.evicted += 1,
+        }
+        self.exits[s] = exit;
+        freed.push(s as u32);
     }
 
     /// Returns an emptied slot to the free list with a new generation.
     fn release_slot(&mut self, s: usize) {
         let n_rpcs = self.rpcs.len();
+        self.forget_fresh(s);
+        self.unreserve_bytes(s);
+        self.slots[s].stale = 0;
         self.empty.set(s);
         self.slots[s].generation = self.slots[s].generation.wrapping_add(1);
         self.slots[s].keys = KeySet::EMPTY;

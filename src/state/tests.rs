@@ -3,7 +3,7 @@
 
 use super::table::{LeaseEnd, RpcSpec, SlotTable};
 use super::LeaseId;
-use crate::rpc_defs::KeySet;
+use crate::rpc_defs::{KeySet, Selection};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,14 @@ fn spec(inputs: &[usize], reads: u16, n_seqs: usize, lifo: bool) -> RpcSpec {
         inputs: ks(inputs),
         reads,
         n_seqs,
-        lifo,
+        selection: if lifo {
+            Selection::Lifo
+        } else {
+            Selection::Fifo
+        },
         lease_timeout: None,
+        max_staleness: None,
+        max_age: None,
     }
 }
 
@@ -220,7 +226,7 @@ impl Model {
             .map(|(i, s)| (i, s.order))
             .collect();
         v.sort_by_key(|&(_, o)| o);
-        if specs[r].lifo {
+        if specs[r].selection == Selection::Lifo {
             v.reverse();
         }
         v.into_iter().map(|(i, _)| i).collect()

@@ -1,0 +1,218 @@
+//! Selection policies through the async API: randomised policies are reproducible from
+//! their seed, never repeat a sample within a batch, and weigh what they should.
+
+mod common;
+
+use common::{assert_invariants, ids};
+use rollout_buffer::{Error, RpcDef, Sample, Selection, SequenceBuffer, POLICY_VERSION};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// A buffer whose one RPC takes `n_seqs` samples under `selection`, holding samples
+/// `s000`..`s{n-1}` with births 1..=n (so `s000` is the oldest).
+async fn filled(selection: Selection, n_seqs: usize, n: usize) -> SequenceBuffer {
+    let buf = SequenceBuffer::new(
+        n.max(n_seqs),
+        [RpcDef::new("train", n_seqs)
+            .inputs(["tokens"])
+            .reads(u32::from(u16::MAX))
+            .selection(selection)],
+    )
+    .expect("config");
+    let samples = (0..n)
+        .map(|i| {
+            Sample::new(format!("s{i:03}"))
+                .birth(i as u64 + 1)
+                .with("tokens", vec![i as i32])
+                .with("priority", (i % 4) as f64)
+                .meta(POLICY_VERSION, (i % 3) as i64)
+        })
+        .collect();
+    buf.put_batch(samples).await.expect("put");
+    buf
+}
+
+/// Leases `draws` batches one after another, releasing each (so the pool stays the same);
+/// returns the ids of every batch.
+async fn draw(buf: &SequenceBuffer, draws: usize) -> Vec<Vec<String>> {
+    let mut out = Vec::with_capacity(draws);
+    for _ in 0..draws {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        out.push(ids(&batch));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_seed_same_batches_other_seed_other_batches() {
+    for make in [
+        |seed| Selection::Uniform { seed },
+        |seed| Selection::Recency { alpha: 1.0, seed },
+        |seed| Selection::Prioritized {
+            key: "priority".into(),
+            exponent: 1.0,
+            seed,
+        },
+    ] {
+        let a = draw(&filled(make(7), 8, 64).await, 20).await;
+        let b = draw(&filled(make(7), 8, 64).await, 20).await;
+        let c = draw(&filled(make(8), 8, 64).await, 20).await;
+        assert_eq!(a, b, "{:?}", make(7));
+        assert_ne!(a, c, "{:?}", make(7));
+        for batch in &a {
+            let distinct: BTreeSet<&String> = batch.iter().collect();
+            assert_eq!(distinct.len(), 8, "a repeat within a batch: {batch:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recency_alpha_3_picks_newer_samples_measurably_more_often() {
+    // 100 samples, one per draw, 2,000 draws. Under weights (i+1)^3 the newest ten carry
+    // sum(91..=100 i^3) / sum(1..=100 i^3) = 0.3439 of the mass and the oldest ten
+    // 3025 / 25502500 = 0.00012. Tolerance: 5 standard deviations of a binomial count.
+    let buf = filled(
+        Selection::Recency {
+            alpha: 3.0,
+            seed: 11,
+        },
+        1,
+        100,
+    )
+    .await;
+    let batches = draw(&buf, 2000).await;
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for b in &batches {
+        let i: usize = b[0][1..].parse().expect("id");
+        *counts.entry(i).or_default() += 1;
+    }
+    let newest: usize = (90..100)
+        .map(|i| counts.get(&i).copied().unwrap_or(0))
+        .sum();
+    let oldest: usize = (0..10).map(|i| counts.get(&i).copied().unwrap_or(0)).sum();
+    let p: f64 = 0.3439;
+    let expected = 2000.0 * p;
+    let sd = (2000.0 * p * (1.0 - p)).sqrt();
+    assert!(
+        (newest as f64 - expected).abs() < 5.0 * sd,
+        "newest decile drawn {newest} times, expected {expected:.0} +- {:.0}",
+        5.0 * sd
+    );
+    assert!(oldest <= 5, "oldest decile drawn {oldest} times");
+    // Uniform, for contrast: the deciles are level.
+    let buf = filled(Selection::Uniform { seed: 11 }, 1, 100).await;
+    let batches = draw(&buf, 2000).await;
+    let newest = batches.iter().filter(|b| b[0].as_str() >= "s090").count();
+    let sd = (2000.0f64 * 0.1 * 0.9).sqrt();
+    assert!(
+        (newest as f64 - 200.0).abs() < 5.0 * sd,
+        "uniform: {newest}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prioritized_skips_weightless_samples_while_others_remain() {
+    // priority = i % 4: a quarter of the samples weigh nothing.
+    let buf = filled(
+        Selection::Prioritized {
+            key: "priority".into(),
+            exponent: 2.0,
+            seed: 5,
+        },
+        16,
+        64,
+    )
+    .await;
+    for batch in draw(&buf, 50).await {
+        for id in batch {
+            let i: usize = id[1..].parse().expect("id");
+            assert_ne!(i % 4, 0, "picked weightless {id}");
+        }
+    }
+    // Asking for more than the weighted ones fills up with weightless samples.
+    let buf = filled(
+        Selection::Prioritized {
+            key: "priority".into(),
+            exponent: 1.0,
+            seed: 5,
+        },
+        52,
+        64,
+    )
+    .await;
+    let batch = draw(&buf, 1).await.remove(0);
+    let weightless = batch
+        .iter()
+        .filter(|id| {
+            id[1..]
+                .parse::<usize>()
+                .map(|i| i % 4 == 0)
+                .unwrap_or(false)
+        })
+        .count();
+    assert_eq!(weightless, 52 - 48);
+    assert_invariants(&buf);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_policy_fraction_takes_its_share_of_the_current_version() {
+    // Versions are i % 3; at current version 2 a third of the samples are on-policy.
+    let buf = filled(
+        Selection::OnPolicyFraction {
+            fraction: 0.75,
+            then: Box::new(Selection::Fifo),
+        },
+        8,
+        60,
+    )
+    .await;
+    buf.set_policy_version(2).expect("version");
+    for batch in draw(&buf, 10).await {
+        let on = batch
+            .iter()
+            .filter(|id| {
+                id[1..]
+                    .parse::<usize>()
+                    .map(|i| i % 3 == 2)
+                    .unwrap_or(false)
+            })
+            .count();
+        assert!(on >= 6, "{on} of 8 on-policy: {batch:?}");
+        // Fifo within each part: the on-policy ones are the oldest on-policy samples.
+        assert_eq!(batch[0], "s002");
+    }
+}
+
+#[test]
+fn selection_parameters_are_checked() {
+    for (selection, what) in [
+        (
+            Selection::Recency {
+                alpha: f64::NAN,
+                seed: 0,
+            },
+            "alpha",
+        ),
+        (
+            Selection::OnPolicyFraction {
+                fraction: 1.5,
+                then: Box::new(Selection::Fifo),
+            },
+            "fraction",
+        ),
+        (
+            Selection::Prioritized {
+                key: "p".into(),
+                exponent: -1.0,
+                seed: 0,
+            },
+            "exponent",
+        ),
+    ] {
+        let err = SequenceBuffer::new(4, [RpcDef::new("r", 1).inputs(["x"]).selection(selection)])
+            .expect_err("invalid selection");
+        assert!(
+            matches!(&err, Error::InvalidSelection { rpc, detail } if rpc == "r" && detail.contains(what)),
+            "{err}"
+        );
+    }
+}
