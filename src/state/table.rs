@@ -284,6 +284,7 @@ impl SlotTable {
     /// Takes `n` free slots for a put, marking them `putting`. Only the putter at the head
     /// of the queue (or anyone, when nobody queues) may take slots, so waiting putters are
     /// served in arrival order. Returns `None` when this putter must wait.
+    #[cfg(any(test, feature = "persist"))]
     pub(crate) fn claim_put(
         &mut self,
         n: usize,
@@ -352,6 +353,7 @@ impl SlotTable {
     /// Stores claimed slots: they become idle with `keys` and `birth`, get their reads, and
     /// enter the ready index of every RPC whose inputs they hold. Returns each slot's
     /// generation (for handles).
+    #[cfg(any(test, feature = "persist"))]
     pub(crate) fn publish_put(
         &mut self,
         slots: &[u32],
