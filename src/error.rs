@@ -59,6 +59,14 @@ pub enum Error {
         /// The budget.
         max: u64,
     },
+    /// A rollout record is malformed (per-token arrays of the wrong length, say).
+    #[error("rollout `{uid}`: {detail}")]
+    InvalidRollout {
+        /// The rollout's uid.
+        uid: String,
+        /// What is wrong.
+        detail: String,
+    },
     /// An RPC's selection policy has parameters out of range.
     #[error("RPC `{rpc}`: invalid selection: {detail}")]
     InvalidSelection {

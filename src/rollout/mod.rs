@@ -1,9 +1,16 @@
 //! The RL layer on top of the buffer: what async-RL producers and trainers need besides
 //! slots and leases.
 //!
+//! * `record.rs`: [`RolloutRecord`], one rollout with its provenance;
+//! * `group.rs`: [`GroupKey`], the stable [`group_id`], and a [`SealedGroup`]'s form as one
+//!   buffer sample;
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
 mod admission;
+mod group;
+mod record;
 
 pub use admission::{Admission, AdmissionCounters, AdmissionLimits};
+pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
+pub use record::RolloutRecord;
