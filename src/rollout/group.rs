@@ -409,7 +409,11 @@ mod tests {
             .get("reward")
             .and_then(|t| t.array::<f64>())
             .expect("reward");
-        assert_eq!(reward.iter().copied().collect::<Vec<f64>>(), vec![0.0, 1.0], "sorted by uid: a then b");
+        assert_eq!(
+            reward.iter().copied().collect::<Vec<f64>>(),
+            vec![0.0, 1.0],
+            "sorted by uid: a then b"
+        );
         // Without every reward, no reward field: a verifier amends it in.
         let g = SealedGroup::new(
             GroupKey::of(&record("a", 3, None), GroupMode::Strict),

@@ -4,13 +4,17 @@
 //! * `record.rs`: [`RolloutRecord`], one rollout with its provenance;
 //! * `group.rs`: [`GroupKey`], the stable [`group_id`], and a [`SealedGroup`]'s form as one
 //!   buffer sample;
+//! * `assembler.rs`: [`GroupAssembler`], which collects rollouts into groups and seals
+//!   them (size, timeout, dedupe, per-replica caps, version filter);
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
 mod admission;
+mod assembler;
 mod group;
 mod record;
 
 pub use admission::{Admission, AdmissionCounters, AdmissionLimits};
+pub use assembler::{Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized};
 pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
 pub use record::RolloutRecord;

@@ -192,8 +192,16 @@ impl RolloutRecord {
             Some(MetaValue::Int(v)) => Some(*v),
             _ => None,
         };
-        let ints = |k: &str| s.get(k).and_then(|t| t.array::<i32>()).map(|a| a.iter().copied().collect());
-        let floats = |k: &str| s.get(k).and_then(|t| t.array::<f32>()).map(|a| a.iter().copied().collect());
+        let ints = |k: &str| {
+            s.get(k)
+                .and_then(|t| t.array::<i32>())
+                .map(|a| a.iter().copied().collect())
+        };
+        let floats = |k: &str| {
+            s.get(k)
+                .and_then(|t| t.array::<f32>())
+                .map(|a| a.iter().copied().collect())
+        };
         let mut r = Self::new(
             text("environment")?,
             text("example_id")?,

@@ -1,0 +1,446 @@
+//! `GroupAssembler`: collects rollouts under their group key and seals groups, as a plain
+//! synchronous state machine driven by `add(record, now)` and `seal_due(now)`.
+//!
+//! * A group seals when `target_size` rollouts arrived, or once `seal_timeout` has passed
+//!   since its first rollout and at least `min_size` arrived. A group still below
+//!   `min_size` at its timeout is dropped (its rollouts counted) or kept waiting, by
+//!   [`Undersized`]; a kept group seals as soon as it reaches `min_size`.
+//! * A rollout whose uid is pending in its group or was sealed (or dropped) recently is a
+//!   duplicate: counted, never stored twice. "Recently" is the last `remember` rollouts,
+//!   which bounds memory.
+//! * `max_per_replica` caps one replica's share of a group; `accept_policy_versions`
+//!   rejects rollouts of other versions. Both are counted.
+//!
+//! Everything is ordered (B-tree maps, a deadline set): the same calls give the same
+//! groups, in the same order.
+
+use super::group::{GroupKey, GroupMode, SealReason, SealedGroup};
+use super::record::RolloutRecord;
+use crate::error::Result;
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// What happens to a group still below `min_size` when its seal timeout passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Undersized {
+    /// Drop it and count its rollouts (slime's and the replay spec's behaviour).
+    #[default]
+    Drop,
+    /// Keep it; it seals as soon as it reaches `min_size`.
+    KeepWaiting,
+}
+
+/// How rollouts are grouped and when groups seal.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupConfig {
+    /// Strict (per policy version) or mixed-policy groups.
+    pub mode: GroupMode,
+    /// Rollouts per full group (GRPO's K).
+    pub target_size: usize,
+    /// The fewest rollouts a group may seal with at its timeout.
+    pub min_size: usize,
+    /// Time from a group's first rollout after which it seals with `min_size`.
+    pub seal_timeout: Duration,
+    /// What happens to a group below `min_size` at its timeout.
+    pub undersized: Undersized,
+    /// The most rollouts one replica may contribute to a group.
+    pub max_per_replica: Option<usize>,
+    /// Only rollouts of these policy versions are accepted (all when `None`).
+    pub accept_policy_versions: Option<BTreeSet<u64>>,
+    /// How many sealed or dropped rollout uids are remembered to catch late duplicates.
+    pub remember: usize,
+}
+
+impl GroupConfig {
+    /// Strict groups of `target_size`, sealing only when full (`min_size` =
+    /// `target_size`, a 30 s timeout that then drops an undersized group), no caps.
+    pub fn new(target_size: usize) -> Self {
+        Self {
+            mode: GroupMode::Strict,
+            target_size: target_size.max(1),
+            min_size: target_size.max(1),
+            seal_timeout: Duration::from_secs(30),
+            undersized: Undersized::Drop,
+            max_per_replica: None,
+            accept_policy_versions: None,
+            remember: 1 << 20,
+        }
+    }
+
+    /// Sets the grouping mode.
+    pub fn mode(mut self, mode: GroupMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Seal after `timeout` with at least `min_size` rollouts.
+    pub fn seal_after(mut self, timeout: Duration, min_size: usize) -> Self {
+        self.seal_timeout = timeout;
+        self.min_size = min_size.clamp(1, self.target_size);
+        self
+    }
+
+    /// What happens to an undersized group at its timeout.
+    pub fn undersized(mut self, undersized: Undersized) -> Self {
+        self.undersized = undersized;
+        self
+    }
+
+    /// Caps one replica's share of a group.
+    pub fn max_per_replica(mut self, n: usize) -> Self {
+        self.max_per_replica = Some(n);
+        self
+    }
+
+    /// Accepts only these policy versions.
+    pub fn accept_policy_versions(mut self, versions: impl IntoIterator<Item = u64>) -> Self {
+        self.accept_policy_versions = Some(versions.into_iter().collect());
+        self
+    }
+}
+
+/// What became of one added rollout.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Added {
+    /// Waiting in its group, which now holds `size` rollouts.
+    Pending {
+        /// The group key.
+        key: GroupKey,
+        /// Rollouts in the group now.
+        size: usize,
+    },
+    /// It completed its group.
+    Sealed(SealedGroup),
+    /// Its uid was seen already.
+    Duplicate,
+    /// Its policy version is not accepted.
+    VersionRejected,
+    /// Its replica already contributed `max_per_replica` rollouts to the group.
+    ReplicaCapped,
+}
+
+/// Running counts of an assembler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AssemblerCounters {
+    /// Rollouts added.
+    pub received: u64,
+    /// Rollouts dropped as duplicates.
+    pub duplicates: u64,
+    /// Rollouts of a version not accepted.
+    pub version_rejected: u64,
+    /// Rollouts over their replica's cap.
+    pub replica_capped: u64,
+    /// Groups sealed full.
+    pub sealed_full: u64,
+    /// Groups sealed at their timeout.
+    pub sealed_timeout: u64,
+    /// Groups dropped below `min_size` at their timeout.
+    pub dropped_groups: u64,
+    /// Rollouts in those groups.
+    pub dropped_rollouts: u64,
+    /// Groups pending now.
+    pub pending_groups: u64,
+    /// Rollouts pending now.
+    pub pending_rollouts: u64,
+}
+
+/// One group being assembled.
+#[derive(Debug)]
+struct Pending {
+    rollouts: Vec<RolloutRecord>,
+    uids: BTreeSet<String>,
+    by_replica: BTreeMap<String, usize>,
+    deadline: Instant,
+    /// Its timeout passed while it was below `min_size` (kept waiting).
+    overdue: bool,
+}
+
+/// What the timer found due.
+#[derive(Debug, Default)]
+pub struct Due {
+    /// Groups sealed at their timeout.
+    pub sealed: Vec<SealedGroup>,
+    /// Groups dropped below `min_size`, with their rollouts (for the caller to forget
+    /// them durably).
+    pub dropped: Vec<(GroupKey, Vec<RolloutRecord>)>,
+}
+
+/// Collects rollouts into groups (see the module docs).
+#[derive(Debug)]
+pub struct GroupAssembler {
+    config: GroupConfig,
+    pending: BTreeMap<GroupKey, Pending>,
+    deadlines: BTreeSet<(Instant, GroupKey)>,
+    /// Uids sealed or dropped, remembered in arrival order up to `config.remember`.
+    gone: HashSet<String>,
+    gone_order: VecDeque<String>,
+    counters: AssemblerCounters,
+}
+
+impl GroupAssembler {
+    /// An empty assembler.
+    pub fn new(config: GroupConfig) -> Self {
+        Self {
+            config,
+            pending: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            gone: HashSet::new(),
+            gone_order: VecDeque::new(),
+            counters: AssemblerCounters::default(),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GroupConfig {
+        &self.config
+    }
+
+    /// The counts so far.
+    pub fn counters(&self) -> AssemblerCounters {
+        let mut c = self.counters;
+        c.pending_groups = self.pending.len() as u64;
+        c.pending_rollouts = self.pending.values().map(|p| p.rollouts.len() as u64).sum();
+        c
+    }
+
+    /// The earliest seal deadline of a pending group.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|(d, _)| *d)
+    }
+
+    /// Every pending rollout, by group key order.
+    pub fn pending(&self) -> impl Iterator<Item = &RolloutRecord> {
+        self.pending.values().flat_map(|p| p.rollouts.iter())
+    }
+
+    /// Adds one rollout arriving at `now`. Fails only on a malformed record.
+    pub fn add(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
+        record.validate()?;
+        self.counters.received += 1;
+        if let Some(accepted) = &self.config.accept_policy_versions {
+            if !accepted.contains(&record.policy_version) {
+                self.counters.version_rejected += 1;
+                return Ok(Added::VersionRejected);
+            }
+        }
+        if self.gone.contains(&record.rollout_uid) {
+            self.counters.duplicates += 1;
+            return Ok(Added::Duplicate);
+        }
+        let key = GroupKey::of(&record, self.config.mode);
+        let (held, mine) = self.pending.get(&key).map_or((false, 0), |g| {
+            (
+                g.uids.contains(&record.rollout_uid),
+                g.by_replica.get(&record.replica_id).copied().unwrap_or(0),
+            )
+        });
+        if held {
+            self.counters.duplicates += 1;
+            return Ok(Added::Duplicate);
+        }
+        if self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
+            self.counters.replica_capped += 1;
+            return Ok(Added::ReplicaCapped);
+        }
+        let timeout = self.config.seal_timeout;
+        let group = self.pending.entry(key.clone()).or_insert_with(|| Pending {
+            rollouts: Vec::new(),
+            uids: BTreeSet::new(),
+            by_replica: BTreeMap::new(),
+            // A timeout too long to represent never passes.
+            deadline: now
+                .checked_add(timeout)
+                .unwrap_or(now + Duration::from_secs(1 << 40)),
+            overdue: false,
+        });
+        if group.rollouts.is_empty() {
+            self.deadlines.insert((group.deadline, key.clone()));
+        }
+        group.uids.insert(record.rollout_uid.clone());
+        *group
+            .by_replica
+            .entry(record.replica_id.clone())
+            .or_default() += 1;
+        group.rollouts.push(record);
+        let size = group.rollouts.len();
+        if size >= self.config.target_size {
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Full)));
+        }
+        if group.overdue && size >= self.config.min_size {
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Timeout)));
+        }
+        Ok(Added::Pending { key, size })
+    }
+
+    /// Seals (or drops) every group whose timeout passed at `now`.
+    pub fn seal_due(&mut self, now: Instant) -> Due {
+        let mut due = Due::default();
+        while let Some((deadline, key)) = self.deadlines.first().cloned() {
+            if deadline > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            let Some(group) = self.pending.get_mut(&key) else {
+                continue;
+            };
+            if group.rollouts.len() >= self.config.min_size {
+                due.sealed.push(self.seal(&key, SealReason::Timeout));
+                continue;
+            }
+            match self.config.undersized {
+                Undersized::KeepWaiting => group.overdue = true,
+                Undersized::Drop => {
+                    if let Some(group) = self.pending.remove(&key) {
+                        self.counters.dropped_groups += 1;
+                        self.counters.dropped_rollouts += group.rollouts.len() as u64;
+                        self.forget(group.uids);
+                        due.dropped.push((key, group.rollouts));
+                    }
+                }
+            }
+        }
+        due
+    }
+
+    fn seal(&mut self, key: &GroupKey, reason: SealReason) -> SealedGroup {
+        let group = self.pending.remove(key);
+        let Some(group) = group else {
+            return SealedGroup::new(key.clone(), Vec::new(), reason);
+        };
+        self.deadlines.remove(&(group.deadline, key.clone()));
+        match reason {
+            SealReason::Full => self.counters.sealed_full += 1,
+            SealReason::Timeout => self.counters.sealed_timeout += 1,
+        }
+        self.forget(group.uids);
+        SealedGroup::new(key.clone(), group.rollouts, reason)
+    }
+
+    /// Remembers uids that left (sealed or dropped), forgetting the oldest beyond the bound.
+    fn forget(&mut self, uids: BTreeSet<String>) {
+        for uid in uids {
+            if self.gone.insert(uid.clone()) {
+                self.gone_order.push_back(uid);
+            }
+        }
+        while self.gone_order.len() > self.config.remember {
+            if let Some(old) = self.gone_order.pop_front() {
+                self.gone.remove(&old);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rollout(example: &str, version: u64, uid: &str, replica: &str) -> RolloutRecord {
+        let mut r = RolloutRecord::new("math", example, version, uid);
+        r.replica_id = replica.into();
+        r
+    }
+
+    #[test]
+    fn seals_at_target_size_and_dedupes_by_uid() -> Result<()> {
+        let t0 = Instant::now();
+        let mut a = GroupAssembler::new(GroupConfig::new(3));
+        assert!(matches!(
+            a.add(rollout("e", 1, "u1", "r"), t0)?,
+            Added::Pending { size: 1, .. }
+        ));
+        assert_eq!(a.add(rollout("e", 1, "u1", "r"), t0)?, Added::Duplicate);
+        assert!(matches!(
+            a.add(rollout("e", 1, "u2", "r"), t0)?,
+            Added::Pending { size: 2, .. }
+        ));
+        let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
+            panic!("full at 3");
+        };
+        assert_eq!(g.rollouts.len(), 3);
+        assert_eq!(g.reason, SealReason::Full);
+        // A late duplicate of a sealed rollout is still a duplicate.
+        assert_eq!(a.add(rollout("e", 1, "u2", "r"), t0)?, Added::Duplicate);
+        let c = a.counters();
+        assert_eq!(
+            (c.received, c.duplicates, c.sealed_full, c.pending_groups),
+            (5, 2, 1, 0)
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn strict_keys_split_versions_and_mixed_keys_do_not() -> Result<()> {
+        let t0 = Instant::now();
+        let mut strict = GroupAssembler::new(GroupConfig::new(2));
+        strict.add(rollout("e", 1, "a", "r"), t0)?;
+        assert!(matches!(
+            strict.add(rollout("e", 2, "b", "r"), t0)?,
+            Added::Pending { .. }
+        ));
+        let mut mixed = GroupAssembler::new(GroupConfig::new(2).mode(GroupMode::Mixed));
+        mixed.add(rollout("e", 1, "a", "r"), t0)?;
+        let Added::Sealed(g) = mixed.add(rollout("e", 2, "b", "r"), t0)? else {
+            panic!("mixed groups take both versions");
+        };
+        assert_eq!(g.oldest_version(), 1);
+        Ok(())
+    }
+
+    #[test]
+    fn timeouts_seal_with_min_size_or_drop_or_keep_waiting() -> Result<()> {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let config = GroupConfig::new(4).seal_after(10 * s, 2);
+        let mut a = GroupAssembler::new(config.clone());
+        a.add(rollout("x", 0, "x1", "r"), t0)?;
+        a.add(rollout("x", 0, "x2", "r"), t0 + s)?;
+        a.add(rollout("y", 0, "y1", "r"), t0 + 2 * s)?;
+        assert_eq!(
+            a.next_deadline(),
+            Some(t0 + 10 * s),
+            "from the first rollout"
+        );
+        assert!(a.seal_due(t0 + 9 * s).sealed.is_empty());
+        let due = a.seal_due(t0 + 12 * s);
+        assert_eq!(due.sealed.len(), 1);
+        assert_eq!(due.sealed[0].reason, SealReason::Timeout);
+        assert_eq!(due.dropped.len(), 1, "y has 1 < 2");
+        assert_eq!(a.counters().dropped_rollouts, 1);
+        // Kept waiting instead: it seals on reaching min_size.
+        let mut a = GroupAssembler::new(config.undersized(Undersized::KeepWaiting));
+        a.add(rollout("y", 0, "y1", "r"), t0)?;
+        assert!(a.seal_due(t0 + 11 * s).dropped.is_empty());
+        let Added::Sealed(g) = a.add(rollout("y", 0, "y2", "r"), t0 + 20 * s)? else {
+            panic!("overdue group reached min_size");
+        };
+        assert_eq!((g.rollouts.len(), g.reason), (2, SealReason::Timeout));
+        Ok(())
+    }
+
+    #[test]
+    fn replica_caps_and_version_filters_are_counted() -> Result<()> {
+        let t0 = Instant::now();
+        let mut a = GroupAssembler::new(
+            GroupConfig::new(4)
+                .max_per_replica(2)
+                .accept_policy_versions([1, 2]),
+        );
+        a.add(rollout("e", 1, "a", "r1"), t0)?;
+        a.add(rollout("e", 1, "b", "r1"), t0)?;
+        assert_eq!(a.add(rollout("e", 1, "c", "r1"), t0)?, Added::ReplicaCapped);
+        assert_eq!(
+            a.add(rollout("e", 3, "d", "r2"), t0)?,
+            Added::VersionRejected
+        );
+        let c = a.counters();
+        assert_eq!(
+            (c.replica_capped, c.version_rejected, c.pending_rollouts),
+            (1, 1, 2)
+        );
+        Ok(())
+    }
+}
