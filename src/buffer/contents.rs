@@ -2,7 +2,7 @@
 //! (for inspection, and what recovery is checked against).
 
 use super::SequenceBuffer;
-use crate::sample::Sample;
+use crate::sample::{Sample, SampleId};
 use std::collections::BTreeMap;
 
 /// A stored sample and the reads each RPC has left of it (see
@@ -17,6 +17,11 @@ pub struct StoredSample {
 }
 
 impl SequenceBuffer {
+    /// Whether a sample with this id is stored or being put.
+    pub fn contains(&self, id: &str) -> bool {
+        self.shared.lock().ids.contains_key(&SampleId::from(id))
+    }
+
     /// Every stored sample (not those still being put), oldest birth first, with the reads
     /// each RPC has left. Copies only field handles, never tensor data; for inspection and
     /// tests, O(stored samples).

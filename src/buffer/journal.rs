@@ -21,6 +21,7 @@
 // Without `persist` nothing implements the journal; the buffer's side of it stays compiled.
 #![cfg_attr(not(feature = "persist"), allow(dead_code))]
 
+use super::AuxWrite;
 use crate::error::Result;
 use crate::sample::{Patch, Sample, SampleId};
 use crate::sync::Arc;
@@ -66,6 +67,8 @@ pub(crate) enum Record {
         ids: Vec<SampleId>,
         reason: FreeReason,
     },
+    /// Auxiliary entries set or removed (see `aux.rs`).
+    Aux(Vec<AuxWrite>),
 }
 
 /// Called once with the fate of a unit of records: `Ok` once it is durable, `Err` once it

@@ -40,6 +40,7 @@
 //! its lease.
 
 mod amend;
+mod aux;
 mod batch;
 mod config;
 mod contents;
@@ -60,6 +61,7 @@ pub use freed::{DropReason, FreedSink, SinkFuture};
 pub use freshness::{CREATED_TS, POLICY_VERSION};
 pub use stats::{RpcStats, Stats};
 
+pub(crate) use aux::{AuxMap, AuxWrite};
 #[cfg(feature = "persist")]
 pub(crate) use journal::JournalFuture;
 pub(crate) use journal::{Durable, FreeReason, Journal, Record};
@@ -168,6 +170,8 @@ pub(crate) struct Inner {
     pub(crate) journal: Option<Arc<dyn Journal>>,
     /// RPC names by index, for log records.
     pub(crate) rpc_names: Vec<Arc<str>>,
+    /// Auxiliary entries (see `aux.rs`).
+    pub(crate) aux: AuxMap,
 }
 
 impl Inner {
@@ -295,6 +299,7 @@ impl SequenceBuffer {
             rejected: 0,
             journal: None,
             rpc_names: graph.rpcs().iter().map(|r| Arc::clone(&r.name)).collect(),
+            aux: AuxMap::new(),
         };
         Ok(Self {
             shared: Arc::new(Shared {

@@ -11,7 +11,9 @@
 //! queue may claim.
 
 use super::freshness::freshness_of;
-use super::{now, Durable, Freed, Inner, Overflow, Record, SequenceBuffer, Shared, SlotHandle};
+use super::{
+    now, AuxWrite, Durable, Freed, Inner, Overflow, Record, SequenceBuffer, Shared, SlotHandle,
+};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{PrehashedId, Sample, SampleId};
@@ -33,11 +35,22 @@ struct Prepared {
     fresh: Vec<Freshness>,
     /// Each sample's tensor bytes, when the buffer has a byte budget (else empty).
     bytes: Vec<u64>,
+    /// Auxiliary writes that land with the put.
+    aux: Vec<AuxWrite>,
 }
 
 impl Prepared {
     fn total_bytes(&self) -> u64 {
         self.bytes.iter().sum()
+    }
+
+    /// The log records of the put: the samples, and the auxiliary writes with them.
+    fn records(&self) -> Vec<Record> {
+        let mut records = vec![Record::Put(self.samples.clone())];
+        if !self.aux.is_empty() {
+            records.push(Record::Aux(self.aux.clone()));
+        }
+        records
     }
 }
 
@@ -84,10 +97,21 @@ impl SequenceBuffer {
     /// put data waiting to be written than its limit (`PersistOptions::max_backlog`) waits
     /// for it first.
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
+        self.put_batch_with_aux(samples, Vec::new()).await
+    }
+
+    /// [`Self::put_batch`] whose auxiliary writes land in the same log unit as the put
+    /// (both or neither after a crash).
+    pub(crate) async fn put_batch_with_aux(
+        &self,
+        samples: Vec<Sample>,
+        aux: Vec<AuxWrite>,
+    ) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
-        let Some(prepared) = shared.prepare(samples)? else {
+        let Some(mut prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
         };
+        prepared.aux = aux;
         let n = prepared.samples.len();
         let mut ticket = TicketGuard {
             shared,
@@ -245,6 +269,7 @@ impl Shared {
             keys,
             fresh,
             bytes,
+            aux: Vec::new(),
         }))
     }
 
@@ -381,7 +406,10 @@ impl Shared {
         let journal = match &inner.journal {
             Some(j) if self.sync_journal => Arc::clone(j),
             _ => {
-                inner.log(|| Record::Put(prepared.samples.clone()));
+                if let Some(journal) = &inner.journal {
+                    // Only a callback is ever handed back.
+                    let _ = journal.append(prepared.records(), None);
+                }
                 let (handles, published, mut dropped) = publish(inner, &slots, prepared, self.ages);
                 wake.merge(published);
                 dropped.extend(evicted);
@@ -394,7 +422,7 @@ impl Shared {
             shared: Arc::clone(self),
             slots: Some((slots, ids)),
         };
-        let record = Record::Put(prepared.samples.clone());
+        let records = prepared.records();
         let then: Durable = Box::new(move |verdict| {
             // Publish, or give the slots back, before the caller hears of it.
             let result = match verdict {
@@ -406,7 +434,7 @@ impl Shared {
             };
             let _ = tx.send(result);
         });
-        let refused = journal.append(vec![record], Some(then));
+        let refused = journal.append(records, Some(then));
         Stored::Pending(rx, wake, refused, evicted)
     }
 }
@@ -424,6 +452,7 @@ fn publish(
             *entry = Some(payload);
         }
     }
+    inner.aux_apply(&prepared.aux);
     let mut freed = Vec::new();
     let (generations, wake) = inner.table.publish_put_fresh(
         slots,

@@ -22,6 +22,8 @@ pub(crate) struct Restored {
     pub(crate) reads: Vec<u64>,
     pub(crate) redelivered: Vec<u64>,
     pub(crate) expired_leases: Vec<u64>,
+    /// Auxiliary entries.
+    pub(crate) aux: Vec<(Arc<str>, Arc<Sample>)>,
 }
 
 impl SequenceBuffer {
@@ -83,6 +85,7 @@ impl SequenceBuffer {
                 *m = *t;
             }
         }
+        inner.aux = restored.aux.into_iter().collect();
         inner.journal = journal;
         // Samples that aged out while the buffer was down leave now, logged as stale.
         let mut freed = Vec::new();

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! segments/seg-<hash of bytes>.parquet   id | birth | seq | state (binary)
+//! segments/aux-<hash of bytes>.parquet   the auxiliary entries, same columns (id = key)
 //! manifest/<number, 20 digits>.json      segments, log_from, RPCs, totals
 //! ```
 //!
@@ -89,6 +90,8 @@ pub(crate) struct Manifest {
     /// The first log group not folded into the segments.
     pub(crate) log_from: u64,
     pub(crate) segments: Vec<String>,
+    /// Segments of auxiliary entries (absent in manifests written before they existed).
+    pub(crate) aux_segments: Vec<String>,
     pub(crate) bytes: u64,
     pub(crate) config: StoredConfig,
     pub(crate) put: u64,
@@ -139,6 +142,7 @@ impl Manifest {
             "number": self.number,
             "log_from": self.log_from,
             "segments": self.segments,
+            "aux_segments": self.aux_segments,
             "bytes": self.bytes,
             "rpcs": rpcs,
             "external_keys": self.config.external_keys,
@@ -199,6 +203,10 @@ impl Manifest {
             number: u("number")?,
             log_from: u("log_from")?,
             segments: strings(v.get("segments"), "segments")?,
+            aux_segments: match v.get("aux_segments") {
+                Some(list) => strings(Some(list), "aux_segments")?,
+                None => Vec::new(),
+            },
             bytes: u("bytes")?,
             config: StoredConfig {
                 rpcs,
@@ -224,23 +232,15 @@ pub(crate) async fn write(
     config: &StoredConfig,
 ) -> Result<Manifest> {
     let entries: Vec<&Entry> = state.entries().collect();
-    let mut segments = Vec::new();
     let mut bytes = 0u64;
-    for chunk in entries.chunks(SEGMENT_ROWS) {
-        let encoded = encode_segment(chunk).map_err(|e| Error::Storage {
-            url: store.url().to_owned(),
-            path: SEGMENT_DIR.to_owned(),
-            detail: e,
-        })?;
-        let path = format!("{SEGMENT_DIR}/seg-{:016x}.parquet", content_hash(&encoded));
-        bytes += encoded.len() as u64;
-        store.put(&path, encoded).await?;
-        segments.push(path);
-    }
+    let segments = write_segments(store, &entries, "seg", &mut bytes).await?;
+    let aux: Vec<&Entry> = state.aux.values().collect();
+    let aux_segments = write_segments(store, &aux, "aux", &mut bytes).await?;
     let manifest = Manifest {
         number,
         log_from,
         segments,
+        aux_segments,
         bytes,
         config: config.clone(),
         put: state.put,
@@ -274,6 +274,32 @@ pub(crate) async fn write(
     Ok(manifest)
 }
 
+/// Writes `entries` as segments named `<kind>-<hash>.parquet`; returns their paths and adds
+/// their sizes to `bytes`.
+async fn write_segments(
+    store: &Store,
+    entries: &[&Entry],
+    kind: &str,
+    bytes: &mut u64,
+) -> Result<Vec<String>> {
+    let mut paths = Vec::new();
+    for chunk in entries.chunks(SEGMENT_ROWS) {
+        let encoded = encode_segment(chunk).map_err(|e| Error::Storage {
+            url: store.url().to_owned(),
+            path: SEGMENT_DIR.to_owned(),
+            detail: e,
+        })?;
+        let path = format!(
+            "{SEGMENT_DIR}/{kind}-{:016x}.parquet",
+            content_hash(&encoded)
+        );
+        *bytes += encoded.len() as u64;
+        store.put(&path, encoded).await?;
+        paths.push(path);
+    }
+    Ok(paths)
+}
+
 /// Deletes log groups before the manifest's `log_from`, segments it does not name, and
 /// older manifests.
 async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
@@ -283,7 +309,7 @@ async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
         }
     }
     for path in store.list(SEGMENT_DIR).await? {
-        if !manifest.segments.contains(&path) {
+        if !manifest.segments.contains(&path) && !manifest.aux_segments.contains(&path) {
             store.delete(&path).await?;
         }
     }
@@ -399,14 +425,20 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
         .iter()
         .map(|(n, t)| (Arc::from(n.as_str()), *t))
         .collect();
-    for segment in &manifest.segments {
+    for (segment, aux) in manifest
+        .segments
+        .iter()
+        .map(|s| (s, false))
+        .chain(manifest.aux_segments.iter().map(|s| (s, true)))
+    {
         let bytes = store
             .get(segment)
             .await?
             .ok_or_else(|| corrupt(store, segment, "named by the manifest but missing"))?;
         // The name is the hash of the bytes: any damage shows before decoding (Parquet
         // pages carry no checksum by default).
-        let expected = format!("{SEGMENT_DIR}/seg-{:016x}.parquet", content_hash(&bytes));
+        let kind = if aux { "aux" } else { "seg" };
+        let expected = format!("{SEGMENT_DIR}/{kind}-{:016x}.parquet", content_hash(&bytes));
         if *segment != expected {
             return Err(corrupt(store, segment, "content does not match its hash"));
         }
@@ -417,7 +449,11 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
                 .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
                 .map_err(|e| corrupt(store, segment, e))?;
         for entry in decoded {
-            state.push(entry);
+            if aux {
+                state.aux.insert(Arc::from(entry.id.as_str()), entry);
+            } else {
+                state.push(entry);
+            }
         }
     }
     Ok((manifest, state))

@@ -5,7 +5,7 @@
 //! before anything is allocated, so a damaged file gives an error, never a panic or a huge
 //! allocation. Tensors keep their element type, shape and ragged lengths exactly.
 
-use crate::buffer::{FreeReason, Record};
+use crate::buffer::{AuxWrite, FreeReason, Record};
 use crate::sample::{MetaValue, Patch, Sample, SampleId};
 use crate::sync::Arc;
 use crate::tensor::{Tensor, TensorData};
@@ -489,6 +489,7 @@ const AMEND: u8 = 2;
 const COMPLETE: u8 = 3;
 const RELEASE: u8 = 4;
 const FREE: u8 = 5;
+const AUX: u8 = 6;
 
 pub(crate) fn put_record(w: &mut Writer, record: &Record) {
     match record {
@@ -528,6 +529,20 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
                 FreeReason::Evicted => 2,
             });
             put_ids(w, ids);
+        }
+        Record::Aux(writes) => {
+            w.u8(AUX);
+            w.len(writes.len());
+            for aux in writes {
+                w.str(&aux.key);
+                match &aux.value {
+                    Some(sample) => {
+                        w.u8(1);
+                        put_sample(w, sample);
+                    }
+                    None => w.u8(0),
+                }
+            }
         }
     }
 }
@@ -573,6 +588,19 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
                 ids: take_ids(r)?,
                 reason,
             }
+        }
+        AUX => {
+            let n = r.count(2)?;
+            let mut writes = Vec::with_capacity(n);
+            for _ in 0..n {
+                let key: Arc<str> = Arc::from(r.str()?);
+                let value = match r.u8()? {
+                    0 => None,
+                    _ => Some(Arc::new(take_sample(r)?)),
+                };
+                writes.push(AuxWrite { key, value });
+            }
+            Record::Aux(writes)
         }
         tag => return Err(format!("unknown record tag {tag}")),
     })

@@ -85,6 +85,8 @@ pub(crate) struct DurableState {
     /// Records that named a sample the state does not hold (only after a damaged log was
     /// skipped under lenient recovery).
     pub(crate) unmatched: u64,
+    /// Auxiliary entries by key (the entry's id is its key; birth and seq are unused).
+    pub(crate) aux: BTreeMap<Arc<str>, Entry>,
 }
 
 impl DurableState {
@@ -176,6 +178,25 @@ impl DurableState {
                 totals.redelivered += ids.len() as u64;
                 totals.expired_leases += u64::from(*expired);
             }
+            Record::Aux(writes) => {
+                for w in writes {
+                    match &w.value {
+                        Some(sample) => {
+                            let entry = Entry {
+                                seq: 0,
+                                id: SampleId::from(&*w.key),
+                                birth: 0,
+                                body: Body::Decoded(Arc::clone(sample)),
+                                used: BTreeMap::new(),
+                            };
+                            self.aux.insert(Arc::clone(&w.key), entry);
+                        }
+                        None => {
+                            self.aux.remove(&w.key);
+                        }
+                    }
+                }
+            }
             Record::Free { ids, .. } => {
                 for id in ids {
                     if self.remove(id) {
@@ -226,6 +247,10 @@ impl DurableState {
             if let Body::Decoded(sample) = &e.body {
                 out.samples.push((Arc::clone(sample), left_of(e)));
             }
+        }
+        for (key, entry) in &mut self.aux {
+            let sample = entry.sample()?;
+            out.aux.push((Arc::clone(key), Arc::clone(sample)));
         }
         for (name, _) in rpcs {
             let t = self.rpcs.get(name).copied().unwrap_or_default();

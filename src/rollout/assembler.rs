@@ -119,6 +119,12 @@ pub enum Added {
     VersionRejected,
     /// Its replica already contributed `max_per_replica` rollouts to the group.
     ReplicaCapped,
+    /// It completed a group whose id was already stored or archived (the same rollouts
+    /// sent again, after a restart say): the group is not stored twice.
+    DuplicateGroup {
+        /// The group id.
+        id: String,
+    },
 }
 
 /// Running counts of an assembler.

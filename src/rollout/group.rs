@@ -2,8 +2,10 @@
 //! form as one buffer sample (one slot = one group of K rollouts).
 //!
 //! A sealed group becomes a sample whose id is the group id. Per-rollout arrays are
-//! stacked: ragged tensors (K sequences) for tokens and per-token values, `[K]` vectors for
-//! per-rollout scalars and strings. Its metadata says what the buffer and the archive need
+//! stacked: ragged tensors (K sequences) for `prompt_tokens`, `output_tokens`, `logprobs`,
+//! `token_versions` and `ref_logprobs`; `[K]` vectors for `rollout_version`,
+//! `rollout_created_ts`, `truncated`, `segment_idx`, `is_last_segment`, `rollout_uid`,
+//! `replica_id`, `reward`, `reward/<component>` and `meta/<key>`. Its metadata says what the buffer and the archive need
 //! (`environment`, `policy_version` = the oldest member's, so staleness and partitions
 //! follow the oldest rollout; `created_ts` = the oldest creation time, so the age bound
 //! does too) and what a trainer wants to see (every version held, the group id, K).
@@ -206,13 +208,13 @@ impl SealedGroup {
                 )?,
             )
             .with(
-                "policy_version",
+                "rollout_version",
                 rs.iter()
                     .map(|r| r.policy_version as i64)
                     .collect::<Vec<i64>>(),
             )
             .with(
-                "created_ts",
+                "rollout_created_ts",
                 rs.iter().map(|r| r.created_ts).collect::<Vec<f64>>(),
             )
             .with(

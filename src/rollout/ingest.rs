@@ -1,0 +1,313 @@
+//! `GroupIngest`: rollouts in, sealed groups into the buffer, durably and idempotently.
+//!
+//! Many environment replicas call [`GroupIngest::add`] concurrently. A
+//! [`GroupAssembler`] behind one mutex groups the rollouts; a background task seals groups
+//! whose timeout passed, also when no rollout arrives. A sealed group is put into the
+//! buffer as one sample whose id is the group id.
+//!
+//! # Durability and idempotence
+//!
+//! Everything goes through the buffer's log as auxiliary entries, so it is exactly as
+//! durable as the buffer's own changes (`Durability::Sync`: `add` returns once the rollout
+//! is on storage):
+//!
+//! * a pending rollout is written under `rollout/pending/<uid>` while it waits (appended
+//!   under the assembler's lock, so before any seal that could include it);
+//! * a sealed group's put carries, in the same log unit, the removal of its members'
+//!   pending entries and a marker `rollout/sealed/<group id>`: after a crash either the
+//!   group is stored and its rollouts are no longer pending, or neither happened;
+//! * on start, pending rollouts are added back (their seal timeout restarts), and a group
+//!   whose id has a marker or is in the buffer is not stored again, so replicas that resend
+//!   after a restart cannot double a group. The newest `remember_groups` markers are kept.
+//!
+//! # Locking
+//!
+//! The assembler's mutex is taken before the buffer's lock (auxiliary appends), never the
+//! other way round, and is never held across an await.
+
+use super::assembler::{Added, GroupAssembler, GroupConfig};
+use super::group::SealedGroup;
+use super::record::RolloutRecord;
+use crate::buffer::AuxWrite;
+use crate::error::{Error, Result};
+use crate::sample::Sample;
+use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
+use crate::SequenceBuffer;
+use std::collections::VecDeque;
+use std::sync::Weak;
+use std::time::Instant;
+
+const PENDING: &str = "rollout/pending/";
+const SEALED: &str = "rollout/sealed/";
+
+fn pending_key(uid: &str) -> String {
+    format!("{PENDING}{uid}")
+}
+
+fn sealed_key(id: &str) -> String {
+    format!("{SEALED}{id}")
+}
+
+/// Counts of what ingestion did, besides the assembler's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct IngestCounters {
+    /// Groups stored in the buffer.
+    pub stored_groups: u64,
+    /// Sealed groups not stored because their id was already stored or archived.
+    pub duplicate_groups: u64,
+    /// Sealed groups the buffer refused (a future policy version, say).
+    pub refused_groups: u64,
+    /// Pending rollouts added back at start.
+    pub recovered_rollouts: u64,
+}
+
+/// Rollouts in, groups out (see the module docs). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct GroupIngest {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    buf: SequenceBuffer,
+    state: Mutex<State>,
+    timer: Arc<Timer>,
+    remember_groups: usize,
+}
+
+/// What the timer task shares with the ingest: it holds this strongly and the ingest only
+/// weakly, so dropping the last clone of the ingest ends the task.
+#[derive(Debug)]
+struct Timer {
+    /// Wakes the task when the earliest deadline may have changed, or to stop.
+    wake: Notify,
+    stopped: AtomicBool,
+}
+
+#[derive(Debug)]
+struct State {
+    assembler: GroupAssembler,
+    /// Sealed-group markers, oldest first.
+    sealed: VecDeque<String>,
+    next_seal: u64,
+    counters: IngestCounters,
+}
+
+impl GroupIngest {
+    /// Starts ingestion into `buf`, adding back the rollouts pending in its durable state
+    /// and spawning the task that seals groups at their timeout (needs a tokio runtime with
+    /// the time driver). The task stops when the last clone is dropped.
+    pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
+        let remember_groups = config.remember;
+        let mut markers: Vec<(u64, String)> = buf
+            .aux_range(SEALED)
+            .into_iter()
+            .map(|(k, v)| (v.birth.unwrap_or(0), k[SEALED.len()..].to_owned()))
+            .collect();
+        markers.sort();
+        let next_seal = markers.last().map_or(1, |m| m.0 + 1);
+        let shared = Arc::new(Shared {
+            buf: buf.clone(),
+            state: Mutex::new(State {
+                assembler: GroupAssembler::new(config),
+                sealed: markers.into_iter().map(|(_, id)| id).collect(),
+                next_seal,
+                counters: IngestCounters::default(),
+            }),
+            timer: Arc::new(Timer {
+                wake: Notify::new(),
+                stopped: AtomicBool::new(false),
+            }),
+            remember_groups,
+        });
+        let ingest = Self { shared };
+        let now = crate::buffer::now();
+        let mut sealed = Vec::new();
+        {
+            let mut state = ingest.shared.state.lock();
+            for (key, value) in buf.aux_range(PENDING) {
+                let Some(record) = RolloutRecord::from_sample(&value) else {
+                    tracing::warn!(key = %key, "unreadable pending rollout skipped");
+                    continue;
+                };
+                state.counters.recovered_rollouts += 1;
+                match state.assembler.add(record, now) {
+                    Ok(Added::Sealed(group)) => sealed.push(group),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "invalid pending rollout skipped"),
+                }
+            }
+        }
+        for group in sealed {
+            ingest.store(group).await?;
+        }
+        let weak = Arc::downgrade(&ingest.shared);
+        tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
+        Ok(ingest)
+    }
+
+    /// Adds one rollout. A rollout that completes its group stores the group before this
+    /// returns; a pending one is durable when this returns (under `Durability::Sync`).
+    /// Duplicates, rejected versions and capped replicas are counted and change nothing.
+    /// Fails on a malformed record, or with the buffer's error if the completed group is
+    /// refused (its pending rollouts are then forgotten).
+    pub async fn add(&self, record: RolloutRecord) -> Result<Added> {
+        let shared = &self.shared;
+        let uid = record.rollout_uid.clone();
+        let logged = record.to_sample(pending_key(&uid));
+        let (added, durable) = {
+            let mut state = shared.state.lock();
+            let before = state.assembler.next_deadline();
+            let added = state.assembler.add(record, crate::buffer::now())?;
+            let durable = match &added {
+                Added::Pending { .. } => {
+                    let write = AuxWrite::set(pending_key(&uid), logged);
+                    Some(shared.buf.aux_submit(vec![write]))
+                }
+                _ => None,
+            };
+            if state.assembler.next_deadline() != before {
+                shared.timer.wake.notify_one();
+            }
+            (added, durable)
+        };
+        if let Some(durable) = durable {
+            durable.await?;
+        }
+        match added {
+            Added::Sealed(group) => self.store(group).await,
+            other => Ok(other),
+        }
+    }
+
+    /// The assembler's counts.
+    pub fn assembler_counters(&self) -> super::AssemblerCounters {
+        self.shared.state.lock().assembler.counters()
+    }
+
+    /// What ingestion stored, skipped and recovered.
+    pub fn counters(&self) -> IngestCounters {
+        self.shared.state.lock().counters
+    }
+
+    /// Seals and stores every group whose timeout passed by `now` (the background task
+    /// does this on its own; tests and callers driving time may call it).
+    pub async fn seal_due(&self, now: Instant) -> Result<()> {
+        let due = self.shared.state.lock().assembler.seal_due(now);
+        let forget: Vec<AuxWrite> = due
+            .dropped
+            .iter()
+            .flat_map(|(_, rollouts)| rollouts.iter())
+            .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
+            .collect();
+        self.shared.buf.aux_write(forget).await?;
+        let mut first_error = None;
+        for group in due.sealed {
+            if let Err(e) = self.store(group).await {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Stores a sealed group unless its id was stored before; in the same log unit, its
+    /// members stop being pending and its marker is written.
+    async fn store(&self, group: SealedGroup) -> Result<Added> {
+        let shared = &self.shared;
+        let mut writes: Vec<AuxWrite> = group
+            .rollouts
+            .iter()
+            .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
+            .collect();
+        let known =
+            shared.buf.aux_get(&sealed_key(&group.id)).is_some() || shared.buf.contains(&group.id);
+        if known {
+            shared.buf.aux_write(writes).await?;
+            shared.state.lock().counters.duplicate_groups += 1;
+            tracing::debug!(group = %group.id, "group already stored; not stored again");
+            return Ok(Added::DuplicateGroup { id: group.id });
+        }
+        {
+            let mut state = shared.state.lock();
+            let seq = state.next_seal;
+            state.next_seal += 1;
+            writes.push(AuxWrite::set(
+                sealed_key(&group.id),
+                Sample::new(group.id.clone()).birth(seq),
+            ));
+            state.sealed.push_back(group.id.clone());
+            while state.sealed.len() > shared.remember_groups {
+                if let Some(old) = state.sealed.pop_front() {
+                    writes.push(AuxWrite::remove(sealed_key(&old)));
+                }
+            }
+        }
+        let sample = group.to_sample()?;
+        match shared
+            .buf
+            .put_batch_with_aux(vec![sample], writes.clone())
+            .await
+        {
+            Ok(_) => {
+                shared.state.lock().counters.stored_groups += 1;
+                Ok(Added::Sealed(group))
+            }
+            Err(Error::DuplicateId { .. }) => {
+                // Stored by an earlier run whose marker write did not survive: the
+                // members are still to be forgotten.
+                writes.retain(|w| w.value.is_none() && w.key.starts_with(PENDING));
+                shared.buf.aux_write(writes).await?;
+                shared.state.lock().counters.duplicate_groups += 1;
+                Ok(Added::DuplicateGroup { id: group.id })
+            }
+            Err(e) => {
+                writes.retain(|w| w.value.is_none() && w.key.starts_with(PENDING));
+                let _ = shared.buf.aux_write(writes).await;
+                shared.state.lock().counters.refused_groups += 1;
+                tracing::warn!(group = %group.id, error = %e, "sealed group refused by the buffer");
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.timer.stopped.store(true, Ordering::Release);
+        self.timer.wake.notify_one();
+    }
+}
+
+/// The timer task: sleeps until the earliest seal deadline (or a new group), then seals
+/// what is due. Ends when the last clone of the ingest is dropped.
+async fn seal_on_time(weak: Weak<Shared>, timer: Arc<Timer>) {
+    loop {
+        let notified = timer.wake.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if timer.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let deadline = shared.state.lock().assembler.next_deadline();
+        let now = crate::buffer::now();
+        if deadline.is_some_and(|d| d <= now) {
+            let ingest = GroupIngest { shared };
+            if let Err(e) = ingest.seal_due(now).await {
+                tracing::warn!(error = %e, "sealing groups at their timeout failed");
+            }
+            continue;
+        }
+        drop(shared);
+        match deadline {
+            Some(d) => {
+                // Elapsed or woken: either way, look again.
+                let _ = tokio::time::timeout_at(tokio::time::Instant::from_std(d), notified).await;
+            }
+            None => notified.await,
+        }
+    }
+}

@@ -1,0 +1,261 @@
+//! Group ingestion through a real buffer: many replicas, duplicates and late rollouts,
+//! timer-driven sealing, and groups never stored twice across restarts.
+
+mod common;
+
+use common::TempDir;
+use rollout_buffer::persist::PersistOptions;
+use rollout_buffer::rollout::{
+    group_id, Added, GroupConfig, GroupIngest, GroupKey, GroupMode, RolloutRecord,
+};
+use rollout_buffer::{RpcDef, SequenceBuffer};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+fn rollout(example: usize, k: usize, replica: usize) -> RolloutRecord {
+    let mut r = RolloutRecord::new(
+        "math",
+        format!("ex-{example}"),
+        0,
+        format!("u-{example}-{k}"),
+    );
+    r.replica_id = format!("replica-{replica}");
+    r.prompt_tokens = vec![example as i32; 3];
+    r.output_tokens = vec![k as i32; 4];
+    r.logprobs = vec![-0.5; 4];
+    r.reward = Some(k as f64);
+    r
+}
+
+fn trainer(capacity: usize) -> SequenceBuffer {
+    SequenceBuffer::new(
+        capacity,
+        [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+    )
+    .expect("config")
+}
+
+/// A small deterministic shuffle (xorshift), so the test needs no randomness crate.
+fn shuffle<T>(items: &mut [T], mut seed: u64) {
+    for i in (1..items.len()).rev() {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        items.swap(i, (seed % (i as u64 + 1)) as usize);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn four_replicas_200_groups_with_duplicates_and_late_rollouts() {
+    const GROUPS: usize = 200;
+    const K: usize = 8;
+    let buf = trainer(GROUPS);
+    let ingest = GroupIngest::start(
+        buf.clone(),
+        GroupConfig::new(K).seal_after(Duration::from_secs(3600), K),
+    )
+    .await
+    .expect("start");
+    // Replica j generates rollouts k = 2j, 2j+1 of every example, and resends every
+    // fifth one (a retry after a lost acknowledgement).
+    let mut tasks = Vec::new();
+    let mut duplicates_sent = 0;
+    for replica in 0..4 {
+        let mut mine: Vec<RolloutRecord> = (0..GROUPS)
+            .flat_map(|e| (2 * replica..2 * replica + 2).map(move |k| rollout(e, k, replica)))
+            .collect();
+        let resent: Vec<RolloutRecord> = mine.iter().step_by(5).cloned().collect();
+        duplicates_sent += resent.len();
+        mine.extend(resent);
+        shuffle(&mut mine, 0x9E37 + replica as u64);
+        let ingest = ingest.clone();
+        tasks.push(tokio::spawn(async move {
+            for r in mine {
+                ingest.add(r).await.expect("add");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("replica task");
+    }
+    // Late rollouts: a ninth one per example for the first 50, after its group sealed.
+    for e in 0..50 {
+        let added = ingest.add(rollout(e, K, 0)).await.expect("late");
+        assert!(matches!(added, Added::Pending { size: 1, .. }), "{added:?}");
+    }
+    // At their timeout the late ones are dropped (below min_size), never stored.
+    ingest
+        .seal_due(std::time::Instant::now() + Duration::from_secs(7200))
+        .await
+        .expect("seal due");
+
+    assert_eq!(buf.len(), GROUPS);
+    let counters = ingest.assembler_counters();
+    assert_eq!(counters.sealed_full, GROUPS as u64);
+    assert_eq!(counters.duplicates, duplicates_sent as u64);
+    assert_eq!(counters.dropped_rollouts, 50);
+    assert_eq!(counters.pending_rollouts, 0);
+    assert_eq!(ingest.counters().stored_groups, GROUPS as u64);
+    // Exactly the expected groups: each example's eight uids, under the stable id.
+    let stored: BTreeMap<String, BTreeSet<String>> = buf
+        .contents()
+        .into_iter()
+        .map(|s| {
+            let uids = s
+                .sample
+                .get("rollout_uid")
+                .and_then(|t| t.array::<String>());
+            let uids = uids
+                .map(|a| a.iter().cloned().collect())
+                .unwrap_or_default();
+            (s.sample.id().to_string(), uids)
+        })
+        .collect();
+    for e in 0..GROUPS {
+        let uids: Vec<String> = (0..K).map(|k| format!("u-{e}-{k}")).collect();
+        let key = GroupKey {
+            environment: "math".into(),
+            example_id: format!("ex-{e}"),
+            policy_version: Some(0),
+        };
+        let id = group_id(&key, uids.iter().map(String::as_str));
+        let want: BTreeSet<String> = uids.into_iter().collect();
+        assert_eq!(stored.get(&id), Some(&want), "group of example {e}");
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn groups_seal_at_their_timeout_without_new_traffic() {
+    let buf = trainer(8);
+    let ingest = GroupIngest::start(
+        buf.clone(),
+        GroupConfig::new(4).seal_after(Duration::from_secs(10), 2),
+    )
+    .await
+    .expect("start");
+    ingest.add(rollout(1, 0, 0)).await.expect("add");
+    ingest.add(rollout(1, 1, 1)).await.expect("add");
+    ingest.add(rollout(2, 0, 0)).await.expect("add");
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(buf.len(), 0, "not yet");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Example 1 sealed with 2 of 4; example 2 (1 < 2) was dropped.
+    assert_eq!(buf.len(), 1);
+    let c = ingest.assembler_counters();
+    assert_eq!(
+        (c.sealed_timeout, c.dropped_groups, c.pending_groups),
+        (1, 1, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_policy_groups_record_every_version() {
+    let buf = trainer(8);
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2).mode(GroupMode::Mixed))
+        .await
+        .expect("start");
+    let mut a = rollout(1, 0, 0);
+    a.policy_version = 3;
+    let mut b = rollout(1, 1, 0);
+    b.policy_version = 5;
+    ingest.add(a).await.expect("add");
+    let Added::Sealed(group) = ingest.add(b).await.expect("add") else {
+        panic!("sealed at 2");
+    };
+    let stored = buf.contents();
+    let sample = &stored[0].sample;
+    assert_eq!(sample.id().as_str(), group.id);
+    assert_eq!(
+        sample.get_meta("policy_versions"),
+        Some(&rollout_buffer::MetaValue::Str("3,5".into()))
+    );
+    assert_eq!(
+        sample.get_meta("policy_version"),
+        Some(&rollout_buffer::MetaValue::Int(3))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pending_rollouts_survive_a_restart_and_groups_are_never_stored_twice() {
+    // From the log alone, and through a checkpoint after every log group.
+    for checkpoint_bytes in [64 << 20, 1] {
+        restart_round_trip(checkpoint_bytes).await;
+    }
+}
+
+async fn restart_round_trip(checkpoint_bytes: u64) {
+    let dir = TempDir::new("groups-restart");
+    let open = || async {
+        SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+            PersistOptions::default().checkpoint_bytes(checkpoint_bytes),
+        )
+        .await
+        .expect("open")
+    };
+    let config = GroupConfig::new(8);
+    // Run 1: five of eight rollouts arrive, then the process goes away.
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        for k in 0..5 {
+            ingest.add(rollout(1, k, 0)).await.expect("add");
+        }
+        buf.flush().await.expect("flush");
+        if checkpoint_bytes == 1 {
+            // The pending rollouts are in a checkpoint's auxiliary segment by now.
+            let segments = std::fs::read_dir(format!("{}/segments", dir.path()))
+                .map(|d| {
+                    d.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                })
+                .map(|names| names.filter(|n| n.starts_with("aux-")).count())
+                .unwrap_or(0);
+            assert!(segments > 0, "no auxiliary segment was written");
+        }
+    }
+    // Run 2: the five are pending again; the rest completes the group.
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        assert_eq!(ingest.counters().recovered_rollouts, 5);
+        assert_eq!(ingest.assembler_counters().pending_rollouts, 5);
+        for k in 5..8 {
+            ingest.add(rollout(1, k, 1)).await.expect("add");
+        }
+        assert_eq!(buf.len(), 1);
+        // The trainer consumes it: it leaves the buffer (and goes to the archive).
+        common::commit_next(&buf, "train").await;
+        assert_eq!(buf.len(), 0);
+        buf.flush().await.expect("flush");
+    }
+    // Run 3: every replica resends everything; the group is recognised, not stored again.
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        assert_eq!(
+            ingest.counters().recovered_rollouts,
+            0,
+            "nothing left pending"
+        );
+        let mut last = None;
+        for k in 0..8 {
+            last = Some(ingest.add(rollout(1, k, 0)).await.expect("add"));
+        }
+        assert!(
+            matches!(last, Some(Added::DuplicateGroup { .. })),
+            "{last:?}"
+        );
+        assert_eq!(buf.len(), 0);
+        assert_eq!(ingest.counters().duplicate_groups, 1);
+        buf.flush().await.expect("flush");
+    }
+}
