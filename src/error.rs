@@ -67,6 +67,24 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// The batch of this training step was completed or committed already.
+    #[error("RPC `{rpc}`: the batch of step {step} was already used")]
+    StepConsumed {
+        /// The RPC.
+        rpc: String,
+        /// The step.
+        step: u64,
+    },
+    /// The logged batch of this training step cannot be served again.
+    #[error("RPC `{rpc}`: the batch of step {step} cannot be served again: {detail}")]
+    StepUnavailable {
+        /// The RPC.
+        rpc: String,
+        /// The step.
+        step: u64,
+        /// Why.
+        detail: String,
+    },
     /// An RPC's selection policy has parameters out of range.
     #[error("RPC `{rpc}`: invalid selection: {detail}")]
     InvalidSelection {

@@ -7,7 +7,8 @@
 //! changes. A lease past its RPC's lease timeout is released by the buffer, and a late
 //! `complete` / `commit` fails with [`Error::LeaseExpired`] with nothing applied.
 
-use super::{now, Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
+use super::steps::step_done;
+use super::{now, AuxWrite, Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{MetaValue, Patch, Sample, SampleId};
@@ -32,6 +33,8 @@ pub struct Batch {
     deadline: Option<Instant>,
     /// Set once the lease was ended (so `Drop` has nothing to release).
     done: bool,
+    /// The training step this batch is, if it was asked for by step.
+    step: Option<u64>,
 }
 
 impl fmt::Debug for Batch {
@@ -56,6 +59,7 @@ impl Batch {
         handles: Vec<SlotHandle>,
         samples: Vec<Arc<Sample>>,
         deadline: Option<Instant>,
+        step: Option<u64>,
     ) -> Self {
         Self {
             shared,
@@ -65,7 +69,13 @@ impl Batch {
             samples,
             deadline,
             done: false,
+            step,
         }
+    }
+
+    /// The training step, for a batch from `get_batch_for_step`.
+    pub fn step(&self) -> Option<u64> {
+        self.step
     }
 
     /// The samples, in selection order, showing only the RPC's input keys.
@@ -245,9 +255,16 @@ impl Batch {
         }
         self.done = true;
         let slots = self.handles.iter().map(SlotHandle::slot);
+        // A step's batch, once used, is logged as done: asking for the step again fails.
+        let step_done: Vec<AuxWrite> = self
+            .step
+            .map(|step| step_done(&inner.rpc_names[self.rpc], step))
+            .into_iter()
+            .collect();
         let Some(journal) = inner.journal.clone() else {
             let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
             let ended = use_reads(&mut inner, self.lease, slots, outputs);
+            inner.aux_apply(&step_done);
             drop(inner);
             shared.settle(ended);
             return Ok(None);
@@ -260,11 +277,16 @@ impl Batch {
             ids: inner.ids_of(slots.clone()),
             outputs: outputs.as_ref().map(|(p, _)| Arc::clone(p)),
         };
+        let mut records = vec![record];
+        if !step_done.is_empty() {
+            records.push(Record::Aux(step_done.clone()));
+        }
         if !shared.sync_journal {
             // Only a callback is ever handed back.
-            let _ = journal.append(vec![record], None);
+            let _ = journal.append(records, None);
             let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
             let ended = use_reads(&mut inner, self.lease, slots, outputs);
+            inner.aux_apply(&step_done);
             drop(inner);
             shared.settle(ended);
             return Ok(None);
@@ -286,18 +308,21 @@ impl Batch {
                 finishing.pending = false;
                 let shared = Arc::clone(&finishing.shared);
                 let outputs = finishing.outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
+                let mut inner = shared.lock();
                 let ended = use_reads(
-                    &mut shared.lock(),
+                    &mut inner,
                     finishing.lease,
                     finishing.slots.iter().copied(),
                     outputs,
                 );
+                inner.aux_apply(&step_done);
+                drop(inner);
                 shared.settle(ended);
             }
             drop(finishing);
             let _ = tx.send(verdict);
         });
-        let refused = journal.append(vec![record], Some(then));
+        let refused = journal.append(records, Some(then));
         drop(inner);
         drop(refused);
         Ok(Some(rx))

@@ -9,6 +9,7 @@
 //! of that lease's RPC).
 
 use super::batch::Batch;
+use super::steps::{lease_step, log_step, StepLogged};
 use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::Selection;
@@ -26,6 +27,12 @@ impl SequenceBuffer {
     /// Fails with [`Error::UnknownRpc`] for a name not defined, and [`Error::Closed`] once
     /// the buffer is closed (also while waiting).
     pub async fn get_batch_for_rpc(&self, rpc: &str) -> Result<Batch> {
+        self.get_batch(rpc, None).await
+    }
+
+    /// Leases a batch for `rpc`: any batch, or the batch of training step `step` (see
+    /// [`Self::get_batch_for_step`]).
+    pub(crate) async fn get_batch(&self, rpc: &str, step: Option<u64>) -> Result<Batch> {
         let shared = &self.shared;
         shared.check_open()?;
         let r = shared
@@ -40,8 +47,15 @@ impl SequenceBuffer {
         loop {
             let mut notified = pin!(shared.rpc_ready[r].notified());
             notified.as_mut().enable();
-            let next_deadline = match shared.try_get(r, &mut parked.counted)? {
-                Attempt::Leased(batch) => return Ok(batch),
+            let next_deadline = match shared.try_get(r, step, &mut parked.counted)? {
+                Attempt::Leased(batch, None) => return Ok(batch),
+                Attempt::Leased(batch, Some(logged)) => {
+                    // The step's batch is handed out only once its log entry is durable;
+                    // if that fails the batch is dropped (released) with the error.
+                    drop(parked);
+                    logged.await.unwrap_or(Err(Error::Closed))?;
+                    return Ok(batch);
+                }
                 Attempt::Wait(deadline) => deadline,
             };
             match next_deadline {
@@ -70,7 +84,8 @@ impl SequenceBuffer {
 }
 
 enum Attempt {
-    Leased(Batch),
+    /// With, for a step logged through a sync journal, where the log's verdict arrives.
+    Leased(Batch, Option<StepLogged>),
     /// Not enough eligible samples; wait for a notification or this lease deadline.
     Wait(Option<Instant>),
 }
@@ -78,7 +93,13 @@ enum Attempt {
 impl Shared {
     /// One attempt to lease a batch for RPC `r`, reaping expired leases first. `counted`
     /// says whether this getter is counted as waiting; it is counted while it waits.
-    fn try_get(self: &Arc<Self>, r: usize, counted: &mut bool) -> Result<Attempt> {
+    fn try_get(
+        self: &Arc<Self>,
+        r: usize,
+        step: Option<u64>,
+        counted: &mut bool,
+    ) -> Result<Attempt> {
+        let mut logged = None;
         let mut freed = Vec::new();
         let mut wake = Wake::default();
         let mut dropped = Default::default();
@@ -98,9 +119,19 @@ impl Shared {
                     dropped = inner.take_freed(&freed);
                 }
             }
-            let leased = lease(&mut inner, r, t, None);
+            let leased = match step {
+                None => Ok(lease(&mut inner, r, t, None)),
+                Some(step) => lease_step(&mut inner, r, t, step).map(|leased| {
+                    if let Some((_, true)) = leased {
+                        logged = log_step(self, &mut inner, r, step, leased.map(|l| l.0));
+                    }
+                    leased.map(|l| l.0)
+                }),
+            };
             match leased {
-                Some(lease) => {
+                // Still notify and dispose what the reaping above freed.
+                Err(e) => Err(Err(e)),
+                Ok(Some(lease)) => {
                     let inner = &*inner;
                     let (handles, snapshot, deadline) = match inner.table.lease(lease, None) {
                         Ok(l) => (
@@ -123,9 +154,10 @@ impl Shared {
                         handles,
                         snapshot,
                         deadline,
+                        step,
                     ))
                 }
-                None => {
+                Ok(None) => {
                     tracing::trace!(
                         rpc = %self.graph.rpcs()[r].name,
                         eligible = inner.table.eligible(r),
@@ -134,15 +166,16 @@ impl Shared {
                     );
                     inner.table.park_getter(r);
                     *counted = true;
-                    Err(inner.table.next_deadline())
+                    Err(Ok(inner.table.next_deadline()))
                 }
             }
         };
         self.notify(wake);
         self.dispose(dropped);
         match leased {
-            Ok(batch) => Ok(Attempt::Leased(batch)),
-            Err(deadline) => Ok(Attempt::Wait(deadline)),
+            Ok(batch) => Ok(Attempt::Leased(batch, logged)),
+            Err(Ok(deadline)) => Ok(Attempt::Wait(deadline)),
+            Err(Err(e)) => Err(e),
         }
     }
 }

@@ -52,6 +52,7 @@ mod put;
 #[cfg(feature = "persist")]
 mod restore;
 mod stats;
+mod steps;
 
 pub use batch::{Batch, SampleView};
 pub use config::{BufferConfig, Overflow};

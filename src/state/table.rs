@@ -554,6 +554,40 @@ impl SlotTable {
                 slots
             }
         };
+        Some(self.grant(r, slots, deadline))
+    }
+
+    /// Leases exactly `slots` to RPC `r` if every one of them is eligible for it now (the
+    /// replay of a logged batch); `None`, changing nothing, otherwise.
+    pub(crate) fn try_lease_slots(
+        &mut self,
+        r: usize,
+        slots: &[u32],
+        now: Option<Instant>,
+    ) -> Option<LeaseId> {
+        let spec = self.rpcs.get(r)?;
+        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
+        let bit = 1u64 << r;
+        let mut distinct = slots.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let all_ready = distinct.len() == slots.len()
+            && slots.iter().all(|&s| {
+                self.slots
+                    .get(s as usize)
+                    .is_some_and(|m| m.in_ready & bit != 0)
+            });
+        if !all_ready {
+            return None;
+        }
+        for &s in slots {
+            self.ready[r].remove(self.slots[s as usize].order);
+        }
+        Some(self.grant(r, slots.to_vec(), deadline))
+    }
+
+    /// Marks `slots` (just taken out of RPC `r`'s ready index) leased by a new lease.
+    fn grant(&mut self, r: usize, slots: Vec<u32>, deadline: Option<Instant>) -> LeaseId {
         // Load every slot's line first: in a large, cold table these misses then overlap
         // instead of each waiting behind the previous slot's update.
         let warm = slots.iter().fold(0u64, |acc, &s| {
@@ -574,11 +608,11 @@ impl SlotTable {
             self.slots[s].lease_bits |= bit;
         }
         self.leased[r] += slots.len();
-        Some(self.leases.insert(Lease {
+        self.leases.insert(Lease {
             rpc: r,
             slots,
             deadline,
-        }))
+        })
     }
 
     /// The live lease `id`, or why it is gone. A lease whose deadline has passed at `now`
@@ -733,6 +767,15 @@ impl SlotTable {
                 space: false,
             }
         }
+    }
+
+    /// Whether stored slot `s` may still be served to RPC `r` some time: reads left for it
+    /// and not stale for it (it may be leased or amended now).
+    pub(crate) fn can_serve_again(&self, s: usize, r: usize) -> bool {
+        let n_rpcs = self.rpcs.len();
+        self.is_stored(s)
+            && self.reads_left[s * n_rpcs + r] > 0
+            && self.slots[s].stale & (1u64 << r) == 0
     }
 
     /// Whether stored slot `s` is eligible for RPC `r` (invariant 5).
