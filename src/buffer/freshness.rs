@@ -7,7 +7,7 @@
 //! notifies: raising the version only removes eligibility, but the samples it drops free
 //! slots, so putters are woken and the drops go to the freed-sample sink.
 
-use super::{now, SequenceBuffer};
+use super::{now, AuxWrite, Record, SequenceBuffer};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
 use crate::state::{Age, Freshness, NO_VERSION};
@@ -17,6 +17,17 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 pub const POLICY_VERSION: &str = "policy_version";
 /// Metadata key of a sample's creation time (Unix seconds).
 pub const CREATED_TS: &str = "created_ts";
+
+/// Auxiliary key of the current policy version.
+const POLICY_VERSION_KEY: &str = "policy_version";
+
+/// The policy version recorded in restored auxiliary entries, if any.
+pub(crate) fn recovered_version(aux: &super::AuxMap) -> Option<u64> {
+    match aux.get(POLICY_VERSION_KEY)?.get_meta(POLICY_VERSION)? {
+        MetaValue::Int(v) => u64::try_from(*v).ok(),
+        _ => None,
+    }
+}
 
 impl SequenceBuffer {
     /// Announces the trainer's current policy version. From now on a put of a sample with
@@ -31,6 +42,7 @@ impl SequenceBuffer {
         let mut freed = Vec::new();
         let (wake, dropped) = {
             let mut inner = shared.lock();
+            let previous = inner.table.policy_version();
             let wake = inner
                 .table
                 .set_policy_version(version, &mut freed)
@@ -38,6 +50,16 @@ impl SequenceBuffer {
                     current,
                     requested: version,
                 })?;
+            if previous != Some(version) {
+                // Kept durable (in log order with the drops it causes), so a recovered
+                // buffer applies the same window from its first call.
+                let write = AuxWrite::set(
+                    POLICY_VERSION_KEY,
+                    Sample::new(POLICY_VERSION_KEY).meta(POLICY_VERSION, version as i64),
+                );
+                inner.log(|| Record::Aux(vec![write.clone()]));
+                inner.aux_apply(&[write]);
+            }
             if !freed.is_empty() {
                 tracing::debug!(version, dropped = freed.len(), "stale samples dropped");
             }

@@ -3,7 +3,7 @@
 //! Restoring happens before the buffer is shared with anyone and before its journal is
 //! attached, so nothing restored is logged again and no waiter exists to notify.
 
-use super::freshness::freshness_of;
+use super::freshness::{freshness_of, recovered_version};
 use super::{now, Journal, SequenceBuffer};
 use crate::error::{Error, Result};
 use crate::sample::Sample;
@@ -43,6 +43,12 @@ impl SequenceBuffer {
                     shared.capacity
                 ),
             });
+        }
+        inner.aux = restored.aux.into_iter().collect();
+        // The version first, so restored samples are judged against it.
+        if let Some(version) = recovered_version(&inner.aux) {
+            let mut none = Vec::new();
+            let _ = inner.table.set_policy_version(version, &mut none);
         }
         let mut doomed = Vec::new();
         for (sample, reads_left) in restored.samples {
@@ -85,7 +91,6 @@ impl SequenceBuffer {
                 *m = *t;
             }
         }
-        inner.aux = restored.aux.into_iter().collect();
         inner.journal = journal;
         // Samples that aged out while the buffer was down leave now, logged as stale.
         let mut freed = Vec::new();

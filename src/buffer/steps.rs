@@ -96,19 +96,30 @@ pub(crate) fn lease_step(
     for id in ids.iter() {
         match inner.ids.get(&SampleId::from(id.as_str())) {
             Some(&s) if inner.table.is_stored(s as usize) => slots.push(s),
-            _ => return Err(unavailable(format!("sample `{id}` is no longer in the buffer"))),
+            _ => {
+                return Err(unavailable(format!(
+                    "sample `{id}` is no longer in the buffer"
+                )))
+            }
         }
     }
     if let Some(&s) = slots
         .iter()
         .find(|&&s| !inner.table.can_serve_again(s as usize, r))
     {
-        let id = inner.ids_of([s]).pop().map(|i| i.to_string()).unwrap_or_default();
+        let id = inner
+            .ids_of([s])
+            .pop()
+            .map(|i| i.to_string())
+            .unwrap_or_default();
         return Err(unavailable(format!(
             "sample `{id}` can no longer be served to it (no reads left, or stale)"
         )));
     }
-    Ok(inner.table.try_lease_slots(r, &slots, now).map(|l| (l, false)))
+    Ok(inner
+        .table
+        .try_lease_slots(r, &slots, now)
+        .map(|l| (l, false)))
 }
 
 /// Logs the ids of step `step`'s new batch (`lease`) for RPC `r`. With a sync journal,

@@ -25,6 +25,29 @@
 //! here waits or notifies.
 
 use crate::sync::Mutex;
+use crate::SequenceBuffer;
+
+impl SequenceBuffer {
+    /// How many more samples producers may start now so that none is consumed more than
+    /// `max_staleness` versions after the one that produced it (AReaL's admission bound
+    /// without a concurrency limit): `(max_staleness + version + 1) * batch_size - put`,
+    /// with `version` the current policy version (0 before one is set) and `put` every
+    /// sample this buffer has stored, both restored with the buffer after a restart.
+    /// Samples still being generated are not known here; use [`Admission`] to count them.
+    pub fn admission(&self, batch_size: u64, max_staleness: u64) -> i64 {
+        let stats = self.stats();
+        let limits = AdmissionLimits {
+            max_concurrent: u64::MAX,
+            batch_size,
+            max_staleness,
+        };
+        let counters = AdmissionCounters {
+            accepted: signed(stats.put),
+            ..AdmissionCounters::default()
+        };
+        capacity(limits, stats.policy_version.unwrap_or(0), counters)
+    }
+}
 
 /// The limits admission enforces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +139,20 @@ impl Admission {
         let mut c = self.counters.lock();
         c.running -= signed(n);
         c.rejected += signed(n);
+    }
+
+    /// Sets the accepted count (after a restart, from what the buffer holds durably).
+    pub fn restore_accepted(&self, accepted: u64) {
+        self.counters.lock().accepted = signed(accepted);
+    }
+
+    /// Admission for producers of `buf`: `accepted` starts at the number of samples the
+    /// buffer has stored over its life (restored with it by `SequenceBuffer::open`), so the
+    /// bound holds across restarts. Ask [`Self::capacity`] with `buf.policy_version()`.
+    pub fn for_buffer(buf: &SequenceBuffer, limits: AdmissionLimits) -> Self {
+        let admission = Self::new(limits);
+        admission.restore_accepted(buf.stats().put);
+        admission
     }
 
     /// After a restart at policy `version`: counts `version * batch_size` rollouts as
