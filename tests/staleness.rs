@@ -257,3 +257,31 @@ async fn samples_age_out_on_the_buffers_clock() {
     assert_eq!(buf.stats().stale, 3);
     assert_invariants(&buf);
 }
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_waiting_putter_reaps_samples_that_aged_out() {
+    let buf = SequenceBuffer::new(
+        2,
+        [RpcDef::new("train", 2)
+            .inputs(["tokens"])
+            .max_age(Duration::from_secs(10))],
+    )
+    .expect("config");
+    let aged = |id: &str, age: f64| {
+        Sample::new(id)
+            .with("tokens", vec![1i32])
+            .meta(CREATED_TS, unix_now() - age)
+    };
+    // a and b have 5 s left; c, waiting for a slot, has 10 s (its age counts while it
+    // waits).
+    buf.put_batch(vec![aged("a", 5.0), aged("b", 5.0)])
+        .await
+        .expect("put");
+    // Full, and nobody gets or asks for stats: the putter itself wakes at the deadline.
+    let buf2 = buf.clone();
+    let putter = tokio::spawn(async move { buf2.put_batch(vec![aged("c", 0.0)]).await });
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    putter.await.expect("join").expect("put after the others aged out");
+    assert_eq!(buf.len(), 1);
+    assert_eq!(buf.stats().stale, 2);
+}

@@ -395,6 +395,17 @@ impl Shared {
         }
     }
 
+    /// Releases expired leases and ages samples out now, then notifies and disposes.
+    pub(crate) fn reap_due(&self) {
+        let mut freed = Vec::new();
+        let ended = {
+            let mut inner = self.lock();
+            let wake = inner.expire_due(now(), &mut freed);
+            (wake, inner.take_freed(&freed))
+        };
+        self.settle(ended);
+    }
+
     /// Notifies the waiters a transition unblocked. Call after dropping the lock.
     pub(crate) fn notify(&self, wake: Wake) {
         let mut bits = wake.rpcs;

@@ -145,9 +145,18 @@ impl SequenceBuffer {
                     }
                 }
             };
-            match backlog {
-                Some(wait) => wait.await?,
-                None => notified.await,
+            let next_deadline = shared.lock().table.next_deadline();
+            match (backlog, next_deadline) {
+                (Some(wait), _) => wait.await?,
+                // Samples ageing out free slots with no other call to notice: wake at the
+                // next deadline and reap.
+                (None, Some(deadline)) => {
+                    let deadline = tokio::time::Instant::from_std(deadline);
+                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                        shared.reap_due();
+                    }
+                }
+                (None, None) => notified.await,
             }
         };
         stored.finish(shared).await
