@@ -281,7 +281,10 @@ async fn a_waiting_putter_reaps_samples_that_aged_out() {
     let buf2 = buf.clone();
     let putter = tokio::spawn(async move { buf2.put_batch(vec![aged("c", 0.0)]).await });
     tokio::time::sleep(Duration::from_secs(6)).await;
-    putter.await.expect("join").expect("put after the others aged out");
+    putter
+        .await
+        .expect("join")
+        .expect("put after the others aged out");
     assert_eq!(buf.len(), 1);
     assert_eq!(buf.stats().stale, 2);
 }

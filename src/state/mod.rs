@@ -16,6 +16,8 @@
 //! * `select.rs`: the randomised selection policies (seeded, deterministic).
 
 mod budget;
+#[cfg(test)]
+mod fresh_tests;
 mod freshness;
 mod invariants;
 mod leases;
