@@ -22,6 +22,7 @@ pub const CREATED_TS: &str = "created_ts";
 const POLICY_VERSION_KEY: &str = "policy_version";
 
 /// The policy version recorded in restored auxiliary entries, if any.
+#[cfg(feature = "persist")]
 pub(crate) fn recovered_version(aux: &super::AuxMap) -> Option<u64> {
     match aux.get(POLICY_VERSION_KEY)?.get_meta(POLICY_VERSION)? {
         MetaValue::Int(v) => u64::try_from(*v).ok(),

@@ -63,9 +63,7 @@ pub use freshness::{CREATED_TS, POLICY_VERSION};
 pub use stats::{RpcStats, Stats};
 
 pub(crate) use aux::{AuxMap, AuxWrite};
-#[cfg(feature = "persist")]
-pub(crate) use journal::JournalFuture;
-pub(crate) use journal::{Durable, FreeReason, Journal, Record};
+pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
 #[cfg(feature = "persist")]
 pub(crate) use restore::Restored;
 

@@ -12,7 +12,8 @@
 
 use super::freshness::freshness_of;
 use super::{
-    now, AuxWrite, Durable, Freed, Inner, Overflow, Record, SequenceBuffer, Shared, SlotHandle,
+    now, AuxWrite, Durable, Freed, Inner, JournalFuture, Overflow, Record, SequenceBuffer, Shared,
+    SlotHandle,
 };
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
@@ -120,12 +121,12 @@ impl SequenceBuffer {
         let stored = loop {
             let mut notified = pin!(shared.space.notified());
             notified.as_mut().enable();
-            let backlog = {
+            let wait = {
                 let mut inner = shared.lock();
                 if let Some(wait) = inner.journal.as_ref().and_then(|j| j.backlog()) {
                     // The log is behind: wait for it before taking slots (and the queue's
                     // head), so memory stays bounded when the store is slow.
-                    Some(wait)
+                    Wait::Backlog(wait)
                 } else {
                     match shared.try_claim(&mut inner, &prepared, &mut ticket.ticket) {
                         Claim::Claimed(slots, wake, evicted) => {
@@ -140,23 +141,22 @@ impl SequenceBuffer {
                             if ticket.ticket.is_none() {
                                 ticket.ticket = Some(inner.table.enqueue_putter(n));
                             }
-                            None
+                            Wait::Space(inner.table.next_deadline())
                         }
                     }
                 }
             };
-            let next_deadline = shared.lock().table.next_deadline();
-            match (backlog, next_deadline) {
-                (Some(wait), _) => wait.await?,
+            match wait {
+                Wait::Backlog(wait) => wait.await?,
                 // Samples ageing out free slots with no other call to notice: wake at the
                 // next deadline and reap.
-                (None, Some(deadline)) => {
+                Wait::Space(Some(deadline)) => {
                     let deadline = tokio::time::Instant::from_std(deadline);
                     if tokio::time::timeout_at(deadline, notified).await.is_err() {
                         shared.reap_due();
                     }
                 }
-                (None, None) => notified.await,
+                Wait::Space(None) => notified.await,
             }
         };
         stored.finish(shared).await
@@ -211,6 +211,14 @@ impl SequenceBuffer {
                 after: timeout,
             }))
     }
+}
+
+/// What a putter that could not claim waits for.
+enum Wait {
+    /// The log to catch up.
+    Backlog(JournalFuture),
+    /// Free slots, or this deadline (an age bound that may free some).
+    Space(Option<std::time::Instant>),
 }
 
 /// Outcome of one claim attempt under the lock.
