@@ -163,6 +163,73 @@ impl ReadyIndex {
         })
     }
 
+    /// The slots at age ranks `ranks` (0 = oldest; each below `len()`), in the order given.
+    /// One ordered walk, from whichever end is nearer the ranks asked for.
+    pub(crate) fn at_ranks(&self, ranks: &[usize]) -> Vec<u32> {
+        let len = self.len();
+        let mut wanted: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
+        wanted.sort_unstable();
+        let mut out = vec![0u32; ranks.len()];
+        let mut filled = 0;
+        let deepest = wanted.last().map_or(0, |w| w.0);
+        let shallowest = wanted.first().map_or(0, |w| w.0);
+        if len - shallowest < deepest + 1 {
+            // From the newest end: rank len-1-i at step i.
+            let mut next = wanted.iter().rev().peekable();
+            for (i, slot) in self.iter_rev().enumerate() {
+                while let Some(&&(rank, at)) = next.peek() {
+                    if len - 1 - rank != i {
+                        break;
+                    }
+                    out[at] = slot;
+                    filled += 1;
+                    next.next();
+                }
+                if next.peek().is_none() {
+                    break;
+                }
+            }
+        } else {
+            let mut next = wanted.iter().peekable();
+            for (i, slot) in self.iter().enumerate() {
+                while let Some(&&(rank, at)) = next.peek() {
+                    if rank != i {
+                        break;
+                    }
+                    out[at] = slot;
+                    filled += 1;
+                    next.next();
+                }
+                if next.peek().is_none() {
+                    break;
+                }
+            }
+        }
+        debug_assert_eq!(filled, ranks.len(), "ranks beyond the index");
+        out.truncate(filled);
+        out
+    }
+
+    /// Every live slot from the newest to the oldest.
+    fn iter_rev(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut run = self
+            .run
+            .iter()
+            .rev()
+            .filter(|&&(_, s)| s != TOMBSTONE)
+            .copied()
+            .peekable();
+        let mut rest = self.rest.iter().rev().map(|(&k, &s)| (k, s)).peekable();
+        std::iter::from_fn(move || {
+            let take_run = match (run.peek(), rest.peek()) {
+                (Some(a), Some(b)) => a.0 > b.0,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            if take_run { run.next() } else { rest.next() }.map(|(_, s)| s)
+        })
+    }
+
     /// Whether `slot` is indexed (live) under `key`.
     pub(crate) fn contains(&self, key: OrderKey, slot: u32) -> bool {
         if self.rest.get(&key) == Some(&slot) {
@@ -250,6 +317,10 @@ mod tests {
                 }
                 prop_assert_eq!(ix.len(), model.len());
                 prop_assert!(ix.iter().eq(model.values().copied()));
+                prop_assert!(ix.iter_rev().eq(model.values().rev().copied()));
+                let all: Vec<usize> = (0..model.len()).rev().collect();
+                let want: Vec<u32> = model.values().rev().copied().collect();
+                prop_assert_eq!(ix.at_ranks(&all), want);
             }
         }
     }

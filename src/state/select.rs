@@ -41,6 +41,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Uniform in `0..k` (`k > 0`), by the multiply-shift method.
+    fn below(&mut self, k: usize) -> usize {
+        ((u128::from(self.next_u64()) * k as u128) >> 64) as usize
+    }
+
     /// Uniform in the open interval (0, 1).
     fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
@@ -66,6 +71,60 @@ pub(crate) fn policy_seed(selection: &Selection) -> u64 {
         | Selection::Prioritized { seed, .. } => *seed,
         Selection::OnPolicyFraction { then, .. } => policy_seed(then),
         _ => 0,
+    }
+}
+
+/// Draws `n` distinct age ranks in `0..m` (0 = oldest) under a selection whose weights
+/// depend on the rank only (`Uniform`, `Recency`), without looking at the samples: O(n)
+/// expected work instead of a pass over all `m`.
+///
+/// * `Uniform`: Floyd's algorithm (exact, no rejections).
+/// * `Recency { alpha }`: weight `(i + 1)^alpha`. Exact rejection sampling from the
+///   continuous envelope `(x + 1)^alpha` on `[0, m)` (increasing, so it bounds the weight of
+///   every rank in its unit interval): `x` by inverse CDF, rank `floor(x)`, accepted with
+///   probability `((rank + 1) / (x + 1))^alpha`; ranks drawn already are redrawn. When the
+///   batch is a large share of the pool, the Gumbel-top-k pass is cheaper and used instead.
+pub(crate) fn sample_ranks(selection: &Selection, m: usize, n: usize, seed: u64) -> Vec<usize> {
+    let n = n.min(m);
+    let mut rng = Rng::new(seed);
+    match selection {
+        Selection::Recency { alpha, .. } if n * 4 <= m => {
+            let a1 = alpha + 1.0;
+            let top = (m as f64 + 1.0).powf(a1);
+            let mut picked = Vec::with_capacity(n);
+            let mut seen = std::collections::BTreeSet::new();
+            while picked.len() < n {
+                let u = rng.unit();
+                let x = (u * top + (1.0 - u)).powf(1.0 / a1) - 1.0;
+                let rank = (x.max(0.0) as usize).min(m - 1);
+                let accept = ((rank as f64 + 1.0) / (x + 1.0)).powf(*alpha);
+                if rng.unit() <= accept && seen.insert(rank) {
+                    picked.push(rank);
+                }
+            }
+            picked
+        }
+        Selection::Recency { alpha, .. } => {
+            let ranks: Vec<usize> = (0..m).collect();
+            top_k(
+                &ranks,
+                n,
+                |rank, _| alpha * ((rank + 1) as f64).ln(),
+                &mut rng,
+            )
+        }
+        _ => {
+            // Floyd: for j in m-n..m, draw t in 0..=j; take t, or j if t was taken.
+            let mut seen = std::collections::BTreeSet::new();
+            let mut picked = Vec::with_capacity(n);
+            for j in m - n..m {
+                let t = rng.below(j + 1);
+                let take = if seen.contains(&t) { j } else { t };
+                seen.insert(take);
+                picked.push(take);
+            }
+            picked
+        }
     }
 }
 
@@ -190,6 +249,49 @@ mod tests {
             d.dedup();
             assert_eq!(d.len(), 10, "{sel:?} picked a sample twice: {a:?}");
             assert_ne!(a, choose(&sel, &c, 10, None, 43));
+        }
+    }
+
+    #[test]
+    fn rank_draws_are_distinct_in_range_and_follow_the_weights() {
+        for sel in [
+            Selection::Uniform { seed: 0 },
+            Selection::Recency {
+                alpha: 2.0,
+                seed: 0,
+            },
+        ] {
+            for (m, n) in [(10, 10), (100, 7), (1000, 64), (5, 0)] {
+                let ranks = sample_ranks(&sel, m, n, 99);
+                assert_eq!(ranks, sample_ranks(&sel, m, n, 99));
+                let distinct: std::collections::BTreeSet<usize> = ranks.iter().copied().collect();
+                assert_eq!((ranks.len(), distinct.len()), (n, n), "{sel:?} m {m}");
+                assert!(ranks.iter().all(|&r| r < m));
+            }
+        }
+        // One draw from 20 ranks, alpha 2: P(rank i) = (i+1)^2 / sum(1..=20 of k^2) = (i+1)^2 / 2870.
+        let draws = 40_000;
+        let mut counts = [0usize; 20];
+        for seed in 0..draws {
+            counts[sample_ranks(
+                &Selection::Recency {
+                    alpha: 2.0,
+                    seed: 0,
+                },
+                20,
+                1,
+                seed,
+            )[0]] += 1;
+        }
+        for (i, &c) in counts.iter().enumerate() {
+            let p = ((i + 1) * (i + 1)) as f64 / 2870.0;
+            let expected = draws as f64 * p;
+            let sd = (draws as f64 * p * (1.0 - p)).sqrt();
+            assert!(
+                (c as f64 - expected).abs() < 5.0 * sd + 1.0,
+                "rank {i}: {c} draws, expected {expected:.0} +- {:.0}",
+                5.0 * sd
+            );
         }
     }
 

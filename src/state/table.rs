@@ -53,7 +53,7 @@ use super::freshness::{Freshness, FreshnessIndex};
 use super::leases::{Lease, LeaseId, LeaseTable};
 use super::mask::Mask;
 use super::ready::{OrderKey, ReadyIndex};
-use super::select::{choose, draw_seed, policy_seed, Candidate};
+use super::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate};
 use crate::rpc_defs::{KeySet, RpcInfo, Selection};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -536,6 +536,16 @@ impl SlotTable {
         self.draws[r] += 1;
         let slots = match &self.rpcs[r].selection {
             Selection::Fifo | Selection::Lifo => self.ready[r].take(n),
+            // Weights that depend on the age rank only: draw ranks, then fetch those.
+            selection @ (Selection::Uniform { .. } | Selection::Recency { .. }) => {
+                let seed = draw_seed(policy_seed(selection), draw);
+                let ranks = sample_ranks(selection, self.ready[r].len(), n, seed);
+                let slots = self.ready[r].at_ranks(&ranks);
+                for &s in &slots {
+                    self.ready[r].remove(self.slots[s as usize].order);
+                }
+                slots
+            }
             selection => {
                 let candidates: Vec<Candidate> = self.ready[r]
                     .iter()
