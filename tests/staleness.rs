@@ -288,3 +288,47 @@ async fn a_waiting_putter_reaps_samples_that_aged_out() {
     assert_eq!(buf.len(), 1);
     assert_eq!(buf.stats().stale, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_and_evicted_samples_are_archived_with_their_reason() {
+    use rollout_buffer::persist::{ArchiveWriter, ExitReason, PersistOptions, Store};
+    let dir = common::TempDir::new("stale-archive");
+    let buf = SequenceBuffer::open_in(
+        Store::open(dir.path()).expect("store"),
+        BufferConfig::new(2)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]).max_staleness(0))
+            .overflow(rollout_buffer::Overflow::EvictOldest),
+        PersistOptions::default(),
+    )
+    .await
+    .expect("open");
+    buf.set_policy_version(1).expect("version");
+    buf.put_batch(vec![versioned("old", 1), versioned("evictee", 1)])
+        .await
+        .expect("put");
+    buf.set_policy_version(2).expect("raise"); // both fall out of the window
+    buf.put_batch(vec![versioned("a", 2), versioned("b", 2)])
+        .await
+        .expect("put");
+    buf.put_batch(vec![versioned("c", 2)])
+        .await
+        .expect("put evicts a");
+    buf.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(Store::open(dir.path()).expect("store"))
+        .read_all()
+        .await
+        .expect("read");
+    let mut got: Vec<(String, ExitReason)> = rows
+        .iter()
+        .map(|r| (r.sample.id().to_string(), r.reason))
+        .collect();
+    got.sort_by(|x, y| x.0.cmp(&y.0));
+    assert_eq!(
+        got,
+        vec![
+            ("a".to_owned(), ExitReason::Evicted),
+            ("evictee".to_owned(), ExitReason::Stale),
+            ("old".to_owned(), ExitReason::Stale),
+        ]
+    );
+}
