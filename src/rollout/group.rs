@@ -160,52 +160,21 @@ impl SealedGroup {
     /// The group as one buffer sample (see the module docs for the layout).
     pub fn to_sample(&self) -> Result<Sample> {
         let rs = &self.rollouts;
-        let ragged = |values: Tensor, lengths: Vec<usize>| Tensor::ragged(values, lengths);
-        let lengths = |f: &dyn Fn(&RolloutRecord) -> usize| rs.iter().map(f).collect::<Vec<_>>();
-        let out_lengths = lengths(&|r| r.output_tokens.len());
+        let out_lengths: Vec<usize> = rs.iter().map(|r| r.output_tokens.len()).collect();
+        let token_versions: Vec<i64> = rs
+            .iter()
+            .flat_map(|r| match &r.token_versions {
+                Some(v) => v.iter().map(|&t| t as i64).collect::<Vec<_>>(),
+                None => vec![r.policy_version as i64; r.output_tokens.len()],
+            })
+            .collect();
         let mut s = Sample::new(self.id.clone())
-            .with(
-                "prompt_tokens",
-                ragged(
-                    rs.iter()
-                        .flat_map(|r| r.prompt_tokens.iter().copied())
-                        .collect::<Vec<i32>>()
-                        .into(),
-                    lengths(&|r| r.prompt_tokens.len()),
-                )?,
-            )
-            .with(
-                "output_tokens",
-                ragged(
-                    rs.iter()
-                        .flat_map(|r| r.output_tokens.iter().copied())
-                        .collect::<Vec<i32>>()
-                        .into(),
-                    out_lengths.clone(),
-                )?,
-            )
-            .with(
-                "logprobs",
-                ragged(
-                    rs.iter()
-                        .flat_map(|r| r.logprobs.iter().copied())
-                        .collect::<Vec<f32>>()
-                        .into(),
-                    out_lengths.clone(),
-                )?,
-            )
+            .with("prompt_tokens", stack(rs, |r| &r.prompt_tokens)?)
+            .with("output_tokens", stack(rs, |r| &r.output_tokens)?)
+            .with("logprobs", stack(rs, |r| &r.logprobs)?)
             .with(
                 "token_versions",
-                ragged(
-                    rs.iter()
-                        .flat_map(|r| match &r.token_versions {
-                            Some(v) => v.iter().map(|&t| t as i64).collect::<Vec<_>>(),
-                            None => vec![r.policy_version as i64; r.output_tokens.len()],
-                        })
-                        .collect::<Vec<i64>>()
-                        .into(),
-                    out_lengths.clone(),
-                )?,
+                Tensor::ragged(token_versions, out_lengths.clone())?,
             )
             .with(
                 "rollout_version",
@@ -244,11 +213,8 @@ impl SealedGroup {
                     .collect::<Vec<String>>(),
             );
         if rs.iter().all(|r| r.ref_logprobs.is_some()) {
-            let values: Vec<f32> = rs
-                .iter()
-                .flat_map(|r| r.ref_logprobs.iter().flatten().copied())
-                .collect();
-            s = s.with("ref_logprobs", ragged(values.into(), out_lengths)?);
+            let refs = stack(rs, |r| r.ref_logprobs.as_deref().unwrap_or_default())?;
+            s = s.with("ref_logprobs", refs);
         }
         if rs.iter().all(|r| r.reward.is_some()) {
             s = s.with(
@@ -302,6 +268,17 @@ impl SealedGroup {
         }
         Ok(s)
     }
+}
+
+/// One ragged tensor of every rollout's `values` (K sequences).
+fn stack<T>(rs: &[RolloutRecord], values: impl Fn(&RolloutRecord) -> &[T]) -> Result<Tensor>
+where
+    T: Copy,
+    Vec<T>: Into<Tensor>,
+{
+    let lengths = rs.iter().map(|r| values(r).len()).collect();
+    let flat: Vec<T> = rs.iter().flat_map(|r| values(r).iter().copied()).collect();
+    Tensor::ragged(flat, lengths)
 }
 
 /// Per-rollout metadata stacked into `[K]` columns: one per key, typed by its values

@@ -167,47 +167,18 @@ impl ReadyIndex {
     /// One ordered walk, from whichever end is nearer the ranks asked for.
     pub(crate) fn at_ranks(&self, ranks: &[usize]) -> Vec<u32> {
         let len = self.len();
+        // (rank, position in `ranks`), in the order the walk meets them.
         let mut wanted: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
         wanted.sort_unstable();
-        let mut out = vec![0u32; ranks.len()];
-        let mut filled = 0;
         let deepest = wanted.last().map_or(0, |w| w.0);
         let shallowest = wanted.first().map_or(0, |w| w.0);
         if len - shallowest < deepest + 1 {
-            // From the newest end: rank len-1-i at step i.
-            let mut next = wanted.iter().rev().peekable();
-            for (i, slot) in self.iter_rev().enumerate() {
-                while let Some(&&(rank, at)) = next.peek() {
-                    if len - 1 - rank != i {
-                        break;
-                    }
-                    out[at] = slot;
-                    filled += 1;
-                    next.next();
-                }
-                if next.peek().is_none() {
-                    break;
-                }
-            }
+            wanted.reverse();
+            let walk = self.iter_rev().enumerate().map(|(i, s)| (len - 1 - i, s));
+            collect_ranks(walk, &wanted)
         } else {
-            let mut next = wanted.iter().peekable();
-            for (i, slot) in self.iter().enumerate() {
-                while let Some(&&(rank, at)) = next.peek() {
-                    if rank != i {
-                        break;
-                    }
-                    out[at] = slot;
-                    filled += 1;
-                    next.next();
-                }
-                if next.peek().is_none() {
-                    break;
-                }
-            }
+            collect_ranks(self.iter().enumerate(), &wanted)
         }
-        debug_assert_eq!(filled, ranks.len(), "ranks beyond the index");
-        out.truncate(filled);
-        out
     }
 
     /// Every live slot from the newest to the oldest.
@@ -241,6 +212,30 @@ impl ReadyIndex {
             .and_then(|i| self.run.get(i))
             .is_some_and(|&(_, s)| s == slot)
     }
+}
+
+/// Walks `(rank, slot)` pairs until every rank in `wanted` (in walk order, with its place
+/// in the answer) is found; returns the slots by place.
+fn collect_ranks(walk: impl Iterator<Item = (usize, u32)>, wanted: &[(usize, usize)]) -> Vec<u32> {
+    let mut out = vec![0u32; wanted.len()];
+    let mut next = wanted.iter().peekable();
+    let mut filled = 0;
+    for (rank, slot) in walk {
+        while let Some(&&(want, at)) = next.peek() {
+            if want != rank {
+                break;
+            }
+            out[at] = slot;
+            filled += 1;
+            next.next();
+        }
+        if next.peek().is_none() {
+            break;
+        }
+    }
+    debug_assert_eq!(filled, wanted.len(), "ranks beyond the index");
+    out.truncate(filled);
+    out
 }
 
 #[cfg(test)]
