@@ -8,19 +8,32 @@
 //!   them (size, timeout, dedupe, per-replica caps, version filter);
 //! * `ingest.rs`: [`GroupIngest`], the assembler in front of a buffer: sealed groups are
 //!   stored, pending rollouts are durable, and groups are never stored twice;
+//! * `train_group.rs`: [`TrainGroup`], a stored group read back for training;
+//! * `advantage.rs`: [`Advantage`] (RLOO, GRPO, custom);
+//! * `hooks.rs`: [`GroupHooks`] with slime's defaults, DAPO's dynamic sampling, and
+//!   [`process_groups`], which applies them in order;
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
 mod admission;
+mod advantage;
 mod assembler;
 mod group;
+mod hooks;
 #[cfg(not(rollout_buffer_loom))]
 mod ingest;
 mod record;
+mod train_group;
 
 pub use admission::{Admission, AdmissionCounters, AdmissionLimits};
+pub use advantage::{mean_std, Advantage, AdvantageFn};
 pub use assembler::{Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized};
 pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
+pub use hooks::{
+    process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection, SlimeHooks,
+    Validity,
+};
 #[cfg(not(rollout_buffer_loom))]
 pub use ingest::{GroupIngest, IngestCounters};
 pub use record::RolloutRecord;
+pub use train_group::{TrainGroup, TrainItem, GROUP_INPUTS};
