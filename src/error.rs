@@ -85,6 +85,12 @@ pub enum Error {
         /// Why.
         detail: String,
     },
+    /// A packer's settings cannot produce a batch (zero rows or row length).
+    #[error("invalid packing: {detail}")]
+    InvalidPacking {
+        /// What is wrong.
+        detail: String,
+    },
     /// An RPC's selection policy has parameters out of range.
     #[error("RPC `{rpc}`: invalid selection: {detail}")]
     InvalidSelection {

@@ -12,6 +12,8 @@
 //! * `advantage.rs`: [`Advantage`] (RLOO, GRPO, custom);
 //! * `hooks.rs`: [`GroupHooks`] with slime's defaults, DAPO's dynamic sampling, and
 //!   [`process_groups`], which applies them in order;
+//! * `pack.rs`: [`Packer`], groups into `[B, S]` [`TrainBatch`] tensors (first-fit
+//!   decreasing, whole groups);
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
@@ -22,6 +24,7 @@ mod group;
 mod hooks;
 #[cfg(not(rollout_buffer_loom))]
 mod ingest;
+mod pack;
 mod record;
 mod train_group;
 
@@ -35,5 +38,6 @@ pub use hooks::{
 };
 #[cfg(not(rollout_buffer_loom))]
 pub use ingest::{GroupIngest, IngestCounters};
+pub use pack::{Overlong, Packed, Packer, Rows, Segment, TrainBatch};
 pub use record::RolloutRecord;
 pub use train_group::{TrainGroup, TrainItem, GROUP_INPUTS};
