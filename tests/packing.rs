@@ -86,10 +86,10 @@ proptest! {
                 prop_assert_eq!(seg.len, tokens.len().min(seq_len));
                 prop_assert!(seg.start + seg.len <= width);
                 real += seg.len;
-                for p in 0..seg.len {
+                for (p, &token) in tokens.iter().enumerate().take(seg.len) {
                     let c = seg.start + p;
                     covered[c] += 1;
-                    prop_assert_eq!(b.input_ids[[row, c]], tokens[p]);
+                    prop_assert_eq!(b.input_ids[[row, c]], token);
                     prop_assert_eq!(b.position_ids[[row, c]], p as i32);
                     prop_assert_eq!(b.segment_ids[[row, c]], k as i32 + 1);
                     let output = p >= it.prompt_tokens.len();
