@@ -161,6 +161,42 @@ impl Batch {
         self.finish(None).await
     }
 
+    /// Ends the lease by dropping its samples from the buffer, whatever reads they have
+    /// left (a trainer's group hook rejected them, say): each leaves as soon as no other
+    /// lease or amend holds it, goes to the freed-sample sink as
+    /// [`DropReason::Filtered`](crate::DropReason::Filtered) (archived with
+    /// `reason = filtered`) and is counted in `stats().filtered`. Fails with
+    /// [`Error::LeaseExpired`] (nothing dropped) if the lease timed out.
+    pub fn discard(mut self) -> Result<()> {
+        let shared = Arc::clone(&self.shared);
+        self.samples.clear();
+        let now = self.deadline.map(|_| now());
+        let mut freed = Vec::new();
+        let mut inner = shared.lock();
+        let expired = inner.table.lease(self.lease, now).is_err();
+        let wake = if expired {
+            now.map_or(Wake::default(), |t| inner.expire_due(t, &mut freed))
+        } else {
+            inner
+                .table
+                .finish_lease(self.lease, LeaseEnd::Discarded, &[], &mut freed)
+        };
+        let dropped = inner.take_freed(&freed);
+        drop(inner);
+        self.done = true;
+        shared.settle((wake, dropped));
+        if expired {
+            return Err(Error::LeaseExpired {
+                rpc: self.rpc_name().to_owned(),
+                lease: self.lease.number(),
+                timeout: shared.graph.rpcs()[self.rpc]
+                    .lease_timeout
+                    .unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
     /// Checks the outputs (or, for `None`, their absence) and returns each patch's graph
     /// keys.
     fn check_outputs(&self, outputs: Option<&[Patch]>) -> Result<Vec<KeySet>> {

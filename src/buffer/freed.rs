@@ -41,6 +41,8 @@ pub enum DropReason {
     Stale,
     /// Evicted to make room for a put under the byte budget.
     Evicted,
+    /// Discarded by its consumer (`Batch::discard`, e.g. a group a hook rejected).
+    Filtered,
 }
 
 /// The payloads a transition freed, by why they left; handed to the sink after unlocking.
@@ -50,6 +52,7 @@ pub(crate) struct Freed {
     pub(crate) consumed: Vec<Arc<Sample>>,
     pub(crate) stale: Vec<Arc<Sample>>,
     pub(crate) evicted: Vec<Arc<Sample>>,
+    pub(crate) filtered: Vec<Arc<Sample>>,
 }
 
 impl Freed {
@@ -58,6 +61,7 @@ impl Freed {
             Exit::Consumed => self.consumed.push(sample),
             Exit::Stale => self.stale.push(sample),
             Exit::Evicted => self.evicted.push(sample),
+            Exit::Filtered => self.filtered.push(sample),
         }
     }
 
@@ -65,10 +69,14 @@ impl Freed {
         self.consumed.extend(other.consumed);
         self.stale.extend(other.stale);
         self.evicted.extend(other.evicted);
+        self.filtered.extend(other.filtered);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.consumed.is_empty() && self.stale.is_empty() && self.evicted.is_empty()
+        self.consumed.is_empty()
+            && self.stale.is_empty()
+            && self.evicted.is_empty()
+            && self.filtered.is_empty()
     }
 }
 
@@ -99,6 +107,9 @@ impl Shared {
         }
         if !freed.evicted.is_empty() {
             sink.dropped(freed.evicted, DropReason::Evicted);
+        }
+        if !freed.filtered.is_empty() {
+            sink.dropped(freed.filtered, DropReason::Filtered);
         }
     }
 }

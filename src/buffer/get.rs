@@ -69,6 +69,26 @@ impl SequenceBuffer {
         }
     }
 
+    /// Leases a batch for `rpc` if `n_seqs` samples are eligible now, without waiting:
+    /// `Ok(None)` otherwise.
+    pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
+        let shared = &self.shared;
+        shared.check_open()?;
+        let r = shared
+            .graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        let mut counted = false;
+        let attempt = shared.try_get(r, None, &mut counted);
+        if counted {
+            shared.lock().table.unpark_getter(r);
+        }
+        match attempt? {
+            Attempt::Leased(batch, _) => Ok(Some(batch)),
+            Attempt::Wait(_) => Ok(None),
+        }
+    }
+
     /// [`Self::get_batch_for_rpc`] that gives up after `timeout` with [`Error::Timeout`],
     /// leasing nothing. Uses tokio's timer (the runtime needs the time driver).
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {

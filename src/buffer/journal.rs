@@ -38,6 +38,8 @@ pub(crate) enum FreeReason {
     Stale,
     /// Evicted to make room.
     Evicted,
+    /// Discarded by a consumer.
+    Filtered,
 }
 
 /// One change to the buffer's contents, in the order the buffer applied it.

@@ -188,6 +188,7 @@ impl Inner {
             (&out.consumed, FreeReason::Consumed),
             (&out.stale, FreeReason::Stale),
             (&out.evicted, FreeReason::Evicted),
+            (&out.filtered, FreeReason::Filtered),
         ] {
             if !samples.is_empty() {
                 self.log(|| Record::Free {

@@ -56,6 +56,8 @@ pub struct Stats {
     pub stale: u64,
     /// Samples evicted to make room under the byte budget.
     pub evicted: u64,
+    /// Samples discarded by a consumer (`Batch::discard`).
+    pub filtered: u64,
     /// The current policy version, if set.
     pub policy_version: Option<u64>,
     /// Tensor bytes held (only counted when the buffer has a byte budget).
@@ -112,6 +114,7 @@ impl SequenceBuffer {
                 freed: t.totals.freed,
                 stale: t.totals.stale,
                 evicted: t.totals.evicted,
+                filtered: t.totals.filtered,
                 policy_version: t.policy_version(),
                 bytes: t.budget.used,
                 redelivered: t.totals.redelivered.iter().sum(),

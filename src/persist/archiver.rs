@@ -116,6 +116,7 @@ impl FreedSink for Archiver {
         let reason = match reason {
             DropReason::Stale => ExitReason::Stale,
             DropReason::Evicted => ExitReason::Evicted,
+            DropReason::Filtered => ExitReason::Filtered,
         };
         let rows = samples
             .into_iter()

@@ -527,6 +527,7 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
                 FreeReason::Consumed => 0,
                 FreeReason::Stale => 1,
                 FreeReason::Evicted => 2,
+                FreeReason::Filtered => 3,
             });
             put_ids(w, ids);
         }
@@ -582,6 +583,7 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
                 0 => FreeReason::Consumed,
                 1 => FreeReason::Stale,
                 2 => FreeReason::Evicted,
+                3 => FreeReason::Filtered,
                 tag => return Err(format!("unknown free reason {tag}")),
             };
             Record::Free {

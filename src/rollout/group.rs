@@ -137,7 +137,7 @@ pub struct SealedGroup {
 
 impl SealedGroup {
     /// Seals `rollouts` under `key`.
-    pub(crate) fn new(key: GroupKey, mut rollouts: Vec<RolloutRecord>, reason: SealReason) -> Self {
+    pub fn new(key: GroupKey, mut rollouts: Vec<RolloutRecord>, reason: SealReason) -> Self {
         rollouts.sort_by(|a, b| a.rollout_uid.cmp(&b.rollout_uid));
         let id = group_id(&key, rollouts.iter().map(|r| r.rollout_uid.as_str()));
         Self {

@@ -48,6 +48,8 @@ pub enum Rejection {
     CannotPad,
     /// Dropped by dynamic sampling (reward std <= its threshold).
     NoVariance,
+    /// A sequence is longer than the packer's rows and the packer rejects such groups.
+    TooLong,
 }
 
 impl Rejection {
@@ -58,6 +60,7 @@ impl Rejection {
             Rejection::TooFewItems => "too_few_items",
             Rejection::CannotPad => "cannot_pad",
             Rejection::NoVariance => "no_variance",
+            Rejection::TooLong => "too_long",
         }
     }
 }

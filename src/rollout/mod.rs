@@ -14,12 +14,16 @@
 //!   [`process_groups`], which applies them in order;
 //! * `pack.rs`: [`Packer`], groups into `[B, S]` [`TrainBatch`] tensors (first-fit
 //!   decreasing, whole groups);
+//! * `batcher.rs`: [`Batcher`], trainer batches from several buffers by token shares,
+//!   through the hooks and the packer, holding leases until the trainer is done;
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
 mod admission;
 mod advantage;
 mod assembler;
+#[cfg(not(rollout_buffer_loom))]
+mod batcher;
 mod group;
 mod hooks;
 #[cfg(not(rollout_buffer_loom))]
@@ -31,6 +35,8 @@ mod train_group;
 pub use admission::{Admission, AdmissionCounters, AdmissionLimits};
 pub use advantage::{mean_std, Advantage, AdvantageFn};
 pub use assembler::{Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized};
+#[cfg(not(rollout_buffer_loom))]
+pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source};
 pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
 pub use hooks::{
     process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection, SlimeHooks,

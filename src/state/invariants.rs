@@ -29,6 +29,10 @@ impl SlotTable {
                     "slot {s}: empty/putting but amending/reading/idle"
                 );
                 ensure!(
+                    !self.discarded.get(s),
+                    "slot {s}: empty/putting but marked discarded"
+                );
+                ensure!(
                     self.slots[s].amenders == 0,
                     "slot {s}: amenders on a slot not stored"
                 );
@@ -76,6 +80,10 @@ impl SlotTable {
             ensure!(
                 sum > 0 || held,
                 "slot {s}: all reads used and nothing holds it, but it was not freed"
+            );
+            ensure!(
+                !self.discarded.get(s) || held,
+                "slot {s}: discarded and nothing holds it, but it was not dropped"
             );
             ensure!(
                 !self.is_doomed(s) || held,

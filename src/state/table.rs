@@ -27,11 +27,11 @@
 //! 2. The free list holds exactly the empty slots, each once.
 //! 3. An empty or putting slot has no keys, reads, lease bits, amenders or ready entries.
 //! 4. A slot's `reads_total` is the sum of its `reads_left` over all RPCs; a stored slot
-//!    with `reads_total == 0`, or stale for an RPC it still owes reads, still has an amend
-//!    or a lease in flight (otherwise it was freed).
+//!    with `reads_total == 0`, stale for an RPC it still owes reads, or discarded, still
+//!    has an amend or a lease in flight (otherwise it was freed).
 //! 5. Slot `s` is in RPC `r`'s ready index, under its order key, iff it is eligible for `r`:
-//!    stored, not amending, holds every input key of `r`, has reads left for `r`, is not
-//!    stale for `r`, and `r` does not lease it. `in_ready[s]` mirrors these memberships bit
+//!    stored, not amending, not discarded, holds every input key of `r`, has reads left
+//!    for `r`, is not stale for `r`, and `r` does not lease it. `in_ready[s]` mirrors these memberships bit
 //!    for bit.
 //! 6. Each lease bit `(s, r)` belongs to exactly one live lease of RPC `r`, and every live
 //!    lease's slots carry its bit; a lease has a deadline entry iff it has a deadline.
@@ -151,6 +151,8 @@ pub(crate) struct Totals {
     pub(crate) stale: u64,
     /// Samples evicted to make room.
     pub(crate) evicted: u64,
+    /// Samples discarded by a consumer.
+    pub(crate) filtered: u64,
 }
 
 /// Why a slot was last freed (valid until it is claimed again).
@@ -163,6 +165,8 @@ pub(crate) enum Exit {
     Stale,
     /// Evicted to make room for a put.
     Evicted,
+    /// Discarded by its consumer (a group hook rejected it).
+    Filtered,
 }
 
 /// How a lease ends.
@@ -172,6 +176,9 @@ pub(crate) enum LeaseEnd {
     Used,
     /// Nothing is used; the samples are eligible again for the RPC (drop or expiry).
     Released,
+    /// The samples leave the buffer (once nothing else holds them), whatever reads are
+    /// left: the consumer rejected them.
+    Discarded,
 }
 
 /// A lease that cannot be finished.
@@ -193,6 +200,8 @@ pub(crate) struct SlotTable {
     pub(crate) reads_left: Vec<u16>,
     // ----- state masks
     pub(crate) empty: Mask,
+    /// Stored slots a consumer discarded, waiting for their other holders to finish.
+    pub(crate) discarded: Mask,
     pub(crate) putting: Mask,
     pub(crate) amending: Mask,
     pub(crate) reading: Mask,
@@ -237,6 +246,7 @@ impl SlotTable {
             slots: filled(capacity, SlotMeta::default()),
             reads_left: filled(capacity * n, 0),
             empty: Mask::full(capacity),
+            discarded: Mask::new(capacity),
             putting: Mask::new(capacity),
             amending: Mask::new(capacity),
             reading: Mask::new(capacity),
@@ -662,6 +672,9 @@ impl SlotTable {
                     self.idle.set(s);
                 }
             }
+            if end == LeaseEnd::Discarded {
+                self.discarded.set(s);
+            }
             if end == LeaseEnd::Used {
                 self.reads_left[s * n_rpcs + r] -= 1;
                 self.slots[s].reads_total -= 1;
@@ -676,6 +689,7 @@ impl SlotTable {
         match end {
             LeaseEnd::Used => self.totals.reads[r] += n,
             LeaseEnd::Released => self.totals.redelivered[r] += n,
+            LeaseEnd::Discarded => {}
         }
         self.deliverable(wake)
     }
@@ -758,6 +772,8 @@ impl SlotTable {
         let held = self.slots[s].amenders != 0 || self.slots[s].lease_bits != 0;
         let exit = if held {
             None
+        } else if self.discarded.get(s) {
+            Some(Exit::Filtered)
         } else if self.slots[s].reads_total == 0 {
             Some(Exit::Consumed)
         } else if self.is_doomed(s) {
@@ -793,6 +809,7 @@ impl SlotTable {
         let n_rpcs = self.rpcs.len();
         self.is_stored(s)
             && self.slots[s].amenders == 0
+            && !self.discarded.get(s)
             && self.slots[s].keys.contains_all(self.rpcs[r].inputs)
             && self.reads_left[s * n_rpcs + r] > 0
             && (self.slots[s].lease_bits | self.slots[s].stale) & (1u64 << r) == 0
@@ -837,6 +854,7 @@ impl SlotTable {
             Exit::Consumed => self.totals.freed += 1,
             Exit::Stale => self.totals.stale += 1,
             Exit::Evicted => self.totals.evicted += 1,
+            Exit::Filtered => self.totals.filtered += 1,
         }
         self.exits[s] = exit;
         freed.push(s as u32);
@@ -847,6 +865,7 @@ impl SlotTable {
         let n_rpcs = self.rpcs.len();
         self.forget_fresh(s);
         self.unreserve_bytes(s);
+        self.discarded.clear(s);
         self.slots[s].stale = 0;
         self.empty.set(s);
         self.slots[s].generation = self.slots[s].generation.wrapping_add(1);

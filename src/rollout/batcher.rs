@@ -1,0 +1,315 @@
+//! `Batcher`: trainer batches drawn from several buffers (one per environment type) by
+//! token budget, processed by the group hooks and packed.
+//!
+//! Each source has a target fraction of the batch's tokens (`B * S` for fixed rows, the
+//! budget otherwise). Fractions may sum to less than 1: the rest is shared out in
+//! proportion to the fractions, so source `e` aims at `T * f_e / sum(f)` tokens. Groups
+//! are leased one at a time (each source's RPC must lease one group per call, `n_seqs`
+//! 1), always from the source furthest below its target relative to it (ties to the
+//! earlier source), and a source takes a group only while it is below its target, so it
+//! ends within one group of it. The order within a source is its RPC's selection
+//! (`Selection::Lifo` for newest first).
+//!
+//! A source with nothing eligible is waited for up to `wait`; then, by [`Shortfall`], the
+//! batch waits on, fills the share from the other sources, or is returned short.
+//!
+//! Leases are held until the trainer is done: [`GroupBatch::complete`] commits the packed
+//! groups and discards the ones the hooks rejected (archived with `reason = filtered`);
+//! dropping the batch instead gives every group back. Groups that did not fit are given
+//! back at once.
+
+use super::advantage::Advantage;
+use super::hooks::{process_groups, DynamicSampling, GroupHooks, GroupStats, Rejection};
+use super::pack::{Packer, Rows, TrainBatch};
+use super::train_group::TrainGroup;
+use crate::buffer::Batch;
+use crate::error::{Error, Result};
+use crate::sync::Arc;
+use crate::SequenceBuffer;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// One environment's buffer and the RPC the trainer reads groups through.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The environment (for reports).
+    pub name: String,
+    /// Its buffer.
+    pub buffer: SequenceBuffer,
+    /// The trainer's RPC on it (leasing one group per call).
+    pub rpc: String,
+    /// Its target fraction of a batch's tokens.
+    pub fraction: f64,
+}
+
+/// What a batch does when a source cannot meet its share within `wait`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Shortfall {
+    /// Give its share to the other sources.
+    #[default]
+    FillFromOthers,
+    /// Keep waiting for it.
+    BlockForever,
+    /// Return the batch as it is, flagged short.
+    ReturnShort,
+}
+
+/// How batches are made.
+#[derive(Debug, Clone)]
+pub struct BatcherConfig {
+    /// The packer (rows, row length, padding).
+    pub packer: Packer,
+    /// The group hooks.
+    pub hooks: Arc<dyn GroupHooks>,
+    /// The advantage estimator.
+    pub advantage: Advantage,
+    /// DAPO dynamic sampling, if any.
+    pub dynamic: Option<DynamicSampling>,
+    /// How long a source below its share is waited for.
+    pub wait: Duration,
+    /// What happens then.
+    pub shortfall: Shortfall,
+}
+
+/// A packed batch with the leases of its groups.
+#[derive(Debug)]
+pub struct GroupBatch {
+    /// The tensors.
+    pub batch: TrainBatch,
+    /// Statistics over the groups taken, before filtering.
+    pub stats: GroupStats,
+    /// Real tokens per source, in source order.
+    pub tokens_by_source: Vec<(String, usize)>,
+    /// Groups the hooks rejected, with why (discarded on `complete`).
+    pub rejected: Vec<(String, Rejection)>,
+    /// Whether a source fell short and the batch was returned as it was.
+    pub short: bool,
+    packed: Vec<Batch>,
+    discard: Vec<Batch>,
+}
+
+impl GroupBatch {
+    /// The trainer is done with the batch: its groups' reads are used, and the groups the
+    /// hooks rejected leave their buffers (archived as filtered).
+    pub async fn complete(self) -> Result<()> {
+        let mut first_error = None;
+        for lease in self.packed {
+            if let Err(e) = lease.commit().await {
+                first_error.get_or_insert(e);
+            }
+        }
+        for lease in self.discard {
+            if let Err(e) = lease.discard() {
+                first_error.get_or_insert(e);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}
+
+/// Makes trainer batches from several sources (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Batcher {
+    sources: Vec<Source>,
+    config: BatcherConfig,
+}
+
+/// A leased group and where it came from.
+struct Taken {
+    source: usize,
+    group: TrainGroup,
+    lease: Batch,
+}
+
+impl Batcher {
+    /// A batcher over `sources`. Fails on no sources or a negative or non-finite fraction.
+    pub fn new(sources: Vec<Source>, config: BatcherConfig) -> Result<Self> {
+        let bad = |detail: String| Error::InvalidPacking { detail };
+        if sources.is_empty() {
+            return Err(bad("no sources".into()));
+        }
+        if let Some(s) = sources
+            .iter()
+            .find(|s| !s.fraction.is_finite() || s.fraction < 0.0)
+        {
+            return Err(bad(format!("source `{}`: fraction {}", s.name, s.fraction)));
+        }
+        if sources.iter().map(|s| s.fraction).sum::<f64>() <= 0.0 {
+            return Err(bad("the fractions sum to 0".into()));
+        }
+        Ok(Self { sources, config })
+    }
+
+    /// Leases, processes and packs the next batch.
+    pub async fn next_batch(&self) -> Result<GroupBatch> {
+        let packer = &self.config.packer;
+        let s = packer.seq_len;
+        let total = match packer.rows {
+            Rows::Fixed(b) => b.saturating_mul(s),
+            Rows::TokenBudget(t) => t,
+        };
+        let sum: f64 = self.sources.iter().map(|x| x.fraction).sum();
+        let mut targets: Vec<f64> = self
+            .sources
+            .iter()
+            .map(|x| total as f64 * x.fraction / sum)
+            .collect();
+        let mut taken_tokens = vec![0usize; self.sources.len()];
+        let mut done = vec![false; self.sources.len()];
+        let mut taken: Vec<Taken> = Vec::new();
+        let mut used = 0usize;
+        let mut short = false;
+        loop {
+            // The source furthest below its target, relative to it.
+            let next = (0..self.sources.len())
+                .filter(|&e| !done[e] && (taken_tokens[e] as f64) < targets[e])
+                .min_by(|&a, &b| {
+                    let ra = taken_tokens[a] as f64 / targets[a];
+                    let rb = taken_tokens[b] as f64 / targets[b];
+                    ra.total_cmp(&rb).then(a.cmp(&b))
+                });
+            let Some(e) = next else { break };
+            let source = &self.sources[e];
+            let lease = match source.buffer.try_get_batch_for_rpc(&source.rpc)? {
+                Some(lease) => Some(lease),
+                None => self.wait_for(source).await?,
+            };
+            let Some(lease) = lease else {
+                match self.config.shortfall {
+                    Shortfall::ReturnShort => {
+                        short = true;
+                        break;
+                    }
+                    _ => {
+                        // Its unmet share goes to the others, in proportion.
+                        done[e] = true;
+                        let open: f64 = (0..self.sources.len())
+                            .filter(|&o| !done[o])
+                            .map(|o| self.sources[o].fraction)
+                            .sum();
+                        let unmet = (targets[e] - taken_tokens[e] as f64).max(0.0);
+                        targets[e] = taken_tokens[e] as f64;
+                        if open > 0.0 {
+                            for o in (0..self.sources.len()).filter(|&o| !done[o]) {
+                                targets[o] += unmet * self.sources[o].fraction / open;
+                            }
+                        }
+                        continue;
+                    }
+                }
+            };
+            let group = read_group(&lease)?;
+            let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
+            if used + tokens > total {
+                // Does not fit: give it back, and this source is done for this batch.
+                drop(lease);
+                done[e] = true;
+                continue;
+            }
+            used += tokens;
+            taken_tokens[e] += tokens;
+            taken.push(Taken {
+                source: e,
+                group,
+                lease,
+            });
+        }
+        self.finish(taken, short)
+    }
+
+    /// Waits up to `wait` (or forever) for a group from `source`.
+    async fn wait_for(&self, source: &Source) -> Result<Option<Batch>> {
+        if self.config.shortfall == Shortfall::BlockForever {
+            return source.buffer.get_batch_for_rpc(&source.rpc).await.map(Some);
+        }
+        match source
+            .buffer
+            .get_batch_for_rpc_timeout(&source.rpc, self.config.wait)
+            .await
+        {
+            Ok(lease) => Ok(Some(lease)),
+            Err(Error::Timeout { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Runs the hooks and the packer over what was taken; sorts the leases into packed,
+    /// rejected (discarded on completion) and left over (given back now).
+    fn finish(&self, taken: Vec<Taken>, short: bool) -> Result<GroupBatch> {
+        let mut leases: BTreeMap<String, (usize, Batch)> = BTreeMap::new();
+        let mut groups = Vec::with_capacity(taken.len());
+        for t in taken {
+            leases.insert(t.group.id.clone(), (t.source, t.lease));
+            groups.push(t.group);
+        }
+        let processed = process_groups(
+            self.config.hooks.as_ref(),
+            &self.config.advantage,
+            self.config.dynamic,
+            groups,
+        );
+        let packed = self.config.packer.pack(&processed.kept)?;
+        let mut tokens_by_source: Vec<(String, usize)> =
+            self.sources.iter().map(|s| (s.name.clone(), 0)).collect();
+        let mut packed_leases = Vec::new();
+        for id in &packed.batch.group_ids {
+            if let Some((source, lease)) = leases.remove(id) {
+                let tokens: usize = packed
+                    .batch
+                    .rows
+                    .iter()
+                    .flatten()
+                    .filter(|seg| &seg.group_id == id)
+                    .map(|seg| seg.len)
+                    .sum();
+                tokens_by_source[source].1 += tokens;
+                packed_leases.push(lease);
+            }
+        }
+        let mut discard = Vec::new();
+        let mut rejected = Vec::new();
+        for &i in &packed.rejected {
+            if let Some(group) = processed.kept.get(i) {
+                if let Some((_, lease)) = leases.remove(&group.id) {
+                    discard.push(lease);
+                }
+                rejected.push((group.id.clone(), Rejection::TooLong));
+            }
+        }
+        for (group, why) in processed.rejected {
+            if let Some((_, lease)) = leases.remove(&group.id) {
+                discard.push(lease);
+            }
+            rejected.push((group.id, why));
+        }
+        // What is left did not fit (or was rejected by the packer): given back now.
+        drop(leases);
+        Ok(GroupBatch {
+            batch: packed.batch,
+            stats: processed.stats,
+            tokens_by_source,
+            rejected,
+            short,
+            packed: packed_leases,
+            discard,
+        })
+    }
+}
+
+/// The one group a source lease holds.
+fn read_group(lease: &Batch) -> Result<TrainGroup> {
+    if lease.len() != 1 {
+        return Err(Error::InvalidPacking {
+            detail: format!(
+                "RPC `{}` leased {} groups at once; a batcher source must lease one (n_seqs 1)",
+                lease.rpc_name(),
+                lease.len()
+            ),
+        });
+    }
+    let view = lease.sample(0).ok_or_else(|| Error::InvalidPacking {
+        detail: "an empty lease".into(),
+    })?;
+    TrainGroup::read(view.id().as_str(), |k| view.get(k), |k| view.get_meta(k))
+}

@@ -1,0 +1,181 @@
+//! Trainer batches across environments: token shares within one group of their targets,
+//! shortfalls, determinism, leases held until completion, rejected groups archived.
+
+mod common;
+
+use rollout_buffer::persist::{ArchiveWriter, ExitReason, PersistOptions, Store};
+use rollout_buffer::rollout::{
+    Advantage, Batcher, BatcherConfig, GroupBatch, GroupKey, GroupMode, Packer, RolloutRecord,
+    SealReason, SealedGroup, Shortfall, SlimeHooks, Source, GROUP_INPUTS,
+};
+use rollout_buffer::{BufferConfig, RpcDef, Sample, Selection, SequenceBuffer};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A group of two rollouts of `item_tokens` tokens each (half prompt, half output), with
+/// rewards `rewards`.
+fn group(env: &str, n: usize, item_tokens: usize, rewards: [f64; 2]) -> Sample {
+    let records: Vec<RolloutRecord> = (0..2)
+        .map(|k| {
+            let mut r = RolloutRecord::new(env, format!("{env}-{n}"), 0, format!("{env}-{n}-{k}"));
+            r.prompt_tokens = vec![1; item_tokens / 2];
+            r.output_tokens = vec![2; item_tokens - item_tokens / 2];
+            r.logprobs = vec![-0.5; item_tokens - item_tokens / 2];
+            r.reward = Some(rewards[k]);
+            r
+        })
+        .collect();
+    let key = GroupKey::of(&records[0], GroupMode::Strict);
+    SealedGroup::new(key, records, SealReason::Full)
+        .to_sample()
+        .expect("group sample")
+}
+
+fn trainer_rpc() -> RpcDef {
+    RpcDef::new("train", 1)
+        .inputs(GROUP_INPUTS)
+        .selection(Selection::Lifo)
+}
+
+async fn env_buffer(env: &str, groups: usize, item_tokens: usize) -> SequenceBuffer {
+    let buf = SequenceBuffer::new(groups.max(1), [trainer_rpc()]).expect("config");
+    let samples: Vec<Sample> = (0..groups)
+        .map(|n| group(env, n, item_tokens, [0.0, 1.0]))
+        .collect();
+    if !samples.is_empty() {
+        buf.put_batch(samples).await.expect("put");
+    }
+    buf
+}
+
+fn config(rows: usize, seq_len: usize, shortfall: Shortfall) -> BatcherConfig {
+    BatcherConfig {
+        packer: Packer::new(seq_len, rows),
+        hooks: Arc::new(SlimeHooks { group_size: 2 }),
+        advantage: Advantage::Grpo {
+            divide_by_std: true,
+        },
+        dynamic: None,
+        wait: Duration::from_millis(20),
+        shortfall,
+    }
+}
+
+fn source(name: &str, buffer: &SequenceBuffer, fraction: f64) -> Source {
+    Source {
+        name: name.into(),
+        buffer: buffer.clone(),
+        rpc: "train".into(),
+        fraction,
+    }
+}
+
+fn tokens(batch: &GroupBatch, source: usize) -> usize {
+    batch.tokens_by_source[source].1
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_shares_stay_within_one_group_of_their_targets() {
+    // Groups of 100 tokens (a) and 300 tokens (b); 4 rows of 1,000 tokens per batch.
+    // Fractions 0.25 and 0.5 leave a quarter over, shared 1 : 2: targets 1,333 and 2,667.
+    let a = env_buffer("a", 1400, 50).await;
+    let b = env_buffer("b", 950, 150).await;
+    let batcher = Batcher::new(
+        vec![source("a", &a, 0.25), source("b", &b, 0.5)],
+        config(4, 1000, Shortfall::FillFromOthers),
+    )
+    .expect("batcher");
+    for _ in 0..100 {
+        let batch = batcher.next_batch().await.expect("batch");
+        assert!(!batch.short);
+        let (ta, tb) = (tokens(&batch, 0), tokens(&batch, 1));
+        assert!((ta as f64 - 4000.0 / 3.0).abs() <= 100.0, "a took {ta}");
+        assert!((tb as f64 - 8000.0 / 3.0).abs() <= 300.0, "b took {tb}");
+        assert!(
+            batch.batch.efficiency() > 0.9,
+            "{}",
+            batch.batch.efficiency()
+        );
+        batch.complete().await.expect("complete");
+    }
+    common::assert_invariants(&a);
+    common::assert_invariants(&b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_source_is_filled_from_the_others_or_returned_short() {
+    let a = env_buffer("a", 200, 50).await;
+    let b = env_buffer("b", 0, 150).await;
+    let sources = || vec![source("a", &a, 0.5), source("b", &b, 0.5)];
+    let filled = Batcher::new(sources(), config(2, 1000, Shortfall::FillFromOthers))
+        .expect("batcher")
+        .next_batch()
+        .await
+        .expect("batch");
+    assert_eq!((tokens(&filled, 0), tokens(&filled, 1)), (2000, 0));
+    assert!(!filled.short);
+    drop(filled); // gives every group back
+    assert_eq!(a.stats().rpcs[0].eligible, 200);
+    let short = Batcher::new(sources(), config(2, 1000, Shortfall::ReturnShort))
+        .expect("batcher")
+        .next_batch()
+        .await
+        .expect("batch");
+    assert!(short.short);
+    assert!(tokens(&short, 0) <= 1100, "a stopped near its own share");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_inputs_give_the_same_batch() {
+    let mut batches = Vec::new();
+    for _ in 0..2 {
+        let a = env_buffer("a", 64, 40).await;
+        let b = env_buffer("b", 64, 90).await;
+        let batcher = Batcher::new(
+            vec![source("a", &a, 0.5), source("b", &b, 0.5)],
+            config(3, 512, Shortfall::FillFromOthers),
+        )
+        .expect("batcher");
+        let batch = batcher.next_batch().await.expect("batch");
+        batches.push(batch.batch.clone());
+    }
+    assert_eq!(batches[0], batches[1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_group_is_archived_with_its_reason_once_the_batch_completes() {
+    let dir = common::TempDir::new("batcher-archive");
+    let buf = SequenceBuffer::open_in(
+        Store::open(dir.path()).expect("store"),
+        BufferConfig::new(8).rpc(trainer_rpc()),
+        PersistOptions::default(),
+    )
+    .await
+    .expect("open");
+    buf.put_batch(vec![
+        group("a", 0, 20, [0.0, 1.0]),
+        group("a", 1, 20, [1.0, 1.0]), // all rewards equal: invalid under slime's defaults
+    ])
+    .await
+    .expect("put");
+    let batcher = Batcher::new(
+        vec![source("a", &buf, 1.0)],
+        config(2, 64, Shortfall::FillFromOthers),
+    )
+    .expect("batcher");
+    let batch = batcher.next_batch().await.expect("batch");
+    assert_eq!(batch.rejected.len(), 1);
+    assert_eq!(batch.batch.group_ids.len(), 1);
+    // Nothing leaves the buffer before the batch is complete.
+    assert_eq!(buf.len(), 2);
+    batch.complete().await.expect("complete");
+    assert_eq!((buf.len(), buf.stats().filtered), (0, 1));
+    buf.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(Store::open(dir.path()).expect("store"))
+        .read_all()
+        .await
+        .expect("read");
+    let mut reasons: Vec<ExitReason> = rows.iter().map(|r| r.reason).collect();
+    reasons.sort_by_key(|r| r.as_str());
+    assert_eq!(reasons, vec![ExitReason::Consumed, ExitReason::Filtered]);
+}
