@@ -160,6 +160,8 @@ struct Pending {
     uids: BTreeSet<String>,
     by_replica: BTreeMap<String, usize>,
     deadline: Instant,
+    /// When its first rollout arrived.
+    first: Instant,
     /// Its timeout passed while it was below `min_size` (kept waiting).
     overdue: bool,
 }
@@ -184,7 +186,12 @@ pub struct GroupAssembler {
     gone: HashSet<String>,
     gone_order: VecDeque<String>,
     counters: AssemblerCounters,
+    /// Time from first rollout to seal of the last `SEAL_TIMES` groups.
+    seal_times: VecDeque<Duration>,
 }
+
+/// How many recent seal times the quantiles are taken over.
+const SEAL_TIMES: usize = 1024;
 
 impl GroupAssembler {
     /// An empty assembler.
@@ -196,6 +203,7 @@ impl GroupAssembler {
             gone: HashSet::new(),
             gone_order: VecDeque::new(),
             counters: AssemblerCounters::default(),
+            seal_times: VecDeque::new(),
         }
     }
 
@@ -210,6 +218,18 @@ impl GroupAssembler {
         c.pending_groups = self.pending.len() as u64;
         c.pending_rollouts = self.pending.values().map(|p| p.rollouts.len() as u64).sum();
         c
+    }
+
+    /// The median and 99th percentile of the time from a group's first rollout to its
+    /// seal, over the last 1,024 groups (`None` before any).
+    pub fn seal_time_quantiles(&self) -> Option<(Duration, Duration)> {
+        let mut times: Vec<Duration> = self.seal_times.iter().copied().collect();
+        if times.is_empty() {
+            return None;
+        }
+        times.sort_unstable();
+        let at = |q: f64| times[((times.len() - 1) as f64 * q).round() as usize];
+        Some((at(0.5), at(0.99)))
     }
 
     /// The earliest seal deadline of a pending group.
@@ -260,6 +280,7 @@ impl GroupAssembler {
             deadline: now
                 .checked_add(timeout)
                 .unwrap_or(now + Duration::from_secs(1 << 40)),
+            first: now,
             overdue: false,
         });
         if group.rollouts.is_empty() {
@@ -273,10 +294,10 @@ impl GroupAssembler {
         group.rollouts.push(record);
         let size = group.rollouts.len();
         if size >= self.config.target_size {
-            return Ok(Added::Sealed(self.seal(&key, SealReason::Full)));
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Full, now)));
         }
         if group.overdue && size >= self.config.min_size {
-            return Ok(Added::Sealed(self.seal(&key, SealReason::Timeout)));
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Timeout, now)));
         }
         Ok(Added::Pending { key, size })
     }
@@ -293,7 +314,7 @@ impl GroupAssembler {
                 continue;
             };
             if group.rollouts.len() >= self.config.min_size {
-                due.sealed.push(self.seal(&key, SealReason::Timeout));
+                due.sealed.push(self.seal(&key, SealReason::Timeout, now));
                 continue;
             }
             match self.config.undersized {
@@ -311,12 +332,17 @@ impl GroupAssembler {
         due
     }
 
-    fn seal(&mut self, key: &GroupKey, reason: SealReason) -> SealedGroup {
+    fn seal(&mut self, key: &GroupKey, reason: SealReason, now: Instant) -> SealedGroup {
         let group = self.pending.remove(key);
         let Some(group) = group else {
             return SealedGroup::new(key.clone(), Vec::new(), reason);
         };
         self.deadlines.remove(&(group.deadline, key.clone()));
+        if self.seal_times.len() == SEAL_TIMES {
+            self.seal_times.pop_front();
+        }
+        self.seal_times
+            .push_back(now.saturating_duration_since(group.first));
         match reason {
             SealReason::Full => self.counters.sealed_full += 1,
             SealReason::Timeout => self.counters.sealed_timeout += 1,

@@ -85,11 +85,18 @@ pub struct GroupBatch {
     pub rejected: Vec<(String, Rejection)>,
     /// Whether a source fell short and the batch was returned as it was.
     pub short: bool,
+    /// Packed group id -> the name of its source.
+    sources: BTreeMap<String, String>,
     packed: Vec<Batch>,
     discard: Vec<Batch>,
 }
 
 impl GroupBatch {
+    /// The name of the source packed group `group_id` came from.
+    pub fn source_of(&self, group_id: &str) -> Option<&str> {
+        self.sources.get(group_id).map(String::as_str)
+    }
+
     /// The trainer is done with the batch: its groups' reads are used, and the groups the
     /// hooks rejected leave their buffers (archived as filtered).
     pub async fn complete(self) -> Result<()> {
@@ -253,8 +260,10 @@ impl Batcher {
         let mut tokens_by_source: Vec<(String, usize)> =
             self.sources.iter().map(|s| (s.name.clone(), 0)).collect();
         let mut packed_leases = Vec::new();
+        let mut sources = BTreeMap::new();
         for id in &packed.batch.group_ids {
             if let Some((source, lease)) = leases.remove(id) {
+                sources.insert(id.clone(), self.sources[source].name.clone());
                 let tokens: usize = packed
                     .batch
                     .rows
@@ -291,6 +300,7 @@ impl Batcher {
             tokens_by_source,
             rejected,
             short,
+            sources,
             packed: packed_leases,
             discard,
         })

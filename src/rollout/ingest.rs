@@ -60,6 +60,12 @@ pub struct IngestCounters {
     pub refused_groups: u64,
     /// Pending rollouts added back at start.
     pub recovered_rollouts: u64,
+    /// Rollouts in the groups stored.
+    pub stored_rollouts: u64,
+    /// Tokens (prompt and output) in the groups stored.
+    pub stored_tokens: u64,
+    /// Output tokens in the groups stored.
+    pub stored_generated_tokens: u64,
 }
 
 /// Rollouts in, groups out (see the module docs). Cheap to clone.
@@ -186,6 +192,11 @@ impl GroupIngest {
         self.shared.state.lock().assembler.counters()
     }
 
+    /// Seal-time quantiles (see [`GroupAssembler::seal_time_quantiles`]).
+    pub fn seal_time_quantiles(&self) -> Option<(std::time::Duration, std::time::Duration)> {
+        self.shared.state.lock().assembler.seal_time_quantiles()
+    }
+
     /// What ingestion stored, skipped and recovered.
     pub fn counters(&self) -> IngestCounters {
         self.shared.state.lock().counters
@@ -250,7 +261,15 @@ impl GroupIngest {
             .await
         {
             Ok(_) => {
-                shared.state.lock().counters.stored_groups += 1;
+                let generated: usize = group.rollouts.iter().map(|r| r.output_tokens.len()).sum();
+                let prompts: usize = group.rollouts.iter().map(|r| r.prompt_tokens.len()).sum();
+                let mut state = shared.state.lock();
+                let c = &mut state.counters;
+                c.stored_groups += 1;
+                c.stored_rollouts += group.rollouts.len() as u64;
+                c.stored_tokens += (generated + prompts) as u64;
+                c.stored_generated_tokens += generated as u64;
+                drop(state);
                 Ok(Added::Sealed(group))
             }
             Err(Error::DuplicateId { .. }) => {

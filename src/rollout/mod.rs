@@ -16,6 +16,8 @@
 //!   decreasing, whole groups);
 //! * `batcher.rs`: [`Batcher`], trainer batches from several buffers by token shares,
 //!   through the hooks and the packer, holding leases until the trainer is done;
+//! * `metrics.rs`: [`EnvMetrics`] per environment, as a struct and through the `metrics`
+//!   facade;
 //! * `admission.rs`: [`Admission`], AReaL's staleness-bounded admission control for
 //!   rollout producers.
 
@@ -28,6 +30,8 @@ mod group;
 mod hooks;
 #[cfg(not(rollout_buffer_loom))]
 mod ingest;
+#[cfg(not(rollout_buffer_loom))]
+mod metrics;
 mod pack;
 mod record;
 mod train_group;
@@ -44,6 +48,8 @@ pub use hooks::{
 };
 #[cfg(not(rollout_buffer_loom))]
 pub use ingest::{GroupIngest, IngestCounters};
+#[cfg(not(rollout_buffer_loom))]
+pub use metrics::{EnvMetrics, MetricsTracker};
 pub use pack::{Overlong, Packed, Packer, Rows, Segment, TrainBatch};
 pub use record::RolloutRecord;
 pub use train_group::{TrainGroup, TrainItem, GROUP_INPUTS};
