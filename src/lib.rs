@@ -59,7 +59,7 @@ mod tensor;
 
 pub use buffer::{
     Batch, BufferConfig, DropReason, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer,
-    SinkFuture, SlotHandle, Stats, StoredSample, CREATED_TS, POLICY_VERSION,
+    SinkFuture, SlotHandle, Stats, StoredSample, CREATED_TS, DISCARD_REASON, POLICY_VERSION,
 };
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};

@@ -6,9 +6,9 @@ mod common;
 use rollout_buffer::persist::{ArchiveWriter, ExitReason, PersistOptions, Store};
 use rollout_buffer::rollout::{
     Advantage, Batcher, BatcherConfig, GroupBatch, GroupKey, GroupMode, Packer, RolloutRecord,
-    SealReason, SealedGroup, Shortfall, SlimeHooks, Source, GROUP_INPUTS,
+    SealReason, SealedGroup, Shortfall, SlimeHooks, Source,
 };
-use rollout_buffer::{BufferConfig, RpcDef, Sample, Selection, SequenceBuffer};
+use rollout_buffer::{BufferConfig, MetaValue, RpcDef, Sample, SequenceBuffer, DISCARD_REASON};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,9 +32,7 @@ fn group(env: &str, n: usize, item_tokens: usize, rewards: [f64; 2]) -> Sample {
 }
 
 fn trainer_rpc() -> RpcDef {
-    RpcDef::new("train", 1)
-        .inputs(GROUP_INPUTS)
-        .selection(Selection::Lifo)
+    rollout_buffer::rollout::trainer_rpc("train")
 }
 
 async fn env_buffer(env: &str, groups: usize, item_tokens: usize) -> SequenceBuffer {
@@ -175,7 +173,16 @@ async fn a_rejected_group_is_archived_with_its_reason_once_the_batch_completes()
         .read_all()
         .await
         .expect("read");
-    let mut reasons: Vec<ExitReason> = rows.iter().map(|r| r.reason).collect();
-    reasons.sort_by_key(|r| r.as_str());
-    assert_eq!(reasons, vec![ExitReason::Consumed, ExitReason::Filtered]);
+    let mut reasons: Vec<(ExitReason, Option<MetaValue>)> = rows
+        .iter()
+        .map(|r| (r.reason, r.sample.get_meta(DISCARD_REASON).cloned()))
+        .collect();
+    reasons.sort_by_key(|r| r.0.as_str());
+    assert_eq!(
+        reasons,
+        vec![
+            (ExitReason::Consumed, None),
+            (ExitReason::Filtered, Some(MetaValue::Str("invalid".into()))),
+        ]
+    );
 }

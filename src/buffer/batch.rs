@@ -19,6 +19,9 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Instant;
 
+/// Metadata key of the reason a consumer gave for discarding a sample.
+pub const DISCARD_REASON: &str = "discard_reason";
+
 /// Samples leased to one RPC. Finish it with [`Batch::complete`] or [`Batch::commit`];
 /// dropping it releases the samples for redelivery.
 #[must_use = "dropping a Batch releases its samples for redelivery"]
@@ -167,7 +170,17 @@ impl Batch {
     /// [`DropReason::Filtered`](crate::DropReason::Filtered) (archived with
     /// `reason = filtered`) and is counted in `stats().filtered`. Fails with
     /// [`Error::LeaseExpired`] (nothing dropped) if the lease timed out.
-    pub fn discard(mut self) -> Result<()> {
+    pub fn discard(self) -> Result<()> {
+        self.discard_because(None)
+    }
+
+    /// [`Self::discard`], recording `reason` as the samples' `discard_reason` metadata
+    /// (so the archive row says why).
+    pub fn discard_with_reason(self, reason: &str) -> Result<()> {
+        self.discard_because(Some(reason))
+    }
+
+    fn discard_because(mut self, reason: Option<&str>) -> Result<()> {
         let shared = Arc::clone(&self.shared);
         self.samples.clear();
         let now = self.deadline.map(|_| now());
@@ -177,6 +190,12 @@ impl Batch {
         let wake = if expired {
             now.map_or(Wake::default(), |t| inner.expire_due(t, &mut freed))
         } else {
+            if let Some(reason) = reason {
+                let patch = Patch::new().meta(DISCARD_REASON, reason);
+                for h in &self.handles {
+                    inner.patch(h.slot(), &patch);
+                }
+            }
             inner
                 .table
                 .finish_lease(self.lease, LeaseEnd::Discarded, &[], &mut freed)

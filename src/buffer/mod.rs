@@ -54,7 +54,7 @@ mod restore;
 mod stats;
 mod steps;
 
-pub use batch::{Batch, SampleView};
+pub use batch::{Batch, SampleView, DISCARD_REASON};
 pub use config::{BufferConfig, Overflow};
 pub use contents::StoredSample;
 pub(crate) use freed::Freed;

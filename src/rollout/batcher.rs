@@ -88,7 +88,7 @@ pub struct GroupBatch {
     /// Packed group id -> the name of its source.
     sources: BTreeMap<String, String>,
     packed: Vec<Batch>,
-    discard: Vec<Batch>,
+    discard: Vec<(Batch, Rejection)>,
 }
 
 impl GroupBatch {
@@ -106,8 +106,8 @@ impl GroupBatch {
                 first_error.get_or_insert(e);
             }
         }
-        for lease in self.discard {
-            if let Err(e) = lease.discard() {
+        for (lease, why) in self.discard {
+            if let Err(e) = lease.discard_with_reason(why.as_str()) {
                 first_error.get_or_insert(e);
             }
         }
@@ -281,14 +281,14 @@ impl Batcher {
         for &i in &packed.rejected {
             if let Some(group) = processed.kept.get(i) {
                 if let Some((_, lease)) = leases.remove(&group.id) {
-                    discard.push(lease);
+                    discard.push((lease, Rejection::TooLong));
                 }
                 rejected.push((group.id.clone(), Rejection::TooLong));
             }
         }
         for (group, why) in processed.rejected {
             if let Some((_, lease)) = leases.remove(&group.id) {
-                discard.push(lease);
+                discard.push((lease, why));
             }
             rejected.push((group.id, why));
         }

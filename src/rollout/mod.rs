@@ -52,4 +52,4 @@ pub use ingest::{GroupIngest, IngestCounters};
 pub use metrics::{EnvMetrics, MetricsTracker};
 pub use pack::{Overlong, Packed, Packer, Rows, Segment, TrainBatch};
 pub use record::RolloutRecord;
-pub use train_group::{TrainGroup, TrainItem, GROUP_INPUTS};
+pub use train_group::{trainer_rpc, TrainGroup, TrainItem, GROUP_INPUTS};

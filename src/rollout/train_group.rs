@@ -18,6 +18,15 @@ pub const GROUP_INPUTS: [&str; 7] = [
     "truncated",
 ];
 
+/// The RPC a [`Batcher`](super::Batcher) source reads groups through: one group per lease,
+/// the inputs a [`TrainGroup`] needs, newest group first (the default order of trainer
+/// batches; set another selection on the result to change it).
+pub fn trainer_rpc(name: &str) -> crate::RpcDef {
+    crate::RpcDef::new(name, 1)
+        .inputs(GROUP_INPUTS)
+        .selection(crate::Selection::Lifo)
+}
+
 /// One rollout of a group, as trained on.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainItem {
