@@ -34,11 +34,7 @@ impl SequenceBuffer {
     /// [`Self::get_batch_for_step`]).
     pub(crate) async fn get_batch(&self, rpc: &str, step: Option<u64>) -> Result<Batch> {
         let shared = &self.shared;
-        shared.check_open()?;
-        let r = shared
-            .graph
-            .rpc_index(rpc)
-            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        let r = shared.open_rpc(rpc)?;
         let mut parked = Parked {
             shared,
             rpc: r,
@@ -73,11 +69,7 @@ impl SequenceBuffer {
     /// `Ok(None)` otherwise.
     pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
         let shared = &self.shared;
-        shared.check_open()?;
-        let r = shared
-            .graph
-            .rpc_index(rpc)
-            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        let r = shared.open_rpc(rpc)?;
         let mut counted = false;
         let attempt = shared.try_get(r, None, &mut counted);
         if counted {
@@ -111,6 +103,14 @@ enum Attempt {
 }
 
 impl Shared {
+    /// The index of RPC `rpc`, once the buffer is known to be open.
+    fn open_rpc(&self, rpc: &str) -> Result<usize> {
+        self.check_open()?;
+        self.graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })
+    }
+
     /// One attempt to lease a batch for RPC `r`, reaping expired leases first. `counted`
     /// says whether this getter is counted as waiting; it is counted while it waits.
     fn try_get(
