@@ -5,6 +5,8 @@
 //!   ready index; the randomised policies draw once per eligible sample (O(eligible)).
 //! * `group8`: eight rollouts through `GroupIngest` (assembly, the sealed group's put)
 //!   plus the trainer's get and commit of that group: the per-group cost of the GRPO path.
+//! * `pack_64x8`: slime's hooks, GRPO advantages and first-fit-decreasing packing of 64
+//!   groups of 8 rollouts (64-token prompts, 64-448-token answers) into 32 x 4,096.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use rollout_buffer::rollout::{GroupConfig, GroupIngest, RolloutRecord};
@@ -106,5 +108,51 @@ fn groups(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, selection, groups);
+fn packing(c: &mut Criterion) {
+    use rollout_buffer::rollout::{
+        process_groups, Advantage, Packer, SlimeHooks, TrainGroup, TrainItem,
+    };
+    let groups: Vec<TrainGroup> = (0..64)
+        .map(|g| TrainGroup {
+            id: format!("g{g}"),
+            environment: "env".into(),
+            policy_version: 0,
+            items: (0..8)
+                .map(|i| {
+                    let len = 64 + (g * 37 + i * 53) % 384;
+                    TrainItem {
+                        rollout_uid: format!("g{g}-{i}"),
+                        prompt_tokens: vec![1; 64],
+                        output_tokens: vec![2; len],
+                        logprobs: vec![-0.5; len],
+                        ref_logprobs: None,
+                        token_versions: vec![0; len],
+                        raw_reward: (i % 2) as f64,
+                        reward: (i % 2) as f64,
+                        advantage: 0.0,
+                        truncated: false,
+                        copy_of: None,
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let packer = Packer::new(4096, 32);
+    let hooks = SlimeHooks { group_size: 8 };
+    c.bench_function("pack_64x8", |b| {
+        b.iter(|| {
+            let processed = process_groups(
+                &hooks,
+                &Advantage::Grpo {
+                    divide_by_std: true,
+                },
+                None,
+                groups.clone(),
+            );
+            packer.pack(&processed.kept).expect("pack")
+        })
+    });
+}
+
+criterion_group!(benches, selection, groups, packing);
 criterion_main!(benches);
