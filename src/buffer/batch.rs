@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
 use crate::sample::{MetaValue, Patch, Sample, SampleId};
 use crate::state::{LeaseEnd, LeaseGone, LeaseId, Wake};
-use crate::sync::{oneshot, Arc};
+use crate::sync::{oneshot, Arc, MutexGuard};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -316,12 +316,15 @@ impl Batch {
             .map(|step| step_done(&inner.rpc_names[self.rpc], step))
             .into_iter()
             .collect();
-        let Some(journal) = inner.journal.clone() else {
-            let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
-            let ended = use_reads(&mut inner, self.lease, slots, outputs);
+        // Without a sync journal the reads are used now, in this critical section.
+        let use_now = |mut inner: MutexGuard<'_, Inner>, outputs: Option<(&[Patch], &[KeySet])>| {
+            let ended = use_reads(&mut inner, self.lease, slots.clone(), outputs);
             inner.aux_apply(&step_done);
             drop(inner);
             shared.settle(ended);
+        };
+        let Some(journal) = inner.journal.clone() else {
+            use_now(inner, outputs.as_ref().map(|(p, k)| (&p[..], &k[..])));
             return Ok(None);
         };
         // Logged: the record and (with a sync journal) the deferred completion share the
@@ -339,11 +342,7 @@ impl Batch {
         if !shared.sync_journal {
             // Only a callback is ever handed back.
             let _ = journal.append(records, None);
-            let outputs = outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
-            let ended = use_reads(&mut inner, self.lease, slots, outputs);
-            inner.aux_apply(&step_done);
-            drop(inner);
-            shared.settle(ended);
+            use_now(inner, outputs.as_ref().map(|(p, k)| (&p[..], &k[..])));
             return Ok(None);
         }
         // The lease must not expire while its completion is on its way to storage.

@@ -246,7 +246,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_record_survives_its_sample_form() {
+    fn a_record_survives_its_sample_form() -> crate::error::Result<()> {
         let mut r = RolloutRecord::new("math", "ex-1", 3, "u-1");
         r.replica_id = "rep-2".into();
         r.created_ts = 1.5e9;
@@ -264,9 +264,10 @@ mod tests {
         r.is_last_segment = false;
         r.continuation_of = Some("u-0".into());
         r.prefix_hash = Some("abc".into());
-        r.validate().expect("valid");
+        r.validate()?;
         let back = RolloutRecord::from_sample(&r.to_sample("x".into()));
         assert_eq!(back, Some(r));
+        Ok(())
     }
 
     #[test]
