@@ -1,0 +1,133 @@
+"""rollout-buffer for Python: the buffer between rollout generation and training in
+asynchronous RL for language models.
+
+Samples are dicts: ``{"id": ..., "birth": int (optional), "meta": {...} (optional),
+field: value, ...}`` where a value is a numpy array (int32, int64, float32, float64, uint8,
+bool), a Python scalar, a string, a list of strings, or a list of numpy arrays (a ragged
+field: several sequences). Batches give fields back as numpy arrays (a ragged field as a
+list of arrays).
+
+Every waiting call has an awaitable form (driven by the library's tokio runtime, not a
+thread per call) and a ``*_blocking`` twin that releases the GIL and honours Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, AsyncIterator, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ._native import (
+    Batch,
+    BufferError,
+    BufferFull,
+    Closed,
+    Ragged,
+    Rpc,
+    StaleHandle,
+    Timeout,
+)
+from ._native import Buffer as _NativeBuffer
+
+__all__ = [
+    "Batch",
+    "Buffer",
+    "BufferError",
+    "BufferFull",
+    "Closed",
+    "Ragged",
+    "Rpc",
+    "StaleHandle",
+    "Timeout",
+    "ragged",
+]
+
+_RESERVED = ("id", "birth", "meta")
+
+
+def ragged(sequences: Sequence[np.ndarray]) -> Ragged:
+    """A ragged field from several 1-D (or same-trailing-shape) arrays."""
+    arrays = [np.ascontiguousarray(s) for s in sequences]
+    values = np.ascontiguousarray(np.concatenate(arrays)) if arrays else np.zeros(0, np.int32)
+    return Ragged(values, [len(a) for a in arrays])
+
+
+def _prepare(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return np.ascontiguousarray(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
+        return ragged(value)
+    return value
+
+
+def _prepare_dict(d: dict) -> dict:
+    return {k: (v if k in _RESERVED else _prepare(v)) for k, v in d.items()}
+
+
+class Buffer:
+    """A fixed-capacity sequence buffer serving RPCs (see the Rust ``SequenceBuffer``).
+
+    ``store`` (``"file:///dir"``, a path, ``"memory://"``, ``"s3://bucket/prefix"``) makes
+    it persistent: opened, it recovers everything stored there.
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        rpcs: Iterable[Rpc],
+        store: Optional[str] = None,
+        external_keys: Iterable[str] = (),
+    ) -> None:
+        self._native = _NativeBuffer(capacity, list(rpcs), store, list(external_keys))
+
+    async def put_batch(self, samples: Iterable[dict]) -> list:
+        """Stores samples, waiting for room; returns one ``(slot, generation)`` each."""
+        return await self._native.put_batch([_prepare_dict(s) for s in samples])
+
+    def put_batch_blocking(self, samples: Iterable[dict]) -> list:
+        """Blocking :meth:`put_batch`."""
+        return self._native.put_batch_blocking([_prepare_dict(s) for s in samples])
+
+    async def get_batch_for_rpc(self, rpc: str, timeout: Optional[float] = None) -> Batch:
+        """Waits for and leases a batch for ``rpc``; ``timeout`` (s) raises ``Timeout``."""
+        return await self._native.get_batch_for_rpc(rpc, timeout)
+
+    def get_batch_for_rpc_blocking(self, rpc: str, timeout: Optional[float] = None) -> Batch:
+        """Blocking :meth:`get_batch_for_rpc`."""
+        return self._native.get_batch_for_rpc_blocking(rpc, timeout)
+
+    @contextlib.asynccontextmanager
+    async def lease(self, rpc: str, timeout: Optional[float] = None) -> AsyncIterator[Batch]:
+        """``async with buf.lease("train") as batch:``: commits the batch when the block
+        ends normally (unless it was completed or released inside), releases it on an
+        exception."""
+        batch = await self.get_batch_for_rpc(rpc, timeout)
+        try:
+            yield batch
+        except BaseException:
+            with contextlib.suppress(BufferError):
+                batch.release()
+            raise
+        else:
+            if len(batch):
+                await batch.commit()
+
+    def set_policy_version(self, version: int) -> None:
+        """Announces the trainer's policy version (staleness bounds and future checks)."""
+        self._native.set_policy_version(version)
+
+    def stats(self) -> dict:
+        """A snapshot of slots, per-RPC progress and totals."""
+        return self._native.stats()
+
+    def flush(self) -> None:
+        """Waits until everything is durable and archived."""
+        self._native.flush()
+
+    def close(self) -> None:
+        """Closes the buffer: every waiter gets ``Closed``."""
+        self._native.close()
+
+    def __len__(self) -> int:
+        return len(self._native)

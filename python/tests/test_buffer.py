@@ -1,0 +1,123 @@
+"""The Python package: round trips of every dtype, ragged fields, asyncio and blocking
+calls, errors as exceptions, the lease context manager, persistence."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import rollout_buffer as rb
+
+
+def pipeline(capacity=16, n=2):
+    return rb.Buffer(
+        capacity,
+        [
+            rb.Rpc("gen", n, inputs=["prompt"], outputs=["tokens"]),
+            rb.Rpc("train", n, inputs=["prompt", "tokens"]),
+        ],
+    )
+
+
+DTYPES = [np.int32, np.int64, np.float32, np.float64, np.uint8, np.bool_]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_round_trips(dtype):
+    buf = rb.Buffer(4, [rb.Rpc("r", 1, inputs=["x"])])
+    x = (np.arange(12).reshape(3, 4) % 2 == 0) if dtype is np.bool_ else np.arange(12, dtype=dtype).reshape(3, 4)
+    buf.put_batch_blocking([{"id": "a", "x": x}])
+    got = buf.get_batch_for_rpc_blocking("r").samples()[0]["x"]
+    assert got.dtype == x.dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got, x)
+
+
+def test_scalars_strings_ragged_meta_and_non_contiguous_arrays():
+    buf = rb.Buffer(4, [rb.Rpc("r", 1, inputs=["s", "f", "t", "rag", "names", "view"])])
+    base = np.arange(20, dtype=np.int32).reshape(4, 5)
+    buf.put_batch_blocking([{
+        "id": "a", "birth": 7, "meta": {"environment": "math", "policy_version": 3},
+        "s": 5, "f": 0.25, "t": "text", "names": ["x", "y"],
+        "rag": [np.array([1, 2, 3], np.int32), np.array([4], np.int32)],
+        "view": base[:, 1],  # a strided view
+    }])
+    s = buf.get_batch_for_rpc_blocking("r").samples()[0]
+    assert (s["id"], s["birth"], s["s"], s["f"], s["t"], s["names"]) == ("a", 7, 5, 0.25, "text", ["x", "y"])
+    assert s["meta"] == {"environment": "math", "policy_version": 3}
+    assert [list(r) for r in s["rag"]] == [[1, 2, 3], [4]]
+    np.testing.assert_array_equal(s["view"], base[:, 1])
+
+
+def test_pipeline_with_asyncio_and_many_tasks():
+    async def main():
+        buf = pipeline(capacity=32, n=2)
+        done = []
+
+        async def producer(p):
+            for i in range(10):
+                await buf.put_batch([{"id": f"{p}-{i}", "prompt": np.array([i], np.int32)}])
+
+        async def gen():
+            for _ in range(20):
+                batch = await buf.get_batch_for_rpc("gen", timeout=10)
+                outs = [{"tokens": np.array([7, 8], np.int32)} for _ in batch.samples()]
+                await batch.complete(outs)
+
+        async def train():
+            for _ in range(20):
+                async with buf.lease("train", timeout=10) as batch:
+                    done.extend(s["id"] for s in batch.samples())
+
+        await asyncio.gather(*(producer(p) for p in range(4)), gen(), train())
+        return buf, done
+
+    buf, done = asyncio.run(main())
+    assert sorted(done) == sorted(f"{p}-{i}" for p in range(4) for i in range(10))
+    assert len(buf) == 0
+    assert buf.stats()["freed"] == 40
+
+
+def test_errors_are_python_exceptions():
+    buf = pipeline(capacity=2, n=1)
+    with pytest.raises(ValueError, match="lacks dataset key"):
+        buf.put_batch_blocking([{"id": "a"}])
+    buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])
+    with pytest.raises(ValueError, match="already in the buffer"):
+        buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])
+    with pytest.raises(rb.Timeout):
+        buf.get_batch_for_rpc_blocking("train", timeout=0.05)
+    assert issubclass(rb.Timeout, TimeoutError)
+    with pytest.raises(ValueError, match="unsupported"):
+        buf.put_batch_blocking([{"id": "b", "prompt": np.array([1 + 2j])}])
+    batch = buf.get_batch_for_rpc_blocking("gen")
+    with pytest.raises(ValueError, match="does not declare output"):
+        batch.complete_blocking([{"nope": np.array([1], np.int32)}])
+    buf.close()
+    with pytest.raises(rb.Closed):
+        buf.get_batch_for_rpc_blocking("gen")
+
+
+def test_a_lease_released_on_exception_is_redelivered():
+    async def main():
+        buf = pipeline(capacity=4, n=1)
+        await buf.put_batch([{"id": "a", "prompt": np.array([1], np.int32)}])
+        with pytest.raises(RuntimeError):
+            async with buf.lease("gen") as batch:
+                raise RuntimeError("trainer died")
+        again = await buf.get_batch_for_rpc("gen", timeout=1)
+        assert [s["id"] for s in again.samples()] == ["a"]
+        assert buf.stats()["rpcs"]["gen"]["redelivered"] == 1
+
+    asyncio.run(main())
+
+
+def test_a_persistent_buffer_comes_back(tmp_path):
+    rpcs = lambda: [rb.Rpc("train", 1, inputs=["x"])]
+    buf = rb.Buffer(8, rpcs(), store=str(tmp_path))
+    buf.put_batch_blocking([{"id": "a", "x": np.array([1.5], np.float32)}])
+    buf.flush()
+    del buf
+    again = rb.Buffer(8, rpcs(), store=str(tmp_path))
+    assert len(again) == 1
+    np.testing.assert_array_equal(again.get_batch_for_rpc_blocking("train").samples()[0]["x"], [1.5])
+    again.flush()
