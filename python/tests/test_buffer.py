@@ -121,3 +121,13 @@ def test_a_persistent_buffer_comes_back(tmp_path):
     assert len(again) == 1
     np.testing.assert_array_equal(again.get_batch_for_rpc_blocking("train").samples()[0]["x"], [1.5])
     again.flush()
+
+
+def test_the_readme_example_runs(tmp_path, capsys):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    code = code.replace("file:///tmp/rb-demo", f"file://{tmp_path}")
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    assert "array([7, 8, 9], dtype=int32)" in capsys.readouterr().out
