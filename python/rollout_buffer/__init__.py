@@ -27,20 +27,39 @@ from ._native import (
     Rpc,
     StaleHandle,
     Timeout,
+    TrainBatch,
 )
+from ._native import Batcher as _NativeBatcher
 from ._native import Buffer as _NativeBuffer
+from ._native import Ingest as _NativeIngest
 
 __all__ = [
+    "GROUP_INPUTS",
     "Batch",
+    "Batcher",
     "Buffer",
     "BufferError",
     "BufferFull",
     "Closed",
+    "Ingest",
     "Ragged",
     "Rpc",
     "StaleHandle",
     "Timeout",
+    "TrainBatch",
     "ragged",
+]
+
+#: The inputs a trainer RPC reading sealed groups declares (add ``"ref_logprobs"`` when
+#: every group has them).
+GROUP_INPUTS = [
+    "prompt_tokens",
+    "output_tokens",
+    "logprobs",
+    "token_versions",
+    "reward",
+    "rollout_uid",
+    "truncated",
 ]
 
 _RESERVED = ("id", "birth", "meta")
@@ -131,3 +150,68 @@ class Buffer:
 
     def __len__(self) -> int:
         return len(self._native)
+
+
+def _native_of(buffer: Any) -> Any:
+    return buffer._native if isinstance(buffer, Buffer) else buffer
+
+
+class Ingest:
+    """Groups rollouts and stores sealed groups in ``buffer`` (see the Rust
+    ``GroupIngest``): pending rollouts are durable with the buffer, duplicates are counted
+    and never stored, and a group is never stored twice, even across restarts.
+
+    A rollout is a dict with ``environment``, ``example_id``, ``policy_version``,
+    ``rollout_uid``, ``prompt_tokens`` (int32), ``output_tokens`` (int32), ``logprobs``
+    (float32) and optionally ``reward``, ``replica_id``, ``created_ts``, ``truncated``,
+    ``token_versions``, ``ref_logprobs``, ``reward_components`` and ``metadata``.
+    """
+
+    def __init__(
+        self,
+        buffer: Buffer,
+        group_size: int,
+        min_size: Optional[int] = None,
+        seal_timeout: float = 30.0,
+        mixed: bool = False,
+        max_per_replica: Optional[int] = None,
+    ) -> None:
+        self._native = _NativeIngest(
+            _native_of(buffer), group_size, min_size, seal_timeout, mixed, max_per_replica
+        )
+
+    async def add_rollout(self, rollout: dict) -> str:
+        """Adds a rollout; returns ``"pending"``, ``"sealed"``, ``"duplicate"``,
+        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``."""
+        return await self._native.add_rollout(rollout)
+
+    def add_rollout_blocking(self, rollout: dict) -> str:
+        """Blocking :meth:`add_rollout`."""
+        return self._native.add_rollout_blocking(rollout)
+
+    def counters(self) -> dict:
+        """Received, duplicate, pending, sealed and stored counts."""
+        return self._native.counters()
+
+
+class Batcher:
+    """Packed trainer batches from one buffer per environment, by token shares (see the
+    Rust ``Batcher``). ``sources`` are ``(name, buffer, rpc, fraction)`` tuples; the RPC
+    leases one group at a time with :data:`GROUP_INPUTS` as inputs."""
+
+    def __init__(
+        self,
+        sources: Iterable[tuple],
+        seq_len: int,
+        rows: int,
+        group_size: int,
+        advantage: str = "grpo",
+        wait: float = 1.0,
+    ) -> None:
+        native = [(name, _native_of(buf), rpc, fraction) for name, buf, rpc, fraction in sources]
+        self._native = _NativeBatcher(native, seq_len, rows, group_size, advantage, wait)
+
+    async def next_batch(self) -> TrainBatch:
+        """The next batch; ``arrays()`` gives its ``[B, S]`` numpy arrays, ``complete()``
+        commits it once trained on."""
+        return await self._native.next_batch()

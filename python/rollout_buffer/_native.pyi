@@ -54,3 +54,37 @@ class Buffer:
     def flush(self) -> None: ...
     def __len__(self) -> int: ...
     def stats(self) -> dict[str, Any]: ...
+
+class Ingest:
+    """Groups rollouts (dicts with environment, example_id, policy_version, rollout_uid,
+    prompt_tokens, output_tokens, logprobs, and optionally reward, replica_id, created_ts,
+    truncated, token_versions, ref_logprobs, reward_components, metadata) and stores sealed
+    groups in ``buffer``."""
+    def __init__(
+        self,
+        buffer: Buffer,
+        group_size: int,
+        min_size: Optional[int] = None,
+        seal_timeout: float = 30.0,
+        mixed: bool = False,
+        max_per_replica: Optional[int] = None,
+    ) -> None: ...
+    def add_rollout(self, rollout: dict[str, Any]) -> Awaitable[str]: ...
+    def add_rollout_blocking(self, rollout: dict[str, Any]) -> str: ...
+    def counters(self) -> dict[str, int]: ...
+
+class TrainBatch:
+    def arrays(self) -> dict[str, Any]: ...
+    def complete(self) -> Awaitable[None]: ...
+
+class Batcher:
+    def __init__(
+        self,
+        sources: Sequence[tuple[str, Buffer, str, float]],
+        seq_len: int,
+        rows: int,
+        group_size: int,
+        advantage: str = "grpo",
+        wait: float = 1.0,
+    ) -> None: ...
+    def next_batch(self) -> Awaitable[TrainBatch]: ...

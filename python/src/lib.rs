@@ -15,6 +15,8 @@ use rollout_buffer::{
     BufferConfig, Error, MetaValue, Patch, RpcDef, Sample, Selection, SequenceBuffer, Tensor,
     TensorData,
 };
+mod rollout;
+
 use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -41,7 +43,7 @@ create_exception!(
 );
 
 /// The Python exception for a buffer error: bad input is `ValueError`.
-fn py_err(e: Error) -> PyErr {
+pub(crate) fn py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::Full { .. } => BufferFull::new_err(msg),
@@ -154,8 +156,19 @@ fn array_from_interface(obj: &Bound<'_, PyAny>) -> Option<PyResult<Tensor>> {
     })())
 }
 
+/// `obj` as a C-contiguous numpy array when it is an array (lists and scalars as they are).
+pub(crate) fn contiguous<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if obj.hasattr("__array_interface__")? {
+        obj.py()
+            .import("numpy")?
+            .call_method1("ascontiguousarray", (obj,))
+    } else {
+        Ok(obj.clone())
+    }
+}
+
 /// A Python value as a field.
-fn tensor_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
     if let Ok(r) = obj.extract::<PyRef<'_, Ragged>>() {
         let values = tensor_from_py(r.values.bind(obj.py()))?;
         return Tensor::ragged(values, r.lengths.clone()).map_err(py_err);
@@ -262,7 +275,7 @@ fn le_bytes<T: Copy, const N: usize>(
 
 /// A field as Python: numpy arrays for numeric data, Python scalars for scalars, lists of
 /// str for strings, a list of arrays for a ragged field.
-fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     if let Some(lengths) = t.lengths() {
         let parts = PyList::empty(py);
         for i in 0..lengths.len() {
@@ -501,7 +514,7 @@ impl PyBatch {
 
 /// Runs `fut` on the runtime with the GIL released, checking for Ctrl-C every 100 ms
 /// (a `KeyboardInterrupt` drops the future, which the buffer tolerates at any await).
-fn block<T: Send>(
+pub(crate) fn block<T: Send>(
     py: Python<'_>,
     fut: impl Future<Output = rollout_buffer::Result<T>> + Send,
 ) -> PyResult<T> {
@@ -520,8 +533,8 @@ fn block<T: Send>(
 
 /// The async sequence buffer (see the Rust `SequenceBuffer`).
 #[pyclass(module = "rollout_buffer._native", name = "Buffer")]
-struct PyBuffer_ {
-    buf: SequenceBuffer,
+pub(crate) struct PyBuffer_ {
+    pub(crate) buf: SequenceBuffer,
 }
 
 #[pymethods]
@@ -706,6 +719,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBatch>()?;
     m.add_class::<PyRpc>()?;
     m.add_class::<Ragged>()?;
+    m.add_class::<rollout::PyIngest>()?;
+    m.add_class::<rollout::PyBatcher>()?;
+    m.add_class::<rollout::PyTrainBatch>()?;
     let py = m.py();
     m.add("BufferError", py.get_type::<BufferError>())?;
     m.add("BufferFull", py.get_type::<BufferFull>())?;

@@ -131,3 +131,40 @@ def test_the_readme_example_runs(tmp_path, capsys):
     code = code.replace("file:///tmp/rb-demo", f"file://{tmp_path}")
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     assert "array([7, 8, 9], dtype=int32)" in capsys.readouterr().out
+
+
+def test_rollouts_are_grouped_then_packed_for_training():
+    async def main():
+        buf = rb.Buffer(64, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS, selection="lifo")])
+        ingest = rb.Ingest(buf, group_size=4)
+        outcomes = []
+        for ex in range(6):
+            for k in range(4):
+                outcomes.append(await ingest.add_rollout({
+                    "environment": "math", "example_id": f"ex{ex}", "policy_version": 0,
+                    "rollout_uid": f"{ex}-{k}", "replica_id": f"r{k % 2}",
+                    "prompt_tokens": np.arange(8, dtype=np.int32),
+                    "output_tokens": np.full(6 + k, 3, np.int32),
+                    "logprobs": np.full(6 + k, -0.5, np.float32),
+                    "reward": float(k % 2),
+                }))
+        assert outcomes.count("sealed") == 6 and outcomes.count("pending") == 18
+        assert await ingest.add_rollout({
+            "environment": "math", "example_id": "ex0", "policy_version": 0,
+            "rollout_uid": "0-1", "prompt_tokens": np.zeros(1, np.int32),
+            "output_tokens": np.zeros(1, np.int32), "logprobs": np.zeros(1, np.float32),
+        }) == "duplicate"
+        batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=128, rows=4, group_size=4)
+        batch = await batcher.next_batch()
+        arrays = batch.arrays()
+        assert arrays["input_ids"].shape == (4, 128)
+        assert arrays["loss_mask"].dtype == np.bool_
+        groups = len(arrays["group_ids"])
+        # Each group: outputs of 6 + 7 + 8 + 9 = 30 tokens under the loss mask.
+        assert int(arrays["loss_mask"].sum()) == 30 * groups
+        assert int((arrays["segment_ids"] > 0).sum()) == (4 * 8 + 30) * groups
+        await batch.complete()
+        return len(buf), groups
+
+    left, groups = asyncio.run(main())
+    assert groups >= 1 and left == 6 - groups

@@ -1,0 +1,318 @@
+//! The RL layer for Python: group ingestion (`Ingest.add_rollout`) and trainer batches
+//! (`Batcher.next_batch`, packed `[B, S]` numpy arrays).
+
+use crate::{block, py_err, tensor_to_py, BufferError, PyBuffer_};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyFloat, PyInt, PyString};
+use rollout_buffer::rollout::{
+    Added, Advantage, Batcher, BatcherConfig, GroupBatch, GroupConfig, GroupIngest, GroupMode,
+    Packer, RolloutRecord, Shortfall, SlimeHooks, Source,
+};
+use rollout_buffer::{MetaValue, Tensor};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A field of a rollout dict, as a vector of `T`.
+fn vec_of<T>(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<Vec<T>>>
+where
+    T: rollout_buffer::Element + Copy,
+{
+    let Some(v) = d.get_item(key)? else {
+        return Ok(None);
+    };
+    if v.is_none() {
+        return Ok(None);
+    }
+    let t = crate::tensor_from_py(&crate::contiguous(&v)?)?;
+    t.array::<T>()
+        .map(|a| Some(a.iter().copied().collect()))
+        .ok_or_else(|| PyValueError::new_err(format!("rollout field `{key}` has the wrong dtype")))
+}
+
+fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
+    let d = obj
+        .cast::<PyDict>()
+        .map_err(|_| PyValueError::new_err("a rollout is a dict"))?;
+    let need = |k: &str| {
+        d.get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("a rollout needs `{k}`")))
+    };
+    let mut r = RolloutRecord::new(
+        need("environment")?.extract::<String>()?,
+        need("example_id")?.extract::<String>()?,
+        need("policy_version")?.extract::<u64>()?,
+        need("rollout_uid")?.extract::<String>()?,
+    );
+    if let Some(v) = d.get_item("replica_id")? {
+        r.replica_id = v.extract()?;
+    }
+    if let Some(v) = d.get_item("created_ts")? {
+        r.created_ts = v.extract()?;
+    }
+    r.prompt_tokens = vec_of::<i32>(d, "prompt_tokens")?.unwrap_or_default();
+    r.output_tokens = vec_of::<i32>(d, "output_tokens")?.unwrap_or_default();
+    r.logprobs = vec_of::<f32>(d, "logprobs")?.unwrap_or_default();
+    r.ref_logprobs = vec_of::<f32>(d, "ref_logprobs")?;
+    r.token_versions = vec_of::<i64>(d, "token_versions")?
+        .map(|v| v.into_iter().map(|x| x.max(0) as u64).collect());
+    if let Some(v) = d.get_item("reward")? {
+        r.reward = v.extract()?;
+    }
+    if let Some(v) = d.get_item("truncated")? {
+        r.truncated = v.extract()?;
+    }
+    if let Some(v) = d.get_item("reward_components")? {
+        r.reward_components = v.extract()?;
+    }
+    if let Some(v) = d.get_item("metadata")? {
+        let meta = v
+            .cast::<PyDict>()
+            .map_err(|_| PyValueError::new_err("`metadata` is a dict"))?;
+        for (k, v) in meta.iter() {
+            let value = if v.is_instance_of::<pyo3::types::PyBool>() {
+                MetaValue::Bool(v.extract()?)
+            } else if v.is_instance_of::<PyInt>() {
+                MetaValue::Int(v.extract()?)
+            } else if v.is_instance_of::<PyFloat>() {
+                MetaValue::Float(v.extract()?)
+            } else if v.is_instance_of::<PyString>() {
+                MetaValue::Str(v.extract()?)
+            } else {
+                return Err(PyValueError::new_err(
+                    "metadata values are int, float, str or bool",
+                ));
+            };
+            r.metadata.insert(k.extract()?, value);
+        }
+    }
+    Ok(r)
+}
+
+fn outcome(added: &Added) -> &'static str {
+    match added {
+        Added::Pending { .. } => "pending",
+        Added::Sealed(_) => "sealed",
+        Added::Duplicate => "duplicate",
+        Added::VersionRejected => "version_rejected",
+        Added::ReplicaCapped => "replica_capped",
+        Added::DuplicateGroup { .. } => "duplicate_group",
+        _ => "other",
+    }
+}
+
+/// Groups rollouts and stores sealed groups in a buffer (see the Rust `GroupIngest`).
+#[pyclass(module = "rollout_buffer._native", name = "Ingest")]
+pub(crate) struct PyIngest {
+    ingest: GroupIngest,
+}
+
+#[pymethods]
+impl PyIngest {
+    #[new]
+    #[pyo3(signature = (buffer, group_size, min_size=None, seal_timeout=30.0, mixed=false, max_per_replica=None))]
+    fn new(
+        py: Python<'_>,
+        buffer: PyRef<'_, PyBuffer_>,
+        group_size: usize,
+        min_size: Option<usize>,
+        seal_timeout: f64,
+        mixed: bool,
+        max_per_replica: Option<usize>,
+    ) -> PyResult<Self> {
+        let timeout = Duration::try_from_secs_f64(seal_timeout)
+            .map_err(|e| PyValueError::new_err(format!("seal_timeout: {e}")))?;
+        let mut config = GroupConfig::new(group_size)
+            .seal_after(timeout, min_size.unwrap_or(group_size))
+            .mode(if mixed {
+                GroupMode::Mixed
+            } else {
+                GroupMode::Strict
+            });
+        if let Some(n) = max_per_replica {
+            config = config.max_per_replica(n);
+        }
+        let buf = buffer.buf.clone();
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
+        let ingest = py
+            .detach(|| rt.block_on(GroupIngest::start(buf, config)))
+            .map_err(py_err)?;
+        Ok(Self { ingest })
+    }
+
+    /// Adds a rollout (a dict); resolves to what became of it: `"pending"`, `"sealed"`,
+    /// `"duplicate"`, `"version_rejected"`, `"replica_capped"` or `"duplicate_group"`.
+    fn add_rollout<'py>(
+        &self,
+        py: Python<'py>,
+        rollout: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let record = rollout_from_py(&rollout)?;
+        let ingest = self.ingest.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let added = ingest.add(record).await.map_err(py_err)?;
+            Ok(outcome(&added))
+        })
+    }
+
+    /// Blocking `add_rollout`.
+    fn add_rollout_blocking(
+        &self,
+        py: Python<'_>,
+        rollout: Bound<'_, PyAny>,
+    ) -> PyResult<&'static str> {
+        let record = rollout_from_py(&rollout)?;
+        let added = block(py, self.ingest.add(record))?;
+        Ok(outcome(&added))
+    }
+
+    /// The assembler's and ingestion's counts, as a dict.
+    fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let a = self.ingest.assembler_counters();
+        let c = self.ingest.counters();
+        let d = PyDict::new(py);
+        d.set_item("received", a.received)?;
+        d.set_item("duplicates", a.duplicates)?;
+        d.set_item("pending_rollouts", a.pending_rollouts)?;
+        d.set_item("sealed_full", a.sealed_full)?;
+        d.set_item("sealed_timeout", a.sealed_timeout)?;
+        d.set_item("dropped_groups", a.dropped_groups)?;
+        d.set_item("stored_groups", c.stored_groups)?;
+        d.set_item("duplicate_groups", c.duplicate_groups)?;
+        Ok(d)
+    }
+}
+
+/// A packed trainer batch: `arrays()` gives the `[B, S]` numpy arrays; `complete()` when
+/// trained on (rejected groups are then discarded); dropping it gives the groups back.
+#[pyclass(module = "rollout_buffer._native", name = "TrainBatch")]
+pub(crate) struct PyTrainBatch {
+    inner: Mutex<Option<GroupBatch>>,
+}
+
+#[pymethods]
+impl PyTrainBatch {
+    /// `input_ids`, `position_ids`, `segment_ids`, `loss_mask`, `advantages`,
+    /// `behavior_logprobs`, `policy_versions` (and `ref_logprobs` when present) as numpy
+    /// arrays, plus `group_ids` and `efficiency`.
+    fn arrays<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let guard = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("lock poisoned"))?;
+        let b = guard
+            .as_ref()
+            .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
+        let t = &b.batch;
+        let d = PyDict::new(py);
+        let put = |name: &str, tensor: Tensor| -> PyResult<()> {
+            d.set_item(name, tensor_to_py(py, &tensor)?)
+        };
+        put("input_ids", Tensor::from(t.input_ids.clone().into_dyn()))?;
+        put(
+            "position_ids",
+            Tensor::from(t.position_ids.clone().into_dyn()),
+        )?;
+        put(
+            "segment_ids",
+            Tensor::from(t.segment_ids.clone().into_dyn()),
+        )?;
+        put("loss_mask", Tensor::from(t.loss_mask.clone().into_dyn()))?;
+        put("advantages", Tensor::from(t.advantages.clone().into_dyn()))?;
+        put(
+            "behavior_logprobs",
+            Tensor::from(t.behavior_logprobs.clone().into_dyn()),
+        )?;
+        put(
+            "policy_versions",
+            Tensor::from(t.policy_versions.clone().into_dyn()),
+        )?;
+        if let Some(r) = &t.ref_logprobs {
+            put("ref_logprobs", Tensor::from(r.clone().into_dyn()))?;
+        }
+        d.set_item("group_ids", t.group_ids.clone())?;
+        d.set_item("efficiency", t.efficiency())?;
+        d.set_item("short", b.short)?;
+        Ok(d)
+    }
+
+    /// Commits the packed groups and discards the rejected ones.
+    fn complete<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let batch = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("lock poisoned"))?
+            .take()
+            .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            batch.complete().await.map_err(py_err)
+        })
+    }
+}
+
+/// Trainer batches from one or more environment buffers (see the Rust `Batcher`).
+#[pyclass(module = "rollout_buffer._native", name = "Batcher")]
+pub(crate) struct PyBatcher {
+    batcher: Arc<Batcher>,
+}
+
+#[pymethods]
+impl PyBatcher {
+    /// `sources`: `(name, buffer, rpc, fraction)` tuples. `advantage`: `"grpo"`, `"rloo"`
+    /// or `"none"`.
+    #[new]
+    #[pyo3(signature = (sources, seq_len, rows, group_size, advantage="grpo", wait=1.0))]
+    fn new(
+        sources: Vec<(String, PyRef<'_, PyBuffer_>, String, f64)>,
+        seq_len: usize,
+        rows: usize,
+        group_size: usize,
+        advantage: &str,
+        wait: f64,
+    ) -> PyResult<Self> {
+        let advantage = match advantage {
+            "grpo" => Advantage::Grpo {
+                divide_by_std: true,
+            },
+            "rloo" => Advantage::Rloo,
+            "none" => Advantage::None,
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "advantage `{other}`: grpo, rloo or none"
+                )))
+            }
+        };
+        let sources = sources
+            .into_iter()
+            .map(|(name, buffer, rpc, fraction)| Source {
+                name,
+                buffer: buffer.buf.clone(),
+                rpc,
+                fraction,
+            })
+            .collect();
+        let config = BatcherConfig {
+            packer: Packer::new(seq_len, rows),
+            hooks: Arc::new(SlimeHooks { group_size }),
+            advantage,
+            dynamic: None,
+            wait: Duration::try_from_secs_f64(wait)
+                .map_err(|e| PyValueError::new_err(format!("wait: {e}")))?,
+            shortfall: Shortfall::FillFromOthers,
+        };
+        Ok(Self {
+            batcher: Arc::new(Batcher::new(sources, config).map_err(py_err)?),
+        })
+    }
+
+    /// The next packed batch.
+    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let batcher = Arc::clone(&self.batcher);
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let batch = batcher.next_batch().await.map_err(py_err)?;
+            Ok(PyTrainBatch {
+                inner: Mutex::new(Some(batch)),
+            })
+        })
+    }
+}
