@@ -168,3 +168,56 @@ def test_rollouts_are_grouped_then_packed_for_training():
 
     left, groups = asyncio.run(main())
     assert groups >= 1 and left == 6 - groups
+
+
+def test_cancelling_an_awaited_get_leaves_nothing_behind():
+    async def main():
+        buf = pipeline(capacity=4, n=1)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(buf.get_batch_for_rpc("gen"), 0.05)
+        # The cancelled getter holds nothing and waits no more; the next one is served.
+        await buf.put_batch([{"id": "a", "prompt": np.array([1], np.int32)}])
+        batch = await buf.get_batch_for_rpc("gen", timeout=1)
+        assert [s["id"] for s in batch.samples()] == ["a"]
+        assert buf.stats()["rpcs"]["gen"]["waiting"] == 0
+
+    asyncio.run(main())
+
+
+def test_ctrl_c_interrupts_a_blocking_wait():
+    import os
+    import signal
+    import threading
+
+    buf = pipeline(capacity=4, n=1)
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        buf.get_batch_for_rpc_blocking("gen")
+    timer.join()
+    stats = buf.stats()
+    assert stats["rpcs"]["gen"]["waiting"] == 0 and stats["live_leases"] == 0
+    buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])
+    assert len(buf.get_batch_for_rpc_blocking("gen", timeout=1)) == 1
+
+
+def test_many_concurrent_tasks_share_one_buffer():
+    async def main():
+        buf = rb.Buffer(64, [rb.Rpc("train", 4, inputs=["x"])])
+        seen = []
+
+        async def put(p):
+            for i in range(25):
+                await buf.put_batch([{"id": f"{p}-{i}", "x": np.full(16, p, np.int64)}])
+
+        async def take():
+            for _ in range(25):
+                batch = await buf.get_batch_for_rpc("train", timeout=10)
+                seen.extend(s["id"] for s in batch.samples())
+                await batch.commit()
+
+        await asyncio.gather(*(put(p) for p in range(16)), *(take() for _ in range(4)))
+        return seen, len(buf)
+
+    seen, left = asyncio.run(main())
+    assert len(seen) == len(set(seen)) == 400 and left == 0
