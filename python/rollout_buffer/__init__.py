@@ -88,7 +88,9 @@ class Buffer:
     """A fixed-capacity sequence buffer serving RPCs (see the Rust ``SequenceBuffer``).
 
     ``store`` (``"file:///dir"``, a path, ``"memory://"``, ``"s3://bucket/prefix"``) makes
-    it persistent: opened, it recovers everything stored there.
+    it persistent: opened, it recovers everything stored there. ``durability`` is
+    ``"sync"`` (a call returns once its change is on storage), ``"interval:<ms>"`` or
+    ``"none"``.
     """
 
     def __init__(
@@ -97,12 +99,24 @@ class Buffer:
         rpcs: Iterable[Rpc],
         store: Optional[str] = None,
         external_keys: Iterable[str] = (),
+        durability: str = "sync",
     ) -> None:
-        self._native = _NativeBuffer(capacity, list(rpcs), store, list(external_keys))
+        self._native = _NativeBuffer(
+            capacity, list(rpcs), store, list(external_keys), durability
+        )
 
     async def put_batch(self, samples: Iterable[dict]) -> list:
         """Stores samples, waiting for room; returns one ``(slot, generation)`` each."""
         return await self._native.put_batch([_prepare_dict(s) for s in samples])
+
+    async def amend_batch(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
+        """Adds or replaces fields of stored samples; ``handles`` are the ``(slot,
+        generation)`` pairs from :meth:`put_batch` or ``Batch.handles()``."""
+        await self._native.amend_batch(list(handles), [_prepare_dict(p) for p in patches])
+
+    def amend_batch_blocking(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
+        """Blocking :meth:`amend_batch`."""
+        self._native.amend_batch_blocking(list(handles), [_prepare_dict(p) for p in patches])
 
     def put_batch_blocking(self, samples: Iterable[dict]) -> list:
         """Blocking :meth:`put_batch`."""

@@ -12,8 +12,8 @@ use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use rollout_buffer::{
-    BufferConfig, Error, MetaValue, Patch, RpcDef, Sample, Selection, SequenceBuffer, Tensor,
-    TensorData,
+    BufferConfig, Error, MetaValue, Patch, RpcDef, Sample, Selection, SequenceBuffer, SlotHandle,
+    Tensor, TensorData,
 };
 mod rollout;
 
@@ -457,6 +457,23 @@ impl PyBatch {
         Ok(list)
     }
 
+    /// The samples' handles, `(slot, generation)`, for `Buffer.amend_batch`.
+    fn handles(&self) -> PyResult<Vec<(u32, u32)>> {
+        let guard = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
+        Ok(guard
+            .as_ref()
+            .map(|b| {
+                b.handles()
+                    .iter()
+                    .map(|h| (h.slot(), h.generation()))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     fn __len__(&self) -> usize {
         self.inner
             .lock()
@@ -540,16 +557,19 @@ pub(crate) struct PyBuffer_ {
 #[pymethods]
 impl PyBuffer_ {
     /// A buffer of `capacity` slots serving `rpcs`; with `store` (a path or URL:
-    /// `file:///...`, `memory://`, `s3://...`), persistent and recovered from it.
+    /// `file:///...`, `memory://`, `s3://...`), persistent and recovered from it, with
+    /// `durability` `"sync"` (the default), `"interval:<ms>"` or `"none"`.
     #[new]
-    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![]))]
+    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync"))]
     fn new(
         py: Python<'_>,
         capacity: usize,
         rpcs: Vec<Bound<'_, PyAny>>,
         store: Option<String>,
         external_keys: Vec<String>,
+        durability: &str,
     ) -> PyResult<Self> {
+        let durability = parse_durability(durability)?;
         let defs = rpcs
             .iter()
             .map(|r| Ok(r.extract::<PyRef<'_, PyRpc>>()?.def.clone()))
@@ -572,7 +592,8 @@ impl PyBuffer_ {
                         SequenceBuffer::open_in(
                             store,
                             config,
-                            rollout_buffer::persist::PersistOptions::default(),
+                            rollout_buffer::persist::PersistOptions::default()
+                                .durability(durability),
                         )
                         .await
                     })
@@ -602,6 +623,46 @@ impl PyBuffer_ {
                 .map(|h| (h.slot(), h.generation()))
                 .collect::<Vec<_>>())
         })
+    }
+
+    /// Adds or replaces fields (one dict per handle, handles as `(slot, generation)`
+    /// from `put_batch` or `Batch.handles()`).
+    fn amend_batch<'py>(
+        &self,
+        py: Python<'py>,
+        handles: Vec<(u32, u32)>,
+        patches: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let patches = patches
+            .iter()
+            .map(patch_from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        let handles: Vec<SlotHandle> = handles
+            .into_iter()
+            .map(|(s, g)| SlotHandle::new(s, g))
+            .collect();
+        let buf = self.buf.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            buf.amend_batch(&handles, patches).await.map_err(py_err)
+        })
+    }
+
+    /// Blocking `amend_batch`.
+    fn amend_batch_blocking(
+        &self,
+        py: Python<'_>,
+        handles: Vec<(u32, u32)>,
+        patches: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let patches = patches
+            .iter()
+            .map(patch_from_py)
+            .collect::<PyResult<Vec<_>>>()?;
+        let handles: Vec<SlotHandle> = handles
+            .into_iter()
+            .map(|(s, g)| SlotHandle::new(s, g))
+            .collect();
+        block(py, self.buf.amend_batch(&handles, patches))
     }
 
     /// Blocking `put_batch`.
@@ -706,6 +767,24 @@ impl PyBuffer_ {
         }
         d.set_item("rpcs", rpcs)?;
         Ok(d)
+    }
+}
+
+/// `"sync"`, `"none"`, or `"interval:<milliseconds>"`.
+fn parse_durability(s: &str) -> PyResult<rollout_buffer::persist::Durability> {
+    use rollout_buffer::persist::Durability;
+    match s {
+        "sync" => Ok(Durability::Sync),
+        "none" => Ok(Durability::None),
+        other => other
+            .strip_prefix("interval:")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "durability `{other}`: use \"sync\", \"none\" or \"interval:<ms>\""
+                ))
+            }),
     }
 }
 

@@ -221,3 +221,25 @@ def test_many_concurrent_tasks_share_one_buffer():
 
     seen, left = asyncio.run(main())
     assert len(seen) == len(set(seen)) == 400 and left == 0
+
+
+def test_amends_by_handle_and_a_stale_handle_is_refused(tmp_path):
+    buf = rb.Buffer(
+        4,
+        [rb.Rpc("train", 1, inputs=["prompt", "score"])],
+        store=str(tmp_path),
+        external_keys=["score"],
+        durability="interval:10",
+    )
+    (handle,) = buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])
+    with pytest.raises(rb.Timeout):
+        buf.get_batch_for_rpc_blocking("train", timeout=0.05)  # no score yet
+    asyncio.run(buf.amend_batch([handle], [{"score": 0.5}]))
+    batch = buf.get_batch_for_rpc_blocking("train", timeout=1)
+    assert batch.samples()[0]["score"] == 0.5 and batch.handles() == [tuple(handle)]
+    batch.commit_blocking()
+    with pytest.raises(rb.StaleHandle):
+        buf.amend_batch_blocking([handle], [{"score": 1.0}])
+    with pytest.raises(ValueError, match="durability"):
+        rb.Buffer(4, [rb.Rpc("r", 1, inputs=["x"])], store=str(tmp_path / "b"), durability="often")
+    buf.flush()

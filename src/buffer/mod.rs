@@ -85,6 +85,13 @@ pub struct SlotHandle {
 }
 
 impl SlotHandle {
+    /// A handle from its parts (one that crossed a process or language boundary as two
+    /// integers). `amend_batch` checks the generation, so a handle to a slot freed or
+    /// reused since is refused with [`Error::StaleHandle`].
+    pub fn new(slot: u32, generation: u32) -> Self {
+        Self { slot, generation }
+    }
+
     /// The slot index.
     pub fn slot(&self) -> u32 {
         self.slot
