@@ -31,7 +31,7 @@ def make_actor(store):
 
 
 @ray.remote
-def produce(actor, producer):
+def produce(actor, producer, examples=EXAMPLES):
     # Producer p writes rollout p of every example: groups complete across producers.
     rollouts = [
         {
@@ -41,7 +41,7 @@ def produce(actor, producer):
             "output_tokens": np.full(16, e * 10 + producer, np.int32),
             "logprobs": np.full(16, -0.5, np.float32),
         }
-        for e in range(EXAMPLES)
+        for e in range(examples)
     ]
     return ray.get(actor.add_rollouts.remote(rollouts))
 
@@ -93,5 +93,24 @@ def test_producers_verifier_trainer_and_a_restarted_actor(tmp_path):
         final = ray.get(actor.stats.remote())["buffer"]
         assert final["put"] - final["freed"] - final["filtered"] == EXAMPLES - len(trained)
         ray.get(actor.flush.remote())
+    finally:
+        ray.shutdown()
+
+
+def test_a_dead_verifiers_lease_comes_back(tmp_path):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        rpcs = [dict(RPCS[0], lease_timeout=0.5), RPCS[1]]
+        actor = BufferActor.remote(16, rpcs, store=str(tmp_path / "b"), group_size=GROUP)
+        ray.get(actor.ready.remote())
+        ray.get([produce.remote(actor, p, 1) for p in range(GROUP)])
+        _, samples = ray.get(actor.lease.remote("verify", 10.0))
+        # The verifier holding the only group dies without a word. The next lease waits
+        # until the dead one's 0.5 s lease timeout passes and gets the same group.
+        lease, again = ray.get(actor.lease.remote("verify", 10.0))
+        assert again[0]["id"] == samples[0]["id"]
+        ray.get(actor.complete.remote(lease, [{"reward": np.array([0.0, 1.0, 0.0, 1.0])}]))
+        verify_stats = ray.get(actor.stats.remote())["buffer"]["rpcs"]["verify"]
+        assert verify_stats["redelivered"] == 1 and verify_stats["reads"] == 1
     finally:
         ray.shutdown()
