@@ -13,8 +13,10 @@ class Ragged:
     def __init__(self, values: Any, lengths: Sequence[int]) -> None: ...
 
 class Rpc:
-    """One consumer: ``selection`` is ``"fifo"``, ``"lifo"`` or ``"uniform"`` (with
-    ``seed``); ``lease_timeout`` in seconds."""
+    """One consumer: ``selection`` is ``"fifo"``, ``"lifo"``, ``"uniform"``, ``"recency"``
+    (weight ``(i+1)**alpha`` by age rank) or ``"prioritized"`` (``priority_key`` field to
+    the power ``exponent``), the random ones drawn from ``seed``; ``lease_timeout`` in
+    seconds."""
     def __init__(
         self,
         name: str,
@@ -26,6 +28,9 @@ class Rpc:
         seed: int = 0,
         lease_timeout: Optional[float] = None,
         max_staleness: Optional[int] = None,
+        alpha: float = 1.0,
+        priority_key: Optional[str] = None,
+        exponent: float = 1.0,
     ) -> None: ...
 
 class Batch:

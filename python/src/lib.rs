@@ -382,7 +382,7 @@ struct PyRpc {
 #[pymethods]
 impl PyRpc {
     #[new]
-    #[pyo3(signature = (name, n_seqs, inputs=vec![], outputs=vec![], reads=1, selection="fifo", seed=0, lease_timeout=None, max_staleness=None))]
+    #[pyo3(signature = (name, n_seqs, inputs=vec![], outputs=vec![], reads=1, selection="fifo", seed=0, lease_timeout=None, max_staleness=None, alpha=1.0, priority_key=None, exponent=1.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -394,14 +394,28 @@ impl PyRpc {
         seed: u64,
         lease_timeout: Option<f64>,
         max_staleness: Option<u64>,
+        alpha: f64,
+        priority_key: Option<String>,
+        exponent: f64,
     ) -> PyResult<Self> {
-        let selection = match selection {
-            "fifo" => Selection::Fifo,
-            "lifo" => Selection::Lifo,
-            "uniform" => Selection::Uniform { seed },
-            other => {
+        let selection = match (selection, priority_key) {
+            ("fifo", _) => Selection::Fifo,
+            ("lifo", _) => Selection::Lifo,
+            ("uniform", _) => Selection::Uniform { seed },
+            ("recency", _) => Selection::Recency { alpha, seed },
+            ("prioritized", Some(key)) => Selection::Prioritized {
+                key,
+                exponent,
+                seed,
+            },
+            ("prioritized", None) => {
+                return Err(PyValueError::new_err(
+                    "selection `prioritized` needs `priority_key`",
+                ))
+            }
+            (other, _) => {
                 return Err(PyValueError::new_err(format!(
-                    "selection `{other}`: use fifo, lifo or uniform"
+                    "selection `{other}`: use fifo, lifo, uniform, recency or prioritized"
                 )))
             }
         };

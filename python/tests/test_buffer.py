@@ -243,3 +243,34 @@ def test_amends_by_handle_and_a_stale_handle_is_refused(tmp_path):
     with pytest.raises(ValueError, match="durability"):
         rb.Buffer(4, [rb.Rpc("r", 1, inputs=["x"])], store=str(tmp_path / "b"), durability="often")
     buf.flush()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"selection": "uniform", "seed": 3},
+        {"selection": "recency", "alpha": 3.0, "seed": 3},
+        {"selection": "prioritized", "priority_key": "p", "exponent": 1.0, "seed": 3},
+    ],
+)
+def test_randomised_selections_are_reproducible(kwargs):
+    def run():
+        buf = rb.Buffer(32, [rb.Rpc("r", 4, inputs=["x"], reads=100, **kwargs)])
+        buf.put_batch_blocking([{"id": f"s{i}", "birth": i + 1, "x": i, "p": float(i % 3)} for i in range(32)])
+        out = []
+        for _ in range(5):
+            batch = buf.get_batch_for_rpc_blocking("r")
+            out.append([s["id"] for s in batch.samples()])
+            batch.release()
+        return out
+
+    first = run()
+    assert first == run()
+    assert all(len(set(b)) == 4 for b in first)
+
+
+def test_unknown_selection_is_a_value_error():
+    with pytest.raises(ValueError, match="selection"):
+        rb.Rpc("r", 1, selection="best")
+    with pytest.raises(ValueError, match="priority_key"):
+        rb.Rpc("r", 1, selection="prioritized")

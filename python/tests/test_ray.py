@@ -47,13 +47,22 @@ def produce(actor, producer, examples=EXAMPLES):
 
 
 @ray.remote
-def verify(actor, groups):
-    # Reward 1 for even producers: every group has reward variance.
-    for _ in range(groups):
-        lease, samples = ray.get(actor.lease.remote("verify", 30.0))
-        outs = [{"reward": np.array([float(i % 2) for i in range(len(s["output_tokens"]))])} for s in samples]
-        ray.get(actor.complete.remote(lease, outs))
-    return groups
+class Verifier:
+    """Scores groups through leases: reward 1 for odd producers, so every group has
+    reward variance."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def run(self, groups):
+        for _ in range(groups):
+            lease, samples = ray.get(self.actor.lease.remote("verify", 30.0))
+            outs = [
+                {"reward": np.array([float(i % 2) for i in range(len(s["output_tokens"]))])}
+                for s in samples
+            ]
+            ray.get(self.actor.complete.remote(lease, outs))
+        return groups
 
 
 def train(actor, steps, first_step, trained):
@@ -76,7 +85,8 @@ def test_producers_verifier_trainer_and_a_restarted_actor(tmp_path):
         actor = make_actor(store)
         outcomes = ray.get([produce.remote(actor, p) for p in range(GROUP)])
         assert sum(o.count("sealed") for o in outcomes) == EXAMPLES
-        ray.get(verify.remote(actor, EXAMPLES))
+        verifier = Verifier.remote(actor)
+        assert ray.get(verifier.run.remote(EXAMPLES)) == EXAMPLES
         trained = set()
         train(actor, 10, 0, trained)  # one group per batch (rows=1, 4 x 24 tokens < 256)
         assert len(trained) >= 10
