@@ -261,6 +261,22 @@ fn patch_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Patch> {
     Ok(patch)
 }
 
+fn patches_from_py(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Patch>> {
+    objs.iter().map(patch_from_py).collect()
+}
+
+fn samples_from_py(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Sample>> {
+    objs.iter().map(sample_from_py).collect()
+}
+
+/// `(slot, generation)` pairs as handles (the buffer checks their generations).
+fn handles_from_py(pairs: Vec<(u32, u32)>) -> Vec<SlotHandle> {
+    pairs
+        .into_iter()
+        .map(|(slot, generation)| SlotHandle::new(slot, generation))
+        .collect()
+}
+
 /// Little-endian bytes of a numeric array, for `numpy.frombuffer`.
 fn le_bytes<T: Copy, const N: usize>(
     a: &ndarray::ArcArray<T, IxDyn>,
@@ -502,10 +518,7 @@ impl PyBatch {
         py: Python<'py>,
         outputs: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let patches = outputs
-            .iter()
-            .map(patch_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
+        let patches = patches_from_py(&outputs)?;
         let batch = self.take()?;
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             batch.complete(patches).await.map_err(py_err)
@@ -522,10 +535,7 @@ impl PyBatch {
 
     /// Blocking `complete`.
     fn complete_blocking(&self, py: Python<'_>, outputs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        let patches = outputs
-            .iter()
-            .map(patch_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
+        let patches = patches_from_py(&outputs)?;
         let batch = self.take()?;
         block(py, batch.complete(patches))
     }
@@ -625,10 +635,7 @@ impl PyBuffer_ {
         py: Python<'py>,
         samples: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let samples = samples
-            .iter()
-            .map(sample_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
+        let samples = samples_from_py(&samples)?;
         let buf = self.buf.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let handles = buf.put_batch(samples).await.map_err(py_err)?;
@@ -647,14 +654,8 @@ impl PyBuffer_ {
         handles: Vec<(u32, u32)>,
         patches: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let patches = patches
-            .iter()
-            .map(patch_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
-        let handles: Vec<SlotHandle> = handles
-            .into_iter()
-            .map(|(s, g)| SlotHandle::new(s, g))
-            .collect();
+        let patches = patches_from_py(&patches)?;
+        let handles = handles_from_py(handles);
         let buf = self.buf.clone();
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             buf.amend_batch(&handles, patches).await.map_err(py_err)
@@ -668,14 +669,8 @@ impl PyBuffer_ {
         handles: Vec<(u32, u32)>,
         patches: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let patches = patches
-            .iter()
-            .map(patch_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
-        let handles: Vec<SlotHandle> = handles
-            .into_iter()
-            .map(|(s, g)| SlotHandle::new(s, g))
-            .collect();
+        let patches = patches_from_py(&patches)?;
+        let handles = handles_from_py(handles);
         block(py, self.buf.amend_batch(&handles, patches))
     }
 
@@ -685,10 +680,7 @@ impl PyBuffer_ {
         py: Python<'_>,
         samples: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<Vec<(u32, u32)>> {
-        let samples = samples
-            .iter()
-            .map(sample_from_py)
-            .collect::<PyResult<Vec<_>>>()?;
+        let samples = samples_from_py(&samples)?;
         let handles = block(py, self.buf.put_batch(samples))?;
         Ok(handles.iter().map(|h| (h.slot(), h.generation())).collect())
     }
