@@ -41,7 +41,11 @@
 //! ```
 //!
 //! Module map: `rpc_defs` (RPC definitions, graph validation, key interning), `state` (the
-//! synchronous slot state machine), `buffer` (the async API), `sync` (the one place naming
+//! synchronous slot state machine: readiness, staleness, selection, the byte budget),
+//! `buffer` (the async API), [`rollout`] (the RL layer: rollout records, group assembly
+//! and ingestion, admission, group hooks, advantages, packing, the multi-environment
+//! batcher, metrics), [`persist`] (write-ahead log, checkpoints, recovery, the Parquet
+//! archive), [`arrow`] (samples as Arrow record batches), `sync` (the one place naming
 //! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`).
 
 #[cfg(feature = "arrow")]
