@@ -9,7 +9,9 @@
 use ndarray::{ArrayD, IxDyn};
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
+use pyo3::intern;
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use rollout_buffer::{
     BufferConfig, Error, MetaValue, Patch, RpcDef, Sample, Selection, SequenceBuffer, SlotHandle,
@@ -98,7 +100,7 @@ unsafe fn copy_elements<T: Copy>(ptr: usize, n: usize) -> Vec<T> {
 /// A numpy (or any `__array_interface__`) array as a tensor, copied once. `None` when the
 /// object is not an array.
 fn array_from_interface(obj: &Bound<'_, PyAny>) -> Option<PyResult<Tensor>> {
-    let iface = obj.getattr("__array_interface__").ok()?;
+    let iface = obj.getattr(intern!(obj.py(), "__array_interface__")).ok()?;
     Some((|| {
         let get = |k: &str| {
             iface
@@ -358,9 +360,14 @@ pub(crate) fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'
         }
         _ => return Err(BufferError::new_err("unsupported tensor type")),
     };
-    let numpy = py.import("numpy")?;
-    let array = numpy.call_method1("frombuffer", (PyBytes::new(py, &bytes), dtype))?;
-    array.call_method1("reshape", (PyTuple::new(py, t.shape())?,))
+    // Looked up once per process, not once per field.
+    static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+    let frombuffer = FROMBUFFER.import(py, "numpy", "frombuffer")?;
+    let array = frombuffer.call1((PyBytes::new(py, &bytes), dtype))?;
+    if t.shape().len() == 1 {
+        return Ok(array);
+    }
+    array.call_method1(intern!(py, "reshape"), (PyTuple::new(py, t.shape())?,))
 }
 
 /// A sample (only the fields a batch shows) as a dict.
