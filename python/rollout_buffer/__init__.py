@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 import numpy as np
 
 from ._native import (
+    GROUP_INPUTS,
     Batch,
     BufferError,
     BufferFull,
@@ -48,18 +49,6 @@ __all__ = [
     "Timeout",
     "TrainBatch",
     "ragged",
-]
-
-#: The inputs a trainer RPC reading sealed groups declares (add ``"ref_logprobs"`` when
-#: every group has them).
-GROUP_INPUTS = [
-    "prompt_tokens",
-    "output_tokens",
-    "logprobs",
-    "token_versions",
-    "reward",
-    "rollout_uid",
-    "truncated",
 ]
 
 _RESERVED = ("id", "birth", "meta")

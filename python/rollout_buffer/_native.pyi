@@ -2,6 +2,10 @@
 
 from typing import Any, Awaitable, Optional, Sequence
 
+#: The inputs a trainer RPC reading sealed groups declares (add ``"ref_logprobs"`` when
+#: every group has them).
+GROUP_INPUTS: list[str]
+
 class BufferError(Exception): ...
 class BufferFull(BufferError): ...
 class Closed(BufferError): ...

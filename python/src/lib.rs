@@ -820,5 +820,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("Closed", py.get_type::<Closed>())?;
     m.add("StaleHandle", py.get_type::<StaleHandle>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
+    // The Rust constant itself, so the two can never disagree.
+    m.add(
+        "GROUP_INPUTS",
+        rollout_buffer::rollout::GROUP_INPUTS.to_vec(),
+    )?;
     Ok(())
 }

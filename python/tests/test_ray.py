@@ -7,6 +7,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from rollout_buffer import GROUP_INPUTS  # noqa: E402
 from rollout_buffer.ray import BufferActor  # noqa: E402
 
 EXAMPLES = 60
@@ -16,8 +17,7 @@ RPCS = [
     {"name": "verify", "n_seqs": 1, "inputs": ["output_tokens"], "outputs": ["reward"],
      "lease_timeout": 5.0},
     {"name": "train", "n_seqs": 1,
-     "inputs": ["prompt_tokens", "output_tokens", "logprobs", "token_versions", "reward",
-                "rollout_uid", "truncated"],
+     "inputs": GROUP_INPUTS,
      "max_staleness": MAX_STALENESS},
 ]
 
