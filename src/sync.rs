@@ -83,6 +83,12 @@ impl<T> Mutex<T> {
     }
 }
 
+impl<T: Default> Default for Mutex<T> {
+    fn default() -> Self {
+        Self::new(T::default())
+    }
+}
+
 /// Hands out `n` consecutive values of the process-wide birth counter and returns the first.
 ///
 /// Births order samples oldest-first; a sample put without an explicit birth gets the next

@@ -76,6 +76,14 @@ impl Batch {
         }
     }
 
+    /// Puts the fields loaded back from a spill segment into sample `i` (whose snapshot is
+    /// the spilled sample's stub; its own fields are newer and win).
+    pub(super) fn fill(&mut self, i: usize, loaded: crate::sample::Fields) {
+        if let Some(sample) = self.samples.get_mut(i) {
+            *sample = Arc::new(super::spill::merge(sample, loaded));
+        }
+    }
+
     /// The training step, for a batch from `get_batch_for_step`.
     pub fn step(&self) -> Option<u64> {
         self.step

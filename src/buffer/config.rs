@@ -25,6 +25,8 @@ pub struct BufferConfig {
     pub(crate) freed_sink: Option<Arc<dyn FreedSink>>,
     pub(crate) max_bytes: Option<u64>,
     pub(crate) overflow: Overflow,
+    pub(crate) memory_budget: Option<u64>,
+    pub(crate) spill_store: Option<Arc<dyn super::SpillStore>>,
 }
 
 /// What a put that does not fit (too few free slots, or over the byte budget) does.
@@ -52,7 +54,24 @@ impl BufferConfig {
             freed_sink: None,
             max_bytes: None,
             overflow: Overflow::Wait,
+            memory_budget: None,
+            spill_store: None,
         }
+    }
+
+    /// Keeps at most about `bytes` of tensor data in memory: past it, the fields of idle
+    /// samples are written to Parquet spill segments and read back when a batch selects
+    /// them (see the crate docs, "Spilling"). Every slot, its keys, metadata and readiness
+    /// stay in memory. A put waits while its bytes do not fit under the budget (unless
+    /// nothing is in memory), so the count stays within the budget plus one put batch
+    /// (and what amends and completions add).
+    ///
+    /// Segments go to `<root>/spill/` of a persistent buffer's store, to the store set
+    /// with `spill_to`, or else to a fresh directory under the system's temporary
+    /// directory, removed with the buffer.
+    pub fn memory_budget(mut self, bytes: u64) -> Self {
+        self.memory_budget = Some(bytes);
+        self
     }
 
     /// Limits the tensor bytes the stored samples hold (besides the slot count). A put

@@ -7,7 +7,7 @@
 
 use super::Shared;
 use crate::error::Result;
-use crate::sample::Sample;
+use crate::sample::{Sample, SampleId};
 use crate::state::Exit;
 use crate::sync::Arc;
 use std::fmt;
@@ -53,6 +53,11 @@ pub(crate) struct Freed {
     pub(crate) stale: Vec<Arc<Sample>>,
     pub(crate) evicted: Vec<Arc<Sample>>,
     pub(crate) filtered: Vec<Arc<Sample>>,
+    /// Spilled fields of the freed samples, by id (only with a sink, which gets the whole
+    /// sample): read back before the sink sees them.
+    pub(crate) spilled: Vec<(SampleId, Vec<super::spill::SpilledRow>)>,
+    /// Spill segments left without a live row (deleted once `spilled` is read).
+    pub(crate) dead_segments: Vec<Arc<super::Segment>>,
 }
 
 impl Freed {
@@ -70,6 +75,8 @@ impl Freed {
         self.stale.extend(other.stale);
         self.evicted.extend(other.evicted);
         self.filtered.extend(other.filtered);
+        self.spilled.extend(other.spilled);
+        self.dead_segments.extend(other.dead_segments);
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -77,6 +84,7 @@ impl Freed {
             && self.stale.is_empty()
             && self.evicted.is_empty()
             && self.filtered.is_empty()
+            && self.dead_segments.is_empty()
     }
 }
 
@@ -92,15 +100,33 @@ impl Shared {
     }
 
     /// Hands freed payloads to the sink, if any; runs outside the lock.
-    pub(crate) fn dispose(&self, freed: Freed) {
+    pub(crate) fn dispose(&self, mut freed: Freed) {
         if freed.is_empty() {
             return;
         }
-        let Some(sink) = &self.freed_sink else {
+        if !freed.spilled.is_empty() || !freed.dead_segments.is_empty() {
+            // Spilled fields are read back (then their segments deleted) in a task.
+            if let Some(freed) = self.hand_over_spilled(std::mem::take(&mut freed)) {
+                self.hand_to_sink(freed);
+            }
             return;
-        };
+        }
+        self.hand_to_sink(freed);
+    }
+
+    /// Hands freed samples to the sink, if any.
+    pub(crate) fn hand_to_sink(&self, freed: Freed) {
+        if let Some(sink) = &self.freed_sink {
+            hand_to_sink(&**sink, &self.read_by, freed);
+        }
+    }
+}
+
+/// Hands freed samples to `sink`; `read_by` names every RPC once per read.
+pub(crate) fn hand_to_sink(sink: &dyn FreedSink, read_by: &[String], freed: Freed) {
+    {
         if !freed.consumed.is_empty() {
-            sink.consumed(freed.consumed, &self.read_by);
+            sink.consumed(freed.consumed, read_by);
         }
         if !freed.stale.is_empty() {
             sink.dropped(freed.stale, DropReason::Stale);

@@ -9,6 +9,7 @@
 //! of that lease's RPC).
 
 use super::batch::Batch;
+use super::spill::{BatchLoad, LoadPlan, SpillStore};
 use super::steps::{lease_step, log_step, StepLogged};
 use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
@@ -44,12 +45,18 @@ impl SequenceBuffer {
             let mut notified = pin!(shared.rpc_ready[r].notified());
             notified.as_mut().enable();
             let next_deadline = match shared.try_get(r, step, &mut parked.counted)? {
-                Attempt::Leased(batch, None) => return Ok(batch),
-                Attempt::Leased(batch, Some(logged)) => {
+                Attempt::Leased(mut batch, logged, loads) => {
+                    drop(parked);
+                    // Spilled inputs are read back before the batch is handed out; a failed
+                    // read drops the batch, which releases its samples for another try.
+                    if !loads.is_empty() {
+                        shared.fill_batch(&mut batch, loads).await?;
+                    }
                     // The step's batch is handed out only once its log entry is durable;
                     // if that fails the batch is dropped (released) with the error.
-                    drop(parked);
-                    logged.await.unwrap_or(Err(Error::Closed))?;
+                    if let Some(logged) = logged {
+                        logged.await.unwrap_or(Err(Error::Closed))?;
+                    }
                     return Ok(batch);
                 }
                 Attempt::Wait(deadline) => deadline,
@@ -76,7 +83,14 @@ impl SequenceBuffer {
             shared.lock().table.unpark_getter(r);
         }
         match attempt? {
-            Attempt::Leased(batch, _) => Ok(Some(batch)),
+            Attempt::Leased(mut batch, _, loads) => {
+                // Without waiting: only if every spilled input is already loaded (read-ahead
+                // or an earlier try); otherwise the loads go on and the samples go back.
+                if !loads.is_empty() && !shared.fill_batch_now(&mut batch, loads)? {
+                    return Ok(None);
+                }
+                Ok(Some(batch))
+            }
             Attempt::Wait(_) => Ok(None),
         }
     }
@@ -96,8 +110,9 @@ impl SequenceBuffer {
 }
 
 enum Attempt {
-    /// With, for a step logged through a sync journal, where the log's verdict arrives.
-    Leased(Batch, Option<StepLogged>),
+    /// With, for a step logged through a sync journal, where the log's verdict arrives,
+    /// and the loads of spilled inputs to wait for.
+    Leased(Batch, Option<StepLogged>, Vec<BatchLoad>),
     /// Not enough eligible samples; wait for a notification or this lease deadline.
     Wait(Option<Instant>),
 }
@@ -120,6 +135,9 @@ impl Shared {
         counted: &mut bool,
     ) -> Result<Attempt> {
         let mut logged = None;
+        let mut loads = Vec::new();
+        let mut plan = LoadPlan::default();
+        let mut store = None;
         let mut freed = Vec::new();
         let mut wake = Wake::default();
         let mut dropped = Default::default();
@@ -152,6 +170,9 @@ impl Shared {
                 // Still notify and dispose what the reaping above freed.
                 Err(e) => Err(Err(e)),
                 Ok(Some(lease)) => {
+                    if inner.spill.is_some() {
+                        store = plan_loads(self, &mut inner, r, lease, &mut plan, &mut loads);
+                    }
                     let inner = &*inner;
                     let (handles, snapshot, deadline) = match inner.table.lease(lease, None) {
                         Ok(l) => (
@@ -192,12 +213,61 @@ impl Shared {
         };
         self.notify(wake);
         self.dispose(dropped);
+        if let Some(store) = store {
+            self.start_loads(plan, store);
+        }
         match leased {
-            Ok(batch) => Ok(Attempt::Leased(batch, logged)),
+            Ok(batch) => Ok(Attempt::Leased(batch, logged, loads)),
             Err(Ok(deadline)) => Ok(Attempt::Wait(deadline)),
             Err(Err(e)) => Err(e),
         }
     }
+}
+
+/// How many samples past a `Fifo` batch are read ahead, in batches.
+const READ_AHEAD_BATCHES: usize = 1;
+
+/// Registers the loads of the spilled inputs of lease `lease` (RPC `r`) and, for a `Fifo`
+/// RPC, of the samples next in its order (read-ahead). Returns the store to read from when
+/// there is anything to load.
+fn plan_loads(
+    shared: &Shared,
+    inner: &mut Inner,
+    r: usize,
+    lease: LeaseId,
+    plan: &mut LoadPlan,
+    loads: &mut Vec<BatchLoad>,
+) -> Option<Arc<dyn SpillStore>> {
+    let Inner { table, spill, .. } = inner;
+    let spill = spill.as_mut()?;
+    let keys = shared.input_names.get(r)?;
+    let slots = table.lease(lease, None).ok()?.slots.clone();
+    let leased = slots
+        .iter()
+        .map(|&s| (s, table.slots[s as usize].generation));
+    for (i, cell) in spill
+        .register(leased, keys, false, plan)
+        .into_iter()
+        .enumerate()
+    {
+        if let (Some(cell), Some(&slot)) = (cell, slots.get(i)) {
+            loads.push(BatchLoad {
+                index: i,
+                slot,
+                cell,
+            });
+        }
+    }
+    let rpc = table.rpcs.get(r)?;
+    if matches!(rpc.selection, Selection::Fifo) {
+        let ahead: Vec<(u32, u32)> = table.ready[r]
+            .iter()
+            .take(rpc.n_seqs * READ_AHEAD_BATCHES)
+            .map(|s| (s, table.slots[s as usize].generation))
+            .collect();
+        let _ = spill.register(ahead, keys, true, plan);
+    }
+    (!plan.is_empty() || !loads.is_empty()).then(|| Arc::clone(&spill.store))
 }
 
 /// Leases a batch for RPC `r` (batch number `step`, if given) in its selection order.

@@ -51,6 +51,7 @@ mod journal;
 mod put;
 #[cfg(feature = "persist")]
 mod restore;
+mod spill;
 mod stats;
 mod steps;
 
@@ -66,6 +67,7 @@ pub(crate) use aux::{AuxMap, AuxWrite};
 pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
 #[cfg(feature = "persist")]
 pub(crate) use restore::Restored;
+pub(crate) use spill::{Segment, SpillFuture, SpillStore};
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
@@ -158,6 +160,20 @@ pub(crate) struct Shared {
     pub(crate) max_bytes: Option<u64>,
     /// What a put that does not fit does.
     pub(crate) overflow: Overflow,
+    /// The memory budget, if any (see `spill.rs`).
+    pub(crate) memory_budget: Option<u64>,
+    /// The spiller waits here (see `spill.rs`); its own `Arc` so the task can wait without
+    /// keeping the buffer alive.
+    pub(crate) spill_wake: Arc<Notify>,
+    /// Freed spilled samples on their way to the sink (see `spill.rs`).
+    pub(crate) handover: Arc<spill::HandOver>,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // The spiller sees the buffer gone and ends.
+        self.spill_wake.notify_waiters();
+    }
 }
 
 /// Everything the buffer's lock guards.
@@ -178,6 +194,10 @@ pub(crate) struct Inner {
     pub(crate) rpc_names: Vec<Arc<str>>,
     /// Auxiliary entries (see `aux.rs`).
     pub(crate) aux: AuxMap,
+    /// Spilled payloads, with a memory budget (see `spill.rs`).
+    pub(crate) spill: Option<spill::SpillState>,
+    /// Whether freed samples go to a sink (which then gets their spilled fields too).
+    pub(crate) sink_wants_fields: bool,
 }
 
 impl Inner {
@@ -185,9 +205,19 @@ impl Inner {
     /// payloads so the caller can drop them after releasing the lock.
     pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Freed {
         let mut out = Freed::default();
+        if let Some(spill) = self.spill.as_mut() {
+            out.dead_segments.append(&mut spill.dead);
+        }
         for &s in freed {
             if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
                 self.ids.remove(&sample.id);
+                if let Some(spill) = self.spill.as_mut() {
+                    let (rows, dead) = spill.forget(s);
+                    if !rows.is_empty() && self.sink_wants_fields {
+                        out.spilled.push((sample.id.clone(), rows));
+                    }
+                    out.dead_segments.extend(dead);
+                }
                 out.push(sample, self.table.exits[s as usize]);
             }
         }
@@ -229,13 +259,28 @@ impl Inner {
 
     /// Applies `patch` to the sample in `slot` (copying its field list if a batch still
     /// holds the old version), keeping the byte budget's count of it up to date.
+    /// A spilled sample's patch goes to its stub, and the keys it sets leave the spilled
+    /// list (see `spill.rs`).
     pub(crate) fn patch(&mut self, slot: u32, patch: &Patch) {
-        if let Some(Some(sample)) = self.samples.get_mut(slot as usize) {
-            let sample = Arc::make_mut(sample);
-            sample.apply(patch);
-            if self.table.budget.max.is_some() {
-                self.table.set_bytes(slot as usize, sample.payload_bytes());
+        let Some(Some(sample)) = self.samples.get_mut(slot as usize) else {
+            return;
+        };
+        let sample = Arc::make_mut(sample);
+        sample.apply(patch);
+        let resident = sample.payload_bytes();
+        let mut spilled = 0;
+        if let Some(spill) = self.spill.as_mut() {
+            if !spill.parts(slot).is_empty() {
+                let keys: Vec<&str> = patch.keys().collect();
+                spill.strike(slot, &keys);
+                spilled = spill.spilled_bytes(slot);
             }
+        }
+        if self.table.budget.max.is_some() {
+            self.table.set_bytes(slot as usize, resident + spilled);
+        }
+        if self.table.residency.max.is_some() {
+            self.table.set_resident(slot as usize, resident);
         }
     }
 
@@ -254,6 +299,16 @@ impl Inner {
             .filter_map(|s| self.samples.get(s as usize)?.as_ref().map(|x| x.id.clone()))
             .collect()
     }
+}
+
+/// Which end of the birth order the spiller takes first: the one the last RPC (by
+/// convention the trainer, where samples wait longest) reaches last.
+fn spill_newest_first(rpcs: &[RpcDef]) -> bool {
+    use crate::rpc_defs::Selection;
+    !matches!(
+        rpcs.last().map(|r| &r.selection),
+        Some(Selection::Lifo | Selection::Recency { .. } | Selection::OnPolicyFraction { .. })
+    )
 }
 
 /// The current time on tokio's clock (which `tokio::time::pause` controls in tests).
@@ -295,7 +350,8 @@ impl SequenceBuffer {
             .collect();
         let inner = Inner {
             table: SlotTable::new(capacity, specs)
-                .with_budget(config.max_bytes, config.overflow == Overflow::EvictOldest),
+                .with_budget(config.max_bytes, config.overflow == Overflow::EvictOldest)
+                .with_residency(config.memory_budget, spill_newest_first(&config.rpcs)),
             samples: vec![None; capacity],
             // Grows with the number of stored samples, not with the capacity: an index sized
             // for the capacity would spread a few live ids over a table far larger than the
@@ -307,6 +363,12 @@ impl SequenceBuffer {
             journal: None,
             rpc_names: graph.rpcs().iter().map(|r| Arc::clone(&r.name)).collect(),
             aux: AuxMap::new(),
+            spill: config
+                .spill_store
+                .as_ref()
+                .filter(|_| config.memory_budget.is_some())
+                .map(|store| spill::SpillState::new(Arc::clone(store), capacity)),
+            sink_wants_fields: config.freed_sink.is_some(),
         };
         Ok(Self {
             shared: Arc::new(Shared {
@@ -323,6 +385,9 @@ impl SequenceBuffer {
                 ages: config.rpcs.iter().any(|r| r.max_age.is_some()),
                 max_bytes: config.max_bytes,
                 overflow: config.overflow,
+                memory_budget: config.memory_budget,
+                spill_wake: Arc::new(Notify::new()),
+                handover: Arc::default(),
             }),
         })
     }
@@ -353,6 +418,7 @@ impl SequenceBuffer {
         self.shared.notify(Wake {
             rpcs: u64::MAX,
             space: true,
+            spill: true,
         });
     }
 
@@ -366,6 +432,7 @@ impl SequenceBuffer {
         if let Some(journal) = journal {
             journal.flush().await?;
         }
+        self.shared.handed_over().await;
         match &self.shared.freed_sink {
             Some(sink) => sink.flush().await,
             None => Ok(()),
@@ -426,6 +493,9 @@ impl Shared {
         if wake.space {
             self.space.notify_waiters();
         }
+        if wake.spill {
+            self.spill_wake.notify_waiters();
+        }
     }
 
     fn check_inner(&self, inner: &Inner) -> std::result::Result<(), String> {
@@ -445,7 +515,24 @@ impl Shared {
                 if inner.ids.get(&sample.id) != Some(&(s as u32)) {
                     return Err(format!("slot {s}: id `{}` not indexed to it", sample.id));
                 }
-                let keys = self.graph.key_set(sample.keys());
+                let spilled = inner
+                    .spill
+                    .as_ref()
+                    .map_or(&[][..], |sp| sp.parts(s as u32));
+                let keys = self.graph.key_set(
+                    sample.keys().chain(
+                        spilled
+                            .iter()
+                            .flat_map(|p| p.fields.iter().map(|(k, _)| &**k)),
+                    ),
+                );
+                let resident = sample.payload_bytes();
+                if table.residency.max.is_some() && table.residency.per_slot[s] != resident {
+                    return Err(format!(
+                        "slot {s}: {} resident bytes counted, {resident} held",
+                        table.residency.per_slot[s]
+                    ));
+                }
                 if keys != table.slots[s].keys {
                     return Err(format!(
                         "slot {s}: table keys {:#x} != payload keys {:#x}",

@@ -146,6 +146,10 @@ impl SequenceBuffer {
                     }
                 }
             };
+            if matches!(wait, Wait::Space(_)) {
+                // The wait may be for room under the memory budget.
+                shared.spill_wake.notify_waiters();
+            }
             match wait {
                 Wait::Backlog(wait) => wait.await?,
                 // Samples ageing out free slots with no other call to notice: wake at the
@@ -268,9 +272,10 @@ impl Shared {
             }
         }
         let births = samples.iter().map(|s| s.birth.unwrap_or(1)).collect();
-        let bytes: Vec<u64> = match self.max_bytes {
-            Some(_) => samples.iter().map(Sample::payload_bytes).collect(),
-            None => Vec::new(),
+        let bytes: Vec<u64> = if self.max_bytes.is_some() || self.memory_budget.is_some() {
+            samples.iter().map(Sample::payload_bytes).collect()
+        } else {
+            Vec::new()
         };
         if let Some(max) = self.max_bytes {
             let total = bytes.iter().sum();
@@ -373,7 +378,15 @@ impl Shared {
                 requested: n,
                 free: inner.table.free.len(),
             });
-            if let Some(err) = stored_duplicate(inner, prepared).or(full) {
+            let mut spill_failure = None;
+            if !inner.table.residency.fits(bytes) {
+                // Over the memory budget: the spiller makes room (the caller wakes it), unless
+                // its store keeps failing, which this put then reports.
+                let residency = &mut inner.table.residency;
+                residency.wanted = residency.wanted.max(bytes);
+                spill_failure = inner.spill.as_ref().and_then(|s| s.failure.clone());
+            }
+            if let Some(err) = stored_duplicate(inner, prepared).or(full).or(spill_failure) {
                 let wake = leave_queue(inner, ticket);
                 inner.rejected += n as u64;
                 return Claim::Rejected(err, wake);
@@ -381,7 +394,9 @@ impl Shared {
             return Claim::Wait;
         };
         *ticket = None; // claim_put took it off the queue
+        inner.table.residency.wanted = 0;
         inner.table.reserve_bytes(&slots, &prepared.bytes);
+        inner.table.reserve_resident(&slots, &prepared.bytes);
 
         // Reserve the ids: one probe each. Ids are unique within the batch (validated), so
         // a hit is a sample stored or being put by someone else.
@@ -420,6 +435,7 @@ impl Shared {
         mut wake: Wake,
         evicted: Freed,
     ) -> Stored {
+        self.start_spiller(inner);
         let journal = match &inner.journal {
             Some(j) if self.sync_journal => Arc::clone(j),
             _ => {

@@ -17,6 +17,7 @@ use object_store::memory::InMemory;
 use object_store::path::{Path, PathPart};
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use std::fmt;
+use std::ops::Range;
 
 /// A place to keep files: an object store and a prefix inside it. Cheap to clone.
 #[derive(Clone)]
@@ -196,6 +197,15 @@ impl Store {
             .bytes()
             .await
             .map(Some)
+            .map_err(|e| storage_err(&self.url, rel, e))
+    }
+
+    /// The bytes of `ranges` of the object at `rel` (one request per range, or fewer where
+    /// the backend coalesces them).
+    pub(crate) async fn get_ranges(&self, rel: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        self.inner
+            .get_ranges(&self.path(rel), ranges)
+            .await
             .map_err(|e| storage_err(&self.url, rel, e))
     }
 

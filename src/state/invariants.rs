@@ -255,6 +255,7 @@ impl SlotTable {
             self.budget.evictable.len() <= self.capacity,
             "eviction index larger than the capacity"
         );
-        Ok(())
+        // invariant 9
+        self.check_residency()
     }
 }

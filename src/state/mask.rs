@@ -5,7 +5,7 @@
 //! machine needs, and they compile to a shift and a mask.
 
 /// A bitset of `len` bits over `u64` words, counting its set bits.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Mask {
     words: Vec<u64>,
     ones: usize,

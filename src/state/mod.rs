@@ -12,6 +12,7 @@
 //! * `leases.rs`: live leases and their deadlines;
 //! * `mask.rs`: word bitsets for the per-state masks;
 //! * `budget.rs`: the byte budget and eviction of the oldest fully-ready samples;
+//! * `residency.rs`: the memory budget: resident payload bytes and what to spill next;
 //! * `freshness.rs`: policy versions and ages, which make samples stale for an RPC;
 //! * `select.rs`: the randomised selection policies (seeded, deterministic).
 
@@ -23,6 +24,7 @@ mod invariants;
 mod leases;
 mod mask;
 mod ready;
+mod residency;
 mod select;
 mod table;
 #[cfg(test)]

@@ -39,6 +39,10 @@
 //! 8. The bytes in use are the sum of the slots' bytes, and empty slots hold none. With
 //!    eviction on, a slot is in the eviction index iff it is stored, neither amended nor
 //!    leased, and eligible for exactly the RPCs that still owe it reads (at least one).
+//! 9. With a memory budget, the resident bytes are the sum of the slots' resident bytes,
+//!    and empty slots hold none and are not being spilled; a slot is in the spill index iff
+//!    it is stored, neither amended nor leased, holds resident bytes and is not being
+//!    spilled.
 //!
 //! # Wake-ups
 //!
@@ -53,6 +57,7 @@ use super::freshness::{Freshness, FreshnessIndex};
 use super::leases::{Lease, LeaseId, LeaseTable};
 use super::mask::Mask;
 use super::ready::{OrderKey, ReadyIndex};
+use super::residency::Residency;
 use super::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate};
 use crate::rpc_defs::{KeySet, RpcInfo, Selection};
 use std::collections::VecDeque;
@@ -124,12 +129,15 @@ pub(crate) struct Wake {
     pub(crate) rpcs: u64,
     /// Free slots appeared, or the head of the putter queue changed.
     pub(crate) space: bool,
+    /// More payload bytes are resident than the memory budget allows: the spiller has work.
+    pub(crate) spill: bool,
 }
 
 impl Wake {
     pub(crate) fn merge(&mut self, other: Wake) {
         self.rpcs |= other.rpcs;
         self.space |= other.space;
+        self.spill |= other.spill;
     }
 }
 
@@ -231,6 +239,8 @@ pub(crate) struct SlotTable {
     pub(crate) draws: Vec<u64>,
     /// The byte budget and the eviction index (see `budget.rs`).
     pub(crate) budget: Budget,
+    /// The memory budget and the spill index (see `residency.rs`).
+    pub(crate) residency: Residency,
 }
 
 impl SlotTable {
@@ -269,6 +279,7 @@ impl SlotTable {
             exits: filled(capacity, Exit::Consumed),
             draws: vec![0; n],
             budget: Budget::default(),
+            residency: Residency::default(),
             rpcs,
         }
     }
@@ -277,6 +288,13 @@ impl SlotTable {
     /// oldest fully-ready samples.
     pub(crate) fn with_budget(mut self, max: Option<u64>, evict: bool) -> Self {
         self.budget = Budget::new(self.capacity, max, evict);
+        self
+    }
+
+    /// Adds a memory budget of `max` resident payload bytes; `newest_first` says which
+    /// end of the order the spiller takes first.
+    pub(crate) fn with_residency(mut self, max: Option<u64>, newest_first: bool) -> Self {
+        self.residency = Residency::new(self.capacity, max, newest_first);
         self
     }
 
@@ -312,7 +330,11 @@ impl SlotTable {
         ticket: Option<Ticket>,
     ) -> Option<(Vec<u32>, Wake)> {
         let my_turn = self.is_turn_of(ticket);
-        if !my_turn || self.free.len() < n || !self.budget.fits(bytes) {
+        if !my_turn
+            || self.free.len() < n
+            || !self.budget.fits(bytes)
+            || !self.residency.fits(bytes)
+        {
             return None;
         }
         let mut wake = Wake::default();
@@ -357,6 +379,7 @@ impl SlotTable {
         self.deliverable(Wake {
             rpcs: 0,
             space: was_head,
+            spill: false,
         })
     }
 
@@ -456,6 +479,7 @@ impl SlotTable {
         self.deliverable(Wake {
             rpcs: 0,
             space: !slots.is_empty(),
+            spill: false,
         })
     }
 
@@ -626,6 +650,7 @@ impl SlotTable {
                 self.idle.clear(s);
             }
             self.slots[s].lease_bits |= bit;
+            self.sync_spillable(s);
         }
         self.leased[r] += slots.len();
         self.leases.insert(Lease {
@@ -763,6 +788,7 @@ impl SlotTable {
         Wake {
             rpcs,
             space: wake.space && !self.putters.is_empty(),
+            spill: self.residency.over(),
         }
     }
 
@@ -786,11 +812,13 @@ impl SlotTable {
             Wake {
                 rpcs: 0,
                 space: true,
+                spill: false,
             }
         } else {
             Wake {
                 rpcs: self.sync_ready(s),
                 space: false,
+                spill: false,
             }
         }
     }
@@ -838,6 +866,7 @@ impl SlotTable {
         }
         self.slots[s].in_ready = want;
         self.sync_evictable(s, want);
+        self.sync_spillable(s);
         added
     }
 
@@ -865,6 +894,7 @@ impl SlotTable {
         let n_rpcs = self.rpcs.len();
         self.forget_fresh(s);
         self.unreserve_bytes(s);
+        self.unreserve_resident(s);
         self.discarded.clear(s);
         self.slots[s].stale = 0;
         self.empty.set(s);
