@@ -310,6 +310,13 @@ pub enum Error {
         detail: String,
     },
 
+    /// The buffer's configuration cannot work as given.
+    #[error("invalid configuration: {detail}")]
+    InvalidConfig {
+        /// What is wrong.
+        detail: String,
+    },
+
     /// A feature that runs a background task (the archive writer) was configured outside a
     /// tokio runtime.
     #[error("{what} needs a tokio runtime: build the buffer inside one")]

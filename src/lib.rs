@@ -63,7 +63,8 @@ mod tensor;
 
 pub use buffer::{
     Batch, BufferConfig, DropReason, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer,
-    SinkFuture, SlotHandle, Stats, StoredSample, CREATED_TS, DISCARD_REASON, POLICY_VERSION,
+    SinkFuture, SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON,
+    POLICY_VERSION,
 };
 pub use error::{Error, Result};
 pub use rpc_defs::{RpcDef, Selection};

@@ -74,6 +74,15 @@ impl BufferConfig {
         self
     }
 
+    /// Where spill segments go (under `spill/` of `store`), for a buffer with a
+    /// [`memory_budget`](Self::memory_budget). Any object store works: local disk, S3,
+    /// GCS, Azure.
+    #[cfg(feature = "persist")]
+    pub fn spill_to(mut self, store: crate::persist::Store) -> Self {
+        self.spill_store = Some(Arc::new(crate::persist::ParquetSpill::new(store)));
+        self
+    }
+
     /// Limits the tensor bytes the stored samples hold (besides the slot count). A put
     /// reserves its bytes when it takes its slots; amends and completions never wait and
     /// may go over, after which puts wait until the total is back under. A batch larger

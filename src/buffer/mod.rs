@@ -61,7 +61,7 @@ pub use contents::StoredSample;
 pub(crate) use freed::Freed;
 pub use freed::{DropReason, FreedSink, SinkFuture};
 pub use freshness::{CREATED_TS, POLICY_VERSION};
-pub use stats::{RpcStats, Stats};
+pub use stats::{RpcStats, SpillStats, Stats};
 
 pub(crate) use aux::{AuxMap, AuxWrite};
 pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
@@ -301,6 +301,20 @@ impl Inner {
     }
 }
 
+/// Where a buffer with a memory budget and no spill store spills: a temporary directory.
+#[cfg(feature = "persist")]
+fn default_spill_store() -> Result<Arc<dyn SpillStore>> {
+    Ok(Arc::new(crate::persist::ParquetSpill::temporary()?))
+}
+
+/// Without the `persist` feature there is no spill store to default to.
+#[cfg(not(feature = "persist"))]
+fn default_spill_store() -> Result<Arc<dyn SpillStore>> {
+    Err(Error::InvalidConfig {
+        detail: "a memory budget needs the `persist` feature (Parquet spill segments)".into(),
+    })
+}
+
 /// Which end of the birth order the spiller takes first: the one the last RPC (by
 /// convention the trainer, where samples wait longest) reaches last.
 fn spill_newest_first(rpcs: &[RpcDef]) -> bool {
@@ -329,8 +343,11 @@ impl SequenceBuffer {
 
     /// A buffer built from `config`; `sync_journal` says whether the journal that will be
     /// attached makes changes wait for durability.
-    pub(crate) fn build(config: BufferConfig, sync_journal: bool) -> Result<Self> {
+    pub(crate) fn build(mut config: BufferConfig, sync_journal: bool) -> Result<Self> {
         let capacity = config.capacity;
+        if config.memory_budget.is_some() && config.spill_store.is_none() {
+            config.spill_store = Some(default_spill_store()?);
+        }
         let max = u32::MAX as usize;
         if capacity == 0 || capacity > max {
             return Err(Error::InvalidCapacity { capacity, max });

@@ -71,6 +71,12 @@ impl SequenceBuffer {
                 0
             };
             inner.table.reserve_bytes(&[slot], &[bytes]);
+            if shared.memory_budget.is_some() {
+                // Over the memory budget, the spiller (started below) writes the excess out.
+                inner
+                    .table
+                    .reserve_resident(&[slot], &[sample.payload_bytes()]);
+            }
             inner
                 .table
                 .restore_put(slot, sample.birth.unwrap_or(1), keys, &reads_left, fresh);
@@ -98,8 +104,13 @@ impl SequenceBuffer {
             let _ = inner.table.settle(slot as usize, &mut freed);
         }
         let dropped = inner.take_freed(&freed);
+        let over = inner.table.residency.over();
+        self.shared.start_spiller(&mut inner);
         drop(inner);
         shared.dispose(dropped);
+        if over {
+            shared.spill_wake.notify_waiters();
+        }
         Ok(())
     }
 }

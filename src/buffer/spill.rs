@@ -206,6 +206,8 @@ pub(crate) struct SpillState {
     started: bool,
     /// Segments left without a live row by a patch, deleted with the next freed samples.
     pub(crate) dead: Vec<Arc<Segment>>,
+    /// Stored samples with at least one spilled part.
+    spilled_now: u64,
     pub(crate) counters: SpillCounters,
 }
 
@@ -222,6 +224,7 @@ impl SpillState {
             failure: None,
             started: false,
             dead: Vec::new(),
+            spilled_now: 0,
             counters: SpillCounters::default(),
         }
     }
@@ -245,6 +248,7 @@ impl SpillState {
         let Some(parts) = self.parts.get_mut(slot as usize) else {
             return;
         };
+        let had = !parts.is_empty();
         let mut emptied = Vec::new();
         parts.retain_mut(|p| {
             p.fields.retain(|(k, _)| !keys.contains(&k.as_str()));
@@ -255,6 +259,9 @@ impl SpillState {
                 true
             }
         });
+        if had && parts.is_empty() {
+            self.spilled_now -= 1;
+        }
         for segment in emptied {
             if let Some(dead) = self.release_row(segment) {
                 self.dead.push(dead);
@@ -271,6 +278,9 @@ impl SpillState {
             .get_mut(slot as usize)
             .map(std::mem::take)
             .unwrap_or_default();
+        if !parts.is_empty() {
+            self.spilled_now -= 1;
+        }
         let mut rows = Vec::with_capacity(parts.len());
         let mut dead = Vec::new();
         for part in parts {
@@ -297,9 +307,20 @@ impl SpillState {
         self.segments.remove(&segment).map(|l| l.segment)
     }
 
-    /// Segments holding a live row.
-    pub(crate) fn live_segments(&self) -> usize {
-        self.segments.len()
+    /// The figures `Stats::spill` reports.
+    pub(crate) fn stats(&self) -> super::SpillStats {
+        let c = &self.counters;
+        super::SpillStats {
+            spilled_now: self.spilled_now,
+            live_segments: self.segments.len() as u64,
+            spilled_samples: c.spilled_samples,
+            spilled_bytes: c.spilled_bytes,
+            segments_written: c.segments_written,
+            segments_deleted: c.segments_deleted,
+            loads: c.loaded_samples,
+            shared_loads: c.shared_loads,
+            failures: c.failures,
+        }
     }
 
     /// Registers loads of the fields `keys` of `slots`' samples (each `(slot,
@@ -562,11 +583,7 @@ impl Shared {
                 }
             }
             super::freed::hand_to_sink(&*sink, &read_by, freed);
-            for segment in dead {
-                if let Err(e) = store.delete(Arc::clone(&segment)).await {
-                    tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
-                }
-            }
+            delete_all(&*store, dead).await;
             *handover.pending.lock() -= 1;
             handover.done.notify_waiters();
         };
@@ -631,20 +648,34 @@ impl Shared {
     }
 
     /// Deletes segments no sample needs any more (in the background).
+    /// `flush` waits for the deletes.
     pub(crate) fn delete_segments(&self, store: &Arc<dyn SpillStore>, dead: Vec<Arc<Segment>>) {
         if dead.is_empty() {
             return;
         }
-        let store = Arc::clone(store);
-        let task = async move {
-            for segment in dead {
-                if let Err(e) = store.delete(Arc::clone(&segment)).await {
-                    tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
-                }
-            }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                segments = dead.len(),
+                "spill segments left: no runtime to delete them"
+            );
+            return;
         };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(task);
+        let store = Arc::clone(store);
+        let handover = Arc::clone(&self.handover);
+        *handover.pending.lock() += 1;
+        runtime.spawn(async move {
+            delete_all(&*store, dead).await;
+            *handover.pending.lock() -= 1;
+            handover.done.notify_waiters();
+        });
+    }
+}
+
+/// Deletes segments, logging the ones that would not go.
+async fn delete_all(store: &dyn SpillStore, dead: Vec<Arc<Segment>>) {
+    for segment in dead {
+        if let Err(e) = store.delete(Arc::clone(&segment)).await {
+            tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
         }
     }
 }
@@ -682,6 +713,9 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
         }
         if let Some(spill) = inner.spill.as_mut() {
             if let Some(parts) = spill.parts.get_mut(slot) {
+                if parts.is_empty() {
+                    spill.spilled_now += 1;
+                }
                 parts.push(SpillPart {
                     segment: segment.id,
                     row: row as u32,
@@ -708,14 +742,9 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
             },
         );
     } else {
+        // Every written sample changed meanwhile: delete with the next freed samples.
         spill.counters.segments_deleted += 1;
-        let store = Arc::clone(&spill.store);
-        let segment = Arc::clone(segment);
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let _ = store.delete(segment).await;
-            });
-        }
+        spill.dead.push(Arc::clone(segment));
     }
 }
 

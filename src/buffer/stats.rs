@@ -68,6 +68,35 @@ pub struct Stats {
     pub rejected: u64,
     /// Whether the buffer is closed.
     pub closed: bool,
+    /// Tensor bytes held in memory (only counted when the buffer has a memory budget).
+    pub resident_bytes: u64,
+    /// Spill activity (all zero without a memory budget).
+    pub spill: SpillStats,
+}
+
+/// What a buffer with a memory budget has spilled and read back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SpillStats {
+    /// Stored samples with fields in a spill segment now.
+    pub spilled_now: u64,
+    /// Spill segments holding a live row now.
+    pub live_segments: u64,
+    /// Samples spilled so far (a sample spilled twice counts twice).
+    pub spilled_samples: u64,
+    /// Tensor bytes spilled so far.
+    pub spilled_bytes: u64,
+    /// Segments written so far.
+    pub segments_written: u64,
+    /// Segments deleted so far, their rows all freed.
+    pub segments_deleted: u64,
+    /// Sample loads started (for gets and read-ahead).
+    pub loads: u64,
+    /// Leased samples whose load was already under way or done (read ahead, or for
+    /// another RPC), so nothing was read twice.
+    pub shared_loads: u64,
+    /// Segment writes that failed.
+    pub failures: u64,
 }
 
 impl SequenceBuffer {
@@ -120,6 +149,8 @@ impl SequenceBuffer {
                 redelivered: t.totals.redelivered.iter().sum(),
                 rejected: inner.rejected,
                 closed: inner.closed,
+                resident_bytes: t.residency.resident,
+                spill: inner.spill.as_ref().map(|s| s.stats()).unwrap_or_default(),
             };
             (stats, wake, dropped)
         };

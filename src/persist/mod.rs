@@ -7,6 +7,7 @@
 //! wal/<seq>.log                  group commits of log records (see `log.rs`)
 //! segments/seg-<hash>.parquet    checkpointed samples (see `checkpoint.rs`)
 //! manifest/<number>.json         the current checkpoint: segments and where the log resumes
+//! spill/<id>.parquet             payloads spilled under a memory budget (see `spill.rs`)
 //! archive/environment=<e>/policy_version=<v>/part-<hash>.parquet   consumed samples
 //! ```
 //!
@@ -16,6 +17,7 @@
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
 //!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
+//! * `spill.rs`: the Parquet spill segments of a buffer with a memory budget.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
@@ -30,6 +32,7 @@ mod codec;
 mod log;
 mod open;
 mod recover;
+mod spill;
 mod state;
 mod store;
 mod wal;
@@ -37,5 +40,6 @@ mod wal;
 pub use archive::{ArchiveWriter, ArchivedSample, ExitReason};
 pub use archiver::{ArchiveOptions, Archiver};
 pub use open::{PersistOptions, RecoveryMode};
+pub(crate) use spill::ParquetSpill;
 pub use store::Store;
 pub use wal::Durability;

@@ -9,6 +9,7 @@ use super::archive::ArchiveWriter;
 use super::archiver::{ArchiveOptions, Archiver};
 use super::checkpoint::{self, StoredConfig, StoredRpc};
 use super::recover::recover;
+use super::spill::ParquetSpill;
 use super::state::{Body, DurableState};
 use super::store::Store;
 use super::wal::{Durability, Wal, WriterSetup};
@@ -179,6 +180,19 @@ impl SequenceBuffer {
             if let Some(archive) = options.archive {
                 let archiver = Archiver::start(ArchiveWriter::new(store.clone()), archive)?;
                 config = config.freed_sink(archiver);
+            }
+        }
+        if config.memory_budget.is_some() {
+            // Spill segments of an earlier process are not part of the durable state.
+            let cleared = ParquetSpill::clear(&store).await?;
+            if cleared > 0 {
+                tracing::info!(
+                    segments = cleared,
+                    "deleted spill segments of an earlier run"
+                );
+            }
+            if config.spill_store.is_none() {
+                config = config.spill_to(store.clone());
             }
         }
         let sync = options.durability == Durability::Sync;

@@ -9,7 +9,7 @@ use object_store::{
     PutMultipartOptions, PutOptions, PutPayload, PutResult, Result,
 };
 use std::fmt;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// What the next writes do.
@@ -31,7 +31,8 @@ pub enum Fault {
     Ghost = 4,
 }
 
-/// Wraps a store; reads, lists and deletes always go through.
+/// Wraps a store; reads fail only while `fail_reads` is on; lists and deletes always go
+/// through.
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
@@ -44,6 +45,10 @@ pub struct FaultyStore {
     changed: tokio::sync::Notify,
     /// Writes waiting in a stall.
     pub stalled: AtomicUsize,
+    /// Reads fail while set.
+    read_faults: AtomicBool,
+    /// Reads refused so far.
+    pub failed_reads: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -55,7 +60,14 @@ impl FaultyStore {
             injected: AtomicUsize::new(0),
             changed: tokio::sync::Notify::new(),
             stalled: AtomicUsize::new(0),
+            read_faults: AtomicBool::new(false),
+            failed_reads: AtomicUsize::new(0),
         })
+    }
+
+    /// Makes every read fail (`true`) or go through again (`false`).
+    pub fn fail_reads(&self, on: bool) {
+        self.read_faults.store(on, Ordering::SeqCst);
     }
 
     pub fn set(&self, fault: Fault) {
@@ -152,6 +164,13 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        if self.read_faults.load(Ordering::SeqCst) {
+            self.failed_reads.fetch_add(1, Ordering::SeqCst);
+            return Err(object_store::Error::Generic {
+                store: "faulty",
+                source: format!("injected read failure at {location}").into(),
+            });
+        }
         self.inner.get_opts(location, options).await
     }
 

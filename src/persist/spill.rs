@@ -1,0 +1,403 @@
+//! `ParquetSpill`: spill segments as Parquet files on a [`Store`] (the buffer's
+//! `SpillStore`).
+//!
+//! A segment is `spill/<id>.parquet`, zstd-compressed, one row per spilled sample and one
+//! nullable binary column per field name (the tensor in the crate's encoding, null where
+//! the sample lacks the field). Row groups are small (about 1 MiB), so a read fetches only
+//! the column chunks of the RPC's input fields in the row groups holding the rows asked
+//! for: ranged GETs, never the whole file. The footer of every segment written here is
+//! kept in memory, so a read costs no footer round trip; a segment written by an earlier
+//! process has its footer fetched on first use.
+
+use super::codec::{put_tensor, take_tensor, Reader, Writer};
+use super::store::Store;
+use crate::buffer::{Segment, SpillFuture, SpillStore};
+use crate::error::{Error, Result};
+use crate::sample::{FieldKey, Fields};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use arrow_array::{Array, ArrayRef, LargeBinaryArray, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::path::PathBuf;
+
+/// The folder of spill segments inside a store.
+pub(crate) const SPILL_DIR: &str = "spill";
+
+/// Target size of a row group: a read fetches whole row groups of the columns it needs.
+const ROW_GROUP_BYTES: u64 = 1 << 20;
+
+/// Spill segments as Parquet files under `spill/` of a store.
+#[derive(Debug)]
+pub(crate) struct ParquetSpill {
+    store: Store,
+    next: AtomicU64,
+    footers: Arc<Mutex<HashMap<u64, Arc<ParquetMetaData>>>>,
+    /// A directory this store owns and removes when dropped.
+    temporary: Option<PathBuf>,
+}
+
+impl ParquetSpill {
+    /// Segments under `spill/` of `store`. Segment ids start from the clock, so a
+    /// restarted process does not reuse the names of files an earlier one left.
+    pub(crate) fn new(store: Store) -> Self {
+        let start = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64);
+        Self {
+            store,
+            next: AtomicU64::new(start),
+            footers: Arc::default(),
+            temporary: None,
+        }
+    }
+
+    /// Segments in a new directory under the system's temporary directory, removed when
+    /// the store is dropped (with the buffer).
+    pub(crate) fn temporary() -> Result<Self> {
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("rollout-buffer-spill-{}-{n}", std::process::id()));
+        let url = dir.to_string_lossy().into_owned();
+        let mut spill = Self::new(Store::open(&url)?);
+        spill.temporary = Some(dir);
+        Ok(spill)
+    }
+
+    /// Deletes the spill segments a previous process left (they hold nothing recovery
+    /// needs: the log and the checkpoints have every payload).
+    pub(crate) async fn clear(store: &Store) -> Result<usize> {
+        let stale = store.list(SPILL_DIR).await?;
+        for path in &stale {
+            store.delete(path).await?;
+        }
+        Ok(stale.len())
+    }
+}
+
+impl Drop for ParquetSpill {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.temporary {
+            if let Err(e) = std::fs::remove_dir_all(dir) {
+                tracing::warn!(error = %e, dir = %dir.display(), "spill directory not removed");
+            }
+        }
+    }
+}
+
+fn segment_path(id: u64) -> String {
+    format!("{SPILL_DIR}/{id:020}.parquet")
+}
+
+impl SpillStore for ParquetSpill {
+    fn write(&self, rows: Vec<Fields>) -> SpillFuture<Arc<Segment>> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let path = segment_path(id);
+        let store = self.store.clone();
+        let footers = Arc::clone(&self.footers);
+        Box::pin(async move {
+            let n = rows.len() as u32;
+            let encode_path = path.clone();
+            let url = store.url().to_owned();
+            let encoded = tokio::task::spawn_blocking(move || encode(&rows))
+                .await
+                .map_err(|e| storage(&url, &encode_path, e))?
+                .map_err(|e| storage(&url, &encode_path, e))?;
+            let (bytes, footer) = encoded;
+            store.put(&path, bytes).await?;
+            footers.lock().insert(id, Arc::new(footer));
+            Ok(Arc::new(Segment { id, path, rows: n }))
+        })
+    }
+
+    fn read(
+        &self,
+        segment: Arc<Segment>,
+        rows: Vec<u32>,
+        keys: Vec<FieldKey>,
+    ) -> SpillFuture<Vec<Fields>> {
+        let store = self.store.clone();
+        let footer = self.footers.lock().get(&segment.id).cloned();
+        let footers = Arc::clone(&self.footers);
+        Box::pin(async move {
+            let footer = match footer {
+                Some(f) => f,
+                None => {
+                    let f = fetch_footer(&store, &segment.path).await?;
+                    footers.lock().insert(segment.id, Arc::clone(&f));
+                    f
+                }
+            };
+            read_rows(&store, &segment.path, footer, &rows, &keys).await
+        })
+    }
+
+    fn delete(&self, segment: Arc<Segment>) -> SpillFuture<()> {
+        self.footers.lock().remove(&segment.id);
+        let store = self.store.clone();
+        Box::pin(async move { store.delete(&segment.path).await })
+    }
+}
+
+fn storage(url: &str, path: &str, e: impl std::fmt::Display) -> Error {
+    Error::Storage {
+        url: url.to_owned(),
+        path: path.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+/// Encodes `rows` as one Parquet file; returns its bytes and footer.
+fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), String> {
+    let mut keys: Vec<FieldKey> = Vec::new();
+    let mut total = 0u64;
+    for row in rows {
+        for (k, t) in row.iter() {
+            total += t.nbytes() as u64;
+            if !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+    }
+    let mut columns: Vec<ArrayRef> = Vec::with_capacity(keys.len());
+    let mut w = Writer::default();
+    for key in &keys {
+        let values: Vec<Option<Vec<u8>>> = rows
+            .iter()
+            .map(|row| {
+                row.get(key).map(|t| {
+                    w.buf.clear();
+                    put_tensor(&mut w, t);
+                    w.buf.clone()
+                })
+            })
+            .collect();
+        columns.push(Arc::new(LargeBinaryArray::from_iter(values)));
+    }
+    let fields: Vec<Field> = keys
+        .iter()
+        .map(|k| Field::new(k.as_str(), DataType::LargeBinary, true))
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let batch = if keys.is_empty() {
+        RecordBatch::try_new_with_options(
+            Arc::clone(&schema),
+            columns,
+            &arrow_array::RecordBatchOptions::new().with_row_count(Some(rows.len())),
+        )
+    } else {
+        RecordBatch::try_new(Arc::clone(&schema), columns)
+    }
+    .map_err(|e| e.to_string())?;
+    let per_row = (total / rows.len().max(1) as u64).max(1);
+    let group_rows = (ROW_GROUP_BYTES / per_row).clamp(1, 1024) as usize;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
+        .set_max_row_group_row_count(Some(group_rows))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .build();
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), schema, Some(props)).map_err(|e| e.to_string())?;
+    writer.write(&batch).map_err(|e| e.to_string())?;
+    let bytes = Bytes::from(writer.into_inner().map_err(|e| e.to_string())?);
+    let footer = ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes)
+        .map_err(|e| e.to_string())?;
+    Ok((bytes, footer))
+}
+
+/// The footer of a segment this process did not write.
+async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>> {
+    let bytes = store.get(path).await?.ok_or_else(|| Error::Storage {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: "spill segment not found".into(),
+    })?;
+    ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes)
+        .map(Arc::new)
+        .map_err(|e| corrupt(store, path, e))
+}
+
+fn corrupt(store: &Store, path: &str, e: impl std::fmt::Display) -> Error {
+    Error::Corrupt {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: e.to_string(),
+    }
+}
+
+/// Ranged reads of one segment, with its footer at hand.
+struct SegmentReader {
+    store: Store,
+    path: String,
+    footer: Arc<ParquetMetaData>,
+}
+
+impl AsyncFileReader for SegmentReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            let mut got = self
+                .store
+                .get_ranges(&self.path, std::slice::from_ref(&range))
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
+            got.pop()
+                .ok_or_else(|| parquet::errors::ParquetError::EOF("empty range read".into()))
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move {
+            self.store
+                .get_ranges(&self.path, &ranges)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))
+        }
+        .boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        let footer = Arc::clone(&self.footer);
+        async move { Ok(footer) }.boxed()
+    }
+}
+
+/// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
+/// `path`; returns one `Fields` per entry of `rows`, in that order.
+async fn read_rows(
+    store: &Store,
+    path: &str,
+    footer: Arc<ParquetMetaData>,
+    rows: &[u32],
+    keys: &[FieldKey],
+) -> Result<Vec<Fields>> {
+    let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
+    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer), Default::default())
+        .map_err(|e| bad(&e))?;
+    let schema = Arc::clone(meta.schema());
+    let columns: Vec<(usize, FieldKey)> = keys
+        .iter()
+        .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))
+        .collect();
+    let mut wanted: Vec<u32> = rows.to_vec();
+    wanted.sort_unstable();
+    wanted.dedup();
+    // Which row groups hold the rows, and the selection inside them.
+    let mut groups = Vec::new();
+    let mut selectors = Vec::new();
+    let mut start = 0u64;
+    let mut next = wanted.iter().peekable();
+    for (g, rg) in footer.row_groups().iter().enumerate() {
+        let end = start + rg.num_rows().max(0) as u64;
+        let mut at = start;
+        let mut picked = false;
+        while let Some(&&row) = next.peek() {
+            let row = u64::from(row);
+            if row >= end {
+                break;
+            }
+            if !picked {
+                groups.push(g);
+                picked = true;
+            }
+            if row > at {
+                selectors.push(RowSelector::skip((row - at) as usize));
+            }
+            selectors.push(RowSelector::select(1));
+            at = row + 1;
+            next.next();
+        }
+        if picked && at < end {
+            selectors.push(RowSelector::skip((end - at) as usize));
+        }
+        start = end;
+    }
+    if let Some(&row) = next.next() {
+        return Err(bad(&format!(
+            "row {row} asked for, but the segment has {start} rows"
+        )));
+    }
+    let mut by_row: HashMap<u32, Fields> = HashMap::with_capacity(wanted.len());
+    if !columns.is_empty() && !wanted.is_empty() {
+        let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().map(|(i, _)| *i));
+        let reader = SegmentReader {
+            store: store.clone(),
+            path: path.to_owned(),
+            footer,
+        };
+        let batches: Vec<RecordBatch> =
+            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
+                .with_projection(mask)
+                .with_row_groups(groups)
+                .with_row_selection(RowSelection::from(selectors))
+                .with_batch_size(wanted.len())
+                .build()
+                .map_err(|e| bad(&e))?
+                .try_collect()
+                .await
+                .map_err(|e| match e {
+                    parquet::errors::ParquetError::External(inner) => {
+                        match inner.downcast::<Error>() {
+                            Ok(err) => *err,
+                            Err(other) => bad(&other),
+                        }
+                    }
+                    other => bad(&other),
+                })?;
+        let mut rows_in_order = wanted.iter();
+        for batch in &batches {
+            let decoded: Vec<(&LargeBinaryArray, &FieldKey)> = columns
+                .iter()
+                .filter_map(|(_, k)| {
+                    let col = batch.column_by_name(k.as_str())?;
+                    Some((col.as_any().downcast_ref::<LargeBinaryArray>()?, k))
+                })
+                .collect();
+            for i in 0..batch.num_rows() {
+                let Some(&row) = rows_in_order.next() else {
+                    return Err(bad(&"more rows read than asked for"));
+                };
+                let mut fields = Fields::default();
+                for (col, key) in &decoded {
+                    if col.is_null(i) {
+                        continue;
+                    }
+                    let tensor = take_tensor(&mut Reader::new(col.value(i)))
+                        .map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
+                    fields.set((*key).clone(), tensor);
+                }
+                by_row.insert(row, fields);
+            }
+        }
+        if by_row.len() != wanted.len() {
+            return Err(bad(&format!(
+                "{} rows read, {} asked for",
+                by_row.len(),
+                wanted.len()
+            )));
+        }
+    }
+    Ok(rows
+        .iter()
+        .map(|r| by_row.get(r).cloned().unwrap_or_default())
+        .collect())
+}

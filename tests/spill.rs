@@ -1,0 +1,275 @@
+//! Spilling under a memory budget: every sample trained once with its data while the
+//! resident bytes stay within budget + one batch; amends of spilled samples; failed reads;
+//! segments deleted once their samples are freed.
+
+mod common;
+
+use common::faulty::FaultyStore;
+use common::{assert_invariants, TempDir};
+use object_store::local::LocalFileSystem;
+use rollout_buffer::persist::Store;
+use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
+use std::collections::HashSet;
+use std::sync::Arc;
+
+const TOKENS: usize = 1024; // 4 KiB of i32 + 4 KiB of f32 per sample
+const SAMPLE_BYTES: u64 = (TOKENS * 8) as u64;
+
+fn rollout(i: u64) -> Sample {
+    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t ^ i as i32).collect();
+    let logp: Vec<f32> = (0..TOKENS).map(|t| -(t as f32) - i as f32).collect();
+    Sample::new(i)
+        .with("tokens", tokens)
+        .with("logp", logp)
+        .meta("policy_version", 0i64)
+}
+
+fn check(view: &rollout_buffer::SampleView<'_>) -> u64 {
+    let i: u64 = view.id().as_str().parse().expect("numeric id");
+    let tokens = view
+        .get("tokens")
+        .and_then(|t| t.array::<i32>())
+        .expect("tokens");
+    let logp = view
+        .get("logp")
+        .and_then(|t| t.array::<f32>())
+        .expect("logp");
+    assert_eq!(tokens.len(), TOKENS, "sample {i}");
+    for (t, (&a, &b)) in tokens.iter().zip(logp.iter()).enumerate() {
+        assert_eq!(a, t as i32 ^ i as i32, "sample {i} token {t}");
+        assert_eq!(b, -(t as f32) - i as f32, "sample {i} logp {t}");
+    }
+    i
+}
+
+fn local(dir: &TempDir) -> Store {
+    Store::open(dir.path()).expect("store")
+}
+
+async fn spill_files(store: &Store) -> Vec<String> {
+    store.list("spill").await.expect("list")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_times_the_budget_trains_every_sample_once_within_budget_plus_one_batch() {
+    const N: u64 = 1_024;
+    const BATCH: usize = 16;
+    let budget = N * SAMPLE_BYTES / 10;
+    let dir = TempDir::new("spill-10x");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(N as usize)
+            .rpc(RpcDef::new("train", BATCH).inputs(["tokens", "logp"]))
+            .memory_budget(budget)
+            .spill_to(local(&dir)),
+    )
+    .expect("buffer");
+    let producer = {
+        let buf = buf.clone();
+        tokio::spawn(async move {
+            let mut peak = 0u64;
+            for start in (0..N).step_by(BATCH) {
+                let batch = (start..(start + BATCH as u64).min(N))
+                    .map(rollout)
+                    .collect();
+                buf.put_batch(batch).await.expect("put");
+                peak = peak.max(buf.stats().resident_bytes);
+            }
+            peak
+        })
+    };
+    // The trainer starts once most of the data is in, so most of it was spilled.
+    common::wait_until(|| buf.stats().put >= N * 3 / 4).await;
+    let mut seen = HashSet::new();
+    let mut peak = 0u64;
+    while (seen.len() as u64) < N {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        for view in batch.samples() {
+            assert!(seen.insert(check(&view)), "a sample was trained twice");
+        }
+        batch.commit().await.expect("commit");
+        peak = peak.max(buf.stats().resident_bytes);
+    }
+    peak = peak.max(producer.await.expect("producer"));
+    let one_batch = BATCH as u64 * SAMPLE_BYTES;
+    assert!(
+        peak <= budget + one_batch,
+        "resident peak {peak} over budget {budget} + one batch {one_batch}"
+    );
+    let stats = buf.stats();
+    assert_eq!(stats.freed, N);
+    assert!(stats.spill.spilled_samples >= N / 2, "{:?}", stats.spill);
+    assert!(stats.spill.loads > 0, "{:?}", stats.spill);
+    assert!(
+        stats.spill.shared_loads > 0,
+        "read-ahead never served a batch: {:?}",
+        stats.spill
+    );
+    assert_invariants(&buf);
+    buf.flush().await.expect("flush");
+    assert_eq!(buf.stats().spill.live_segments, 0);
+    assert_eq!(spill_files(&local(&dir)).await, Vec::<String>::new());
+}
+
+/// Puts `n` samples and waits until all are spilled; returns their handles too.
+async fn spilled_buffer(
+    store: Store,
+    n: u64,
+    rpcs: Vec<RpcDef>,
+) -> (SequenceBuffer, Vec<rollout_buffer::SlotHandle>) {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpcs(rpcs)
+            .external_keys(["reward"])
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(store),
+    )
+    .expect("buffer");
+    let mut handles = Vec::new();
+    for i in 0..n {
+        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
+    }
+    // The last put may stay in memory (it fits the budget); a put that does not fit waits
+    // for the spiller, so everything before it is out.
+    common::wait_until(|| buf.stats().spill.spilled_now >= n - 1).await;
+    (buf, handles)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn amending_a_spilled_sample_keeps_the_patch_beside_it() {
+    let dir = TempDir::new("spill-amend");
+    let (buf, handles) = spilled_buffer(
+        local(&dir),
+        4,
+        vec![RpcDef::new("train", 4).inputs(["tokens", "logp", "reward"])],
+    )
+    .await;
+    let loads_before = buf.stats().spill.loads;
+    let patches = (0..4)
+        .map(|i| Patch::new().with("reward", i as f64))
+        .collect();
+    buf.amend_batch(&handles, patches).await.expect("amend");
+    assert_eq!(
+        buf.stats().spill.loads,
+        loads_before,
+        "an amend loaded a sample"
+    );
+    assert_invariants(&buf);
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    for view in batch.samples() {
+        let i = check(&view);
+        let reward = view.get("reward").and_then(|t| t.scalar_value::<f64>());
+        assert_eq!(reward, Some(i as f64), "sample {i}");
+    }
+    batch.commit().await.expect("commit");
+    assert_invariants(&buf);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
+    let dir = TempDir::new("spill-faults");
+    let fs = LocalFileSystem::new_with_prefix(
+        std::fs::canonicalize({
+            std::fs::create_dir_all(dir.path()).expect("mkdir");
+            dir.path()
+        })
+        .expect("canonical"),
+    )
+    .expect("fs");
+    let faulty = FaultyStore::new(Arc::new(fs));
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let (buf, _) = spilled_buffer(
+        store,
+        8,
+        vec![RpcDef::new("train", 8).inputs(["tokens", "logp"])],
+    )
+    .await;
+    faulty.fail_reads(true);
+    let err = buf
+        .get_batch_for_rpc("train")
+        .await
+        .expect_err("reads fail");
+    assert!(matches!(err, Error::Storage { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("spill/"),
+        "names the segment: {err}"
+    );
+    let stats = buf.stats();
+    assert_eq!(stats.rpcs[0].eligible, 8, "the samples are eligible again");
+    assert_eq!(stats.rpcs[0].leased, 0);
+    assert_invariants(&buf);
+    faulty.fail_reads(false);
+    let batch = buf.get_batch_for_rpc("train").await.expect("retry");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..8).collect());
+    batch.commit().await.expect("commit");
+    assert!(
+        faulty
+            .failed_reads
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rpcs_reading_one_spilled_sample_share_its_load() {
+    let dir = TempDir::new("spill-share");
+    let (buf, _) = spilled_buffer(
+        local(&dir),
+        4,
+        vec![
+            RpcDef::new("ref", 4).inputs(["tokens"]),
+            RpcDef::new("train", 4).inputs(["tokens"]),
+        ],
+    )
+    .await;
+    let (a, b) = tokio::join!(buf.get_batch_for_rpc("ref"), buf.get_batch_for_rpc("train"));
+    let (a, b) = (a.expect("ref"), b.expect("train"));
+    for batch in [&a, &b] {
+        assert_eq!(batch.len(), 4);
+        for view in batch.samples() {
+            assert!(view.get("tokens").is_some());
+            assert!(view.get("logp").is_none(), "only the RPC's inputs");
+        }
+    }
+    a.commit().await.expect("commit");
+    b.commit().await.expect("commit");
+    let spill = buf.stats().spill;
+    // Samples 0..3 were spilled (the last may not be): each is loaded once in all.
+    assert!(spill.loads <= 4, "{spill:?}");
+    buf.flush().await.expect("flush");
+    assert_eq!(spill_files(&local(&dir)).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_buffer_spills_to_a_temporary_directory_it_removes() {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 8).inputs(["tokens"]))
+            .memory_budget(SAMPLE_BYTES * 2),
+    )
+    .expect("buffer");
+    for i in 0..8 {
+        buf.put_batch(vec![rollout(i)]).await.expect("put");
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= 6).await;
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    let tokens: Vec<Tensor> = batch
+        .samples()
+        .map(|v| v.get("tokens").cloned().expect("tokens"))
+        .collect();
+    assert_eq!(tokens.len(), 8);
+    batch.commit().await.expect("commit");
+    let temp: Vec<_> = std::fs::read_dir(std::env::temp_dir())
+        .expect("temp dir")
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("rollout-buffer-spill-{}-", std::process::id()))
+        })
+        .collect();
+    assert!(!temp.is_empty(), "spilled under the temp dir");
+    drop(buf);
+    // Dropping the buffer drops its store (the spiller holds only a weak handle).
+    common::wait_until(|| !temp.iter().any(|e| e.path().exists())).await;
+}
