@@ -273,3 +273,42 @@ async fn a_default_buffer_spills_to_a_temporary_directory_it_removes() {
     // Dropping the buffer drops its store (the spiller holds only a weak handle).
     common::wait_until(|| !temp.iter().any(|e| e.path().exists())).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
+    let dir = TempDir::new("spill-gc");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(local(&dir)),
+    )
+    .expect("buffer");
+    // One oversized put (it fits an empty buffer), spilled as one segment of 16 rows.
+    buf.put_batch((0..16).map(rollout).collect())
+        .await
+        .expect("put");
+    common::wait_until(|| buf.stats().spill.spilled_now == 16).await;
+    assert_eq!(buf.stats().spill.segments_written, 1);
+    let mut trained = Vec::new();
+    for _ in 0..13 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        trained.extend(batch.samples().map(|v| check(&v)));
+        batch.commit().await.expect("commit");
+    }
+    // 3 live rows of 16: the segment is rewritten with them.
+    common::wait_until(|| buf.stats().spill.segments_rewritten == 1).await;
+    let spill = buf.stats().spill;
+    assert_eq!(spill.live_segments, 1, "{spill:?}");
+    assert_eq!(spill.spilled_now, 3, "{spill:?}");
+    assert_invariants(&buf);
+    for _ in 0..3 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        trained.extend(batch.samples().map(|v| check(&v)));
+        batch.commit().await.expect("commit");
+    }
+    assert_eq!(trained, (0..16).collect::<Vec<_>>());
+    buf.flush().await.expect("flush");
+    assert_eq!(buf.stats().spill.live_segments, 0);
+    assert_eq!(spill_files(&local(&dir)).await, Vec::<String>::new());
+}

@@ -58,6 +58,8 @@ pub(crate) struct Freed {
     pub(crate) spilled: Vec<(SampleId, Vec<super::spill::SpilledRow>)>,
     /// Spill segments left without a live row (deleted once `spilled` is read).
     pub(crate) dead_segments: Vec<Arc<super::Segment>>,
+    /// A spill segment became sparse: the spiller should rewrite it.
+    pub(crate) compact: bool,
 }
 
 impl Freed {
@@ -77,6 +79,7 @@ impl Freed {
         self.filtered.extend(other.filtered);
         self.spilled.extend(other.spilled);
         self.dead_segments.extend(other.dead_segments);
+        self.compact |= other.compact;
     }
 
     pub(crate) fn is_empty(&self) -> bool {
@@ -101,6 +104,9 @@ impl Shared {
 
     /// Hands freed payloads to the sink, if any; runs outside the lock.
     pub(crate) fn dispose(&self, mut freed: Freed) {
+        if freed.compact {
+            self.spill_wake.notify_waiters();
+        }
         if freed.is_empty() {
             return;
         }

@@ -207,6 +207,7 @@ impl Inner {
         let mut out = Freed::default();
         if let Some(spill) = self.spill.as_mut() {
             out.dead_segments.append(&mut spill.dead);
+            out.dead_segments.extend(spill.take_retired());
         }
         for &s in freed {
             if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
@@ -217,6 +218,7 @@ impl Inner {
                         out.spilled.push((sample.id.clone(), rows));
                     }
                     out.dead_segments.extend(dead);
+                    out.compact |= std::mem::take(&mut spill.compact_due);
                 }
                 out.push(sample, self.table.exits[s as usize]);
             }

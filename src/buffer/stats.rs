@@ -88,8 +88,10 @@ pub struct SpillStats {
     pub spilled_bytes: u64,
     /// Segments written so far.
     pub segments_written: u64,
-    /// Segments deleted so far, their rows all freed.
+    /// Segments deleted so far, their rows all freed (or moved by a rewrite).
     pub segments_deleted: u64,
+    /// Sparse segments rewritten with their live rows so far.
+    pub segments_rewritten: u64,
     /// Sample loads started (for gets and read-ahead).
     pub loads: u64,
     /// Leased samples whose load was already under way or done (read ahead, or for

@@ -1,0 +1,131 @@
+//! Freed spilled samples: their spilled fields are read back for the freed-sample sink,
+//! then the segments left without a live row are deleted. `flush` waits for both.
+
+use super::super::{Freed, Shared};
+use super::{merge, Segment, SpillStore};
+use crate::sample::{Fields, SampleId};
+use crate::sync::{Arc, Mutex, Notify};
+use std::collections::HashMap;
+use std::pin::pin;
+
+/// Freed samples whose spilled fields are being read back for the sink.
+#[derive(Debug, Default)]
+pub(crate) struct HandOver {
+    pending: Mutex<usize>,
+    done: Notify,
+}
+
+impl Shared {
+    /// Reads back the spilled fields of freed samples, hands the whole samples to the sink
+    /// and deletes the segments left without a live row, in a task; returns `freed` when
+    /// there is nothing to read (the caller hands it over at once).
+    pub(crate) fn hand_over_spilled(&self, mut freed: Freed) -> Option<Freed> {
+        let dead = std::mem::take(&mut freed.dead_segments);
+        let store = self.lock().spill.as_ref().map(|s| Arc::clone(&s.store))?;
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        if freed.spilled.is_empty() || runtime.is_none() {
+            if !freed.spilled.is_empty() {
+                tracing::warn!("freed spilled samples outside a tokio runtime: handed over without their spilled fields");
+            }
+            freed.spilled.clear();
+            self.delete_segments(&store, dead);
+            return Some(freed);
+        }
+        let Some(sink) = self.freed_sink.clone() else {
+            freed.spilled.clear();
+            self.delete_segments(&store, dead);
+            return Some(freed);
+        };
+        let read_by = self.read_by.clone();
+        let handover = Arc::clone(&self.handover);
+        *handover.pending.lock() += 1;
+        let task = async move {
+            let spilled = std::mem::take(&mut freed.spilled);
+            let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
+            for (id, rows) in spilled {
+                let mut fields = Fields::default();
+                for r in rows {
+                    match store
+                        .read(Arc::clone(&r.segment), vec![r.row], r.keys)
+                        .await
+                    {
+                        Ok(mut got) => {
+                            for (k, t) in got.pop().unwrap_or_default().iter() {
+                                fields.set(k.clone(), t.clone());
+                            }
+                        }
+                        Err(e) => tracing::warn!(
+                            error = %e, id = %id,
+                            "spilled fields of a freed sample could not be read back"
+                        ),
+                    }
+                }
+                by_id.insert(id, fields);
+            }
+            for list in [
+                &mut freed.consumed,
+                &mut freed.stale,
+                &mut freed.evicted,
+                &mut freed.filtered,
+            ] {
+                for sample in list.iter_mut() {
+                    if let Some(fields) = by_id.remove(&sample.id) {
+                        *sample = Arc::new(merge(sample, fields));
+                    }
+                }
+            }
+            super::super::freed::hand_to_sink(&*sink, &read_by, freed);
+            delete_all(&*store, dead).await;
+            *handover.pending.lock() -= 1;
+            handover.done.notify_waiters();
+        };
+        if let Some(runtime) = runtime {
+            runtime.spawn(task);
+        }
+        None
+    }
+
+    /// Waits until every freed spilled sample was handed to the sink.
+    pub(crate) async fn handed_over(&self) {
+        loop {
+            let mut notified = pin!(self.handover.done.notified());
+            notified.as_mut().enable();
+            if *self.handover.pending.lock() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Deletes segments no sample needs any more (in the background).
+    /// `flush` waits for the deletes.
+    pub(crate) fn delete_segments(&self, store: &Arc<dyn SpillStore>, dead: Vec<Arc<Segment>>) {
+        if dead.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                segments = dead.len(),
+                "spill segments left: no runtime to delete them"
+            );
+            return;
+        };
+        let store = Arc::clone(store);
+        let handover = Arc::clone(&self.handover);
+        *handover.pending.lock() += 1;
+        runtime.spawn(async move {
+            delete_all(&*store, dead).await;
+            *handover.pending.lock() -= 1;
+            handover.done.notify_waiters();
+        });
+    }
+}
+
+/// Deletes segments, logging the ones that would not go.
+async fn delete_all(store: &dyn SpillStore, dead: Vec<Arc<Segment>>) {
+    for segment in dead {
+        if let Err(e) = store.delete(Arc::clone(&segment)).await {
+            tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! Loads of spilled fields: registered under the buffer's lock with the lease (and the
+//! read-ahead), read by a task outside it, published through each sample's [`LoadCell`].
+
+use super::super::{Batch, Shared};
+use super::{Segment, SpillStore};
+use crate::error::Result;
+use crate::sample::{FieldKey, Fields};
+use crate::sync::{Arc, Mutex, Notify};
+use std::collections::HashMap;
+use std::pin::pin;
+use std::sync::Weak;
+
+/// One load of a sample's spilled fields, shared by every get that needs them.
+#[derive(Debug)]
+pub(crate) struct LoadCell {
+    result: Mutex<Option<Result<Fields>>>,
+    done: Notify,
+}
+
+impl LoadCell {
+    /// Waits for the load's outcome.
+    pub(crate) async fn wait(&self) -> Result<Fields> {
+        loop {
+            let mut notified = pin!(self.done.notified());
+            notified.as_mut().enable();
+            if let Some(result) = self.result.lock().clone() {
+                return result;
+            }
+            notified.await;
+        }
+    }
+
+    pub(super) fn new() -> Self {
+        Self {
+            result: Mutex::new(None),
+            done: Notify::new(),
+        }
+    }
+
+    fn finish(&self, result: Result<Fields>) {
+        *self.result.lock() = Some(result);
+        self.done.notify_waiters();
+    }
+}
+
+/// A load in flight (or done and not yet taken) for the sample in one slot.
+#[derive(Debug, Clone)]
+pub(super) struct Loading {
+    pub(super) generation: u32,
+    pub(super) keys: Vec<FieldKey>,
+    pub(super) cell: Arc<LoadCell>,
+}
+
+/// What one read asks a segment for.
+#[derive(Debug)]
+pub(super) struct Request {
+    pub(super) slot: u32,
+    pub(super) segment: Arc<Segment>,
+    pub(super) row: u32,
+    pub(super) keys: Vec<FieldKey>,
+}
+
+/// A batch's sample `index` (in `slot`) waits for `cell`.
+#[derive(Debug)]
+pub(crate) struct BatchLoad {
+    pub(crate) index: usize,
+    pub(crate) slot: u32,
+    pub(crate) cell: Arc<LoadCell>,
+}
+
+/// Loads registered under the lock, to be started once it is dropped.
+#[derive(Debug, Default)]
+#[must_use = "registered loads must be started"]
+pub(crate) struct LoadPlan {
+    /// Per sample to load: its cell and its reads, one per part.
+    pub(super) loads: Vec<(Arc<LoadCell>, Vec<Request>)>,
+}
+
+impl LoadPlan {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.loads.is_empty()
+    }
+}
+
+impl Shared {
+    /// Starts `plan`'s loads in a task (so they finish even if every get that waits for
+    /// them is dropped). Call after dropping the lock.
+    pub(crate) fn start_loads(self: &Arc<Self>, plan: LoadPlan, store: Arc<dyn SpillStore>) {
+        if plan.is_empty() {
+            return;
+        }
+        let weak = Arc::downgrade(self);
+        let task = run_loads(weak, store, plan);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(task);
+            }
+            Err(_) => tracing::warn!("spilled samples selected outside a tokio runtime"),
+        }
+    }
+
+    /// Waits for the loads of a batch's spilled inputs and puts the loaded fields in.
+    pub(crate) async fn fill_batch(&self, batch: &mut Batch, loads: Vec<BatchLoad>) -> Result<()> {
+        let mut results = Vec::with_capacity(loads.len());
+        for load in &loads {
+            results.push(load.cell.wait().await);
+        }
+        self.put_loaded(batch, loads, results)
+    }
+
+    /// [`Self::fill_batch`] without waiting: `false` (and the batch released) unless every
+    /// load is done.
+    pub(crate) fn fill_batch_now(&self, batch: &mut Batch, loads: Vec<BatchLoad>) -> Result<bool> {
+        let mut results = Vec::with_capacity(loads.len());
+        for load in &loads {
+            match load.cell.result.lock().clone() {
+                Some(result) => results.push(result),
+                None => return Ok(false),
+            }
+        }
+        self.put_loaded(batch, loads, results).map(|()| true)
+    }
+
+    fn put_loaded(
+        &self,
+        batch: &mut Batch,
+        loads: Vec<BatchLoad>,
+        results: Vec<Result<Fields>>,
+    ) -> Result<()> {
+        {
+            let mut inner = self.lock();
+            if let Some(spill) = inner.spill.as_mut() {
+                for load in &loads {
+                    spill.taken(load.slot, &load.cell);
+                }
+            }
+        }
+        for (load, result) in loads.iter().zip(results) {
+            batch.fill(load.index, result?);
+        }
+        Ok(())
+    }
+}
+
+/// A segment and the reads of it: `(load, request)` indexes into a plan.
+type SegmentReads = (Arc<Segment>, Vec<(usize, usize)>);
+
+/// Reads every registered load, segment by segment, and publishes each sample's fields.
+async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPlan) {
+    // Group the reads by segment: one read per segment, rows in order.
+    let mut by_segment: HashMap<u64, SegmentReads> = HashMap::new();
+    for (i, (_, requests)) in plan.loads.iter().enumerate() {
+        for (j, r) in requests.iter().enumerate() {
+            by_segment
+                .entry(r.segment.id)
+                .or_insert_with(|| (Arc::clone(&r.segment), Vec::new()))
+                .1
+                .push((i, j));
+        }
+    }
+    let mut loaded: Vec<Result<Fields>> =
+        plan.loads.iter().map(|_| Ok(Fields::default())).collect();
+    let mut segments: Vec<_> = by_segment.into_values().collect();
+    segments.sort_by_key(|(s, _)| s.id);
+    for (segment, wants) in segments {
+        let mut keys: Vec<FieldKey> = Vec::new();
+        let mut rows = Vec::with_capacity(wants.len());
+        for &(i, j) in &wants {
+            let r = &plan.loads[i].1[j];
+            rows.push(r.row);
+            for k in &r.keys {
+                if !keys.contains(k) {
+                    keys.push(k.clone());
+                }
+            }
+        }
+        match store.read(Arc::clone(&segment), rows, keys).await {
+            Ok(fields) => {
+                for (&(i, j), got) in wants.iter().zip(fields) {
+                    let want = &plan.loads[i].1[j].keys;
+                    if let Some(Ok(acc)) = loaded.get_mut(i) {
+                        for (k, t) in got.iter() {
+                            if want.contains(k) {
+                                acc.set(k.clone(), t.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, path = %segment.path, "spill read failed");
+                for &(i, _) in &wants {
+                    if let Some(slot) = loaded.get_mut(i) {
+                        *slot = Err(e.clone());
+                    }
+                }
+            }
+        }
+    }
+    // Failed loads leave the registry first, so a retry reads again.
+    if let Some(shared) = weak.upgrade() {
+        let mut inner = shared.lock();
+        if let Some(spill) = inner.spill.as_mut() {
+            for ((cell, requests), result) in plan.loads.iter().zip(&loaded) {
+                if let (Err(_), Some(r)) = (result, requests.first()) {
+                    spill.failed(r.slot, cell);
+                }
+            }
+        }
+    }
+    for ((cell, _), result) in plan.loads.iter().zip(loaded) {
+        cell.finish(result);
+    }
+}

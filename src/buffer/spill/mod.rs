@@ -1,0 +1,390 @@
+//! Spilling: under a memory budget, the payloads of idle samples move to spill segments
+//! and come back when a batch selects them.
+//!
+//! # What stays in memory
+//!
+//! A spilled sample keeps its slot, id, birth, metadata and key set, so readiness,
+//! selection, staleness, admission and stats never wait on I/O. Its entry in
+//! `Inner::samples` becomes a *stub*: the same sample without the spilled fields. Fields
+//! an amend or a completion adds later live in the stub, beside the spilled ones (a patch
+//! never reloads the sample); a patched key is struck from the spilled list, so the stub's
+//! value wins. `SpillState::parts[slot]` says where each spilled field is: a segment, a
+//! row, and the field names and sizes.
+//!
+//! # Who does what
+//!
+//! * The *spiller* (one task per buffer, started by the first put) wakes when a
+//!   transition leaves more bytes resident than the budget allows (`Wake::spill`), takes
+//!   spillable samples from the table (`pick_spill`), writes their fields as one segment
+//!   outside the lock, then, under the lock, swaps in the stubs of the samples that did not
+//!   change meanwhile (the `Arc` is still the one it wrote) and wakes waiting putters.
+//! * A get that leases samples whose input fields are spilled registers a *load* per
+//!   sample in `SpillState::loading` in the same critical section as the lease, and a task
+//!   reads them (only the RPC's input columns, only the rows needed) outside the lock. The
+//!   batch is handed out once they are in. A get that needs a sample already being loaded
+//!   with those fields waits for that load instead of reading it again; a `Fifo` get also
+//!   registers loads for the next samples in its order (read-ahead). Loaded fields go to
+//!   the batch, not back into the buffer: the buffer's resident count stays under the
+//!   budget, and a batch holds at most one batch of payload.
+//! * When a spilled sample is freed, its rows die; a segment with no live row is deleted.
+//!
+//! Files: `load.rs` (loads for gets and read-ahead), `spiller.rs` (the spill task),
+//! `handover.rs` (freed spilled samples, segment deletes).
+//!
+//! # Locking
+//!
+//! `SpillState` lives in `Inner`, under the buffer's lock. Segment writes, reads and
+//! deletes run outside it; a load's result is published through its [`LoadCell`]
+//! (its own small mutex and `Notify`, taken without the buffer's lock held).
+
+mod handover;
+mod load;
+mod spiller;
+
+pub(crate) use handover::HandOver;
+pub(crate) use load::{BatchLoad, LoadCell, LoadPlan};
+use load::{Loading, Request};
+
+use crate::error::{Error, Result};
+use crate::sample::{FieldKey, Fields, Sample};
+use crate::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// The future a [`SpillStore`] operation returns.
+pub(crate) type SpillFuture<T> = Pin<Box<dyn Future<Output = Result<T>> + Send>>;
+
+/// A written spill segment.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    /// Unique among the segments of one store.
+    pub(crate) id: u64,
+    /// Its path inside the store.
+    pub(crate) path: String,
+    /// Rows written.
+    pub(crate) rows: u32,
+}
+
+/// Where spilled fields go (the Parquet spill store implements it).
+pub(crate) trait SpillStore: Send + Sync + fmt::Debug {
+    /// Writes one segment holding `rows` (row `i` = `rows[i]`'s fields).
+    fn write(&self, rows: Vec<Fields>) -> SpillFuture<Arc<Segment>>;
+    /// Reads the fields `keys` of `rows` of `segment`, in the order asked; a row lacking
+    /// one of them has no entry for it.
+    fn read(
+        &self,
+        segment: Arc<Segment>,
+        rows: Vec<u32>,
+        keys: Vec<FieldKey>,
+    ) -> SpillFuture<Vec<Fields>>;
+    /// Deletes a segment no live sample needs.
+    fn delete(&self, segment: Arc<Segment>) -> SpillFuture<()>;
+}
+
+/// Spilled fields of one sample that share a segment row.
+#[derive(Debug, Clone)]
+pub(crate) struct SpillPart {
+    pub(crate) segment: u64,
+    pub(crate) row: u32,
+    /// Field names and tensor bytes.
+    pub(crate) fields: Vec<(FieldKey, u64)>,
+}
+
+/// Where some spilled fields of a freed sample are.
+#[derive(Debug, Clone)]
+pub(crate) struct SpilledRow {
+    segment: Arc<Segment>,
+    row: u32,
+    keys: Vec<FieldKey>,
+}
+
+/// A segment and how many of its rows a stored sample still needs.
+#[derive(Debug)]
+struct LiveSegment {
+    pub(super) segment: Arc<Segment>,
+    /// The slots whose samples have a part in it.
+    pub(super) members: BTreeSet<u32>,
+}
+
+impl LiveSegment {
+    /// Whether few enough of its rows are live that rewriting them saves space.
+    fn sparse(&self) -> bool {
+        (self.members.len() as u64) * REWRITE_BELOW_ONE_IN < u64::from(self.segment.rows)
+    }
+}
+
+/// A segment with fewer than one live row in this many is rewritten with its live rows.
+const REWRITE_BELOW_ONE_IN: u64 = 4;
+
+/// Counters of spill activity (see `Stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SpillCounters {
+    pub(crate) spilled_samples: u64,
+    pub(crate) spilled_bytes: u64,
+    pub(crate) segments_written: u64,
+    pub(crate) segments_deleted: u64,
+    pub(crate) loaded_samples: u64,
+    /// Leased samples whose load was already in flight (read ahead, or for another RPC).
+    pub(crate) shared_loads: u64,
+    pub(crate) failures: u64,
+    pub(crate) segments_rewritten: u64,
+}
+
+/// Spill bookkeeping, under the buffer's lock.
+#[derive(Debug)]
+pub(crate) struct SpillState {
+    pub(crate) store: Arc<dyn SpillStore>,
+    /// Per slot: the spilled parts of its sample (empty while it is all in memory).
+    parts: Vec<Vec<SpillPart>>,
+    segments: HashMap<u64, LiveSegment>,
+    loading: HashMap<u32, Loading>,
+    /// The last failed segment write, until a write succeeds: putters waiting for room
+    /// get it instead of waiting on a store that keeps failing.
+    pub(crate) failure: Option<Error>,
+    started: bool,
+    /// Segments left without a live row by a patch, deleted with the next freed samples.
+    pub(crate) dead: Vec<Arc<Segment>>,
+    /// Stored samples with at least one spilled part.
+    spilled_now: u64,
+    /// Live segments with few live rows, to rewrite.
+    sparse: BTreeSet<u64>,
+    /// A segment became sparse since the spiller last looked.
+    pub(crate) compact_due: bool,
+    /// Rewritten segments waiting for their last reads to finish before deletion.
+    retired: Vec<Arc<Segment>>,
+    pub(crate) counters: SpillCounters,
+}
+
+/// Most bytes one spill round writes into one segment.
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+impl SpillState {
+    pub(crate) fn new(store: Arc<dyn SpillStore>, capacity: usize) -> Self {
+        Self {
+            store,
+            parts: (0..capacity).map(|_| Vec::new()).collect(),
+            segments: HashMap::new(),
+            loading: HashMap::new(),
+            failure: None,
+            started: false,
+            dead: Vec::new(),
+            spilled_now: 0,
+            sparse: BTreeSet::new(),
+            compact_due: false,
+            retired: Vec::new(),
+            counters: SpillCounters::default(),
+        }
+    }
+
+    /// The spilled parts of the sample in `slot`.
+    pub(crate) fn parts(&self, slot: u32) -> &[SpillPart] {
+        self.parts.get(slot as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Tensor bytes of the sample in `slot` that are spilled.
+    pub(crate) fn spilled_bytes(&self, slot: u32) -> u64 {
+        self.parts(slot)
+            .iter()
+            .flat_map(|p| p.fields.iter().map(|(_, b)| *b))
+            .sum()
+    }
+
+    /// Strikes the keys a patch sets from the sample's spilled list (the stub's new value
+    /// wins); a part left with no field is released.
+    pub(crate) fn strike(&mut self, slot: u32, keys: &[&str]) {
+        let Some(parts) = self.parts.get_mut(slot as usize) else {
+            return;
+        };
+        let had = !parts.is_empty();
+        let mut emptied = Vec::new();
+        parts.retain_mut(|p| {
+            p.fields.retain(|(k, _)| !keys.contains(&k.as_str()));
+            if p.fields.is_empty() {
+                emptied.push(p.segment);
+                false
+            } else {
+                true
+            }
+        });
+        if had && parts.is_empty() {
+            self.spilled_now -= 1;
+        }
+        for segment in emptied {
+            if let Some(dead) = self.release_row(segment, slot) {
+                self.dead.push(dead);
+            }
+        }
+    }
+
+    /// Forgets the spill state of a freed slot; returns where its spilled fields are (for
+    /// a sink that wants the whole sample) and the segments left without a live row.
+    pub(crate) fn forget(&mut self, slot: u32) -> (Vec<SpilledRow>, Vec<Arc<Segment>>) {
+        self.loading.remove(&slot);
+        let parts = self
+            .parts
+            .get_mut(slot as usize)
+            .map(std::mem::take)
+            .unwrap_or_default();
+        if !parts.is_empty() {
+            self.spilled_now -= 1;
+        }
+        let mut rows = Vec::with_capacity(parts.len());
+        let mut dead = Vec::new();
+        for part in parts {
+            if let Some(live) = self.segments.get(&part.segment) {
+                rows.push(SpilledRow {
+                    segment: Arc::clone(&live.segment),
+                    row: part.row,
+                    keys: part.fields.into_iter().map(|(k, _)| k).collect(),
+                });
+            }
+            dead.extend(self.release_row(part.segment, slot));
+        }
+        (rows, dead)
+    }
+
+    /// The row of `slot`'s sample in `segment` is no longer needed; returns the segment if
+    /// no row is. A segment left sparse is queued for a rewrite.
+    pub(crate) fn release_row(&mut self, segment: u64, slot: u32) -> Option<Arc<Segment>> {
+        let live = self.segments.get_mut(&segment)?;
+        live.members.remove(&slot);
+        if !live.members.is_empty() {
+            if live.sparse() && self.sparse.insert(segment) {
+                self.compact_due = true;
+            }
+            return None;
+        }
+        self.sparse.remove(&segment);
+        self.counters.segments_deleted += 1;
+        self.segments.remove(&segment).map(|l| l.segment)
+    }
+
+    /// Segments replaced by a rewrite that no load reads any more (the `Arc` count is the
+    /// number of reads in flight).
+    pub(crate) fn take_retired(&mut self) -> Vec<Arc<Segment>> {
+        let (done, busy) = std::mem::take(&mut self.retired)
+            .into_iter()
+            .partition(|s| Arc::strong_count(s) == 1);
+        self.retired = busy;
+        done
+    }
+
+    /// The figures `Stats::spill` reports.
+    pub(crate) fn stats(&self) -> super::SpillStats {
+        let c = &self.counters;
+        super::SpillStats {
+            spilled_now: self.spilled_now,
+            live_segments: self.segments.len() as u64,
+            spilled_samples: c.spilled_samples,
+            spilled_bytes: c.spilled_bytes,
+            segments_written: c.segments_written,
+            segments_deleted: c.segments_deleted,
+            segments_rewritten: c.segments_rewritten,
+            loads: c.loaded_samples,
+            shared_loads: c.shared_loads,
+            failures: c.failures,
+        }
+    }
+
+    /// Registers loads of the fields `keys` of `slots`' samples (each `(slot,
+    /// generation)`), reusing loads in flight that cover them. Returns per slot the cell
+    /// to wait on (`None`: nothing of `keys` is spilled), and the loads to start.
+    pub(crate) fn register(
+        &mut self,
+        slots: impl IntoIterator<Item = (u32, u32)>,
+        keys: &[std::sync::Arc<str>],
+        ahead: bool,
+        plan: &mut LoadPlan,
+    ) -> Vec<Option<Arc<LoadCell>>> {
+        let mut cells = Vec::new();
+        for (slot, generation) in slots {
+            let wanted: Vec<FieldKey> = self
+                .parts(slot)
+                .iter()
+                .flat_map(|p| p.fields.iter().map(|(k, _)| k))
+                .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
+                .cloned()
+                .collect();
+            if wanted.is_empty() {
+                cells.push(None);
+                continue;
+            }
+            if let Some(l) = self.loading.get(&slot) {
+                let covers = wanted.iter().all(|k| l.keys.contains(k));
+                if l.generation == generation && covers {
+                    if !ahead {
+                        self.counters.shared_loads += 1;
+                    }
+                    cells.push(Some(Arc::clone(&l.cell)));
+                    continue;
+                }
+            }
+            let cell = Arc::new(LoadCell::new());
+            let mut requests = Vec::new();
+            for part in self.parts(slot) {
+                let keys: Vec<FieldKey> = part
+                    .fields
+                    .iter()
+                    .map(|(k, _)| k)
+                    .filter(|k| wanted.contains(k))
+                    .cloned()
+                    .collect();
+                let segment = self.segments.get(&part.segment).map(|l| &l.segment);
+                if let (false, Some(segment)) = (keys.is_empty(), segment) {
+                    requests.push(Request {
+                        slot,
+                        segment: Arc::clone(segment),
+                        row: part.row,
+                        keys,
+                    });
+                }
+            }
+            self.loading.insert(
+                slot,
+                Loading {
+                    generation,
+                    keys: wanted,
+                    cell: Arc::clone(&cell),
+                },
+            );
+            self.counters.loaded_samples += 1;
+            plan.loads.push((Arc::clone(&cell), requests));
+            cells.push(Some(cell));
+        }
+        cells
+    }
+
+    /// A get has taken the load of `slot` (the sample is leased; a later load reads it
+    /// again, with whatever patches came since).
+    pub(crate) fn taken(&mut self, slot: u32, cell: &Arc<LoadCell>) {
+        if self
+            .loading
+            .get(&slot)
+            .is_some_and(|l| Arc::ptr_eq(&l.cell, cell))
+        {
+            self.loading.remove(&slot);
+        }
+    }
+
+    /// Drops a failed load's registration, so the next get reads again.
+    fn failed(&mut self, slot: u32, cell: &Arc<LoadCell>) {
+        self.taken(slot, cell);
+    }
+}
+
+/// The sample a batch gets: the loaded fields, overlaid with those the stub holds (added
+/// since the spill, so newer).
+pub(crate) fn merge(stub: &Sample, loaded: Fields) -> Sample {
+    let mut fields = loaded;
+    for (k, t) in stub.fields.iter() {
+        fields.set(k.clone(), t.clone());
+    }
+    Sample {
+        id: stub.id.clone(),
+        birth: stub.birth,
+        fields,
+        meta: stub.meta.clone(),
+    }
+}

@@ -1,0 +1,313 @@
+//! The spiller task: writes idle samples out while the buffer is over its memory budget.
+
+use super::super::{Inner, Shared};
+use super::{LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
+use crate::sample::{FieldKey, Fields, Sample};
+use crate::state::Wake;
+use crate::sync::{Arc, Notify};
+use std::collections::BTreeSet;
+use std::pin::pin;
+use std::sync::Weak;
+use std::time::Duration;
+
+impl Shared {
+    /// Starts the spiller task if the buffer spills and it is not running yet. Called by
+    /// puts, which run inside a tokio runtime.
+    pub(crate) fn start_spiller(self: &Arc<Self>, inner: &mut Inner) {
+        let Some(spill) = inner.spill.as_mut() else {
+            return;
+        };
+        if spill.started {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        spill.started = true;
+        let weak = Arc::downgrade(self);
+        let wake = Arc::clone(&self.spill_wake);
+        runtime.spawn(run_spiller(weak, wake));
+    }
+
+    /// One spill round: writes spillable samples until the resident bytes are back under
+    /// the budget's low mark (at most one segment's worth). Returns whether it wrote.
+    async fn spill_round(self: &Arc<Self>) -> Round {
+        let (store, picked) = {
+            let mut inner = self.lock();
+            let excess = inner.table.residency.excess();
+            let Some(spill) = inner.spill.as_ref() else {
+                return Round::Idle;
+            };
+            let store = Arc::clone(&spill.store);
+            if excess == 0 {
+                (store, None)
+            } else {
+                let slots = inner.table.pick_spill(excess.min(SEGMENT_BYTES));
+                let picked: Vec<(u32, u32, Arc<Sample>)> = slots
+                    .iter()
+                    .filter_map(|&s| {
+                        let generation = inner.table.stored_generation(s as usize)?;
+                        let sample = inner.samples.get(s as usize)?.as_ref()?;
+                        Some((s, generation, Arc::clone(sample)))
+                    })
+                    .collect();
+                if picked.len() != slots.len() {
+                    // Cannot happen (spillable slots are stored); give every slot back.
+                    for &s in &slots {
+                        let resident = inner.table.residency.per_slot[s as usize];
+                        inner.table.end_spill(s as usize, resident);
+                    }
+                    return Round::Idle;
+                }
+                if picked.is_empty() {
+                    return Round::Idle;
+                }
+                (store, Some(picked))
+            }
+        };
+        let Some(picked) = picked else {
+            return self.compact_round(store).await;
+        };
+        let rows = picked.iter().map(|(_, _, s)| s.fields.clone()).collect();
+        let written = store.write(rows).await;
+        let mut inner = self.lock();
+        let result = match written {
+            Ok(segment) => {
+                adopt(&mut inner, &segment, &picked);
+                Round::Wrote
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, samples = picked.len(), "spill write failed");
+                for (s, _, _) in &picked {
+                    let resident = inner.table.residency.per_slot[*s as usize];
+                    inner.table.end_spill(*s as usize, resident);
+                }
+                if let Some(spill) = inner.spill.as_mut() {
+                    spill.counters.failures += 1;
+                    spill.failure = Some(e);
+                }
+                Round::Failed
+            }
+        };
+        drop(inner);
+        self.notify(Wake {
+            rpcs: 0,
+            space: true,
+            spill: false,
+        });
+        result
+    }
+}
+
+/// Under the lock, after a segment write: swaps in the stub of every written sample that is
+/// still the one written, and ends every spill.
+fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sample>)]) {
+    let mut members = BTreeSet::new();
+    let mut bytes = 0u64;
+    for (row, (s, generation, written)) in picked.iter().enumerate() {
+        let slot = *s as usize;
+        let current = inner.samples.get(slot).and_then(Option::as_ref);
+        let unchanged = inner.table.stored_generation(slot) == Some(*generation)
+            && current.is_some_and(|c| Arc::ptr_eq(c, written));
+        if !unchanged {
+            // Amended or freed meanwhile: the row is dead on arrival.
+            let resident = inner.table.residency.per_slot[slot];
+            inner.table.end_spill(slot, resident);
+            continue;
+        }
+        let fields: Vec<(FieldKey, u64)> = written
+            .fields
+            .iter()
+            .map(|(k, t)| (k.clone(), t.nbytes() as u64))
+            .collect();
+        bytes += fields.iter().map(|(_, b)| b).sum::<u64>();
+        let stub = Sample {
+            id: written.id.clone(),
+            birth: written.birth,
+            fields: Fields::default(),
+            meta: written.meta.clone(),
+        };
+        if let Some(entry) = inner.samples.get_mut(slot) {
+            *entry = Some(Arc::new(stub));
+        }
+        if let Some(spill) = inner.spill.as_mut() {
+            if let Some(parts) = spill.parts.get_mut(slot) {
+                if parts.is_empty() {
+                    spill.spilled_now += 1;
+                }
+                parts.push(SpillPart {
+                    segment: segment.id,
+                    row: row as u32,
+                    fields,
+                });
+            }
+        }
+        inner.table.end_spill(slot, 0);
+        members.insert(*s);
+    }
+    let Some(spill) = inner.spill.as_mut() else {
+        return;
+    };
+    spill.counters.segments_written += 1;
+    spill.counters.spilled_samples += members.len() as u64;
+    spill.counters.spilled_bytes += bytes;
+    spill.failure = None;
+    if !members.is_empty() {
+        spill.segments.insert(
+            segment.id,
+            LiveSegment {
+                segment: Arc::clone(segment),
+                members,
+            },
+        );
+    } else {
+        // Every written sample changed meanwhile: delete with the next freed samples.
+        spill.counters.segments_deleted += 1;
+        spill.dead.push(Arc::clone(segment));
+    }
+}
+
+impl Shared {
+    /// Rewrites the sparsest segment's live rows into a new segment and points their
+    /// samples at it; the old segment is deleted once no read holds it.
+    async fn compact_round(&self, store: Arc<dyn SpillStore>) -> Round {
+        // (slot, generation, old row, keys) of every live row.
+        let (old, members) = {
+            let mut inner = self.lock();
+            let Inner { spill, table, .. } = &mut *inner;
+            let Some(spill) = spill.as_mut() else {
+                return Round::Idle;
+            };
+            let Some(id) = spill.sparse.pop_first() else {
+                return Round::Idle;
+            };
+            let Some(live) = spill.segments.get(&id) else {
+                return Round::Wrote;
+            };
+            let mut members = Vec::with_capacity(live.members.len());
+            for &slot in &live.members {
+                let part = spill.parts(slot).iter().find(|p| p.segment == id);
+                if let (Some(part), Some(generation)) =
+                    (part, table.stored_generation(slot as usize))
+                {
+                    let keys: Vec<FieldKey> = part.fields.iter().map(|(k, _)| k.clone()).collect();
+                    members.push((slot, generation, part.row, keys));
+                }
+            }
+            (Arc::clone(&live.segment), members)
+        };
+        let mut keys: Vec<FieldKey> = Vec::new();
+        for (_, _, _, k) in &members {
+            for key in k {
+                if !keys.contains(key) {
+                    keys.push(key.clone());
+                }
+            }
+        }
+        let rows = members.iter().map(|m| m.2).collect();
+        let rewritten = match store.read(Arc::clone(&old), rows, keys).await {
+            Ok(fields) => store.write(fields).await,
+            Err(e) => Err(e),
+        };
+        let new = match rewritten {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::warn!(error = %e, path = %old.path, "spill segment not rewritten");
+                return Round::Failed;
+            }
+        };
+        let retired = self.swap_rewritten(&old, new, &members);
+        drop(old);
+        for segment in retired {
+            if let Err(e) = store.delete(Arc::clone(&segment)).await {
+                tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
+            }
+        }
+        Round::Wrote
+    }
+
+    /// Under the lock: points the rows of `old` that are still live at their copies in
+    /// `new`; returns the retired segments no read holds any more.
+    fn swap_rewritten(
+        &self,
+        old: &Arc<Segment>,
+        new: Arc<Segment>,
+        members: &[(u32, u32, u32, Vec<FieldKey>)],
+    ) -> Vec<Arc<Segment>> {
+        let mut inner = self.lock();
+        let Inner { spill, table, .. } = &mut *inner;
+        let Some(spill) = spill.as_mut() else {
+            return Vec::new();
+        };
+        let mut moved = BTreeSet::new();
+        for (new_row, (slot, generation, old_row, _)) in members.iter().enumerate() {
+            if table.stored_generation(*slot as usize) != Some(*generation) {
+                continue;
+            }
+            let Some(parts) = spill.parts.get_mut(*slot as usize) else {
+                continue;
+            };
+            if let Some(part) = parts
+                .iter_mut()
+                .find(|p| p.segment == old.id && p.row == *old_row)
+            {
+                part.segment = new.id;
+                part.row = new_row as u32;
+                moved.insert(*slot);
+            }
+        }
+        if let Some(live) = spill.segments.get_mut(&old.id) {
+            live.members.retain(|s| !moved.contains(s));
+            if live.members.is_empty() {
+                spill.segments.remove(&old.id);
+                spill.retired.push(Arc::clone(old));
+                spill.counters.segments_deleted += 1;
+            }
+        }
+        spill.counters.segments_written += 1;
+        spill.counters.segments_rewritten += 1;
+        if moved.is_empty() {
+            spill.counters.segments_deleted += 1;
+            spill.dead.push(new);
+        } else {
+            spill.segments.insert(
+                new.id,
+                LiveSegment {
+                    segment: new,
+                    members: moved,
+                },
+            );
+        }
+        spill.take_retired()
+    }
+}
+
+enum Round {
+    Idle,
+    Wrote,
+    Failed,
+}
+
+/// The spiller: spills while the buffer is over its budget, sleeps on `wake` otherwise;
+/// ends when the buffer is dropped.
+async fn run_spiller(weak: Weak<Shared>, wake: Arc<Notify>) {
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let mut notified = pin!(wake.notified());
+        notified.as_mut().enable();
+        let Some(shared) = weak.upgrade() else {
+            return;
+        };
+        let round = shared.spill_round().await;
+        drop(shared);
+        match round {
+            Round::Wrote => backoff = Duration::from_millis(20),
+            Round::Idle => notified.await,
+            Round::Failed => {
+                // Retry: the store may come back. Waiting putters have the error already.
+                let _ = tokio::time::timeout(backoff, notified).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
