@@ -1,8 +1,11 @@
 //! `contents()`: what a buffer stores, sample by sample, with the reads each RPC has left
 //! (for inspection, and what recovery is checked against).
 
+use super::spill::{merge, read_back, SpilledRow};
 use super::SequenceBuffer;
+use crate::error::Result;
 use crate::sample::{Sample, SampleId};
+use crate::sync::Arc;
 use std::collections::BTreeMap;
 
 /// A stored sample and the reads each RPC has left of it (see
@@ -24,13 +27,42 @@ impl SequenceBuffer {
 
     /// Every stored sample (not those still being put), oldest birth first, with the reads
     /// each RPC has left. Copies only field handles, never tensor data; for inspection and
-    /// tests, O(stored samples).
+    /// tests, O(stored samples). A spilled sample shows only the fields held in memory (see
+    /// [`Self::contents_loaded`]).
     pub fn contents(&self) -> Vec<StoredSample> {
+        self.snapshot_contents()
+            .into_iter()
+            .map(|(stored, _)| stored)
+            .collect()
+    }
+
+    /// [`Self::contents`] with the spilled fields read back from their spill segments (a
+    /// read per spilled sample: for inspection and tests).
+    pub async fn contents_loaded(&self) -> Result<Vec<StoredSample>> {
+        let store = self
+            .shared
+            .lock()
+            .spill
+            .as_ref()
+            .map(|s| Arc::clone(&s.store));
+        let mut out = Vec::new();
+        for (mut stored, rows) in self.snapshot_contents() {
+            if let (Some(store), false) = (&store, rows.is_empty()) {
+                let fields = read_back(&**store, rows).await?;
+                stored.sample = merge(&stored.sample, fields);
+            }
+            out.push(stored);
+        }
+        Ok(out)
+    }
+
+    /// Stored samples in order, with where their spilled fields are.
+    fn snapshot_contents(&self) -> Vec<(StoredSample, Vec<SpilledRow>)> {
         let shared = &*self.shared;
         let inner = shared.lock();
         let table = &inner.table;
         let n_rpcs = table.rpcs.len();
-        let mut stored: Vec<(_, StoredSample)> = inner
+        let mut stored: Vec<(_, (StoredSample, Vec<SpilledRow>))> = inner
             .samples
             .iter()
             .enumerate()
@@ -47,7 +79,12 @@ impl SequenceBuffer {
                     sample: Sample::clone(sample),
                     reads_left,
                 };
-                Some((table.slots[s].order, entry))
+                let rows = inner
+                    .spill
+                    .as_ref()
+                    .map(|sp| sp.rows_of(s as u32))
+                    .unwrap_or_default();
+                Some((table.slots[s].order, (entry, rows)))
             })
             .collect();
         stored.sort_by_key(|(order, _)| *order);

@@ -104,7 +104,7 @@ impl Shared {
 
     /// Hands freed payloads to the sink, if any; runs outside the lock.
     pub(crate) fn dispose(&self, mut freed: Freed) {
-        if freed.compact {
+        if freed.compact && self.spills {
             self.spill_wake.notify_waiters();
         }
         if freed.is_empty() {

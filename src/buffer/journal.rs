@@ -21,6 +21,7 @@
 // Without `persist` nothing implements the journal; the buffer's side of it stays compiled.
 #![cfg_attr(not(feature = "persist"), allow(dead_code))]
 
+use super::spill::SpillPart;
 use super::AuxWrite;
 use crate::error::Result;
 use crate::sample::{Patch, Sample, SampleId};
@@ -71,6 +72,13 @@ pub(crate) enum Record {
     },
     /// Auxiliary entries set or removed (see `aux.rs`).
     Aux(Vec<AuxWrite>),
+    /// Fields of `ids[i]` moved to `parts[i]` of a spill segment and out of memory. With
+    /// `replaces`, a rewrite: each sample's part in segment `replaces` is now `parts[i]`.
+    Spill {
+        ids: Vec<SampleId>,
+        parts: Vec<SpillPart>,
+        replaces: Option<u64>,
+    },
 }
 
 /// Called once with the fate of a unit of records: `Ok` once it is durable, `Err` once it

@@ -67,7 +67,9 @@ pub(crate) use aux::{AuxMap, AuxWrite};
 pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
 #[cfg(feature = "persist")]
 pub(crate) use restore::Restored;
-pub(crate) use spill::{Segment, SpillFuture, SpillStore};
+#[cfg(feature = "persist")]
+pub(crate) use spill::SpillFuture;
+pub(crate) use spill::{strike, Segment, SpillPart, SpillStore};
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
@@ -162,6 +164,8 @@ pub(crate) struct Shared {
     pub(crate) overflow: Overflow,
     /// The memory budget, if any (see `spill.rs`).
     pub(crate) memory_budget: Option<u64>,
+    /// Whether the buffer has a spill store (spilled samples to load, a spiller to wake).
+    pub(crate) spills: bool,
     /// The spiller waits here (see `spill.rs`); its own `Arc` so the task can wait without
     /// keeping the buffer alive.
     pub(crate) spill_wake: Arc<Notify>,
@@ -171,8 +175,10 @@ pub(crate) struct Shared {
 
 impl Drop for Shared {
     fn drop(&mut self) {
-        // The spiller sees the buffer gone and ends.
-        self.spill_wake.notify_waiters();
+        if self.spills {
+            // The spiller sees the buffer gone and ends.
+            self.spill_wake.notify_waiters();
+        }
     }
 }
 
@@ -385,7 +391,6 @@ impl SequenceBuffer {
             spill: config
                 .spill_store
                 .as_ref()
-                .filter(|_| config.memory_budget.is_some())
                 .map(|store| spill::SpillState::new(Arc::clone(store), capacity)),
             sink_wants_fields: config.freed_sink.is_some(),
         };
@@ -405,6 +410,7 @@ impl SequenceBuffer {
                 max_bytes: config.max_bytes,
                 overflow: config.overflow,
                 memory_budget: config.memory_budget,
+                spills: config.spill_store.is_some(),
                 spill_wake: Arc::new(Notify::new()),
                 handover: Arc::default(),
             }),
@@ -451,7 +457,9 @@ impl SequenceBuffer {
         if let Some(journal) = journal {
             journal.flush().await?;
         }
-        self.shared.handed_over().await;
+        if self.shared.spills {
+            self.shared.handed_over().await;
+        }
         match &self.shared.freed_sink {
             Some(sink) => sink.flush().await,
             None => Ok(()),
@@ -512,7 +520,7 @@ impl Shared {
         if wake.space {
             self.space.notify_waiters();
         }
-        if wake.spill {
+        if wake.spill && self.spills {
             self.spill_wake.notify_waiters();
         }
     }

@@ -146,7 +146,7 @@ impl SequenceBuffer {
                     }
                 }
             };
-            if matches!(wait, Wait::Space(_)) {
+            if matches!(wait, Wait::Space(_)) && shared.spills {
                 // The wait may be for room under the memory budget.
                 shared.spill_wake.notify_waiters();
             }

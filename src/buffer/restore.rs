@@ -4,6 +4,7 @@
 //! attached, so nothing restored is logged again and no waiter exists to notify.
 
 use super::freshness::{freshness_of, recovered_version};
+use super::SpillPart;
 use super::{now, Journal, SequenceBuffer};
 use crate::error::{Error, Result};
 use crate::sample::Sample;
@@ -14,7 +15,8 @@ use crate::sync::Arc;
 pub(crate) struct Restored {
     /// Samples in their original put order, each with its reads left per RPC (in the
     /// buffer's RPC order).
-    pub(crate) samples: Vec<(Arc<Sample>, Vec<u16>)>,
+    /// A spilled sample's entry is its stub, with the parts that say where the rest is.
+    pub(crate) samples: Vec<(Arc<Sample>, Vec<u16>, Vec<SpillPart>)>,
     /// Running totals: samples put and freed.
     pub(crate) put: u64,
     pub(crate) freed: u64,
@@ -51,8 +53,15 @@ impl SequenceBuffer {
             let _ = inner.table.set_policy_version(version, &mut none);
         }
         let mut doomed = Vec::new();
-        for (sample, reads_left) in restored.samples {
-            let keys = shared.graph.key_set(sample.keys());
+        for (sample, reads_left, parts) in restored.samples {
+            let spilled_keys = parts
+                .iter()
+                .flat_map(|p| p.fields.iter().map(|(k, _)| &**k));
+            let keys = shared.graph.key_set(sample.keys().chain(spilled_keys));
+            let spilled: u64 = parts
+                .iter()
+                .flat_map(|p| p.fields.iter().map(|(_, b)| *b))
+                .sum();
             let Some((slots, _)) = inner.table.claim_put(1, None) else {
                 break;
             };
@@ -66,7 +75,7 @@ impl SequenceBuffer {
             inner.ids.insert(sample.id.clone(), slot);
             // A recovered buffer may start over its byte budget; puts wait until it is not.
             let bytes = if shared.max_bytes.is_some() {
-                sample.payload_bytes()
+                sample.payload_bytes() + spilled
             } else {
                 0
             };
@@ -81,6 +90,13 @@ impl SequenceBuffer {
                 .table
                 .restore_put(slot, sample.birth.unwrap_or(1), keys, &reads_left, fresh);
             inner.samples[slot as usize] = Some(sample);
+            if let Some(spill) = inner.spill.as_mut() {
+                spill.restore(slot, parts);
+            } else if !parts.is_empty() {
+                return Err(Error::Incompatible {
+                    detail: "spilled samples recovered into a buffer without a spill store".into(),
+                });
+            }
             if inner.table.is_doomed(slot as usize) {
                 doomed.push(slot);
             }

@@ -17,7 +17,7 @@
 //! anything no manifest names is an orphan, deleted only after a newer manifest commits.
 
 use super::archive::content_hash;
-use super::codec::{Reader, Writer};
+use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
 use super::state::{Body, DurableState, Entry, RpcTotals};
 use super::store::Store;
@@ -339,11 +339,20 @@ fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
         })
         .collect();
     let states = BinaryArray::from_iter_values(states.iter());
+    // Where a spilled sample's other fields are (its `state` holds the stub).
+    let spilled = BinaryArray::from_iter(entries.iter().map(|e| {
+        (!e.spilled.is_empty()).then(|| {
+            let mut w = Writer::default();
+            put_parts(&mut w, &e.spilled);
+            w.buf
+        })
+    }));
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Utf8, false),
         Field::new("birth", DataType::UInt64, false),
         Field::new("seq", DataType::UInt64, false),
         Field::new("state", DataType::Binary, false),
+        Field::new("spilled", DataType::Binary, true),
     ]));
     let batch = RecordBatch::try_new(
         schema,
@@ -352,6 +361,7 @@ fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
             Arc::new(births),
             Arc::new(seqs),
             Arc::new(states),
+            Arc::new(spilled),
         ],
     )
     .map_err(|e| e.to_string())?;
@@ -470,7 +480,13 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
         let births: UInt64Array = column(&batch, "birth")?;
         let seqs: UInt64Array = column(&batch, "seq")?;
         let states: BinaryArray = column(&batch, "state")?;
+        // Segments written before spilling existed have no such column.
+        let spilled: Option<BinaryArray> = column(&batch, "spilled").ok();
         for row in 0..batch.num_rows() {
+            let parts = match &spilled {
+                Some(col) if col.is_valid(row) => take_parts(&mut Reader::new(col.value(row)))?,
+                _ => Vec::new(),
+            };
             let state = states.value(row);
             let mut r = Reader::new(state);
             let n = r.count(10)?;
@@ -487,6 +503,7 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
                 birth: births.value(row),
                 body: Body::Encoded(sample),
                 used,
+                spilled: parts,
             });
         }
     }

@@ -5,8 +5,8 @@
 //! before anything is allocated, so a damaged file gives an error, never a panic or a huge
 //! allocation. Tensors keep their element type, shape and ragged lengths exactly.
 
-use crate::buffer::{AuxWrite, FreeReason, Record};
-use crate::sample::{MetaValue, Patch, Sample, SampleId};
+use crate::buffer::{AuxWrite, FreeReason, Record, SpillPart};
+use crate::sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 use crate::sync::Arc;
 use crate::tensor::{Tensor, TensorData};
 use ndarray::{ArcArray, Array, IxDyn};
@@ -490,6 +490,49 @@ const COMPLETE: u8 = 3;
 const RELEASE: u8 = 4;
 const FREE: u8 = 5;
 const AUX: u8 = 6;
+const SPILL: u8 = 7;
+
+/// Appends the location and field list of spilled parts.
+pub(crate) fn put_parts(w: &mut Writer, parts: &[SpillPart]) {
+    w.len(parts.len());
+    for p in parts {
+        w.u64(p.segment);
+        w.u64(u64::from(p.segment_rows));
+        w.u64(u64::from(p.row));
+        w.len(p.fields.len());
+        for (key, bytes) in &p.fields {
+            w.str(key);
+            w.u64(*bytes);
+        }
+    }
+}
+
+/// Reads what [`put_parts`] wrote.
+pub(crate) fn take_parts(r: &mut Reader<'_>) -> Result<Vec<SpillPart>, Bad> {
+    let n = r.count(24)?;
+    let mut parts = Vec::with_capacity(n);
+    for _ in 0..n {
+        let segment = r.u64()?;
+        let rows = u32::try_from(r.u64()?).map_err(|e| e.to_string())?;
+        let row = u32::try_from(r.u64()?).map_err(|e| e.to_string())?;
+        if row >= rows {
+            return Err(format!("spill row {row} of a {rows}-row segment"));
+        }
+        let k = r.count(9)?;
+        let mut fields = Vec::with_capacity(k);
+        for _ in 0..k {
+            let key = FieldKey::from(r.str()?.to_owned());
+            fields.push((key, r.u64()?));
+        }
+        parts.push(SpillPart {
+            segment,
+            segment_rows: rows,
+            row,
+            fields,
+        });
+    }
+    Ok(parts)
+}
 
 pub(crate) fn put_record(w: &mut Writer, record: &Record) {
     match record {
@@ -530,6 +573,24 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
                 FreeReason::Filtered => 3,
             });
             put_ids(w, ids);
+        }
+        Record::Spill {
+            ids,
+            parts,
+            replaces,
+        } => {
+            w.u8(SPILL);
+            match replaces {
+                Some(old) => {
+                    w.u8(1);
+                    w.u64(*old);
+                }
+                None => w.u8(0),
+            }
+            put_ids(w, ids);
+            for part in parts {
+                put_parts(w, std::slice::from_ref(part));
+            }
         }
         Record::Aux(writes) => {
             w.u8(AUX);
@@ -603,6 +664,26 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
                 writes.push(AuxWrite { key, value });
             }
             Record::Aux(writes)
+        }
+        SPILL => {
+            let replaces = match r.u8()? {
+                0 => None,
+                _ => Some(r.u64()?),
+            };
+            let ids = take_ids(r)?;
+            let mut parts = Vec::with_capacity(ids.len());
+            for _ in 0..ids.len() {
+                let mut one = take_parts(r)?;
+                match (one.pop(), one.is_empty()) {
+                    (Some(part), true) => parts.push(part),
+                    _ => return Err("a spill record holds one part per sample".into()),
+                }
+            }
+            Record::Spill {
+                ids,
+                parts,
+                replaces,
+            }
         }
         tag => return Err(format!("unknown record tag {tag}")),
     })

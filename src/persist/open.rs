@@ -182,18 +182,15 @@ impl SequenceBuffer {
                 config = config.freed_sink(archiver);
             }
         }
-        if config.memory_budget.is_some() {
-            // Spill segments of an earlier process are not part of the durable state.
-            let cleared = ParquetSpill::clear(&store).await?;
-            if cleared > 0 {
-                tracing::info!(
-                    segments = cleared,
-                    "deleted spill segments of an earlier run"
-                );
-            }
-            if config.spill_store.is_none() {
-                config = config.spill_to(store.clone());
-            }
+        // Spill segments are the durable copy of the fields spilled samples left in them;
+        // the others are orphans of an interrupted spill, rewrite or delete.
+        let needed = recovered.state.spill_segments();
+        let cleared = ParquetSpill::clear_orphans(&store, &needed).await?;
+        if cleared > 0 {
+            tracing::info!(segments = cleared, "deleted spill segments no sample needs");
+        }
+        if (config.memory_budget.is_some() || !needed.is_empty()) && config.spill_store.is_none() {
+            config = config.spill_to(store.clone());
         }
         let sync = options.durability == Durability::Sync;
         let buffer = SequenceBuffer::build(config, sync)?;

@@ -74,14 +74,27 @@ impl ParquetSpill {
         Ok(spill)
     }
 
-    /// Deletes the spill segments a previous process left (they hold nothing recovery
-    /// needs: the log and the checkpoints have every payload).
-    pub(crate) async fn clear(store: &Store) -> Result<usize> {
-        let stale = store.list(SPILL_DIR).await?;
-        for path in &stale {
-            store.delete(path).await?;
+    /// Deletes the spill segments no recovered sample needs (`keep`: the ids of those it
+    /// does): written but never logged as holding anything, or left by a rewrite or a free
+    /// whose delete did not happen before a crash.
+    pub(crate) async fn clear_orphans(
+        store: &Store,
+        keep: &std::collections::BTreeSet<u64>,
+    ) -> Result<usize> {
+        let mut deleted = 0;
+        for path in store.list(SPILL_DIR).await? {
+            let id = path
+                .strip_prefix(SPILL_DIR)
+                .and_then(|p| p.strip_prefix('/'))
+                .and_then(|p| p.strip_suffix(".parquet"))
+                .and_then(|p| p.parse::<u64>().ok());
+            if id.is_some_and(|id| keep.contains(&id)) {
+                continue;
+            }
+            store.delete(&path).await?;
+            deleted += 1;
         }
-        Ok(stale.len())
+        Ok(deleted)
     }
 }
 
@@ -139,6 +152,14 @@ impl SpillStore for ParquetSpill {
                 }
             };
             read_rows(&store, &segment.path, footer, &rows, &keys).await
+        })
+    }
+
+    fn segment(&self, id: u64, rows: u32) -> Arc<Segment> {
+        Arc::new(Segment {
+            id,
+            path: segment_path(id),
+            rows,
         })
     }
 

@@ -11,8 +11,8 @@
 //! from the log into a segment, and copying their bytes costs a fraction of decoding them.
 
 use super::codec::{put_sample, take_sample, Bad, EncodedSample, Reader, Replayed, Writer};
-use crate::buffer::{Record, Restored};
-use crate::sample::{PrehashedId, Sample, SampleId};
+use crate::buffer::{strike, Record, Restored, SpillPart};
+use crate::sample::{Patch, PrehashedId, Sample, SampleId};
 use crate::sync::Arc;
 use bytes::Bytes;
 use std::collections::{BTreeMap, HashMap};
@@ -35,6 +35,8 @@ pub(crate) struct Entry {
     pub(crate) body: Body,
     /// Reads used, per RPC name.
     pub(crate) used: BTreeMap<Arc<str>, u16>,
+    /// Fields held in spill segments instead of `body` (which is then the stub).
+    pub(crate) spilled: Vec<SpillPart>,
 }
 
 impl Entry {
@@ -49,6 +51,35 @@ impl Entry {
             Body::Decoded(sample) => Ok(sample),
             Body::Encoded(_) => Err("undecodable".into()),
         }
+    }
+
+    /// Applies a patch: to the stub of a spilled sample, whose patched keys then leave the
+    /// spilled list (as the buffer does).
+    fn patch(&mut self, patch: &Patch) -> Result<(), Bad> {
+        Arc::make_mut(self.sample()?).apply(patch);
+        if !self.spilled.is_empty() {
+            let keys: Vec<&str> = patch.keys().collect();
+            strike(&mut self.spilled, &keys);
+        }
+        Ok(())
+    }
+
+    /// Moves the fields `part` lists out of the sample into a spill segment, or (`replaces`)
+    /// points the part in segment `replaces` at its rewritten copy.
+    fn spill(&mut self, part: &SpillPart, replaces: Option<u64>) -> Result<(), Bad> {
+        if let Some(old) = replaces {
+            if let Some(p) = self.spilled.iter_mut().find(|p| p.segment == old) {
+                p.segment = part.segment;
+                p.segment_rows = part.segment_rows;
+                p.row = part.row;
+            }
+            return Ok(());
+        }
+        let sample = Arc::make_mut(self.sample()?);
+        let keys: Vec<&str> = part.fields.iter().map(|(k, _)| k.as_str()).collect();
+        sample.fields = sample.fields.filtered(|k| !keys.contains(&k));
+        self.spilled.push(part.clone());
+        Ok(())
     }
 
     /// Appends the sample's encoding (the same bytes `put_sample` writes).
@@ -123,6 +154,7 @@ impl DurableState {
             birth: e.birth,
             body: Body::Encoded(e.bytes.clone()),
             used: BTreeMap::new(),
+            spilled: Vec::new(),
         };
         self.next_seq += 1;
         self.put += 1;
@@ -154,7 +186,19 @@ impl DurableState {
             Record::Amend { ids, patches } => {
                 for (id, patch) in ids.iter().zip(patches.iter()) {
                     match self.get_mut(id) {
-                        Some(e) => Arc::make_mut(e.sample()?).apply(patch),
+                        Some(e) => e.patch(patch)?,
+                        None => self.unmatched += 1,
+                    }
+                }
+            }
+            Record::Spill {
+                ids,
+                parts,
+                replaces,
+            } => {
+                for (id, part) in ids.iter().zip(parts) {
+                    match self.get_mut(id) {
+                        Some(e) => e.spill(part, *replaces)?,
                         None => self.unmatched += 1,
                     }
                 }
@@ -166,7 +210,7 @@ impl DurableState {
                         continue;
                     };
                     if let Some(patch) = outputs.as_ref().and_then(|o| o.get(i)) {
-                        Arc::make_mut(e.sample()?).apply(patch);
+                        e.patch(patch)?;
                     }
                     let used = e.used.entry(Arc::clone(rpc)).or_default();
                     *used = used.saturating_add(1);
@@ -188,6 +232,7 @@ impl DurableState {
                                 birth: 0,
                                 body: Body::Decoded(Arc::clone(sample)),
                                 used: BTreeMap::new(),
+                                spilled: Vec::new(),
                             };
                             self.aux.insert(Arc::clone(&w.key), entry);
                         }
@@ -245,7 +290,8 @@ impl DurableState {
         };
         for e in self.entries() {
             if let Body::Decoded(sample) = &e.body {
-                out.samples.push((Arc::clone(sample), left_of(e)));
+                out.samples
+                    .push((Arc::clone(sample), left_of(e), e.spilled.clone()));
             }
         }
         for (key, entry) in &mut self.aux {
@@ -259,6 +305,13 @@ impl DurableState {
             out.expired_leases.push(t.expired_leases);
         }
         Ok(out)
+    }
+
+    /// The spill segments the stored samples need.
+    pub(crate) fn spill_segments(&self) -> std::collections::BTreeSet<u64> {
+        self.entries()
+            .flat_map(|e| e.spilled.iter().map(|p| p.segment))
+            .collect()
     }
 
     /// The largest birth of any stored sample.

@@ -1,8 +1,9 @@
 //! Freed spilled samples: their spilled fields are read back for the freed-sample sink,
 //! then the segments left without a live row are deleted. `flush` waits for both.
 
-use super::super::{Freed, Shared};
-use super::{merge, Segment, SpillStore};
+use super::super::{Freed, Journal, Shared};
+use super::{merge, Segment, SpillStore, SpilledRow};
+use crate::error::Result;
 use crate::sample::{Fields, SampleId};
 use crate::sync::{Arc, Mutex, Notify};
 use std::collections::HashMap;
@@ -37,30 +38,22 @@ impl Shared {
             return Some(freed);
         };
         let read_by = self.read_by.clone();
+        let journal = self.lock().journal.clone();
         let handover = Arc::clone(&self.handover);
         *handover.pending.lock() += 1;
         let task = async move {
             let spilled = std::mem::take(&mut freed.spilled);
             let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
             for (id, rows) in spilled {
-                let mut fields = Fields::default();
-                for r in rows {
-                    match store
-                        .read(Arc::clone(&r.segment), vec![r.row], r.keys)
-                        .await
-                    {
-                        Ok(mut got) => {
-                            for (k, t) in got.pop().unwrap_or_default().iter() {
-                                fields.set(k.clone(), t.clone());
-                            }
-                        }
-                        Err(e) => tracing::warn!(
-                            error = %e, id = %id,
-                            "spilled fields of a freed sample could not be read back"
-                        ),
+                match read_back(&*store, rows).await {
+                    Ok(fields) => {
+                        by_id.insert(id, fields);
                     }
+                    Err(e) => tracing::warn!(
+                        error = %e, id = %id,
+                        "spilled fields of a freed sample could not be read back"
+                    ),
                 }
-                by_id.insert(id, fields);
             }
             for list in [
                 &mut freed.consumed,
@@ -75,7 +68,7 @@ impl Shared {
                 }
             }
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
-            delete_all(&*store, dead).await;
+            delete_all(&*store, journal, dead).await;
             *handover.pending.lock() -= 1;
             handover.done.notify_waiters();
         };
@@ -111,18 +104,48 @@ impl Shared {
             return;
         };
         let store = Arc::clone(store);
+        let journal = self.lock().journal.clone();
         let handover = Arc::clone(&self.handover);
         *handover.pending.lock() += 1;
         runtime.spawn(async move {
-            delete_all(&*store, dead).await;
+            delete_all(&*store, journal, dead).await;
             *handover.pending.lock() -= 1;
             handover.done.notify_waiters();
         });
     }
 }
 
+/// Reads a sample's spilled fields back from their rows.
+pub(crate) async fn read_back(store: &dyn SpillStore, rows: Vec<SpilledRow>) -> Result<Fields> {
+    let mut fields = Fields::default();
+    for r in rows {
+        let mut got = store.read(r.segment, vec![r.row], r.keys).await?;
+        for (k, t) in got.pop().unwrap_or_default().iter() {
+            fields.set(k.clone(), t.clone());
+        }
+    }
+    Ok(fields)
+}
+
 /// Deletes segments, logging the ones that would not go.
-async fn delete_all(store: &dyn SpillStore, dead: Vec<Arc<Segment>>) {
+///
+/// With a log, only once it is flushed: the records that freed (or moved) the segments'
+/// rows must be durable before the rows go, or a crash would recover samples whose fields
+/// are gone. A failed flush leaves the segments for the next `open` to clear.
+pub(super) async fn delete_all(
+    store: &dyn SpillStore,
+    journal: Option<Arc<dyn Journal>>,
+    dead: Vec<Arc<Segment>>,
+) {
+    if dead.is_empty() {
+        return;
+    }
+    if let Some(journal) = journal {
+        if let Err(e) = journal.flush().await {
+            tracing::warn!(error = %e, segments = dead.len(), "spill segments kept: the log is not durable");
+            return;
+        }
+    }
     for segment in dead {
         if let Err(e) = store.delete(Arc::clone(&segment)).await {
             tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");

@@ -41,7 +41,7 @@ mod handover;
 mod load;
 mod spiller;
 
-pub(crate) use handover::HandOver;
+pub(crate) use handover::{read_back, HandOver};
 pub(crate) use load::{BatchLoad, LoadCell, LoadPlan};
 use load::{Loading, Request};
 
@@ -81,12 +81,16 @@ pub(crate) trait SpillStore: Send + Sync + fmt::Debug {
     ) -> SpillFuture<Vec<Fields>>;
     /// Deletes a segment no live sample needs.
     fn delete(&self, segment: Arc<Segment>) -> SpillFuture<()>;
+    /// The handle of segment `id` of `rows` rows, written earlier (by another process).
+    fn segment(&self, id: u64, rows: u32) -> Arc<Segment>;
 }
 
 /// Spilled fields of one sample that share a segment row.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct SpillPart {
     pub(crate) segment: u64,
+    /// Rows in the segment (what a restored buffer needs to name it).
+    pub(crate) segment_rows: u32,
     pub(crate) row: u32,
     /// Field names and tensor bytes.
     pub(crate) fields: Vec<(FieldKey, u64)>,
@@ -198,16 +202,7 @@ impl SpillState {
             return;
         };
         let had = !parts.is_empty();
-        let mut emptied = Vec::new();
-        parts.retain_mut(|p| {
-            p.fields.retain(|(k, _)| !keys.contains(&k.as_str()));
-            if p.fields.is_empty() {
-                emptied.push(p.segment);
-                false
-            } else {
-                true
-            }
-        });
+        let emptied = strike(parts, keys);
         if had && parts.is_empty() {
             self.spilled_now -= 1;
         }
@@ -269,6 +264,42 @@ impl SpillState {
             .partition(|s| Arc::strong_count(s) == 1);
         self.retired = busy;
         done
+    }
+
+    /// Where the spilled fields of the sample in `slot` are.
+    pub(crate) fn rows_of(&self, slot: u32) -> Vec<SpilledRow> {
+        self.parts(slot)
+            .iter()
+            .filter_map(|p| {
+                Some(SpilledRow {
+                    segment: Arc::clone(&self.segments.get(&p.segment)?.segment),
+                    row: p.row,
+                    keys: p.fields.iter().map(|(k, _)| k.clone()).collect(),
+                })
+            })
+            .collect()
+    }
+
+    /// Gives a restored sample in `slot` its spilled parts.
+    pub(crate) fn restore(&mut self, slot: u32, parts: Vec<SpillPart>) {
+        if parts.is_empty() {
+            return;
+        }
+        for p in &parts {
+            let store = &self.store;
+            self.segments
+                .entry(p.segment)
+                .or_insert_with(|| LiveSegment {
+                    segment: store.segment(p.segment, p.segment_rows),
+                    members: BTreeSet::new(),
+                })
+                .members
+                .insert(slot);
+        }
+        if let Some(mine) = self.parts.get_mut(slot as usize) {
+            *mine = parts;
+            self.spilled_now += 1;
+        }
     }
 
     /// The figures `Stats::spill` reports.
@@ -372,6 +403,22 @@ impl SpillState {
     fn failed(&mut self, slot: u32, cell: &Arc<LoadCell>) {
         self.taken(slot, cell);
     }
+}
+
+/// Strikes `keys` from `parts`' field lists, dropping parts left empty; returns the
+/// segments of the dropped parts.
+pub(crate) fn strike(parts: &mut Vec<SpillPart>, keys: &[&str]) -> Vec<u64> {
+    let mut emptied = Vec::new();
+    parts.retain_mut(|p| {
+        p.fields.retain(|(k, _)| !keys.contains(&k.as_str()));
+        if p.fields.is_empty() {
+            emptied.push(p.segment);
+            false
+        } else {
+            true
+        }
+    });
+    emptied
 }
 
 /// The sample a batch gets: the loaded fields, overlaid with those the stub holds (added

@@ -1,6 +1,6 @@
 //! The spiller task: writes idle samples out while the buffer is over its memory budget.
 
-use super::super::{Inner, Shared};
+use super::super::{Inner, Record, Shared};
 use super::{LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
 use crate::sample::{FieldKey, Fields, Sample};
 use crate::state::Wake;
@@ -100,17 +100,26 @@ impl Shared {
 }
 
 /// Under the lock, after a segment write: swaps in the stub of every written sample that is
-/// still the one written, and ends every spill.
+/// still the one written and idle, logs the move, and ends every spill.
+///
+/// A sample leased or amended since it was picked keeps its fields: a completion or an
+/// amend in flight is logged before the spill would be, and replaying it before the spill
+/// record would strip what it wrote.
 fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sample>)]) {
     let mut members = BTreeSet::new();
     let mut bytes = 0u64;
+    let mut logged_ids = Vec::new();
+    let mut logged_parts = Vec::new();
     for (row, (s, generation, written)) in picked.iter().enumerate() {
         let slot = *s as usize;
         let current = inner.samples.get(slot).and_then(Option::as_ref);
+        let meta = &inner.table.slots[slot];
         let unchanged = inner.table.stored_generation(slot) == Some(*generation)
+            && meta.amenders == 0
+            && meta.lease_bits == 0
             && current.is_some_and(|c| Arc::ptr_eq(c, written));
         if !unchanged {
-            // Amended or freed meanwhile: the row is dead on arrival.
+            // Changed, held or freed meanwhile: the row is dead on arrival.
             let resident = inner.table.residency.per_slot[slot];
             inner.table.end_spill(slot, resident);
             continue;
@@ -135,15 +144,28 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
                 if parts.is_empty() {
                     spill.spilled_now += 1;
                 }
-                parts.push(SpillPart {
+                let part = SpillPart {
                     segment: segment.id,
+                    segment_rows: segment.rows,
                     row: row as u32,
                     fields,
-                });
+                };
+                if inner.journal.is_some() {
+                    logged_ids.push(written.id.clone());
+                    logged_parts.push(part.clone());
+                }
+                parts.push(part);
             }
         }
         inner.table.end_spill(slot, 0);
         members.insert(*s);
+    }
+    if !logged_ids.is_empty() {
+        inner.log(|| Record::Spill {
+            ids: logged_ids,
+            parts: logged_parts,
+            replaces: None,
+        });
     }
     let Some(spill) = inner.spill.as_mut() else {
         return;
@@ -218,11 +240,8 @@ impl Shared {
         };
         let retired = self.swap_rewritten(&old, new, &members);
         drop(old);
-        for segment in retired {
-            if let Err(e) = store.delete(Arc::clone(&segment)).await {
-                tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
-            }
-        }
+        let journal = self.lock().journal.clone();
+        super::handover::delete_all(&*store, journal, retired).await;
         Round::Wrote
     }
 
@@ -235,11 +254,18 @@ impl Shared {
         members: &[(u32, u32, u32, Vec<FieldKey>)],
     ) -> Vec<Arc<Segment>> {
         let mut inner = self.lock();
-        let Inner { spill, table, .. } = &mut *inner;
+        let Inner {
+            spill,
+            table,
+            samples,
+            journal,
+            ..
+        } = &mut *inner;
         let Some(spill) = spill.as_mut() else {
             return Vec::new();
         };
         let mut moved = BTreeSet::new();
+        let mut logged = (Vec::new(), Vec::new());
         for (new_row, (slot, generation, old_row, _)) in members.iter().enumerate() {
             if table.stored_generation(*slot as usize) != Some(*generation) {
                 continue;
@@ -252,9 +278,25 @@ impl Shared {
                 .find(|p| p.segment == old.id && p.row == *old_row)
             {
                 part.segment = new.id;
+                part.segment_rows = new.rows;
                 part.row = new_row as u32;
                 moved.insert(*slot);
+                if let Some(Some(sample)) = samples.get(*slot as usize) {
+                    logged.0.push(sample.id.clone());
+                    logged.1.push(part.clone());
+                }
             }
+        }
+        if let (Some(journal), false) = (journal.as_ref(), logged.0.is_empty()) {
+            // Only a callback is ever handed back.
+            let _ = journal.append(
+                vec![Record::Spill {
+                    ids: logged.0,
+                    parts: logged.1,
+                    replaces: Some(old.id),
+                }],
+                None,
+            );
         }
         if let Some(live) = spill.segments.get_mut(&old.id) {
             live.members.retain(|s| !moved.contains(s));

@@ -1,0 +1,180 @@
+//! Spilling in a persistent buffer: spill segments are the durable copy of what they hold
+//! (checkpoints keep only the stubs), recovery restores spilled samples without reading
+//! their fields, and orphan segments are cleared.
+
+mod common;
+
+use common::TempDir;
+use rollout_buffer::persist::{Durability, PersistOptions, Store};
+use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer};
+use std::collections::HashSet;
+
+const TOKENS: usize = 1024;
+const SAMPLE_BYTES: u64 = (TOKENS * 8) as u64;
+const N: u64 = 32;
+
+fn rollout(i: u64) -> Sample {
+    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t ^ i as i32).collect();
+    let logp: Vec<f32> = (0..TOKENS).map(|t| -(t as f32) - i as f32).collect();
+    Sample::new(i).with("tokens", tokens).with("logp", logp)
+}
+
+fn check(sample: &Sample) -> u64 {
+    let i: u64 = sample.id().as_str().parse().expect("numeric id");
+    let tokens = sample
+        .get("tokens")
+        .and_then(|t| t.array::<i32>())
+        .expect("tokens");
+    let logp = sample
+        .get("logp")
+        .and_then(|t| t.array::<f32>())
+        .expect("logp");
+    assert!(
+        tokens
+            .iter()
+            .enumerate()
+            .all(|(t, &v)| v == t as i32 ^ i as i32),
+        "{i}"
+    );
+    assert!(
+        logp.iter()
+            .enumerate()
+            .all(|(t, &v)| v == -(t as f32) - i as f32),
+        "{i}"
+    );
+    let reward = sample.get("reward").and_then(|t| t.scalar_value::<f64>());
+    assert_eq!(reward, Some(i as f64), "sample {i}: the amend");
+    i
+}
+
+fn config(budget: Option<u64>) -> BufferConfig {
+    let config = BufferConfig::new(64)
+        .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp", "reward"]))
+        .external_keys(["reward"]);
+    match budget {
+        Some(b) => config.memory_budget(b),
+        None => config,
+    }
+}
+
+fn options(durability: Durability) -> PersistOptions {
+    PersistOptions::new()
+        .durability(durability)
+        .archive(None)
+        .checkpoint_bytes(64 << 10)
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+async fn spilled_samples_survive_a_restart(durability: Durability, reopen_budget: Option<u64>) {
+    let dir = TempDir::new("spill-persist");
+    let store = || Store::open(dir.path()).expect("store");
+    let budget = 4 * SAMPLE_BYTES;
+    let buf = SequenceBuffer::open_in(store(), config(Some(budget)), options(durability))
+        .await
+        .expect("open");
+    let mut handles = Vec::new();
+    for start in (0..N).step_by(4) {
+        handles.extend(
+            buf.put_batch((start..start + 4).map(rollout).collect())
+                .await
+                .expect("put"),
+        );
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= N - 8).await;
+    // Amends of spilled samples stay beside them, and are logged as usual.
+    let patches = (0..N)
+        .map(|i| Patch::new().with("reward", i as f64))
+        .collect();
+    buf.amend_batch(&handles, patches).await.expect("amend");
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    let mut trained: HashSet<u64> = batch.samples().map(|v| check(&v.to_sample())).collect();
+    batch.commit().await.expect("commit");
+    buf.flush().await.expect("flush");
+    drop(buf);
+
+    let buf = SequenceBuffer::open_in(store(), config(reopen_budget), options(durability))
+        .await
+        .expect("reopen");
+    // Everything spilled before the flush comes back spilled (the spiller may have moved
+    // a few more since, whose records the flush did not wait for: they come back whole).
+    let stats = buf.stats();
+    let spilled_before = stats.spill.spilled_now;
+    assert!(spilled_before >= N - 8 - 4, "{:?}", stats.spill);
+    assert_eq!(stats.spill.loads, 0, "recovery read spilled fields");
+    // The checkpoint written at open holds the stubs, not the spilled fields.
+    let checkpoint = dir_bytes(&std::path::Path::new(dir.path()).join("segments"));
+    assert!(
+        checkpoint < spilled_before * SAMPLE_BYTES / 4,
+        "checkpoint of {checkpoint} bytes for {spilled_before} spilled samples"
+    );
+    common::assert_invariants(&buf);
+    let contents = buf.contents_loaded().await.expect("contents");
+    assert_eq!(contents.len() as u64, N - 4);
+    for stored in &contents {
+        check(&stored.sample);
+    }
+    while (trained.len() as u64) < N {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        for view in batch.samples() {
+            assert!(trained.insert(check(&view.to_sample())), "trained twice");
+        }
+        batch.commit().await.expect("commit");
+    }
+    buf.flush().await.expect("flush");
+    assert_eq!(buf.stats().spill.live_segments, 0);
+    assert_eq!(
+        store().list("spill").await.expect("list"),
+        Vec::<String>::new()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_spilled_samples_survive_a_restart_without_being_read() {
+    spilled_samples_survive_a_restart(Durability::Sync, Some(4 * SAMPLE_BYTES)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interval_spilled_samples_survive_a_restart_without_being_read() {
+    let interval = Durability::Interval(std::time::Duration::from_millis(5));
+    spilled_samples_survive_a_restart(interval, Some(4 * SAMPLE_BYTES)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_buffer_reopened_without_a_budget_still_reads_spilled_samples() {
+    spilled_samples_survive_a_restart(Durability::Sync, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphan_segments_are_cleared_at_open() {
+    let dir = TempDir::new("spill-orphans");
+    let store = || Store::open(dir.path()).expect("store");
+    store()
+        .put(
+            "spill/00000000000000000042.parquet",
+            bytes::Bytes::from_static(b"junk"),
+        )
+        .await
+        .expect("put");
+    let buf = SequenceBuffer::open_in(
+        store(),
+        config(Some(SAMPLE_BYTES)),
+        options(Durability::Sync),
+    )
+    .await
+    .expect("open");
+    assert_eq!(
+        store().list("spill").await.expect("list"),
+        Vec::<String>::new()
+    );
+    drop(buf);
+}
