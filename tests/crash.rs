@@ -25,13 +25,21 @@ use std::time::Duration;
 
 const URL_VAR: &str = "ROLLOUT_BUFFER_CRASH_URL";
 const RUN_VAR: &str = "ROLLOUT_BUFFER_CRASH_RUN";
+const BUDGET_VAR: &str = "ROLLOUT_BUFFER_CRASH_BUDGET";
 const KILLS: u64 = 20;
+/// A memory budget of a few samples: the children spill and read back all the time, so
+/// kills land during spills, rewrites and loads.
+const SMALL_BUDGET: u64 = 256;
 
-fn config() -> BufferConfig {
-    BufferConfig::new(256)
+fn config(budget: Option<u64>) -> BufferConfig {
+    let config = BufferConfig::new(256)
         .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
         .rpc(RpcDef::new("train", 2).inputs(["tokens", "score"]))
-        .external_keys(["score"])
+        .external_keys(["score"]);
+    match budget {
+        Some(bytes) => config.memory_budget(bytes),
+        None => config,
+    }
 }
 
 fn options() -> PersistOptions {
@@ -53,13 +61,19 @@ fn main() {
             .ok()
             .and_then(|r| r.parse().ok())
             .unwrap_or(0);
-        runtime.block_on(child(url, run));
+        let budget = std::env::var(BUDGET_VAR).ok().and_then(|b| b.parse().ok());
+        runtime.block_on(child(url, run, budget));
         return;
     }
     let dir = common::TempDir::new("crash");
-    runtime.block_on(parent(dir.path()));
+    runtime.block_on(parent(dir.path(), None));
+    let dir = common::TempDir::new("crash-spill");
+    runtime.block_on(parent(dir.path(), Some(SMALL_BUDGET)));
     if let Some(url) = common::s3_url("crash") {
-        runtime.block_on(parent(&url));
+        runtime.block_on(parent(&url, None));
+    }
+    if let Some(url) = common::s3_url("crash-spill") {
+        runtime.block_on(parent(&url, Some(SMALL_BUDGET)));
     }
     println!("crash: ok");
 }
@@ -78,9 +92,9 @@ impl Rng {
 
 // ----- the child -------------------------------------------------------------------------
 
-async fn child(url: String, run: u64) {
+async fn child(url: String, run: u64, budget: Option<u64>) {
     let store = rollout_buffer::persist::Store::open(&url).expect("store");
-    let buf = SequenceBuffer::open_in(store, config(), options())
+    let buf = SequenceBuffer::open_in(store, config(budget), options())
         .await
         .expect("child opens");
     let ack = |what: &str, id: &str| println!("{what} {id}");
@@ -187,12 +201,16 @@ impl Acked {
     }
 }
 
-async fn parent(url: &str) {
+async fn parent(url: &str, budget: Option<u64>) {
     let exe = std::env::current_exe().expect("own path");
     let mut acked = Acked::default();
     let mut rng = Rng(0x5eed_u64 ^ std::process::id() as u64);
     for run in 0..KILLS {
-        let mut child = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        if let Some(bytes) = budget {
+            command.env(BUDGET_VAR, bytes.to_string());
+        }
+        let mut child = command
             .env(URL_VAR, url)
             .env(RUN_VAR, run.to_string())
             .stdout(Stdio::piped())
@@ -221,7 +239,7 @@ async fn parent(url: &str) {
             !status.success(),
             "run {run}: the child must die by the kill"
         );
-        verify(url, run, &acked).await;
+        verify(url, run, budget, &acked).await;
     }
     assert!(
         acked.put.len() > 100,
@@ -230,30 +248,35 @@ async fn parent(url: &str) {
     );
     assert!(acked.done.iter().any(|(rpc, _)| rpc == "train"));
     println!(
-        "crash: {url}: {KILLS} kills; {} puts, {} amends, {} completions acknowledged and recovered",
+        "crash: {url} (memory budget {budget:?}): {KILLS} kills; {} puts, {} amends, {} completions acknowledged and recovered",
         acked.put.len(),
         acked.amend.len(),
         acked.done.len()
     );
 }
 
-async fn verify(url: &str, run: u64, acked: &Acked) {
+async fn verify(url: &str, run: u64, budget: Option<u64>, acked: &Acked) {
     let store = rollout_buffer::persist::Store::open(url).expect("store");
-    let buf = SequenceBuffer::open_in(store, config(), options())
+    let buf = SequenceBuffer::open_in(store, config(budget), options())
         .await
         .unwrap_or_else(|e| panic!("run {run}: recovery failed: {e}"));
     if let Err(e) = buf.check_invariants() {
         panic!("run {run}: {e}");
     }
+    // With the spilled fields read back from their segments.
     let contents: HashMap<String, _> = buf
-        .contents()
+        .contents_loaded()
+        .await
+        .unwrap_or_else(|e| panic!("run {run}: spilled fields unreadable: {e}"))
         .into_iter()
         .map(|s| (s.sample.id().to_string(), s))
         .collect();
     for id in &acked.put {
         assert!(
             contents.contains_key(id) || acked.leased_by_train.contains(id),
-            "run {run}: acknowledged put `{id}` was lost"
+            "run {run}: acknowledged put `{id}` was lost; stats {:?}; {} stored",
+            buf.stats(),
+            contents.len()
         );
     }
     for (id, score) in &acked.amend {
@@ -278,4 +301,8 @@ async fn verify(url: &str, run: u64, acked: &Acked) {
             );
         }
     }
+    // The recovered buffer may have spilled meanwhile: hand the store over cleanly.
+    buf.flush()
+        .await
+        .unwrap_or_else(|e| panic!("run {run}: flush: {e}"));
 }

@@ -178,3 +178,43 @@ async fn orphan_segments_are_cleared_at_open() {
     );
     drop(buf);
 }
+
+/// Found by the crash test: recovery took slots through the put path, which refused them
+/// once the restored samples filled the memory (or byte) budget, and the rest were dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovery_over_the_budgets_keeps_every_sample_then_spills() {
+    let dir = TempDir::new("spill-over");
+    let store = || Store::open(dir.path()).expect("store");
+    let buf = SequenceBuffer::open_in(store(), config(None), options(Durability::Sync))
+        .await
+        .expect("open");
+    let handles = buf
+        .put_batch((0..N).map(rollout).collect())
+        .await
+        .expect("put");
+    let patches = (0..N)
+        .map(|i| Patch::new().with("reward", i as f64))
+        .collect();
+    buf.amend_batch(&handles, patches).await.expect("amend");
+    buf.flush().await.expect("flush");
+    drop(buf);
+    for reopened in [
+        config(Some(4 * SAMPLE_BYTES)),
+        config(None).max_bytes(4 * SAMPLE_BYTES),
+    ] {
+        let buf = SequenceBuffer::open_in(store(), reopened, options(Durability::Sync))
+            .await
+            .expect("reopen");
+        assert_eq!(buf.len() as u64, N, "every recovered sample is kept");
+        let ids: HashSet<u64> = buf
+            .contents_loaded()
+            .await
+            .expect("contents")
+            .iter()
+            .map(|s| check(&s.sample))
+            .collect();
+        assert_eq!(ids.len() as u64, N);
+        common::assert_invariants(&buf);
+        buf.flush().await.expect("flush");
+    }
+}

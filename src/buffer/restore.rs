@@ -62,10 +62,12 @@ impl SequenceBuffer {
                 .iter()
                 .flat_map(|p| p.fields.iter().map(|(_, b)| *b))
                 .sum();
-            let Some((slots, _)) = inner.table.claim_put(1, None) else {
-                break;
+            // Enough slots were checked above; the budgets do not apply to recovery.
+            let Some(slot) = inner.table.claim_restore() else {
+                return Err(Error::Incompatible {
+                    detail: format!("no free slot for recovered sample `{}`", sample.id),
+                });
             };
-            let slot = slots[0];
             // Metadata was checked when the sample was first put; a value that no longer
             // parses only loses its freshness rules.
             let fresh = freshness_of(&sample, shared.ages)

@@ -354,6 +354,16 @@ impl SlotTable {
         Some((slots, wake))
     }
 
+    /// Takes one free slot for a recovered sample, whatever the byte and memory budgets
+    /// say (a recovered buffer may start over them; puts then wait until it is not).
+    #[cfg(feature = "persist")]
+    pub(crate) fn claim_restore(&mut self) -> Option<u32> {
+        let s = self.free.pop()?;
+        self.empty.clear(s as usize);
+        self.putting.set(s as usize);
+        Some(s)
+    }
+
     /// Whether the putter holding `ticket` (or a putter without one) may claim now.
     pub(crate) fn is_turn_of(&self, ticket: Option<Ticket>) -> bool {
         match (self.putters.front(), ticket) {
