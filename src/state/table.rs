@@ -312,7 +312,7 @@ impl SlotTable {
     /// Takes `n` free slots for a put, marking them `putting`. Only the putter at the head
     /// of the queue (or anyone, when nobody queues) may take slots, so waiting putters are
     /// served in arrival order. Returns `None` when this putter must wait.
-    #[cfg(any(test, feature = "persist"))]
+    #[cfg(test)]
     pub(crate) fn claim_put(
         &mut self,
         n: usize,
