@@ -69,7 +69,9 @@ pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
 pub(crate) use restore::Restored;
 #[cfg(feature = "persist")]
 pub(crate) use spill::SpillFuture;
-pub(crate) use spill::{strike, Segment, SpillPart, SpillStore};
+pub(crate) use spill::{Segment, SpillStore};
+#[cfg(feature = "persist")]
+pub(crate) use spill::{strike, SpillPart};
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};

@@ -1,0 +1,173 @@
+//! A `Fifo` trainer over data ten times its buffer's memory budget, against the same run
+//! with everything in memory.
+//!
+//! 4,096 samples of 64 KiB (8,192 tokens and their logprobs) are put first, then a trainer
+//! leases batches of 64 in `Fifo` order, checks them and commits, until the buffer is
+//! empty. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory and
+//! spills the rest to Parquet segments in a temporary directory on the local disk.
+//!
+//! ```text
+//! cargo run --release --example spill_fifo [-- --samples 4096 --batch 64 --budget-frac 0.1]
+//! ```
+//!
+//! Prints put and trainer throughput of both runs, their ratio, and the peak resident set
+//! size of the process after the spilling run (it runs first, so the in-memory run's data
+//! is not in the figure).
+
+use rollout_buffer::{BufferConfig, RpcDef, Sample, SequenceBuffer};
+use std::time::Instant;
+
+const TOKENS: usize = 8192; // i32 tokens + f32 logprobs = 64 KiB per sample
+
+struct Args {
+    samples: usize,
+    batch: usize,
+    budget_frac: f64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        samples: 4096,
+        batch: 64,
+        budget_frac: 0.1,
+    };
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    for pair in argv.chunks(2) {
+        let value = pair.get(1).map(String::as_str).unwrap_or("");
+        match pair[0].as_str() {
+            "--samples" => a.samples = value.parse().unwrap_or(a.samples),
+            "--batch" => a.batch = value.parse().unwrap_or(a.batch),
+            "--budget-frac" => a.budget_frac = value.parse().unwrap_or(a.budget_frac),
+            other => eprintln!("ignored argument {other}"),
+        }
+    }
+    a
+}
+
+fn rollout(i: u64) -> Sample {
+    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t.wrapping_mul(31) ^ i as i32).collect();
+    let logp: Vec<f32> = (0..TOKENS).map(|t| -((t % 97) as f32) * 0.01).collect();
+    Sample::new(i).with("tokens", tokens).with("logp", logp)
+}
+
+/// Peak resident set size of this process so far, in bytes (Linux; 0 elsewhere).
+fn peak_rss() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+struct Run {
+    put_per_s: f64,
+    train_per_s: f64,
+    spilled: u64,
+    loads: u64,
+    read_ahead: u64,
+    peak_resident: u64,
+}
+
+async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error> {
+    let mut config = BufferConfig::new(a.samples)
+        .rpc(RpcDef::new("train", a.batch).inputs(["tokens", "logp"]));
+    if let Some(bytes) = budget {
+        config = config.memory_budget(bytes);
+    }
+    let buf = SequenceBuffer::with_config(config)?;
+    // Samples are built as they are put (building them all first would put the whole data
+    // set in memory and in the RSS figure); both runs pay the same for it.
+    let mut peak_resident = 0u64;
+    let start = Instant::now();
+    for first in (0..a.samples as u64).step_by(a.batch) {
+        let last = (first + a.batch as u64).min(a.samples as u64);
+        buf.put_batch((first..last).map(rollout).collect()).await?;
+        peak_resident = peak_resident.max(buf.stats().resident_bytes);
+    }
+    let put_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let mut trained = 0usize;
+    let mut checksum = 0i64;
+    while trained < a.samples {
+        let batch = buf.get_batch_for_rpc("train").await?;
+        for view in batch.samples() {
+            let tokens = view.get("tokens").and_then(|t| t.array::<i32>());
+            checksum += tokens.map_or(0, |t| i64::from(t[TOKENS - 1]));
+        }
+        trained += batch.len();
+        batch.commit().await?;
+        peak_resident = peak_resident.max(buf.stats().resident_bytes);
+    }
+    let train_s = start.elapsed().as_secs_f64();
+    std::hint::black_box(checksum);
+    buf.flush().await?;
+    let spill = buf.stats().spill;
+    Ok(Run {
+        put_per_s: a.samples as f64 / put_s,
+        train_per_s: a.samples as f64 / train_s,
+        spilled: spill.spilled_samples,
+        loads: spill.loads,
+        read_ahead: spill.shared_loads,
+        peak_resident: if budget.is_some() { peak_resident } else { 0 },
+    })
+}
+
+fn main() -> Result<(), rollout_buffer::Error> {
+    let a = args();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|e| rollout_buffer::Error::InvalidConfig {
+            detail: e.to_string(),
+        })?;
+    let data = (a.samples * TOKENS * 8) as u64;
+    let budget = (data as f64 * a.budget_frac) as u64;
+    println!(
+        "{} samples of {} KiB ({} MiB), trainer batches of {}, memory budget {} MiB ({:.0}%)",
+        a.samples,
+        TOKENS * 8 / 1024,
+        data >> 20,
+        a.batch,
+        budget >> 20,
+        a.budget_frac * 100.0
+    );
+    let rss_before = peak_rss();
+    let spilled = runtime.block_on(run(&a, Some(budget)))?;
+    let rss_spill = peak_rss();
+    let memory = runtime.block_on(run(&a, None))?;
+    println!("{:<22}{:>14}{:>18}", "", "put (samples/s)", "trainer (samples/s)");
+    println!(
+        "{:<22}{:>14.0}{:>18.0}",
+        "all in memory", memory.put_per_s, memory.train_per_s
+    );
+    println!(
+        "{:<22}{:>14.0}{:>18.0}",
+        "spilling", spilled.put_per_s, spilled.train_per_s
+    );
+    println!(
+        "trainer with spilling / in memory: {:.2}x (put: {:.2}x)",
+        spilled.train_per_s / memory.train_per_s,
+        spilled.put_per_s / memory.put_per_s
+    );
+    println!(
+        "spilled {} samples; {} loaded back, {} of them read ahead before the trainer asked",
+        spilled.spilled, spilled.loads, spilled.read_ahead
+    );
+    println!(
+        "resident payload peak {} MiB (budget {} MiB + one batch {} MiB)",
+        spilled.peak_resident >> 20,
+        budget >> 20,
+        (a.batch * TOKENS * 8) >> 20
+    );
+    println!(
+        "peak RSS of the spilling run {} MiB ({} MiB before it; the data is {} MiB)",
+        rss_spill >> 20,
+        rss_before >> 20,
+        data >> 20
+    );
+    Ok(())
+}
