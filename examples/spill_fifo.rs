@@ -2,8 +2,11 @@
 //! with everything in memory.
 //!
 //! 4,096 samples of 64 KiB (8,192 tokens and their logprobs) are put first, then a trainer
-//! leases batches of 64 in `Fifo` order, checks them and commits, until the buffer is
-//! empty. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory and
+//! leases batches of 64 in `Fifo` order, reads every token and logprob (the least a
+//! trainer does: copy them into its input tensors) and commits, until the buffer is empty.
+//! `--touch last` reads one value per sample instead, which measures the hand-off alone;
+//! `--compute-us N` adds N µs of work per sample (a trainer's forward and backward pass),
+//! which the read-ahead overlaps with loading the next batch. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory and
 //! spills the rest to Parquet segments in a temporary directory on the local disk.
 //!
 //! ```text
@@ -23,6 +26,8 @@ struct Args {
     samples: usize,
     batch: usize,
     budget_frac: f64,
+    touch_all: bool,
+    compute_us: u64,
 }
 
 fn args() -> Args {
@@ -30,6 +35,8 @@ fn args() -> Args {
         samples: 4096,
         batch: 64,
         budget_frac: 0.1,
+        touch_all: true,
+        compute_us: 0,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -38,6 +45,8 @@ fn args() -> Args {
             "--samples" => a.samples = value.parse().unwrap_or(a.samples),
             "--batch" => a.batch = value.parse().unwrap_or(a.batch),
             "--budget-frac" => a.budget_frac = value.parse().unwrap_or(a.budget_frac),
+            "--touch" => a.touch_all = value != "last",
+            "--compute-us" => a.compute_us = value.parse().unwrap_or(0),
             other => eprintln!("ignored argument {other}"),
         }
     }
@@ -45,7 +54,9 @@ fn args() -> Args {
 }
 
 fn rollout(i: u64) -> Sample {
-    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t.wrapping_mul(31) ^ i as i32).collect();
+    let tokens: Vec<i32> = (0..TOKENS as i32)
+        .map(|t| t.wrapping_mul(31) ^ i as i32)
+        .collect();
     let logp: Vec<f32> = (0..TOKENS).map(|t| -((t % 97) as f32) * 0.01).collect();
     Sample::new(i).with("tokens", tokens).with("logp", logp)
 }
@@ -69,11 +80,13 @@ struct Run {
     loads: u64,
     read_ahead: u64,
     peak_resident: u64,
+    /// Fraction of the trainer's time spent waiting for batches.
+    waiting: f64,
 }
 
 async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error> {
-    let mut config = BufferConfig::new(a.samples)
-        .rpc(RpcDef::new("train", a.batch).inputs(["tokens", "logp"]));
+    let mut config =
+        BufferConfig::new(a.samples).rpc(RpcDef::new("train", a.batch).inputs(["tokens", "logp"]));
     if let Some(bytes) = budget {
         config = config.memory_budget(bytes);
     }
@@ -91,17 +104,37 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
     let start = Instant::now();
     let mut trained = 0usize;
     let mut checksum = 0i64;
+    let mut waited = std::time::Duration::ZERO;
     while trained < a.samples {
+        let asked = Instant::now();
         let batch = buf.get_batch_for_rpc("train").await?;
+        waited += asked.elapsed();
         for view in batch.samples() {
             let tokens = view.get("tokens").and_then(|t| t.array::<i32>());
-            checksum += tokens.map_or(0, |t| i64::from(t[TOKENS - 1]));
+            let logp = view.get("logp").and_then(|t| t.array::<f32>());
+            if let (Some(tokens), Some(logp)) = (tokens, logp) {
+                if a.touch_all {
+                    checksum += tokens.iter().map(|&t| i64::from(t)).sum::<i64>();
+                    checksum += logp.iter().sum::<f32>() as i64;
+                } else {
+                    checksum += i64::from(tokens[TOKENS - 1]);
+                }
+            }
+        }
+        if a.compute_us > 0 {
+            // The trainer's step: it holds its thread, as a blocking CUDA sync would.
+            let until = Instant::now()
+                + std::time::Duration::from_micros(a.compute_us * batch.len() as u64);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
         }
         trained += batch.len();
         batch.commit().await?;
         peak_resident = peak_resident.max(buf.stats().resident_bytes);
     }
     let train_s = start.elapsed().as_secs_f64();
+
     std::hint::black_box(checksum);
     buf.flush().await?;
     let spill = buf.stats().spill;
@@ -112,6 +145,7 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
         loads: spill.loads,
         read_ahead: spill.shared_loads,
         peak_resident: if budget.is_some() { peak_resident } else { 0 },
+        waiting: waited.as_secs_f64() / train_s,
     })
 }
 
@@ -127,11 +161,13 @@ fn main() -> Result<(), rollout_buffer::Error> {
     let data = (a.samples * TOKENS * 8) as u64;
     let budget = (data as f64 * a.budget_frac) as u64;
     println!(
-        "{} samples of {} KiB ({} MiB), trainer batches of {}, memory budget {} MiB ({:.0}%)",
+        "{} samples of {} KiB ({} MiB), trainer batches of {} ({}, {} µs of compute per sample), memory budget {} MiB ({:.0}%)",
         a.samples,
         TOKENS * 8 / 1024,
         data >> 20,
         a.batch,
+        if a.touch_all { "reading every value" } else { "reading one value per sample" },
+        a.compute_us,
         budget >> 20,
         a.budget_frac * 100.0
     );
@@ -139,7 +175,10 @@ fn main() -> Result<(), rollout_buffer::Error> {
     let spilled = runtime.block_on(run(&a, Some(budget)))?;
     let rss_spill = peak_rss();
     let memory = runtime.block_on(run(&a, None))?;
-    println!("{:<22}{:>14}{:>18}", "", "put (samples/s)", "trainer (samples/s)");
+    println!(
+        "{:<22}{:>14}{:>18}",
+        "", "put (samples/s)", "trainer (samples/s)"
+    );
     println!(
         "{:<22}{:>14.0}{:>18.0}",
         "all in memory", memory.put_per_s, memory.train_per_s
@@ -156,6 +195,11 @@ fn main() -> Result<(), rollout_buffer::Error> {
     println!(
         "spilled {} samples; {} loaded back, {} of them read ahead before the trainer asked",
         spilled.spilled, spilled.loads, spilled.read_ahead
+    );
+    println!(
+        "the trainer waited for batches {:.0}% of its time ({:.0}% all in memory)",
+        spilled.waiting * 100.0,
+        memory.waiting * 100.0
     );
     println!(
         "resident payload peak {} MiB (budget {} MiB + one batch {} MiB)",

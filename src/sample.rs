@@ -254,6 +254,11 @@ impl Fields {
         self.0.len()
     }
 
+    /// The fields `keep` accepts (given key and tensor), sharing their tensors.
+    pub(crate) fn filtered_by(&self, mut keep: impl FnMut(&str, &Tensor) -> bool) -> Self {
+        Self(self.0.iter().filter(|(k, t)| keep(k, t)).cloned().collect())
+    }
+
     /// The fields whose key `keep` accepts, sharing their tensors.
     pub(crate) fn filtered(&self, mut keep: impl FnMut(&str) -> bool) -> Self {
         Self(self.0.iter().filter(|(k, _)| keep(k)).cloned().collect())

@@ -69,9 +69,9 @@ pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
 pub(crate) use restore::Restored;
 #[cfg(feature = "persist")]
 pub(crate) use spill::SpillFuture;
-pub(crate) use spill::{Segment, SpillStore};
 #[cfg(feature = "persist")]
 pub(crate) use spill::{strike, SpillPart};
+pub(crate) use spill::{Segment, SpillStore};
 
 use crate::error::{Error, Result};
 use crate::rpc_defs::{RpcDef, RpcGraph};
@@ -277,7 +277,8 @@ impl Inner {
         };
         let sample = Arc::make_mut(sample);
         sample.apply(patch);
-        let resident = sample.payload_bytes();
+        let held = sample.payload_bytes();
+        let resident = spill::spillable_bytes(sample);
         let mut spilled = 0;
         if let Some(spill) = self.spill.as_mut() {
             if !spill.parts(slot).is_empty() {
@@ -287,7 +288,7 @@ impl Inner {
             }
         }
         if self.table.budget.max.is_some() {
-            self.table.set_bytes(slot as usize, resident + spilled);
+            self.table.set_bytes(slot as usize, held + spilled);
         }
         if self.table.residency.max.is_some() {
             self.table.set_resident(slot as usize, resident);
@@ -555,7 +556,7 @@ impl Shared {
                             .flat_map(|p| p.fields.iter().map(|(k, _)| &**k)),
                     ),
                 );
-                let resident = sample.payload_bytes();
+                let resident = spill::spillable_bytes(sample);
                 if table.residency.max.is_some() && table.residency.per_slot[s] != resident {
                     return Err(format!(
                         "slot {s}: {} resident bytes counted, {resident} held",

@@ -11,6 +11,7 @@
 //! queue may claim.
 
 use super::freshness::freshness_of;
+use super::spill::spillable_bytes;
 use super::{
     now, AuxWrite, Durable, Freed, Inner, JournalFuture, Overflow, Record, SequenceBuffer, Shared,
     SlotHandle,
@@ -36,13 +37,16 @@ struct Prepared {
     fresh: Vec<Freshness>,
     /// Each sample's tensor bytes, when the buffer has a byte budget (else empty).
     bytes: Vec<u64>,
+    /// Each sample's bytes that count against the memory budget (see `spill`), when the
+    /// buffer has one (else empty).
+    resident: Vec<u64>,
     /// Auxiliary writes that land with the put.
     aux: Vec<AuxWrite>,
 }
 
 impl Prepared {
-    fn total_bytes(&self) -> u64 {
-        self.bytes.iter().sum()
+    fn total_bytes(&self) -> (u64, u64) {
+        (self.bytes.iter().sum(), self.resident.iter().sum())
     }
 
     /// The log records of the put: the samples, and the auxiliary writes with them.
@@ -272,10 +276,13 @@ impl Shared {
             }
         }
         let births = samples.iter().map(|s| s.birth.unwrap_or(1)).collect();
-        let bytes: Vec<u64> = if self.max_bytes.is_some() || self.memory_budget.is_some() {
-            samples.iter().map(Sample::payload_bytes).collect()
-        } else {
-            Vec::new()
+        let bytes: Vec<u64> = match self.max_bytes {
+            Some(_) => samples.iter().map(Sample::payload_bytes).collect(),
+            None => Vec::new(),
+        };
+        let resident: Vec<u64> = match self.memory_budget {
+            Some(_) => samples.iter().map(spillable_bytes).collect(),
+            None => Vec::new(),
         };
         if let Some(max) = self.max_bytes {
             let total = bytes.iter().sum();
@@ -291,6 +298,7 @@ impl Shared {
             keys,
             fresh,
             bytes,
+            resident,
             aux: Vec::new(),
         }))
     }
@@ -359,8 +367,8 @@ impl Shared {
             inner.rejected += n as u64;
             return Claim::Rejected(err, wake);
         }
-        let bytes = prepared.total_bytes();
-        let mut claimed = inner.table.claim_put_sized(n, bytes, *ticket);
+        let (bytes, resident) = prepared.total_bytes();
+        let mut claimed = inner.table.claim_put_sized(n, bytes, resident, *ticket);
         let mut evicted = Vec::new();
         if claimed.is_none()
             && self.overflow == Overflow::EvictOldest
@@ -369,7 +377,7 @@ impl Shared {
             && inner.table.make_room(n, bytes, &mut evicted)
         {
             tracing::debug!(evicted = evicted.len(), "evicted to make room for a put");
-            claimed = inner.table.claim_put_sized(n, bytes, *ticket);
+            claimed = inner.table.claim_put_sized(n, bytes, resident, *ticket);
         }
         let evicted = inner.take_freed(&evicted);
         let Some((slots, wake)) = claimed else {
@@ -379,11 +387,11 @@ impl Shared {
                 free: inner.table.free.len(),
             });
             let mut spill_failure = None;
-            if !inner.table.residency.fits(bytes) {
+            if !inner.table.residency.fits(resident) {
                 // Over the memory budget: the spiller makes room (the caller wakes it), unless
                 // its store keeps failing, which this put then reports.
                 let residency = &mut inner.table.residency;
-                residency.wanted = residency.wanted.max(bytes);
+                residency.wanted = residency.wanted.max(resident);
                 spill_failure = inner.spill.as_ref().and_then(|s| s.failure.clone());
             }
             if let Some(err) = stored_duplicate(inner, prepared).or(full).or(spill_failure) {
@@ -396,7 +404,7 @@ impl Shared {
         *ticket = None; // claim_put took it off the queue
         inner.table.residency.wanted = 0;
         inner.table.reserve_bytes(&slots, &prepared.bytes);
-        inner.table.reserve_resident(&slots, &prepared.bytes);
+        inner.table.reserve_resident(&slots, &prepared.resident);
 
         // Reserve the ids: one probe each. Ids are unique within the batch (validated), so
         // a hit is a sample stored or being put by someone else.

@@ -86,7 +86,7 @@ impl SequenceBuffer {
                 // Over the memory budget, the spiller (started below) writes the excess out.
                 inner
                     .table
-                    .reserve_resident(&[slot], &[sample.payload_bytes()]);
+                    .reserve_resident(&[slot], &[super::spill::spillable_bytes(&sample)]);
             }
             inner
                 .table

@@ -246,7 +246,7 @@ mod tests {
     }
 
     fn put(t: &mut SlotTable, birth: u64, bytes: u64) -> u32 {
-        let (slots, _) = t.claim_put_sized(1, bytes, None).expect("room");
+        let (slots, _) = t.claim_put_sized(1, 0, bytes, None).expect("room");
         t.reserve_resident(&slots, &[bytes]);
         let _ = t.publish_put(&slots, &[birth], &[KeySet(1)]);
         slots[0]
@@ -262,7 +262,7 @@ mod tests {
         put(&mut t, 1, 60);
         assert!(t.residency.fits(40));
         assert!(!t.residency.fits(41));
-        assert!(t.claim_put_sized(1, 41, None).is_none());
+        assert!(t.claim_put_sized(1, 0, 41, None).is_none());
         t.check_invariants().expect("invariants");
     }
 

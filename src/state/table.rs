@@ -318,22 +318,24 @@ impl SlotTable {
         n: usize,
         ticket: Option<Ticket>,
     ) -> Option<(Vec<u32>, Wake)> {
-        self.claim_put_sized(n, 0, ticket)
+        self.claim_put_sized(n, 0, 0, ticket)
     }
 
     /// [`Self::claim_put`] for a put of `bytes` payload bytes, which must also fit the
-    /// byte budget (the caller then records each slot's share with `reserve_bytes`).
+    /// byte budget, and `resident` bytes, which must fit the memory budget (the caller
+    /// then records each slot's shares with `reserve_bytes` and `reserve_resident`).
     pub(crate) fn claim_put_sized(
         &mut self,
         n: usize,
         bytes: u64,
+        resident: u64,
         ticket: Option<Ticket>,
     ) -> Option<(Vec<u32>, Wake)> {
         let my_turn = self.is_turn_of(ticket);
         if !my_turn
             || self.free.len() < n
             || !self.budget.fits(bytes)
-            || !self.residency.fits(bytes)
+            || !self.residency.fits(resident)
         {
             return None;
         }

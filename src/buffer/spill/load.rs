@@ -3,7 +3,7 @@
 
 use super::super::{Batch, Shared};
 use super::{Segment, SpillStore};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, Mutex, Notify};
 use std::collections::HashMap;
@@ -142,6 +142,12 @@ impl Shared {
     }
 }
 
+/// A segment read in flight: on the runtime, or (without one) awaited in place.
+enum Read {
+    Spawned(tokio::task::JoinHandle<Result<Vec<Fields>>>),
+    Inline(super::SpillFuture<Vec<Fields>>),
+}
+
 /// A segment and the reads of it: `(load, request)` indexes into a plan.
 type SegmentReads = (Arc<Segment>, Vec<(usize, usize)>);
 
@@ -162,6 +168,9 @@ async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPla
         plan.loads.iter().map(|_| Ok(Fields::default())).collect();
     let mut segments: Vec<_> = by_segment.into_values().collect();
     segments.sort_by_key(|(s, _)| s.id);
+    // Every segment is read at once (the reads wait on storage, not on this core), then
+    // the results are gathered in segment order.
+    let mut reads = Vec::with_capacity(segments.len());
     for (segment, wants) in segments {
         let mut keys: Vec<FieldKey> = Vec::new();
         let mut rows = Vec::with_capacity(wants.len());
@@ -174,7 +183,25 @@ async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPla
                 }
             }
         }
-        match store.read(Arc::clone(&segment), rows, keys).await {
+        let read = store.read(Arc::clone(&segment), rows, keys);
+        let read = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => Read::Spawned(runtime.spawn(read)),
+            Err(_) => Read::Inline(read),
+        };
+        reads.push((segment, wants, read));
+    }
+    for (segment, wants, read) in reads {
+        let result = match read {
+            Read::Spawned(task) => task.await.unwrap_or_else(|e| {
+                Err(Error::Storage {
+                    url: String::new(),
+                    path: segment.path.clone(),
+                    detail: format!("spill read task ended: {e}"),
+                })
+            }),
+            Read::Inline(read) => read.await,
+        };
+        match result {
             Ok(fields) => {
                 for (&(i, j), got) in wants.iter().zip(fields) {
                     let want = &plan.loads[i].1[j].keys;

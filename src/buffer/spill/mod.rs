@@ -408,6 +408,26 @@ impl SpillState {
     }
 }
 
+/// Fields smaller than this stay in memory: rewards, flags, ids and lengths cost little,
+/// and metrics and `Prioritized` selection read them without I/O.
+pub(crate) const MIN_SPILL_FIELD_BYTES: usize = 1024;
+
+/// Whether a field is spilled (and counted against the memory budget).
+pub(crate) fn spills(t: &crate::tensor::Tensor) -> bool {
+    t.nbytes() >= MIN_SPILL_FIELD_BYTES
+}
+
+/// The bytes of `sample` that count against the memory budget: its fields large enough to
+/// spill.
+pub(crate) fn spillable_bytes(sample: &Sample) -> u64 {
+    sample
+        .fields
+        .iter()
+        .filter(|(_, t)| spills(t))
+        .map(|(_, t)| t.nbytes() as u64)
+        .sum()
+}
+
 /// Strikes `keys` from `parts`' field lists, dropping parts left empty; returns the
 /// segments of the dropped parts.
 pub(crate) fn strike(parts: &mut Vec<SpillPart>, keys: &[&str]) -> Vec<u64> {

@@ -1,8 +1,8 @@
 //! The spiller task: writes idle samples out while the buffer is over its memory budget.
 
 use super::super::{Inner, Record, Shared};
-use super::{LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
-use crate::sample::{FieldKey, Fields, Sample};
+use super::{spills, LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
+use crate::sample::{FieldKey, Sample};
 use crate::state::Wake;
 use crate::sync::{Arc, Notify};
 use std::collections::BTreeSet;
@@ -68,7 +68,10 @@ impl Shared {
         let Some(picked) = picked else {
             return self.compact_round(store).await;
         };
-        let rows = picked.iter().map(|(_, _, s)| s.fields.clone()).collect();
+        let rows = picked
+            .iter()
+            .map(|(_, _, s)| s.fields.filtered_by(|_, t| spills(t)))
+            .collect();
         let written = store.write(rows).await;
         let mut inner = self.lock();
         let result = match written {
@@ -127,13 +130,20 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
         let fields: Vec<(FieldKey, u64)> = written
             .fields
             .iter()
+            .filter(|(_, t)| spills(t))
             .map(|(k, t)| (k.clone(), t.nbytes() as u64))
             .collect();
+        if fields.is_empty() {
+            // Nothing large enough to spill (cannot happen: it counted resident bytes).
+            inner.table.end_spill(slot, 0);
+            continue;
+        }
         bytes += fields.iter().map(|(_, b)| b).sum::<u64>();
+        // Small fields stay with the stub.
         let stub = Sample {
             id: written.id.clone(),
             birth: written.birth,
-            fields: Fields::default(),
+            fields: written.fields.filtered_by(|_, t| !spills(t)),
             meta: written.meta.clone(),
         };
         if let Some(entry) = inner.samples.get_mut(slot) {
