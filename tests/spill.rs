@@ -50,17 +50,17 @@ async fn spill_files(store: &Store) -> Vec<String> {
     store.list("spill").await.expect("list")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ten_times_the_budget_trains_every_sample_once_within_budget_plus_one_batch() {
+/// The storage suite's spill run: data ten times the budget, every sample trained once
+/// with its data, resident bytes within budget + one batch, every segment gone at the end.
+async fn ten_times_the_budget(store: Store) {
     const N: u64 = 1_024;
     const BATCH: usize = 16;
     let budget = N * SAMPLE_BYTES / 10;
-    let dir = TempDir::new("spill-10x");
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(N as usize)
             .rpc(RpcDef::new("train", BATCH).inputs(["tokens", "logp"]))
             .memory_budget(budget)
-            .spill_to(local(&dir)),
+            .spill_to(store.clone()),
     )
     .expect("buffer");
     let producer = {
@@ -107,7 +107,25 @@ async fn ten_times_the_budget_trains_every_sample_once_within_budget_plus_one_ba
     assert_invariants(&buf);
     buf.flush().await.expect("flush");
     assert_eq!(buf.stats().spill.live_segments, 0);
-    assert_eq!(spill_files(&local(&dir)).await, Vec::<String>::new());
+    assert_eq!(spill_files(&store).await, Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_times_the_budget_on_local_disk() {
+    let dir = TempDir::new("spill-10x");
+    ten_times_the_budget(local(&dir)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_times_the_budget_in_memory_store() {
+    ten_times_the_budget(Store::open("memory://").expect("store")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_times_the_budget_on_s3() {
+    if let Some(url) = common::s3_url("spill-10x") {
+        ten_times_the_budget(Store::open(&url).expect("store")).await;
+    }
 }
 
 /// Puts `n` samples and waits until all are spilled; returns their handles too.

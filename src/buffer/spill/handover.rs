@@ -16,6 +16,24 @@ pub(crate) struct HandOver {
     done: Notify,
 }
 
+impl HandOver {
+    /// Counts work `flush` waits for until the guard is dropped.
+    pub(super) fn busy(self: &Arc<Self>) -> Busy {
+        *self.pending.lock() += 1;
+        Busy(Arc::clone(self))
+    }
+}
+
+/// Work in progress that `flush` waits for (see [`HandOver::busy`]).
+pub(super) struct Busy(Arc<HandOver>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.0.pending.lock() -= 1;
+        self.0.done.notify_waiters();
+    }
+}
+
 impl Shared {
     /// Reads back the spilled fields of freed samples, hands the whole samples to the sink
     /// and deletes the segments left without a live row, in a task; returns `freed` when
@@ -39,8 +57,7 @@ impl Shared {
         };
         let read_by = self.read_by.clone();
         let journal = self.lock().journal.clone();
-        let handover = Arc::clone(&self.handover);
-        *handover.pending.lock() += 1;
+        let busy = self.handover.busy();
         let task = async move {
             let spilled = std::mem::take(&mut freed.spilled);
             let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
@@ -69,8 +86,7 @@ impl Shared {
             }
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
             delete_all(&*store, journal, dead).await;
-            *handover.pending.lock() -= 1;
-            handover.done.notify_waiters();
+            drop(busy);
         };
         if let Some(runtime) = runtime {
             runtime.spawn(task);
@@ -105,12 +121,10 @@ impl Shared {
         };
         let store = Arc::clone(store);
         let journal = self.lock().journal.clone();
-        let handover = Arc::clone(&self.handover);
-        *handover.pending.lock() += 1;
+        let busy = self.handover.busy();
         runtime.spawn(async move {
             delete_all(&*store, journal, dead).await;
-            *handover.pending.lock() -= 1;
-            handover.done.notify_waiters();
+            drop(busy);
         });
     }
 }

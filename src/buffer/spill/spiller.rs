@@ -68,6 +68,8 @@ impl Shared {
         let Some(picked) = picked else {
             return self.compact_round(store).await;
         };
+        // `flush` waits for the round (its deletes are registered before this ends).
+        let _busy = self.handover.busy();
         let rows = picked
             .iter()
             .map(|(_, _, s)| s.fields.filtered_by(|_, t| spills(t)))
@@ -92,7 +94,15 @@ impl Shared {
                 Round::Failed
             }
         };
+        // Segments whose rows all died before they were adopted (their samples changed or
+        // left meanwhile) go now: no free may come along to take them.
+        let dead = inner
+            .spill
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.dead))
+            .unwrap_or_default();
         drop(inner);
+        self.delete_segments(&store, dead);
         self.notify(Wake {
             rpcs: 0,
             space: true,
