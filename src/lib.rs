@@ -41,11 +41,12 @@
 //! ```
 //!
 //! Module map: `rpc_defs` (RPC definitions, graph validation, key interning), `state` (the
-//! synchronous slot state machine: readiness, staleness, selection, the byte budget),
-//! `buffer` (the async API), [`rollout`] (the RL layer: rollout records, group assembly
+//! synchronous slot state machine: readiness, staleness, selection, the byte and memory
+//! budgets), `buffer` (the async API; spilling payloads to Parquet under a memory budget,
+//! see [`BufferConfig::memory_budget`]), [`rollout`] (the RL layer: rollout records, group assembly
 //! and ingestion, admission, group hooks, advantages, packing, the multi-environment
 //! batcher, metrics), [`persist`] (write-ahead log, checkpoints, recovery, the Parquet
-//! archive), [`arrow`] (samples as Arrow record batches), `sync` (the one place naming
+//! archive, spill segments), [`arrow`] (samples as Arrow record batches), `sync` (the one place naming
 //! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`).
 
 #[cfg(feature = "arrow")]

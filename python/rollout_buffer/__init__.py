@@ -79,7 +79,9 @@ class Buffer:
     ``store`` (``"file:///dir"``, a path, ``"memory://"``, ``"s3://bucket/prefix"``) makes
     it persistent: opened, it recovers everything stored there. ``durability`` is
     ``"sync"`` (a call returns once its change is on storage), ``"interval:<ms>"`` or
-    ``"none"``.
+    ``"none"``. ``memory_budget`` (bytes) keeps at most that much tensor data in memory
+    and spills the rest to Parquet (under the store's ``spill/``, or a temporary
+    directory); spilled samples are read back when a batch selects them.
     """
 
     def __init__(
@@ -89,9 +91,10 @@ class Buffer:
         store: Optional[str] = None,
         external_keys: Iterable[str] = (),
         durability: str = "sync",
+        memory_budget: Optional[int] = None,
     ) -> None:
         self._native = _NativeBuffer(
-            capacity, list(rpcs), store, list(external_keys), durability
+            capacity, list(rpcs), store, list(external_keys), durability, memory_budget
         )
 
     async def put_batch(self, samples: Iterable[dict]) -> list:

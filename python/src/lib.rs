@@ -589,9 +589,11 @@ pub(crate) struct PyBuffer_ {
 impl PyBuffer_ {
     /// A buffer of `capacity` slots serving `rpcs`; with `store` (a path or URL:
     /// `file:///...`, `memory://`, `s3://...`), persistent and recovered from it, with
-    /// `durability` `"sync"` (the default), `"interval:<ms>"` or `"none"`.
+    /// `durability` `"sync"` (the default), `"interval:<ms>"` or `"none"`; with
+    /// `memory_budget` (bytes), tensor fields past it are spilled to Parquet (under the
+    /// store's `spill/`, or a temporary directory).
     #[new]
-    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync"))]
+    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync", memory_budget=None))]
     fn new(
         py: Python<'_>,
         capacity: usize,
@@ -599,27 +601,30 @@ impl PyBuffer_ {
         store: Option<String>,
         external_keys: Vec<String>,
         durability: &str,
+        memory_budget: Option<u64>,
     ) -> PyResult<Self> {
         let durability = parse_durability(durability)?;
         let defs = rpcs
             .iter()
             .map(|r| Ok(r.extract::<PyRef<'_, PyRpc>>()?.def.clone()))
             .collect::<PyResult<Vec<RpcDef>>>()?;
+        let mut config = BufferConfig::new(capacity)
+            .rpcs(defs)
+            .external_keys(external_keys);
+        if let Some(bytes) = memory_budget {
+            config = config.memory_budget(bytes);
+        }
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
         let buf = match store {
-            None => SequenceBuffer::with_config(
-                BufferConfig::new(capacity)
-                    .rpcs(defs)
-                    .external_keys(external_keys),
-            )
-            .map_err(py_err)?,
-            Some(url) => {
-                let rt = pyo3_async_runtimes::tokio::get_runtime();
-                py.detach(|| {
+            // Inside the runtime: the spiller is a task on it.
+            None => {
+                let _entered = rt.enter();
+                SequenceBuffer::with_config(config).map_err(py_err)?
+            }
+            Some(url) => py
+                .detach(|| {
                     rt.block_on(async {
                         let store = rollout_buffer::persist::Store::open(&url)?;
-                        let config = BufferConfig::new(capacity)
-                            .rpcs(defs)
-                            .external_keys(external_keys);
                         SequenceBuffer::open_in(
                             store,
                             config,
@@ -629,8 +634,7 @@ impl PyBuffer_ {
                         .await
                     })
                 })
-                .map_err(py_err)?
-            }
+                .map_err(py_err)?,
         };
         Ok(Self { buf })
     }
@@ -768,6 +772,14 @@ impl PyBuffer_ {
         d.set_item("live_leases", s.live_leases)?;
         d.set_item("policy_version", s.policy_version)?;
         d.set_item("closed", s.closed)?;
+        d.set_item("resident_bytes", s.resident_bytes)?;
+        let spill = PyDict::new(py);
+        spill.set_item("spilled_now", s.spill.spilled_now)?;
+        spill.set_item("spilled_samples", s.spill.spilled_samples)?;
+        spill.set_item("live_segments", s.spill.live_segments)?;
+        spill.set_item("loads", s.spill.loads)?;
+        spill.set_item("failures", s.spill.failures)?;
+        d.set_item("spill", spill)?;
         let rpcs = PyDict::new(py);
         for r in &s.rpcs {
             let rd = PyDict::new(py);

@@ -274,3 +274,35 @@ def test_unknown_selection_is_a_value_error():
         rb.Rpc("r", 1, selection="best")
     with pytest.raises(ValueError, match="priority_key"):
         rb.Rpc("r", 1, selection="prioritized")
+
+
+def test_a_memory_budget_spills_and_every_sample_comes_back(tmp_path):
+    n, size = 64, 2048
+    buf = rb.Buffer(
+        n,
+        [rb.Rpc("train", 8, inputs=["tokens", "reward"])],
+        store=str(tmp_path),
+        memory_budget=8 * size * 4,
+    )
+    for i in range(0, n, 8):
+        buf.put_batch_blocking(
+            [
+                {"id": f"s{j}", "tokens": np.arange(size, dtype=np.int32) + j, "reward": float(j)}
+                for j in range(i, i + 8)
+            ]
+        )
+    stats = buf.stats()
+    assert stats["resident_bytes"] <= 16 * size * 4
+    assert stats["spill"]["spilled_samples"] > 0
+    seen = set()
+    for _ in range(n // 8):
+        batch = buf.get_batch_for_rpc_blocking("train")
+        for s in batch.samples():
+            j = int(s["id"][1:])
+            assert np.array_equal(s["tokens"], np.arange(size, dtype=np.int32) + j)
+            assert s["reward"] == float(j)
+            seen.add(j)
+        batch.commit_blocking()
+    assert seen == set(range(n))
+    buf.flush()
+    assert buf.stats()["spill"]["live_segments"] == 0

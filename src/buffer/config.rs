@@ -61,7 +61,7 @@ impl BufferConfig {
 
     /// Keeps at most about `bytes` of tensor data in memory: past it, the fields of idle
     /// samples are written to Parquet spill segments and read back when a batch selects
-    /// them (see the crate docs, "Spilling"). Every slot, its keys, metadata and readiness
+    /// them (see the README, "Spilling"). Every slot, its keys, metadata and readiness
     /// stay in memory. A put waits while its bytes do not fit under the budget (unless
     /// nothing is in memory), so the count stays within the budget plus one put batch
     /// (and what amends and completions add).
