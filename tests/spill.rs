@@ -5,41 +5,16 @@
 mod common;
 
 use common::faulty::FaultyStore;
+use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::{assert_invariants, TempDir};
 use object_store::local::LocalFileSystem;
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
+use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, SequenceBuffer, Tensor};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-const TOKENS: usize = 1024; // 4 KiB of i32 + 4 KiB of f32 per sample
-const SAMPLE_BYTES: u64 = (TOKENS * 8) as u64;
-
-fn rollout(i: u64) -> Sample {
-    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t ^ i as i32).collect();
-    let logp: Vec<f32> = (0..TOKENS).map(|t| -(t as f32) - i as f32).collect();
-    Sample::new(i)
-        .with("tokens", tokens)
-        .with("logp", logp)
-        .meta("policy_version", 0i64)
-}
-
 fn check(view: &rollout_buffer::SampleView<'_>) -> u64 {
-    let i: u64 = view.id().as_str().parse().expect("numeric id");
-    let tokens = view
-        .get("tokens")
-        .and_then(|t| t.array::<i32>())
-        .expect("tokens");
-    let logp = view
-        .get("logp")
-        .and_then(|t| t.array::<f32>())
-        .expect("logp");
-    assert_eq!(tokens.len(), TOKENS, "sample {i}");
-    for (t, (&a, &b)) in tokens.iter().zip(logp.iter()).enumerate() {
-        assert_eq!(a, t as i32 ^ i as i32, "sample {i} token {t}");
-        assert_eq!(b, -(t as f32) - i as f32, "sample {i} logp {t}");
-    }
-    i
+    payload::check(view.id().as_str(), |k| view.get(k))
 }
 
 fn local(dir: &TempDir) -> Store {

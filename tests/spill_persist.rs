@@ -4,44 +4,16 @@
 
 mod common;
 
+use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::TempDir;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer};
 use std::collections::HashSet;
 
-const TOKENS: usize = 1024;
-const SAMPLE_BYTES: u64 = (TOKENS * 8) as u64;
 const N: u64 = 32;
 
-fn rollout(i: u64) -> Sample {
-    let tokens: Vec<i32> = (0..TOKENS as i32).map(|t| t ^ i as i32).collect();
-    let logp: Vec<f32> = (0..TOKENS).map(|t| -(t as f32) - i as f32).collect();
-    Sample::new(i).with("tokens", tokens).with("logp", logp)
-}
-
 fn check(sample: &Sample) -> u64 {
-    let i: u64 = sample.id().as_str().parse().expect("numeric id");
-    let tokens = sample
-        .get("tokens")
-        .and_then(|t| t.array::<i32>())
-        .expect("tokens");
-    let logp = sample
-        .get("logp")
-        .and_then(|t| t.array::<f32>())
-        .expect("logp");
-    assert!(
-        tokens
-            .iter()
-            .enumerate()
-            .all(|(t, &v)| v == t as i32 ^ i as i32),
-        "{i}"
-    );
-    assert!(
-        logp.iter()
-            .enumerate()
-            .all(|(t, &v)| v == -(t as f32) - i as f32),
-        "{i}"
-    );
+    let i = payload::check(sample.id().as_str(), |k| sample.get(k));
     let reward = sample.get("reward").and_then(|t| t.scalar_value::<f64>());
     assert_eq!(reward, Some(i as f64), "sample {i}: the amend");
     i

@@ -25,6 +25,8 @@ mod leases;
 mod mask;
 mod ready;
 mod residency;
+#[cfg(test)]
+mod residency_tests;
 mod select;
 mod table;
 #[cfg(test)]

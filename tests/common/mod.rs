@@ -3,6 +3,7 @@
 
 #[cfg(feature = "persist")]
 pub mod faulty;
+pub mod payload;
 
 use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
 
