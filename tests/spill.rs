@@ -305,3 +305,50 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
     assert_eq!(buf.stats().spill.live_segments, 0);
     assert_eq!(spill_files(&local(&dir)).await, Vec::<String>::new());
 }
+
+/// A load read ahead before an amend replaced a spilled field must not serve the old value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amend_after_read_ahead_is_what_the_next_get_sees() {
+    let dir = TempDir::new("spill-ahead");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(16)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
+            .memory_budget(2048)
+            .spill_to(local(&dir)),
+    )
+    .expect("buffer");
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now == 4).await;
+    // Leasing sample 0 reads samples 1 and 2 ahead.
+    let first = buf.get_batch_for_rpc("train").await.expect("get");
+    assert_eq!(first.ids().next().map(|id| id.as_str()), Some("0"));
+    let replaced = vec![-7i32; payload::TOKENS];
+    buf.amend_batch(&handles[1..2], vec![Patch::new().with("tokens", replaced)])
+        .await
+        .expect("amend");
+    // The new tokens are over the budget: they are spilled in a segment of their own.
+    common::wait_until(|| {
+        let s = buf.stats();
+        s.resident_bytes == 0 && s.spill.spilled_samples == 5
+    })
+    .await;
+    first.commit().await.expect("commit");
+    let second = buf.get_batch_for_rpc("train").await.expect("get");
+    let view = second.sample(0).expect("one sample");
+    assert_eq!(view.id().as_str(), "1");
+    let tokens = view
+        .get("tokens")
+        .and_then(|t| t.array::<i32>())
+        .expect("tokens");
+    assert!(tokens.iter().all(|&t| t == -7), "the amended tokens");
+    let logp = view
+        .get("logp")
+        .and_then(|t| t.array::<f32>())
+        .expect("logp");
+    assert_eq!(logp[3], -3.0 - 1.0, "the logprobs from the first spill");
+    second.commit().await.expect("commit");
+    assert_invariants(&buf);
+}

@@ -206,6 +206,9 @@ impl SpillState {
         };
         let had = !parts.is_empty();
         let emptied = strike(parts, keys);
+        // A load registered before the patch read the old values of keys it replaced;
+        // gets that lease the sample from now on must read again.
+        self.loading.remove(&slot);
         if had && parts.is_empty() {
             self.spilled_now -= 1;
         }

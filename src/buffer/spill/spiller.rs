@@ -160,6 +160,8 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
             *entry = Some(Arc::new(stub));
         }
         if let Some(spill) = inner.spill.as_mut() {
+            // A load registered earlier does not know the new part.
+            spill.loading.remove(&(slot as u32));
             if let Some(parts) = spill.parts.get_mut(slot) {
                 if parts.is_empty() {
                     spill.spilled_now += 1;
