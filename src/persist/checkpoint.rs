@@ -20,7 +20,7 @@ use super::archive::content_hash;
 use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
 use super::state::{Body, DurableState, Entry, RpcTotals};
-use super::store::Store;
+use super::store::{corrupt, Store};
 use crate::error::{Error, Result};
 use crate::rpc_defs::RpcDef;
 use crate::sync::Arc;
@@ -111,14 +111,6 @@ fn parse_manifest_path(path: &str) -> Option<u64> {
         .strip_suffix(".json")?;
     (digits.len() == 20).then_some(())?;
     digits.parse().ok()
-}
-
-fn corrupt(store: &Store, path: &str, detail: impl std::fmt::Display) -> Error {
-    Error::Corrupt {
-        url: store.url().to_owned(),
-        path: path.to_owned(),
-        detail: detail.to_string(),
-    }
 }
 
 impl Manifest {

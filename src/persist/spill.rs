@@ -10,7 +10,7 @@
 //! process has its footer fetched on first use.
 
 use super::codec::{put_tensor, take_tensor, Reader, Writer};
-use super::store::Store;
+use super::store::{corrupt, storage_err, Store};
 use crate::buffer::{Segment, SpillFuture, SpillStore};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
@@ -124,8 +124,8 @@ impl SpillStore for ParquetSpill {
             let url = store.url().to_owned();
             let encoded = tokio::task::spawn_blocking(move || encode(&rows))
                 .await
-                .map_err(|e| storage(&url, &encode_path, e))?
-                .map_err(|e| storage(&url, &encode_path, e))?;
+                .map_err(|e| storage_err(&url, &encode_path, e))?
+                .map_err(|e| storage_err(&url, &encode_path, e))?;
             let (bytes, footer) = encoded;
             store.put(&path, bytes).await?;
             footers.lock().insert(id, Arc::new(footer));
@@ -167,14 +167,6 @@ impl SpillStore for ParquetSpill {
         self.footers.lock().remove(&segment.id);
         let store = self.store.clone();
         Box::pin(async move { store.delete(&segment.path).await })
-    }
-}
-
-fn storage(url: &str, path: &str, e: impl std::fmt::Display) -> Error {
-    Error::Storage {
-        url: url.to_owned(),
-        path: path.to_owned(),
-        detail: e.to_string(),
     }
 }
 
@@ -249,14 +241,6 @@ async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>>
         .parse_and_finish(&bytes)
         .map(Arc::new)
         .map_err(|e| corrupt(store, path, e))
-}
-
-fn corrupt(store: &Store, path: &str, e: impl std::fmt::Display) -> Error {
-    Error::Corrupt {
-        url: store.url().to_owned(),
-        path: path.to_owned(),
-        detail: e.to_string(),
-    }
 }
 
 /// Ranged reads of one segment, with its footer at hand.

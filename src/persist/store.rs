@@ -33,11 +33,20 @@ impl fmt::Debug for Store {
     }
 }
 
-fn storage_err(url: &str, path: &str, e: impl fmt::Display) -> Error {
+pub(crate) fn storage_err(url: &str, path: &str, e: impl fmt::Display) -> Error {
     Error::Storage {
         url: url.to_owned(),
         path: path.to_owned(),
         detail: e.to_string(),
+    }
+}
+
+/// The error for a damaged file at `path` of `store`.
+pub(crate) fn corrupt(store: &Store, path: &str, detail: impl fmt::Display) -> Error {
+    Error::Corrupt {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: detail.to_string(),
     }
 }
 
