@@ -40,23 +40,26 @@ impl Shared {
     /// there is nothing to read (the caller hands it over at once).
     pub(crate) fn hand_over_spilled(&self, mut freed: Freed) -> Option<Freed> {
         let dead = std::mem::take(&mut freed.dead_segments);
-        let store = self.lock().spill.as_ref().map(|s| Arc::clone(&s.store))?;
+        let (store, journal) = {
+            let inner = self.lock();
+            let store = inner.spill.as_ref().map(|s| Arc::clone(&s.store))?;
+            (store, inner.journal.clone())
+        };
+        // `spilled` is only filled when there is a sink to hand the whole samples to.
         let runtime = tokio::runtime::Handle::try_current().ok();
-        if freed.spilled.is_empty() || runtime.is_none() {
+        let sink = self
+            .freed_sink
+            .clone()
+            .filter(|_| !freed.spilled.is_empty());
+        let (Some(runtime), Some(sink)) = (runtime, sink) else {
             if !freed.spilled.is_empty() {
                 tracing::warn!("freed spilled samples outside a tokio runtime: handed over without their spilled fields");
             }
             freed.spilled.clear();
-            self.delete_segments(&store, dead);
-            return Some(freed);
-        }
-        let Some(sink) = self.freed_sink.clone() else {
-            freed.spilled.clear();
-            self.delete_segments(&store, dead);
+            self.spawn_deletes(&store, journal, dead);
             return Some(freed);
         };
         let read_by = self.read_by.clone();
-        let journal = self.lock().journal.clone();
         let busy = self.handover.busy();
         let task = async move {
             let spilled = std::mem::take(&mut freed.spilled);
@@ -88,9 +91,7 @@ impl Shared {
             delete_all(&*store, journal, dead).await;
             drop(busy);
         };
-        if let Some(runtime) = runtime {
-            runtime.spawn(task);
-        }
+        runtime.spawn(task);
         None
     }
 
@@ -112,6 +113,20 @@ impl Shared {
         if dead.is_empty() {
             return;
         }
+        let journal = self.lock().journal.clone();
+        self.spawn_deletes(store, journal, dead);
+    }
+
+    /// [`Self::delete_segments`] with the buffer's journal at hand.
+    fn spawn_deletes(
+        &self,
+        store: &Arc<dyn SpillStore>,
+        journal: Option<Arc<dyn Journal>>,
+        dead: Vec<Arc<Segment>>,
+    ) {
+        if dead.is_empty() {
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 segments = dead.len(),
@@ -120,7 +135,6 @@ impl Shared {
             return;
         };
         let store = Arc::clone(store);
-        let journal = self.lock().journal.clone();
         let busy = self.handover.busy();
         runtime.spawn(async move {
             delete_all(&*store, journal, dead).await;
