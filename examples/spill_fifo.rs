@@ -4,7 +4,8 @@
 //! 4,096 samples of 64 KiB (8,192 tokens and their logprobs) are put first, then a trainer
 //! leases batches of 64 in `Fifo` order, reads every token and logprob (the least a
 //! trainer does: copy them into its input tensors) and commits, until the buffer is empty.
-//! `--touch last` reads one value per sample instead, which measures the hand-off alone;
+//! `--touch last` reads one value per sample instead, which measures the hand-off alone
+//! (`--only spill` skips the in-memory run, for profiling);
 //! `--compute-us N` adds N µs of work per sample (a trainer's forward and backward pass),
 //! which the read-ahead overlaps with loading the next batch. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory and
 //! spills the rest to Parquet segments in a temporary directory on the local disk.
@@ -28,6 +29,8 @@ struct Args {
     budget_frac: f64,
     touch_all: bool,
     compute_us: u64,
+    /// Skip the in-memory run (for profiling the spilling one).
+    spill_only: bool,
 }
 
 fn args() -> Args {
@@ -37,6 +40,7 @@ fn args() -> Args {
         budget_frac: 0.1,
         touch_all: true,
         compute_us: 0,
+        spill_only: false,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -47,6 +51,7 @@ fn args() -> Args {
             "--budget-frac" => a.budget_frac = value.parse().unwrap_or(a.budget_frac),
             "--touch" => a.touch_all = value != "last",
             "--compute-us" => a.compute_us = value.parse().unwrap_or(0),
+            "--only" => a.spill_only = value == "spill",
             other => eprintln!("ignored argument {other}"),
         }
     }
@@ -73,15 +78,45 @@ fn peak_rss() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// CPU time this process has used so far (user + system, all threads), in seconds (Linux;
+/// 0 elsewhere).
+fn cpu_seconds() -> f64 {
+    cpu_seconds_of("/proc/self/stat")
+}
+
+/// CPU time of the calling thread (the trainer's), in seconds (Linux; 0 elsewhere).
+fn thread_cpu_seconds() -> f64 {
+    cpu_seconds_of("/proc/thread-self/stat")
+}
+
+fn cpu_seconds_of(stat: &str) -> f64 {
+    std::fs::read_to_string(stat)
+        .ok()
+        .and_then(|s| {
+            // Fields after the command name (which is in parentheses and may hold spaces).
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+            Some(ticks / 100.0)
+        })
+        .unwrap_or(0.0)
+}
+
 struct Run {
     put_per_s: f64,
     train_per_s: f64,
     spilled: u64,
+    segments: u64,
+    rewritten: u64,
     loads: u64,
     read_ahead: u64,
     peak_resident: u64,
     /// Fraction of the trainer's time spent waiting for batches.
     waiting: f64,
+    /// CPU time (all threads) per trained sample, in µs.
+    cpu_us: f64,
+    /// CPU time of the trainer's thread per trained sample, in µs.
+    trainer_cpu_us: f64,
 }
 
 async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error> {
@@ -101,7 +136,13 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
         peak_resident = peak_resident.max(buf.stats().resident_bytes);
     }
     let put_s = start.elapsed().as_secs_f64();
+    if a.spill_only {
+        // A mark for attaching a profiler to the trainer phase alone.
+        eprintln!("training (pid {})", std::process::id());
+    }
     let start = Instant::now();
+    let cpu_start = cpu_seconds();
+    let trainer_cpu_start = thread_cpu_seconds();
     let mut trained = 0usize;
     let mut checksum = 0i64;
     let mut waited = std::time::Duration::ZERO;
@@ -134,6 +175,8 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
         peak_resident = peak_resident.max(buf.stats().resident_bytes);
     }
     let train_s = start.elapsed().as_secs_f64();
+    let cpu_us = (cpu_seconds() - cpu_start) * 1e6 / a.samples as f64;
+    let trainer_cpu_us = (thread_cpu_seconds() - trainer_cpu_start) * 1e6 / a.samples as f64;
 
     std::hint::black_box(checksum);
     buf.flush().await?;
@@ -142,10 +185,14 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
         put_per_s: a.samples as f64 / put_s,
         train_per_s: a.samples as f64 / train_s,
         spilled: spill.spilled_samples,
+        segments: spill.segments_written - spill.segments_rewritten,
+        rewritten: spill.segments_rewritten,
         loads: spill.loads,
         read_ahead: spill.shared_loads,
         peak_resident: if budget.is_some() { peak_resident } else { 0 },
         waiting: waited.as_secs_f64() / train_s,
+        cpu_us,
+        trainer_cpu_us,
     })
 }
 
@@ -174,6 +221,19 @@ fn main() -> Result<(), rollout_buffer::Error> {
     let rss_before = peak_rss();
     let spilled = runtime.block_on(run(&a, Some(budget)))?;
     let rss_spill = peak_rss();
+    if a.spill_only {
+        println!(
+            "spilling: put {:.0} samples/s, trainer {:.0} samples/s, waited {:.0}%, {:.0} µs CPU per sample ({:.0} µs in the trainer's thread); {} segments, {} rewritten",
+            spilled.put_per_s,
+            spilled.train_per_s,
+            spilled.waiting * 100.0,
+            spilled.cpu_us,
+            spilled.trainer_cpu_us,
+            spilled.segments,
+            spilled.rewritten
+        );
+        return Ok(());
+    }
     let memory = runtime.block_on(run(&a, None))?;
     println!(
         "{:<22}{:>14}{:>18}",
@@ -193,13 +253,17 @@ fn main() -> Result<(), rollout_buffer::Error> {
         spilled.put_per_s / memory.put_per_s
     );
     println!(
-        "spilled {} samples; {} loaded back, {} of them read ahead before the trainer asked",
-        spilled.spilled, spilled.loads, spilled.read_ahead
+        "spilled {} samples in {} segments ({} segments rewritten); {} loaded back, {} of them read ahead before the trainer asked",
+        spilled.spilled, spilled.segments, spilled.rewritten, spilled.loads, spilled.read_ahead
     );
     println!(
         "the trainer waited for batches {:.0}% of its time ({:.0}% all in memory)",
         spilled.waiting * 100.0,
         memory.waiting * 100.0
+    );
+    println!(
+        "CPU time per trained sample: {:.0} µs spilling ({:.0} in the trainer's thread), {:.0} µs in memory ({:.0})",
+        spilled.cpu_us, spilled.trainer_cpu_us, memory.cpu_us, memory.trainer_cpu_us
     );
     println!(
         "resident payload peak {} MiB (budget {} MiB + one batch {} MiB)",

@@ -225,7 +225,7 @@ impl Shared {
 }
 
 /// How many samples past a `Fifo` batch are read ahead, in batches.
-const READ_AHEAD_BATCHES: usize = 2;
+const READ_AHEAD_BATCHES: usize = 4;
 
 /// Registers the loads of the spilled inputs of lease `lease` (RPC `r`) and, for a `Fifo`
 /// RPC, of the samples next in its order (read-ahead). Returns the store to read from when
@@ -260,11 +260,10 @@ fn plan_loads(
     }
     let rpc = table.rpcs.get(r)?;
     if matches!(rpc.selection, Selection::Fifo) {
-        let ahead: Vec<(u32, u32)> = table.ready[r]
+        let ahead = table.ready[r]
             .iter()
             .take(rpc.n_seqs * READ_AHEAD_BATCHES)
-            .map(|s| (s, table.slots[s as usize].generation))
-            .collect();
+            .map(|s| (s, table.slots[s as usize].generation));
         let _ = spill.register(ahead, keys, true, plan);
     }
     (!plan.is_empty() || !loads.is_empty()).then(|| Arc::clone(&spill.store))

@@ -157,6 +157,11 @@ pub(crate) struct SpillState {
     spilled_now: u64,
     /// Live segments with few live rows, to rewrite.
     sparse: BTreeSet<u64>,
+    /// Sparse segments left alone because a live row was being loaded or leased: those
+    /// rows are likely about to be freed (a `Fifo` drain reaches a segment's last rows
+    /// right after its first), and rewriting them would read and write data about to go.
+    /// Queued again by the next free of one of their rows or the next spill write.
+    deferred: BTreeSet<u64>,
     /// A segment became sparse since the spiller last looked.
     pub(crate) compact_due: bool,
     /// Rewritten segments waiting for their last reads to finish before deletion.
@@ -179,6 +184,7 @@ impl SpillState {
             dead: Vec::new(),
             spilled_now: 0,
             sparse: BTreeSet::new(),
+            deferred: BTreeSet::new(),
             compact_due: false,
             retired: Vec::new(),
             counters: SpillCounters::default(),
@@ -252,14 +258,48 @@ impl SpillState {
         let live = self.segments.get_mut(&segment)?;
         live.members.remove(&slot);
         if !live.members.is_empty() {
-            if live.sparse() && self.sparse.insert(segment) {
-                self.compact_due = true;
+            if live.sparse() {
+                if live.members.iter().any(|s| self.loading.contains_key(s)) {
+                    self.deferred.insert(segment);
+                } else if self.sparse.insert(segment) {
+                    self.deferred.remove(&segment);
+                    self.compact_due = true;
+                }
             }
             return None;
         }
         self.sparse.remove(&segment);
+        self.deferred.remove(&segment);
         self.counters.segments_deleted += 1;
         self.segments.remove(&segment).map(|l| l.segment)
+    }
+
+    /// The id of the next sparse segment to rewrite; segments a live row of which is
+    /// loading or leased (`busy`) are deferred.
+    pub(super) fn next_sparse(&mut self, busy: impl Fn(u32) -> bool) -> Option<u64> {
+        while let Some(id) = self.sparse.pop_first() {
+            let Some(live) = self.segments.get(&id) else {
+                continue;
+            };
+            if live
+                .members
+                .iter()
+                .any(|&s| busy(s) || self.loading.contains_key(&s))
+            {
+                self.deferred.insert(id);
+                continue;
+            }
+            return Some(id);
+        }
+        None
+    }
+
+    /// Queues the deferred sparse segments again (after a spill write: the buffer has
+    /// moved on since they were looked at).
+    pub(super) fn requeue_deferred(&mut self) {
+        if !self.deferred.is_empty() {
+            self.sparse.append(&mut self.deferred);
+        }
     }
 
     /// Segments replaced by a rewrite that no load reads any more (the `Arc` count is the
@@ -327,7 +367,8 @@ impl SpillState {
 
     /// Registers loads of the fields `keys` of `slots`' samples (each `(slot,
     /// generation)`), reusing loads in flight that cover them. Returns per slot the cell
-    /// to wait on (`None`: nothing of `keys` is spilled), and the loads to start.
+    /// to wait on (`None`: nothing of `keys` is spilled), or nothing for a read-ahead
+    /// (`ahead`), and adds the loads to start to `plan`.
     pub(crate) fn register(
         &mut self,
         slots: impl IntoIterator<Item = (u32, u32)>,
@@ -335,29 +376,42 @@ impl SpillState {
         ahead: bool,
         plan: &mut LoadPlan,
     ) -> Vec<Option<Arc<LoadCell>>> {
-        let mut cells = Vec::new();
+        let slots = slots.into_iter();
+        let mut cells = Vec::with_capacity(if ahead { 0 } else { slots.size_hint().0 });
         for (slot, generation) in slots {
-            let wanted: Vec<FieldKey> = self
-                .parts(slot)
+            let parts = self.parts(slot);
+            let mut spilled_inputs = parts
+                .iter()
+                .flat_map(|p| p.fields.iter().map(|(k, _)| k))
+                .filter(|k| keys.iter().any(|w| **w == *k.as_str()));
+            if spilled_inputs.next().is_none() {
+                if !ahead {
+                    cells.push(None);
+                }
+                continue;
+            }
+            // Most read-ahead registrations find the load already registered: checked
+            // without allocating.
+            if let Some(l) = self.loading.get(&slot) {
+                let covers = parts
+                    .iter()
+                    .flat_map(|p| p.fields.iter().map(|(k, _)| k))
+                    .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
+                    .all(|k| l.keys.contains(k));
+                if l.generation == generation && covers {
+                    if !ahead {
+                        self.counters.shared_loads += 1;
+                        cells.push(Some(Arc::clone(&l.cell)));
+                    }
+                    continue;
+                }
+            }
+            let wanted: Vec<FieldKey> = parts
                 .iter()
                 .flat_map(|p| p.fields.iter().map(|(k, _)| k))
                 .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
                 .cloned()
                 .collect();
-            if wanted.is_empty() {
-                cells.push(None);
-                continue;
-            }
-            if let Some(l) = self.loading.get(&slot) {
-                let covers = wanted.iter().all(|k| l.keys.contains(k));
-                if l.generation == generation && covers {
-                    if !ahead {
-                        self.counters.shared_loads += 1;
-                    }
-                    cells.push(Some(Arc::clone(&l.cell)));
-                    continue;
-                }
-            }
             let cell = Arc::new(LoadCell::new());
             let mut requests = Vec::new();
             for part in self.parts(slot) {
@@ -388,7 +442,9 @@ impl SpillState {
             );
             self.counters.loaded_samples += 1;
             plan.loads.push((Arc::clone(&cell), requests));
-            cells.push(Some(cell));
+            if !ahead {
+                cells.push(Some(cell));
+            }
         }
         cells
     }

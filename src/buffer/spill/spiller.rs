@@ -79,6 +79,9 @@ impl Shared {
         let result = match written {
             Ok(segment) => {
                 adopt(&mut inner, &segment, &picked);
+                if let Some(spill) = inner.spill.as_mut() {
+                    spill.requeue_deferred();
+                }
                 Round::Wrote
             }
             Err(e) => {
@@ -215,6 +218,8 @@ impl Shared {
     /// Rewrites the sparsest segment's live rows into a new segment and points their
     /// samples at it; the old segment is deleted once no read holds it.
     async fn compact_round(&self, store: Arc<dyn SpillStore>) -> Round {
+        // `flush` waits for a rewrite in flight (and the delete of the segment it replaces).
+        let _busy = self.handover.busy();
         // (slot, generation, old row, keys) of every live row.
         let (old, members) = {
             let mut inner = self.lock();
@@ -222,7 +227,7 @@ impl Shared {
             let Some(spill) = spill.as_mut() else {
                 return Round::Idle;
             };
-            let Some(id) = spill.sparse.pop_first() else {
+            let Some(id) = spill.next_sparse(|slot| !table.idle.get(slot as usize)) else {
                 return Round::Idle;
             };
             let Some(live) = spill.segments.get(&id) else {
