@@ -225,7 +225,7 @@ impl Shared {
 }
 
 /// How many samples past a `Fifo` batch are read ahead, in batches.
-const READ_AHEAD_BATCHES: usize = 4;
+const READ_AHEAD_BATCHES: usize = 2;
 
 /// Registers the loads of the spilled inputs of lease `lease` (RPC `r`) and, for a `Fifo`
 /// RPC, of the samples next in its order (read-ahead). Returns the store to read from when
