@@ -62,6 +62,11 @@ mod sealed {
         fn into_scalar(self) -> Result<Scalar, Self>;
         /// The value inside an inline scalar of this type.
         fn scalar_ref(s: &Scalar) -> Option<&Self>;
+        /// Little-endian `bytes` as values of this type, without copying: `None` for types
+        /// that are not plain numbers, on big-endian hosts, and for misaligned bytes.
+        fn cast(_bytes: &[u8]) -> Option<&[Self]> {
+            None
+        }
     }
 }
 use sealed::Scalar;
@@ -77,7 +82,7 @@ pub trait Element: Clone + sealed::Sealed + 'static {
 }
 
 macro_rules! scalar_element {
-    ($ty:ty, $variant:ident) => {
+    ($ty:ty, $variant:ident $(, $cast:ident)?) => {
         impl sealed::Sealed for $ty {
             fn into_scalar(self) -> Result<Scalar, Self> {
                 Ok(Scalar::$variant(self))
@@ -88,6 +93,15 @@ macro_rules! scalar_element {
                     _ => None,
                 }
             }
+            $(
+                fn $cast(bytes: &[u8]) -> Option<&[Self]> {
+                    if cfg!(target_endian = "little") {
+                        bytemuck::try_cast_slice(bytes).ok()
+                    } else {
+                        None
+                    }
+                }
+            )?
         }
         element!($ty, $variant);
     };
@@ -122,12 +136,12 @@ macro_rules! element {
     };
 }
 
-scalar_element!(i32, I32);
-scalar_element!(i64, I64);
-scalar_element!(f32, F32);
-scalar_element!(f64, F64);
+scalar_element!(i32, I32, cast);
+scalar_element!(i64, I64, cast);
+scalar_element!(f32, F32, cast);
+scalar_element!(f64, F64, cast);
 scalar_element!(bool, Bool);
-scalar_element!(u8, U8);
+scalar_element!(u8, U8, cast);
 impl sealed::Sealed for String {
     fn into_scalar(self) -> Result<Scalar, Self> {
         Err(self)
@@ -166,6 +180,61 @@ pub struct Tensor {
 enum Repr {
     Scalar(Scalar),
     Array(Arc<ArrayTensor>),
+    /// Little-endian numbers inside bytes owned by something else (a decoded Parquet page
+    /// of a spill segment): loading a spilled sample then copies nothing.
+    Borrowed(Arc<BorrowedTensor>),
+}
+
+/// Bytes a [`Tensor`] can view without copying them (a decoded page, a file read).
+pub(crate) type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// An array viewing `owner`'s bytes `range`: `shape` values of `dtype`, little-endian and
+/// aligned for it (checked when made).
+struct BorrowedTensor {
+    dtype: DType,
+    shape: Vec<usize>,
+    lengths: Option<Vec<usize>>,
+    owner: SharedBytes,
+    range: std::ops::Range<usize>,
+}
+
+impl BorrowedTensor {
+    fn bytes(&self) -> &[u8] {
+        (*self.owner)
+            .as_ref()
+            .get(self.range.clone())
+            .unwrap_or(&[])
+    }
+
+    /// The values as `T`, if `T` is this tensor's element type.
+    fn values<T: Element>(&self) -> Option<&[T]> {
+        if T::DTYPE != self.dtype {
+            return None;
+        }
+        T::cast(self.bytes())
+    }
+
+    /// An owned copy of the values.
+    fn owned<T: Element>(&self) -> ArcArray<T, IxDyn> {
+        self.values::<T>()
+            .and_then(|v| Array::from_shape_vec(IxDyn(&self.shape), v.to_vec()).ok())
+            // Unreachable: the dtype, length and alignment were checked when it was made.
+            .map_or_else(
+                || ArcArray::from_vec(Vec::new()).into_dyn(),
+                Array::into_shared,
+            )
+    }
+}
+
+impl std::fmt::Debug for BorrowedTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BorrowedTensor")
+            .field("dtype", &self.dtype)
+            .field("shape", &self.shape)
+            .field("lengths", &self.lengths)
+            .field("bytes", &self.range.len())
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -202,17 +271,58 @@ impl From<&str> for Tensor {
 }
 
 impl Tensor {
+    /// A tensor viewing `owner`'s bytes `range` as little-endian values of `dtype` with
+    /// `shape` (at least one dimension), without copying them. `None` unless `dtype` is a
+    /// plain number type, the host is little-endian, the bytes are exactly the values and
+    /// aligned for them, and `lengths` (if any) add up to the first dimension.
+    pub(crate) fn borrowed(
+        dtype: DType,
+        shape: Vec<usize>,
+        lengths: Option<Vec<usize>>,
+        owner: SharedBytes,
+        range: std::ops::Range<usize>,
+    ) -> Option<Self> {
+        let n = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
+        let rows = *shape.first()?;
+        if let Some(l) = &lengths {
+            let sum = l.iter().try_fold(0usize, |acc, &x| acc.checked_add(x));
+            if sum != Some(rows) {
+                return None;
+            }
+        }
+        let b = BorrowedTensor {
+            dtype,
+            shape,
+            lengths,
+            owner,
+            range,
+        };
+        let fits = match dtype {
+            DType::I32 => b.values::<i32>().map(<[_]>::len),
+            DType::I64 => b.values::<i64>().map(<[_]>::len),
+            DType::F32 => b.values::<f32>().map(<[_]>::len),
+            DType::F64 => b.values::<f64>().map(<[_]>::len),
+            DType::U8 => b.values::<u8>().map(<[_]>::len),
+            DType::Bool | DType::Str => None,
+        };
+        (fits == Some(n) && b.bytes().len() == b.range.len()).then(|| Self {
+            repr: Repr::Borrowed(Arc::new(b)),
+        })
+    }
+
     fn from_parts(data: TensorData, lengths: Option<Vec<usize>>) -> Self {
         Self {
             repr: Repr::Array(Arc::new(ArrayTensor { data, lengths })),
         }
     }
 
-    /// The array, unless this is an inline scalar.
+    /// The array, unless this is an inline scalar or views borrowed bytes.
     fn array_data(&self) -> Option<&TensorData> {
         match &self.repr {
             Repr::Array(a) => Some(&a.data),
-            Repr::Scalar(_) => None,
+            Repr::Scalar(_) | Repr::Borrowed(_) => None,
         }
     }
 
@@ -235,9 +345,14 @@ impl Tensor {
         let sum = lengths
             .iter()
             .try_fold(0usize, |acc, &l| acc.checked_add(l));
-        match values.array_data() {
+        let data = match &values.repr {
+            Repr::Scalar(_) => None,
+            Repr::Array(a) => Some(a.data.clone()),
+            Repr::Borrowed(_) => Some(values.to_data()),
+        };
+        match data {
             Some(data) if !values.shape().is_empty() && sum == Some(rows) => {
-                Ok(Self::from_parts(data.clone(), Some(lengths)))
+                Ok(Self::from_parts(data, Some(lengths)))
             }
             _ => Err(Error::RaggedLengths {
                 sum: sum.unwrap_or(usize::MAX),
@@ -266,11 +381,15 @@ impl Tensor {
                 TensorData::U8(_) => DType::U8,
                 TensorData::Str(_) => DType::Str,
             },
+            Repr::Borrowed(b) => b.dtype,
         }
     }
 
     /// The shape of the (packed) array; empty for a scalar.
     pub fn shape(&self) -> &[usize] {
+        if let Repr::Borrowed(b) = &self.repr {
+            return &b.shape;
+        }
         match self.array_data() {
             None => &[],
             Some(TensorData::I32(a)) => a.shape(),
@@ -288,6 +407,16 @@ impl Tensor {
     pub fn to_data(&self) -> TensorData {
         match &self.repr {
             Repr::Array(a) => a.data.clone(),
+            Repr::Borrowed(b) => match b.dtype {
+                DType::I32 => TensorData::I32(b.owned()),
+                DType::I64 => TensorData::I64(b.owned()),
+                DType::F32 => TensorData::F32(b.owned()),
+                DType::F64 => TensorData::F64(b.owned()),
+                DType::U8 => TensorData::U8(b.owned()),
+                // Never made for these (see `borrowed`).
+                DType::Bool => TensorData::Bool(ArcArray::from_vec(Vec::new()).into_dyn()),
+                DType::Str => TensorData::Str(ArcArray::from_vec(Vec::new()).into_dyn()),
+            },
             Repr::Scalar(s) => match *s {
                 Scalar::I32(v) => TensorData::I32(ndarray::arr0(v).into_dyn().into_shared()),
                 Scalar::I64(v) => TensorData::I64(ndarray::arr0(v).into_dyn().into_shared()),
@@ -303,6 +432,7 @@ impl Tensor {
     pub fn array<T: Element>(&self) -> Option<ArrayViewD<'_, T>> {
         match &self.repr {
             Repr::Array(a) => T::unwrap(&a.data).map(|a| a.view()),
+            Repr::Borrowed(b) => ArrayViewD::from_shape(IxDyn(&b.shape), b.values::<T>()?).ok(),
             Repr::Scalar(s) => {
                 let v = T::scalar_ref(s)?;
                 ArrayViewD::from_shape(IxDyn(&[]), std::slice::from_ref(v)).ok()
@@ -314,6 +444,8 @@ impl Tensor {
     pub fn scalar_value<T: Element>(&self) -> Option<T> {
         match &self.repr {
             Repr::Scalar(s) => T::scalar_ref(s).cloned(),
+            // Always at least one-dimensional.
+            Repr::Borrowed(_) => None,
             Repr::Array(a) => {
                 let a = T::unwrap(&a.data)?;
                 if a.ndim() != 0 {
@@ -336,6 +468,7 @@ impl Tensor {
     pub fn lengths(&self) -> Option<&[usize]> {
         match &self.repr {
             Repr::Array(a) => a.lengths.as_deref(),
+            Repr::Borrowed(b) => b.lengths.as_deref(),
             Repr::Scalar(_) => None,
         }
     }
@@ -345,11 +478,12 @@ impl Tensor {
         let lengths = self.lengths()?;
         let start: usize = lengths.get(..i)?.iter().sum();
         let len = *lengths.get(i)?;
-        let a = T::unwrap(self.array_data()?)?;
-        Some(
-            a.slice_axis(ndarray::Axis(0), (start..start + len).into())
-                .into_dyn(),
-        )
+        let mut a = self.array::<T>()?;
+        if a.ndim() == 0 || start + len > a.shape()[0] {
+            return None;
+        }
+        a.slice_axis_inplace(ndarray::Axis(0), (start..start + len).into());
+        Some(a)
     }
 
     /// Approximate payload size in bytes (strings count their UTF-8 bytes).
@@ -358,6 +492,7 @@ impl Tensor {
             Repr::Scalar(Scalar::I64(_) | Scalar::F64(_)) => 8,
             Repr::Scalar(Scalar::I32(_) | Scalar::F32(_)) => 4,
             Repr::Scalar(Scalar::Bool(_) | Scalar::U8(_)) => 1,
+            Repr::Borrowed(b) => b.range.len(),
             Repr::Array(a) => match &a.data {
                 TensorData::I32(a) => a.len() * 4,
                 TensorData::I64(a) => a.len() * 8,

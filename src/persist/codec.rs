@@ -200,7 +200,9 @@ fn put_array<T: Wire>(w: &mut Writer, a: &ArcArray<T, IxDyn>) {
     }
 }
 
-fn take_array<T: Wire + crate::tensor::Element>(r: &mut Reader<'_>) -> Result<Tensor, Bad> {
+/// An array's shape and number of values, checked against the bytes left for values of
+/// `size` bytes each.
+pub(crate) fn take_shape(r: &mut Reader<'_>, size: usize) -> Result<(Vec<usize>, usize), Bad> {
     let ndim = r.count(8)?;
     let mut shape = Vec::with_capacity(ndim);
     for _ in 0..ndim {
@@ -209,8 +211,27 @@ fn take_array<T: Wire + crate::tensor::Element>(r: &mut Reader<'_>) -> Result<Te
     let n = shape
         .iter()
         .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .filter(|&n| n.saturating_mul(T::SIZE) <= r.remaining())
+        .filter(|&n| n.saturating_mul(size) <= r.remaining())
         .ok_or_else(|| format!("shape {shape:?} exceeds the {} bytes left", r.remaining()))?;
+    Ok((shape, n))
+}
+
+/// The element type of a tag and its size, for the plain number types.
+pub(crate) fn number_tag(tag: u8) -> Option<(crate::tensor::DType, usize)> {
+    use crate::tensor::DType;
+    Some(match tag {
+        i32::TAG => (DType::I32, 4),
+        i64::TAG => (DType::I64, 8),
+        f32::TAG => (DType::F32, 4),
+        f64::TAG => (DType::F64, 8),
+        u8::TAG => (DType::U8, 1),
+        _ => return None,
+    })
+}
+
+fn take_array<T: Wire + crate::tensor::Element>(r: &mut Reader<'_>) -> Result<Tensor, Bad> {
+    let (shape, n) = take_shape(r, T::SIZE)?;
+    let ndim = shape.len();
     let mut values = T::take_vec(r, n)?;
     if ndim == 0 {
         if let Some(v) = values.pop() {
@@ -256,15 +277,23 @@ pub(crate) fn take_tensor(r: &mut Reader<'_>) -> Result<Tensor, Bad> {
         String::TAG => take_array::<String>(r)?,
         tag => return Err(format!("unknown element type tag {tag}")),
     };
+    match take_lengths(r)? {
+        None => Ok(tensor),
+        Some(lengths) => Tensor::ragged(tensor, lengths).map_err(|e| e.to_string()),
+    }
+}
+
+/// The sequence lengths after a tensor's values (`None`: not ragged).
+pub(crate) fn take_lengths(r: &mut Reader<'_>) -> Result<Option<Vec<usize>>, Bad> {
     if r.u8()? == 0 {
-        return Ok(tensor);
+        return Ok(None);
     }
     let n = r.count(8)?;
     let mut lengths = Vec::with_capacity(n);
     for _ in 0..n {
         lengths.push(r.count(0)?);
     }
-    Tensor::ragged(tensor, lengths).map_err(|e| e.to_string())
+    Ok(Some(lengths))
 }
 
 // ----- samples and patches ---------------------------------------------------------------

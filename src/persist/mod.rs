@@ -33,6 +33,7 @@ mod log;
 mod open;
 mod recover;
 mod spill;
+mod spill_value;
 mod state;
 mod store;
 mod wal;

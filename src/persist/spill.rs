@@ -10,11 +10,13 @@
 //! process has its footer fetched on first use.
 
 use super::codec::{put_tensor, take_tensor, Reader, Writer};
+use super::spill_value::{put_tensor_padded, take_tensor_padded};
 use super::store::{corrupt, storage_err, Store};
 use crate::buffer::{Segment, SpillFuture, SpillStore};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crate::tensor::{SharedBytes, Tensor};
 use arrow_array::{Array, ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
 use arrow_schema::{Field, Schema};
 use bytes::Bytes;
@@ -194,33 +196,45 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(keys.len());
     let mut w = Writer::default();
     for key in &keys {
-        let values: Vec<Option<Vec<u8>>> = rows
-            .iter()
-            .map(|row| {
-                row.get(key).map(|t| {
-                    w.buf.clear();
-                    put_tensor(&mut w, t);
-                    w.buf.clone()
-                })
-            })
-            .collect();
         // A view column reads back without copying its values out of the decoded pages
-        // (parquet's view decoder points into them), which saves a copy per load. A view
-        // holds at most 4 GiB, so a larger value keeps the column as plain large binary.
+        // (parquet's view decoder points into them), and its padded values let loads
+        // view the arrays in place (`spill_value`). A view holds at most 4 GiB, so a
+        // column with a larger value is large binary, in the plain tensor encoding.
+        let encode_column = |padded: bool, w: &mut Writer| -> Vec<Option<Vec<u8>>> {
+            rows.iter()
+                .map(|row| {
+                    row.get(key).map(|t| {
+                        w.buf.clear();
+                        if padded {
+                            put_tensor_padded(w, t);
+                        } else {
+                            put_tensor(w, t);
+                        }
+                        w.buf.clone()
+                    })
+                })
+                .collect()
+        };
+        let mut values = encode_column(true, &mut w);
         let fits_views = values
             .iter()
             .flatten()
             .all(|v| u32::try_from(v.len()).is_ok());
+        if !fits_views {
+            values = encode_column(false, &mut w);
+        }
         columns.push(if fits_views {
             Arc::new(BinaryViewArray::from_iter(values))
         } else {
             Arc::new(LargeBinaryArray::from_iter(values))
         });
     }
+    // A column is nullable only if a row lacks the field: a page of a required column
+    // holds no level data before the values, which keeps them where the padding expects.
     let fields: Vec<Field> = keys
         .iter()
         .zip(&columns)
-        .map(|(k, c)| Field::new(k.as_str(), c.data_type().clone(), true))
+        .map(|(k, c)| Field::new(k.as_str(), c.data_type().clone(), c.null_count() > 0))
         .collect();
     let schema = Arc::new(Schema::new(fields));
     let batch = if keys.is_empty() {
@@ -444,11 +458,11 @@ async fn read_rows(
                 };
                 let mut fields = Fields::default();
                 for (col, key) in &decoded {
-                    let Some(value) = col.value(i) else {
+                    let Some(tensor) = col.tensor(i) else {
                         continue;
                     };
-                    let tensor = take_tensor(&mut Reader::new(value))
-                        .map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
+                    let tensor =
+                        tensor.map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
                     fields.set((*key).clone(), tensor);
                 }
                 by_row.insert(row, fields);
@@ -504,26 +518,60 @@ fn chunk_ranges(
     Ok(ranges)
 }
 
-/// A segment column: binary views (written since views were adopted) or large binary
-/// (older segments, and values over 4 GiB).
+/// A segment column: binary views of padded values, or large binary in the plain tensor
+/// encoding (values over 4 GiB, and segments written before views).
 enum BinaryColumn<'a> {
-    View(&'a BinaryViewArray),
+    View {
+        column: &'a BinaryViewArray,
+        /// The column's data buffers (decoded pages), shared by the tensors viewing them.
+        pages: Vec<SharedBytes>,
+    },
     Large(&'a LargeBinaryArray),
+}
+
+/// A decoded page as bytes a tensor can view.
+struct Page(arrow_buffer::Buffer);
+
+impl AsRef<[u8]> for Page {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
 }
 
 impl<'a> BinaryColumn<'a> {
     fn of(column: &'a ArrayRef) -> Option<Self> {
         let any = column.as_any();
-        any.downcast_ref::<BinaryViewArray>()
-            .map(Self::View)
-            .or_else(|| any.downcast_ref::<LargeBinaryArray>().map(Self::Large))
+        match any.downcast_ref::<BinaryViewArray>() {
+            Some(column) => Some(Self::View {
+                column,
+                pages: column
+                    .data_buffers()
+                    .iter()
+                    .map(|b| Arc::new(Page(b.clone())) as SharedBytes)
+                    .collect(),
+            }),
+            None => any.downcast_ref::<LargeBinaryArray>().map(Self::Large),
+        }
     }
 
-    /// Row `i`'s bytes, `None` where the sample lacks the field.
-    fn value(&self, i: usize) -> Option<&'a [u8]> {
+    /// Row `i`'s tensor, `None` where the sample lacks the field.
+    fn tensor(&self, i: usize) -> Option<std::result::Result<Tensor, String>> {
         match self {
-            Self::View(c) => (!c.is_null(i)).then(|| c.value(i)),
-            Self::Large(c) => (!c.is_null(i)).then(|| c.value(i)),
+            Self::View { column, pages } => {
+                if column.is_null(i) {
+                    return None;
+                }
+                let value = column.value(i);
+                // Which page holds the value, and where: the tensor can then view it.
+                let at = value.as_ptr() as usize;
+                let page = pages.iter().find_map(|p| {
+                    let bytes = (**p).as_ref();
+                    let start = at.checked_sub(bytes.as_ptr() as usize)?;
+                    (start + value.len() <= bytes.len()).then_some((p, start))
+                });
+                Some(take_tensor_padded(value, page))
+            }
+            Self::Large(c) => (!c.is_null(i)).then(|| take_tensor(&mut Reader::new(c.value(i)))),
         }
     }
 }
@@ -531,7 +579,6 @@ impl<'a> BinaryColumn<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tensor::Tensor;
 
     fn row(i: i32) -> Fields {
         let mut f = Fields::default();
@@ -572,6 +619,12 @@ mod tests {
                 .await
                 .expect("read");
             assert_eq!(got, vec![row(33), row(2), row(17)]);
+            // Every row has `tokens`: its arrays are views of the decoded pages.
+            let viewed = got
+                .iter()
+                .filter(|f| format!("{:?}", f.get("tokens")).contains("Borrowed"))
+                .count();
+            assert_eq!(viewed, if cfg!(target_endian = "little") { 3 } else { 0 });
             let tokens_only = spill
                 .read(segment, vec![4], vec![FieldKey::from("tokens")])
                 .await
