@@ -182,6 +182,7 @@ enum Repr {
     Array(Arc<ArrayTensor>),
     /// Little-endian numbers inside bytes owned by something else (a decoded Parquet page
     /// of a spill segment): loading a spilled sample then copies nothing.
+    #[cfg_attr(not(feature = "persist"), allow(dead_code))]
     Borrowed(Arc<BorrowedTensor>),
 }
 
@@ -275,6 +276,7 @@ impl Tensor {
     /// `shape` (at least one dimension), without copying them. `None` unless `dtype` is a
     /// plain number type, the host is little-endian, the bytes are exactly the values and
     /// aligned for them, and `lengths` (if any) add up to the first dimension.
+    #[cfg_attr(not(feature = "persist"), allow(dead_code))]
     pub(crate) fn borrowed(
         dtype: DType,
         shape: Vec<usize>,
@@ -511,6 +513,71 @@ impl Tensor {
 mod tests {
     use super::*;
     use ndarray::array;
+
+    /// 8-byte aligned bytes: `i32` 0..12 little-endian.
+    struct Words(Vec<u64>);
+
+    impl AsRef<[u8]> for Words {
+        fn as_ref(&self) -> &[u8] {
+            bytemuck::cast_slice(&self.0)
+        }
+    }
+
+    fn words() -> SharedBytes {
+        let ints: Vec<i32> = (0..12).collect();
+        let bytes: &[u8] = bytemuck::cast_slice(&ints);
+        Arc::new(Words(
+            bytes
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+                .collect(),
+        ))
+    }
+
+    #[test]
+    fn borrowed_tensors_behave_as_owned_ones() {
+        if cfg!(target_endian = "big") {
+            assert!(Tensor::borrowed(DType::I32, vec![12], None, words(), 0..48).is_none());
+            return;
+        }
+        let t = Tensor::borrowed(DType::I32, vec![3, 4], None, words(), 0..48).expect("view");
+        let owned = Tensor::from(Array::from_shape_vec((3, 4), (0..12).collect()).expect("shape"));
+        assert_eq!(t, owned);
+        assert_eq!(
+            (t.dtype(), t.shape(), t.nbytes()),
+            (DType::I32, &[3, 4][..], 48)
+        );
+        assert_eq!(t.array::<i32>().map(|a| a[[2, 1]]), Some(9));
+        assert!(t.array::<f32>().is_none());
+        assert_eq!(t.to_data(), owned.to_data());
+        assert_eq!(t.scalar_value::<i32>(), None);
+        // Ragged: sequences, and re-packing with other lengths.
+        let r =
+            Tensor::borrowed(DType::I32, vec![6], Some(vec![2, 4]), words(), 8..32).expect("view");
+        let second = r
+            .sequence::<i32>(1)
+            .map(|s| s.iter().copied().collect::<Vec<_>>());
+        assert_eq!(second, Some(vec![4, 5, 6, 7]));
+        assert_eq!(r.sequence::<i32>(2), None);
+        let repacked = Tensor::ragged(r.clone(), vec![3, 3]).expect("ragged");
+        assert_eq!(repacked.lengths(), Some(&[3, 3][..]));
+        assert_eq!(repacked.array::<i32>(), r.array::<i32>());
+    }
+
+    #[test]
+    fn borrowed_tensors_are_refused_unless_they_fit() {
+        let make = |dtype, shape: Vec<usize>, lengths, range| {
+            Tensor::borrowed(dtype, shape, lengths, words(), range)
+        };
+        // Wrong length, misaligned, out of range, bools, zero dimensions, bad lengths.
+        assert!(make(DType::I32, vec![5], None, 0..24).is_none());
+        assert!(make(DType::I32, vec![2], None, 2..10).is_none());
+        assert!(make(DType::I32, vec![20], None, 0..80).is_none());
+        assert!(make(DType::Bool, vec![8], None, 0..8).is_none());
+        assert!(make(DType::I32, vec![], None, 0..4).is_none());
+        assert!(make(DType::I32, vec![4], Some(vec![1, 2]), 0..16).is_none());
+        assert!(make(DType::I64, vec![6], None, 0..48).is_some() || cfg!(target_endian = "big"));
+    }
 
     #[test]
     fn dtypes_and_shapes() {
