@@ -242,6 +242,7 @@ fn plan_loads(
     let spill = spill.as_mut()?;
     let keys = shared.input_names.get(r)?;
     let slots = table.lease(lease, None).ok()?.slots.clone();
+    loads.reserve(slots.len());
     let leased = slots
         .iter()
         .map(|&s| (s, table.slots[s as usize].generation));

@@ -413,7 +413,7 @@ impl SpillState {
                 .cloned()
                 .collect();
             let cell = Arc::new(LoadCell::new());
-            let mut requests = Vec::new();
+            let mut requests = Vec::with_capacity(parts.len());
             for part in self.parts(slot) {
                 let keys: Vec<FieldKey> = part
                     .fields
