@@ -35,10 +35,11 @@ use std::path::PathBuf;
 /// The folder of spill segments inside a store.
 pub(crate) const SPILL_DIR: &str = "spill";
 
-/// Target size of a row group: a read fetches whole row groups of the columns it needs.
-/// Each column chunk a read decodes costs a codec set-up (two zstd contexts, tens of
-/// µs); 2 MiB made a `Fifo` reader of 64 KiB samples 30-40% faster than 1 MiB, and
-/// larger groups were no faster (`examples/spill_fifo.rs`).
+/// Target size of a row group: a read fetches whole row groups of the columns it needs,
+/// so a read of one row costs a group; each column chunk a read decodes costs a codec
+/// set-up (two zstd contexts, tens of µs), which larger groups amortise. With 64 KiB
+/// samples a `Fifo` reader ran as fast with 1, 2 and 4 MiB groups once loads stopped
+/// copying (`examples/spill_fifo.rs`); 2 MiB keeps set-ups under 1 µs per sample.
 const ROW_GROUP_BYTES: u64 = 2 << 20;
 
 /// zstd level of spill segments. Negative levels skip entropy coding of literals: token
