@@ -271,27 +271,34 @@ async fn a_default_buffer_spills_to_a_temporary_directory_it_removes() {
     common::wait_until(|| !temp.iter().any(|e| e.path().exists())).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
-    let dir = TempDir::new("spill-gc");
-    // `Lifo` reads no samples ahead, so the segment's last rows sit idle once it is sparse.
+/// A buffer whose RPC `train` leases one sample at a time in `selection` order, holding 16
+/// samples spilled as one segment of 16 rows.
+async fn one_spilled_segment(dir: &TempDir, selection: Selection) -> SequenceBuffer {
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(64)
             .rpc(
                 RpcDef::new("train", 1)
                     .inputs(["tokens", "logp"])
-                    .selection(Selection::Lifo),
+                    .selection(selection),
             )
             .memory_budget(SAMPLE_BYTES)
-            .spill_to(local(&dir)),
+            .spill_to(local(dir)),
     )
     .expect("buffer");
-    // One oversized put (it fits an empty buffer), spilled as one segment of 16 rows.
+    // One oversized put (it fits an empty buffer), spilled as one segment.
     buf.put_batch((0..16).map(rollout).collect())
         .await
         .expect("put");
     common::wait_until(|| buf.stats().spill.spilled_now == 16).await;
     assert_eq!(buf.stats().spill.segments_written, 1);
+    buf
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
+    let dir = TempDir::new("spill-gc");
+    // `Lifo` reads no samples ahead, so the segment's last rows sit idle once it is sparse.
+    let buf = one_spilled_segment(&dir, Selection::Lifo).await;
     let mut trained = Vec::new();
     for _ in 0..13 {
         let batch = buf.get_batch_for_rpc("train").await.expect("get");
@@ -320,17 +327,7 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sparse_segment_whose_rows_are_read_ahead_is_not_rewritten() {
     let dir = TempDir::new("spill-gc-ahead");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(64)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
-            .memory_budget(SAMPLE_BYTES)
-            .spill_to(local(&dir)),
-    )
-    .expect("buffer");
-    buf.put_batch((0..16).map(rollout).collect())
-        .await
-        .expect("put");
-    common::wait_until(|| buf.stats().spill.spilled_now == 16).await;
+    let buf = one_spilled_segment(&dir, Selection::Fifo).await;
     let mut trained = Vec::new();
     for _ in 0..16 {
         let batch = buf.get_batch_for_rpc("train").await.expect("get");
