@@ -405,7 +405,8 @@ impl Tensor {
     }
 
     /// The values as an ndarray, by element type (shares the data; an inline scalar becomes
-    /// a 0-dimensional array).
+    /// a 0-dimensional array). A tensor loaded from a spill segment views the decoded page
+    /// its values are in; this copies them (`array` does not).
     pub fn to_data(&self) -> TensorData {
         match &self.repr {
             Repr::Array(a) => a.data.clone(),
