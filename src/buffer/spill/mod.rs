@@ -122,6 +122,17 @@ impl LiveSegment {
     }
 }
 
+/// The spilled fields of a sample (its `parts`) among an RPC's input `keys`.
+fn spilled_inputs<'a>(
+    parts: &'a [SpillPart],
+    keys: &'a [Arc<str>],
+) -> impl Iterator<Item = &'a FieldKey> {
+    parts
+        .iter()
+        .flat_map(|p| p.fields.iter().map(|(k, _)| k))
+        .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
+}
+
 /// A segment with fewer than one live row in this many is rewritten with its live rows.
 const REWRITE_BELOW_ONE_IN: u64 = 4;
 
@@ -372,7 +383,7 @@ impl SpillState {
     pub(crate) fn register(
         &mut self,
         slots: impl IntoIterator<Item = (u32, u32)>,
-        keys: &[std::sync::Arc<str>],
+        keys: &[Arc<str>],
         ahead: bool,
         plan: &mut LoadPlan,
     ) -> Vec<Option<Arc<LoadCell>>> {
@@ -380,11 +391,7 @@ impl SpillState {
         let mut cells = Vec::with_capacity(if ahead { 0 } else { slots.size_hint().0 });
         for (slot, generation) in slots {
             let parts = self.parts(slot);
-            let mut spilled_inputs = parts
-                .iter()
-                .flat_map(|p| p.fields.iter().map(|(k, _)| k))
-                .filter(|k| keys.iter().any(|w| **w == *k.as_str()));
-            if spilled_inputs.next().is_none() {
+            if spilled_inputs(parts, keys).next().is_none() {
                 if !ahead {
                     cells.push(None);
                 }
@@ -393,11 +400,7 @@ impl SpillState {
             // Most read-ahead registrations find the load already registered: checked
             // without allocating.
             if let Some(l) = self.loading.get(&slot) {
-                let covers = parts
-                    .iter()
-                    .flat_map(|p| p.fields.iter().map(|(k, _)| k))
-                    .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
-                    .all(|k| l.keys.contains(k));
+                let covers = spilled_inputs(parts, keys).all(|k| l.keys.contains(k));
                 if l.generation == generation && covers {
                     if !ahead {
                         self.counters.shared_loads += 1;
@@ -406,12 +409,7 @@ impl SpillState {
                     continue;
                 }
             }
-            let wanted: Vec<FieldKey> = parts
-                .iter()
-                .flat_map(|p| p.fields.iter().map(|(k, _)| k))
-                .filter(|k| keys.iter().any(|w| **w == *k.as_str()))
-                .cloned()
-                .collect();
+            let wanted: Vec<FieldKey> = spilled_inputs(parts, keys).cloned().collect();
             let cell = Arc::new(LoadCell::new());
             let mut requests = Vec::with_capacity(parts.len());
             for part in self.parts(slot) {
