@@ -510,29 +510,36 @@ impl Tensor {
     }
 }
 
+/// `bytes` (zero-padded to whole words) in an 8-byte aligned buffer, as a decoded page
+/// would hold them: for tests of tensors viewing shared bytes.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ndarray::array;
-
-    /// 8-byte aligned bytes: `i32` 0..12 little-endian.
+pub(crate) fn aligned_bytes(bytes: &[u8]) -> SharedBytes {
     struct Words(Vec<u64>);
-
     impl AsRef<[u8]> for Words {
         fn as_ref(&self) -> &[u8] {
             bytemuck::cast_slice(&self.0)
         }
     }
+    let words = bytes
+        .chunks(8)
+        .map(|c| {
+            let mut word = [0u8; 8];
+            word[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(word)
+        })
+        .collect();
+    Arc::new(Words(words))
+}
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::array;
+
+    /// `i32` 0..12 little-endian, 8-byte aligned.
     fn words() -> SharedBytes {
         let ints: Vec<i32> = (0..12).collect();
-        let bytes: &[u8] = bytemuck::cast_slice(&ints);
-        Arc::new(Words(
-            bytes
-                .chunks_exact(8)
-                .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-                .collect(),
-        ))
+        aligned_bytes(bytemuck::cast_slice(&ints))
     }
 
     #[test]

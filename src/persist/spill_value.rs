@@ -74,15 +74,7 @@ fn view(r: &mut Reader<'_>, owner: &SharedBytes, start: usize) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::Arc;
-
-    struct Page(Vec<u64>);
-
-    impl AsRef<[u8]> for Page {
-        fn as_ref(&self) -> &[u8] {
-            bytemuck::cast_slice(&self.0)
-        }
-    }
+    use crate::tensor::aligned_bytes;
 
     /// Lays `values` out as a plain-encoded page does (a 4-byte length before each) in an
     /// 8-byte aligned buffer; returns it and where each value starts.
@@ -94,12 +86,7 @@ mod tests {
             starts.push(bytes.len());
             bytes.extend_from_slice(v);
         }
-        bytes.resize(bytes.len().div_ceil(8) * 8, 0);
-        let words = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
-            .collect();
-        (Arc::new(Page(words)), starts)
+        (aligned_bytes(&bytes), starts)
     }
 
     fn tensors() -> Vec<Tensor> {
