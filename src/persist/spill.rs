@@ -1,11 +1,12 @@
 //! `ParquetSpill`: spill segments as Parquet files on a [`Store`] (the buffer's
 //! `SpillStore`).
 //!
-//! A segment is `spill/<id>.parquet`, zstd-compressed, one row per spilled sample and one
-//! nullable binary column per field name (the tensor in the crate's encoding, null where
-//! the sample lacks the field). Row groups are small (about 1 MiB), so a read fetches only
+//! A segment is `spill/<id>.parquet`, one row per spilled sample and one binary column
+//! per field name (the tensor in the crate's encoding, null where the sample lacks the
+//! field). Columns are zstd-compressed, except those a sample shows zstd cannot shrink,
+//! which are stored plain. Row groups are small (about 2 MiB), so a read fetches only
 //! the column chunks of the RPC's input fields in the row groups holding the rows asked
-//! for: ranged GETs, never the whole file. The footer of every segment written here is
+//! for: ranged GETs, never the whole file; each row group is decoded in a task of its own. The footer of every segment written here is
 //! kept in memory, so a read costs no footer round trip; a segment written by an earlier
 //! process has its footer fetched on first use.
 
@@ -28,6 +29,7 @@ use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder, ProjectionMas
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::path::PathBuf;
@@ -195,6 +197,8 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
         }
     }
     let mut columns: Vec<ArrayRef> = Vec::with_capacity(keys.len());
+    // Columns stored uncompressed.
+    let mut plain: Vec<FieldKey> = Vec::new();
     let mut w = Writer::default();
     for key in &keys {
         // A view column reads back without copying its values out of the decoded pages
@@ -224,6 +228,9 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
         if !fits_views {
             values = encode_column(false, &mut w);
         }
+        if !compresses(&values) {
+            plain.push(key.clone());
+        }
         columns.push(if fits_views {
             Arc::new(BinaryViewArray::from_iter(values))
         } else {
@@ -250,14 +257,18 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
     .map_err(|e| e.to_string())?;
     let per_row = (total / rows.len().max(1) as u64).max(1);
     let group_rows = (ROW_GROUP_BYTES / per_row).clamp(1, 1024) as usize;
-    let props = WriterProperties::builder()
+    let mut props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(ZSTD_LEVEL).unwrap_or_default(),
         ))
         .set_max_row_group_row_count(Some(group_rows))
         .set_dictionary_enabled(false)
-        .set_statistics_enabled(EnabledStatistics::None)
-        .build();
+        .set_statistics_enabled(EnabledStatistics::None);
+    for key in plain {
+        props =
+            props.set_column_compression(ColumnPath::from(key.as_str()), Compression::UNCOMPRESSED);
+    }
+    let props = props.build();
     let mut writer =
         ArrowWriter::try_new(Vec::new(), schema, Some(props)).map_err(|e| e.to_string())?;
     writer.write(&batch).map_err(|e| e.to_string())?;
@@ -266,6 +277,33 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
         .parse_and_finish(&bytes)
         .map_err(|e| e.to_string())?;
     Ok((bytes, footer))
+}
+
+/// How much of a column [`compresses`] tries.
+const COMPRESSION_SAMPLE_BYTES: usize = 256 << 10;
+
+/// Whether zstd shrinks a column's values by at least an eighth, judged on the first
+/// [`COMPRESSION_SAMPLE_BYTES`] of them. A column it cannot shrink (token ids or logprobs
+/// with high-entropy bytes) is stored plain: zstd would store it as raw blocks anyway,
+/// and a read would then copy every value out of them, where the values of a plain page
+/// are viewed in place.
+fn compresses(values: &[Option<Vec<u8>>]) -> bool {
+    let mut sample = Vec::with_capacity(COMPRESSION_SAMPLE_BYTES);
+    for value in values.iter().flatten() {
+        if sample.len() >= COMPRESSION_SAMPLE_BYTES {
+            break;
+        }
+        let take = value.len().min(COMPRESSION_SAMPLE_BYTES - sample.len());
+        sample.extend_from_slice(&value[..take]);
+    }
+    if sample.is_empty() {
+        return false;
+    }
+    match zstd::bulk::compress(&sample, ZSTD_LEVEL) {
+        Ok(packed) => packed.len() * 8 <= sample.len() * 7,
+        // The codec failing on a sample says nothing about the column: compress it.
+        Err(_) => true,
+    }
 }
 
 /// The footer of a segment this process did not write.
@@ -283,12 +321,14 @@ async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>>
 
 /// Ranged reads of one segment, with its footer at hand and the column chunks a read
 /// needs fetched up front.
+#[derive(Clone)]
 struct SegmentReader {
     store: Store,
     path: String,
     footer: Arc<ParquetMetaData>,
-    /// Byte ranges fetched before decoding, with their bytes.
-    prefetched: Vec<(Range<u64>, Bytes)>,
+    /// Byte ranges fetched before decoding, with their bytes (shared by the row groups'
+    /// decodes).
+    prefetched: Arc<[(Range<u64>, Bytes)]>,
 }
 
 impl SegmentReader {
@@ -358,6 +398,10 @@ impl AsyncFileReader for SegmentReader {
 
 /// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
 /// `path`; returns one `Fields` per entry of `rows`, in that order.
+///
+/// The column chunks are fetched in one request, then each row group is decoded in a task
+/// of its own (on the runtime, when there is one): decoding is CPU work, and a trainer
+/// waiting for a batch leaves a core to it.
 async fn read_rows(
     store: &Store,
     path: &str,
@@ -369,48 +413,14 @@ async fn read_rows(
     let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer), Default::default())
         .map_err(|e| bad(&e))?;
     let schema = Arc::clone(meta.schema());
-    let columns: Vec<(usize, FieldKey)> = keys
+    let columns: Arc<[(usize, FieldKey)]> = keys
         .iter()
         .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))
         .collect();
     let mut wanted: Vec<u32> = rows.to_vec();
     wanted.sort_unstable();
     wanted.dedup();
-    // Which row groups hold the rows, and the selection inside them.
-    let mut groups = Vec::new();
-    let mut selectors = Vec::new();
-    let mut start = 0u64;
-    let mut next = wanted.iter().peekable();
-    for (g, rg) in footer.row_groups().iter().enumerate() {
-        let end = start + rg.num_rows().max(0) as u64;
-        let mut at = start;
-        let mut picked = false;
-        while let Some(&&row) = next.peek() {
-            let row = u64::from(row);
-            if row >= end {
-                break;
-            }
-            if !picked {
-                groups.push(g);
-                picked = true;
-            }
-            if row > at {
-                selectors.push(RowSelector::skip((row - at) as usize));
-            }
-            selectors.push(RowSelector::select(1));
-            at = row + 1;
-            next.next();
-        }
-        if picked && at < end {
-            selectors.push(RowSelector::skip((end - at) as usize));
-        }
-        start = end;
-    }
-    if let Some(&row) = next.next() {
-        return Err(bad(&format!(
-            "row {row} asked for, but the segment has {start} rows"
-        )));
-    }
+    let groups = group_reads(&footer, &wanted).map_err(|e| bad(&e))?;
     let mut by_row: HashMap<u32, Fields> = HashMap::with_capacity(wanted.len());
     if !columns.is_empty() && !wanted.is_empty() {
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().map(|(i, _)| *i));
@@ -418,56 +428,41 @@ async fn read_rows(
         // become one read): the decoder would otherwise fetch row group by row group, a
         // round trip (and on local disk a thread hand-off) each.
         let roots: Vec<usize> = columns.iter().map(|(i, _)| *i).collect();
-        let ranges = chunk_ranges(&footer, &groups, &roots).map_err(|e| bad(&e))?;
+        let indexes: Vec<usize> = groups.iter().map(|g| g.index).collect();
+        let ranges = chunk_ranges(&footer, &indexes, &roots).map_err(|e| bad(&e))?;
         let bytes = store.get_ranges(path, &ranges).await?;
         let reader = SegmentReader {
             store: store.clone(),
             path: path.to_owned(),
             footer,
-            prefetched: ranges.into_iter().zip(bytes).collect(),
+            prefetched: ranges.into_iter().zip(bytes).collect::<Vec<_>>().into(),
         };
-        let batches: Vec<RecordBatch> =
-            ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
-                .with_projection(mask)
-                .with_row_groups(groups)
-                .with_row_selection(RowSelection::from(selectors))
-                .with_batch_size(wanted.len())
-                .build()
-                .map_err(|e| bad(&e))?
-                .try_collect()
-                .await
-                .map_err(|e| match e {
-                    parquet::errors::ParquetError::External(inner) => {
-                        match inner.downcast::<Error>() {
-                            Ok(err) => *err,
-                            Err(other) => bad(&other),
-                        }
-                    }
-                    other => bad(&other),
-                })?;
-        let mut rows_in_order = wanted.iter();
-        for batch in &batches {
-            let decoded: Vec<(BinaryColumn<'_>, &FieldKey)> = columns
-                .iter()
-                .filter_map(|(_, k)| {
-                    Some((BinaryColumn::of(batch.column_by_name(k.as_str())?)?, k))
-                })
-                .collect();
-            for i in 0..batch.num_rows() {
-                let Some(&row) = rows_in_order.next() else {
-                    return Err(bad(&"more rows read than asked for"));
-                };
-                let mut fields = Fields::default();
-                for (col, key) in &decoded {
-                    let Some(tensor) = col.tensor(i) else {
-                        continue;
-                    };
-                    let tensor =
-                        tensor.map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
-                    fields.set((*key).clone(), tensor);
-                }
-                by_row.insert(row, fields);
-            }
+        // One group decodes in place: a task would only add a hand-off.
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|_| groups.len() > 1);
+        let mut decodes = Vec::with_capacity(groups.len());
+        for group in groups {
+            let decode = decode_group(
+                reader.clone(),
+                meta.clone(),
+                mask.clone(),
+                Arc::clone(&columns),
+                group,
+            );
+            decodes.push(match &runtime {
+                Some(runtime) => Decode::Spawned(runtime.spawn(decode)),
+                None => Decode::Inline(Box::pin(decode)),
+            });
+        }
+        for decode in decodes {
+            let decoded = match decode {
+                Decode::Spawned(task) => task
+                    .await
+                    .unwrap_or_else(|e| Err(bad(&format!("decode task ended: {e}")))),
+                Decode::Inline(decode) => decode.await,
+            }?;
+            by_row.extend(decoded);
         }
         if by_row.len() != wanted.len() {
             return Err(bad(&format!(
@@ -481,6 +476,121 @@ async fn read_rows(
         .iter()
         .map(|r| by_row.get(r).cloned().unwrap_or_default())
         .collect())
+}
+
+/// The rows a read wants from one row group.
+struct GroupRead {
+    /// The row group's index in the segment.
+    index: usize,
+    /// The rows wanted, ascending, as row numbers of the segment.
+    rows: Vec<u32>,
+    /// The same rows as a selection inside the row group.
+    selection: Vec<RowSelector>,
+}
+
+/// Splits `wanted` (ascending, no duplicates) by the row groups of `footer` holding them.
+fn group_reads(
+    footer: &ParquetMetaData,
+    wanted: &[u32],
+) -> std::result::Result<Vec<GroupRead>, String> {
+    let mut groups = Vec::new();
+    let mut start = 0u64;
+    let mut next = wanted.iter().peekable();
+    for (index, rg) in footer.row_groups().iter().enumerate() {
+        let end = start + rg.num_rows().max(0) as u64;
+        let mut at = start;
+        let mut group: Option<GroupRead> = None;
+        while let Some(&&row) = next.peek() {
+            if u64::from(row) >= end {
+                break;
+            }
+            let g = group.get_or_insert_with(|| GroupRead {
+                index,
+                rows: Vec::new(),
+                selection: Vec::new(),
+            });
+            if u64::from(row) > at {
+                g.selection
+                    .push(RowSelector::skip((u64::from(row) - at) as usize));
+            }
+            g.selection.push(RowSelector::select(1));
+            g.rows.push(row);
+            at = u64::from(row) + 1;
+            next.next();
+        }
+        if let Some(mut g) = group {
+            if at < end {
+                g.selection.push(RowSelector::skip((end - at) as usize));
+            }
+            groups.push(g);
+        }
+        start = end;
+    }
+    match next.next() {
+        Some(row) => Err(format!(
+            "row {row} asked for, but the segment has {start} rows"
+        )),
+        None => Ok(groups),
+    }
+}
+
+/// A row group's decode: in a task of its own, or awaited in place.
+enum Decode {
+    Spawned(tokio::task::JoinHandle<Result<Vec<(u32, Fields)>>>),
+    Inline(BoxFuture<'static, Result<Vec<(u32, Fields)>>>),
+}
+
+/// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks.
+async fn decode_group(
+    reader: SegmentReader,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    columns: Arc<[(usize, FieldKey)]>,
+    group: GroupRead,
+) -> Result<Vec<(u32, Fields)>> {
+    let store = reader.store.clone();
+    let path = reader.path.clone();
+    let bad = |e: &dyn std::fmt::Display| corrupt(&store, &path, e);
+    let batches: Vec<RecordBatch> =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
+            .with_projection(mask)
+            .with_row_groups(vec![group.index])
+            .with_row_selection(RowSelection::from(group.selection))
+            .with_batch_size(group.rows.len())
+            .build()
+            .map_err(|e| bad(&e))?
+            .try_collect()
+            .await
+            .map_err(|e| match e {
+                parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
+                    Ok(err) => *err,
+                    Err(other) => bad(&other),
+                },
+                other => bad(&other),
+            })?;
+    let mut out = Vec::with_capacity(group.rows.len());
+    let mut rows_in_order = group.rows.iter();
+    for batch in &batches {
+        let decoded: Vec<(BinaryColumn<'_>, &FieldKey)> = columns
+            .iter()
+            .filter_map(|(_, k)| Some((BinaryColumn::of(batch.column_by_name(k.as_str())?)?, k)))
+            .collect();
+        for i in 0..batch.num_rows() {
+            let Some(&row) = rows_in_order.next() else {
+                return Err(bad(&"more rows read than asked for"));
+            };
+            let mut fields = Fields::default();
+            for (col, key) in &decoded {
+                let Some(tensor) = col.tensor(i) else {
+                    continue;
+                };
+                let tensor = tensor.map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
+                fields.set((*key).clone(), tensor);
+            }
+            out.push((row, fields));
+        }
+    }
+    Ok(out)
 }
 
 /// The byte ranges of the column chunks of root columns `roots` in row groups `groups`.
@@ -632,6 +742,50 @@ mod tests {
                 .expect("read");
             assert_eq!(tokens_only[0].len(), 1);
             assert_eq!(tokens_only[0].get("tokens"), row(4).get("tokens"));
+        });
+    }
+
+    /// A column zstd cannot shrink is stored plain, one it can is compressed; both read
+    /// back as written.
+    #[test]
+    fn incompressible_columns_are_stored_plain() {
+        runtime().block_on(async {
+            let spill = ParquetSpill::new(Store::open("memory://").expect("store"));
+            let mut state = 0x9e37_79b9_7f4a_7c15u64;
+            let rows: Vec<Fields> = (0..8)
+                .map(|i| {
+                    let noise: Vec<i64> = (0..4096)
+                        .map(|_| {
+                            // xorshift64: bytes zstd cannot predict.
+                            state ^= state << 13;
+                            state ^= state >> 7;
+                            state ^= state << 17;
+                            state as i64
+                        })
+                        .collect();
+                    let mut f = Fields::default();
+                    f.set(FieldKey::from("noise"), Tensor::from(noise));
+                    f.set(FieldKey::from("flat"), Tensor::from(vec![i as f32; 4096]));
+                    f
+                })
+                .collect();
+            let segment = spill.write(rows.clone()).await.expect("write");
+            let footer = spill.footers.lock().get(&segment.id).cloned().expect("footer");
+            let codecs: Vec<(String, Compression)> = footer.row_groups()[0]
+                .columns()
+                .iter()
+                .map(|c| (c.column_path().string(), c.compression()))
+                .collect();
+            assert!(codecs.contains(&("noise".to_owned(), Compression::UNCOMPRESSED)));
+            assert!(codecs
+                .iter()
+                .any(|(k, c)| k == "flat" && matches!(c, Compression::ZSTD(_))));
+            let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
+            let got = spill
+                .read(segment, vec![7, 0, 3], keys)
+                .await
+                .expect("read");
+            assert_eq!(got, vec![rows[7].clone(), rows[0].clone(), rows[3].clone()]);
         });
     }
 
