@@ -17,7 +17,8 @@
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
 //!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
-//! * `spill.rs`: the Parquet spill segments of a buffer with a memory budget.
+//! * `spill.rs`: the Parquet spill segments of a buffer with a memory budget;
+//!   `spill_read.rs`: reading their rows back; `spill_value.rs`: the padded values.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
@@ -33,6 +34,7 @@ mod log;
 mod open;
 mod recover;
 mod spill;
+mod spill_read;
 mod spill_value;
 mod state;
 mod store;

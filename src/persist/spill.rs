@@ -10,28 +10,23 @@
 //! kept in memory, so a read costs no footer round trip; a segment written by an earlier
 //! process has its footer fetched on first use.
 
-use super::codec::{put_tensor, take_tensor, Reader, Writer};
-use super::spill_value::{put_tensor_padded, take_tensor_padded};
-use super::store::{corrupt, storage_err, Store};
+use super::codec::{put_tensor, Writer};
+use super::spill_read::{fetch_footer, read_rows, SegmentFooter};
+use super::spill_value::put_tensor_padded;
+use super::store::{storage_err, Store};
 use crate::buffer::{Segment, SpillFuture, SpillStore};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
-use crate::tensor::{SharedBytes, Tensor};
-use arrow_array::{Array, ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
+use arrow_array::{ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
 use arrow_schema::{Field, Schema};
 use bytes::Bytes;
-use futures::future::BoxFuture;
-use futures::{FutureExt, TryStreamExt};
-use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
-use parquet::arrow::async_reader::AsyncFileReader;
-use parquet::arrow::{ArrowWriter, ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::ParquetMetaDataReader;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
-use std::ops::Range;
 use std::path::PathBuf;
 
 /// The folder of spill segments inside a store.
@@ -55,7 +50,7 @@ const ZSTD_LEVEL: i32 = -1;
 pub(crate) struct ParquetSpill {
     store: Store,
     next: AtomicU64,
-    footers: Arc<Mutex<HashMap<u64, Arc<ParquetMetaData>>>>,
+    footers: Arc<Mutex<HashMap<u64, Arc<SegmentFooter>>>>,
     /// A directory this store owns and removes when dropped.
     temporary: Option<PathBuf>,
 }
@@ -185,7 +180,7 @@ impl SpillStore for ParquetSpill {
 }
 
 /// Encodes `rows` as one Parquet file; returns its bytes and footer.
-fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), String> {
+fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, SegmentFooter), String> {
     let mut keys: Vec<FieldKey> = Vec::new();
     let mut total = 0u64;
     for row in rows {
@@ -265,8 +260,10 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
         .set_dictionary_enabled(false)
         .set_statistics_enabled(EnabledStatistics::None);
     for key in plain {
-        props =
-            props.set_column_compression(ColumnPath::from(key.as_str()), Compression::UNCOMPRESSED);
+        // One page per chunk: a read aligns the values of a chunk's first page only.
+        props = props
+            .set_column_compression(ColumnPath::from(key.as_str()), Compression::UNCOMPRESSED)
+            .set_column_data_page_size_limit(ColumnPath::from(key.as_str()), usize::MAX);
     }
     let props = props.build();
     let mut writer =
@@ -276,6 +273,7 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
     let footer = ParquetMetaDataReader::new()
         .parse_and_finish(&bytes)
         .map_err(|e| e.to_string())?;
+    let footer = SegmentFooter::new(&bytes, footer);
     Ok((bytes, footer))
 }
 
@@ -306,390 +304,10 @@ fn compresses(values: &[Option<Vec<u8>>]) -> bool {
     }
 }
 
-/// The footer of a segment this process did not write.
-async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>> {
-    let bytes = store.get(path).await?.ok_or_else(|| Error::Storage {
-        url: store.url().to_owned(),
-        path: path.to_owned(),
-        detail: "spill segment not found".into(),
-    })?;
-    ParquetMetaDataReader::new()
-        .parse_and_finish(&bytes)
-        .map(Arc::new)
-        .map_err(|e| corrupt(store, path, e))
-}
-
-/// Ranged reads of one segment, with its footer at hand and the column chunks a read
-/// needs fetched up front.
-#[derive(Clone)]
-struct SegmentReader {
-    store: Store,
-    path: String,
-    footer: Arc<ParquetMetaData>,
-    /// Byte ranges fetched before decoding, with their bytes (shared by the row groups'
-    /// decodes).
-    prefetched: Arc<[(Range<u64>, Bytes)]>,
-}
-
-impl SegmentReader {
-    /// The bytes of `range` if a prefetched range holds them (a slice of it, no copy).
-    fn prefetched(&self, range: &Range<u64>) -> Option<Bytes> {
-        self.prefetched.iter().find_map(|(have, bytes)| {
-            if have.start <= range.start && range.end <= have.end {
-                let from = usize::try_from(range.start - have.start).ok()?;
-                let to = usize::try_from(range.end - have.start).ok()?;
-                bytes.get(from..to).map(|_| bytes.slice(from..to))
-            } else {
-                None
-            }
-        })
-    }
-
-    async fn fetch(&self, ranges: Vec<Range<u64>>) -> parquet::errors::Result<Vec<Bytes>> {
-        let mut out: Vec<Option<Bytes>> = ranges.iter().map(|r| self.prefetched(r)).collect();
-        let missing: Vec<Range<u64>> = ranges
-            .iter()
-            .zip(&out)
-            .filter(|(_, got)| got.is_none())
-            .map(|(r, _)| r.clone())
-            .collect();
-        if !missing.is_empty() {
-            let mut fetched = self
-                .store
-                .get_ranges(&self.path, &missing)
-                .await
-                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?
-                .into_iter();
-            for slot in out.iter_mut().filter(|got| got.is_none()) {
-                *slot = fetched.next();
-            }
-        }
-        out.into_iter()
-            .map(|b| b.ok_or_else(|| parquet::errors::ParquetError::EOF("short range read".into())))
-            .collect()
-    }
-}
-
-impl AsyncFileReader for SegmentReader {
-    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        async move {
-            let mut got = self.fetch(vec![range]).await?;
-            got.pop()
-                .ok_or_else(|| parquet::errors::ParquetError::EOF("empty range read".into()))
-        }
-        .boxed()
-    }
-
-    fn get_byte_ranges(
-        &mut self,
-        ranges: Vec<Range<u64>>,
-    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
-        async move { self.fetch(ranges).await }.boxed()
-    }
-
-    fn get_metadata<'a>(
-        &'a mut self,
-        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
-    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
-        let footer = Arc::clone(&self.footer);
-        async move { Ok(footer) }.boxed()
-    }
-}
-
-/// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
-/// `path`; returns one `Fields` per entry of `rows`, in that order.
-///
-/// The column chunks are fetched in one request, then each row group is decoded in a task
-/// of its own (on the runtime, when there is one): decoding is CPU work, and a trainer
-/// waiting for a batch leaves a core to it.
-async fn read_rows(
-    store: &Store,
-    path: &str,
-    footer: Arc<ParquetMetaData>,
-    rows: &[u32],
-    keys: &[FieldKey],
-) -> Result<Vec<Fields>> {
-    let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
-    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer), Default::default())
-        .map_err(|e| bad(&e))?;
-    let schema = Arc::clone(meta.schema());
-    let columns: Arc<[(usize, FieldKey)]> = keys
-        .iter()
-        .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))
-        .collect();
-    let mut wanted: Vec<u32> = rows.to_vec();
-    wanted.sort_unstable();
-    wanted.dedup();
-    let groups = group_reads(&footer, &wanted).map_err(|e| bad(&e))?;
-    let mut by_row: HashMap<u32, Fields> = HashMap::with_capacity(wanted.len());
-    if !columns.is_empty() && !wanted.is_empty() {
-        let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().map(|(i, _)| *i));
-        // Every column chunk the read decodes, fetched in one request (contiguous chunks
-        // become one read): the decoder would otherwise fetch row group by row group, a
-        // round trip (and on local disk a thread hand-off) each.
-        let roots: Vec<usize> = columns.iter().map(|(i, _)| *i).collect();
-        let indexes: Vec<usize> = groups.iter().map(|g| g.index).collect();
-        let ranges = chunk_ranges(&footer, &indexes, &roots).map_err(|e| bad(&e))?;
-        let bytes = store.get_ranges(path, &ranges).await?;
-        let reader = SegmentReader {
-            store: store.clone(),
-            path: path.to_owned(),
-            footer,
-            prefetched: ranges.into_iter().zip(bytes).collect::<Vec<_>>().into(),
-        };
-        // One group decodes in place: a task would only add a hand-off.
-        let runtime = tokio::runtime::Handle::try_current()
-            .ok()
-            .filter(|_| groups.len() > 1);
-        let mut decodes = Vec::with_capacity(groups.len());
-        for group in groups {
-            let decode = decode_group(
-                reader.clone(),
-                meta.clone(),
-                mask.clone(),
-                Arc::clone(&columns),
-                group,
-            );
-            decodes.push(match &runtime {
-                Some(runtime) => Decode::Spawned(runtime.spawn(decode)),
-                None => Decode::Inline(Box::pin(decode)),
-            });
-        }
-        for decode in decodes {
-            let decoded = match decode {
-                Decode::Spawned(task) => task
-                    .await
-                    .unwrap_or_else(|e| Err(bad(&format!("decode task ended: {e}")))),
-                Decode::Inline(decode) => decode.await,
-            }?;
-            by_row.extend(decoded);
-        }
-        if by_row.len() != wanted.len() {
-            return Err(bad(&format!(
-                "{} rows read, {} asked for",
-                by_row.len(),
-                wanted.len()
-            )));
-        }
-    }
-    Ok(rows
-        .iter()
-        .map(|r| by_row.get(r).cloned().unwrap_or_default())
-        .collect())
-}
-
-/// The rows a read wants from one row group.
-struct GroupRead {
-    /// The row group's index in the segment.
-    index: usize,
-    /// The rows wanted, ascending, as row numbers of the segment.
-    rows: Vec<u32>,
-    /// The same rows as a selection inside the row group.
-    selection: Vec<RowSelector>,
-}
-
-/// Splits `wanted` (ascending, no duplicates) by the row groups of `footer` holding them.
-fn group_reads(
-    footer: &ParquetMetaData,
-    wanted: &[u32],
-) -> std::result::Result<Vec<GroupRead>, String> {
-    let mut groups = Vec::new();
-    let mut start = 0u64;
-    let mut next = wanted.iter().peekable();
-    for (index, rg) in footer.row_groups().iter().enumerate() {
-        let end = start + rg.num_rows().max(0) as u64;
-        let mut at = start;
-        let mut group: Option<GroupRead> = None;
-        while let Some(&&row) = next.peek() {
-            if u64::from(row) >= end {
-                break;
-            }
-            let g = group.get_or_insert_with(|| GroupRead {
-                index,
-                rows: Vec::new(),
-                selection: Vec::new(),
-            });
-            if u64::from(row) > at {
-                g.selection
-                    .push(RowSelector::skip((u64::from(row) - at) as usize));
-            }
-            g.selection.push(RowSelector::select(1));
-            g.rows.push(row);
-            at = u64::from(row) + 1;
-            next.next();
-        }
-        if let Some(mut g) = group {
-            if at < end {
-                g.selection.push(RowSelector::skip((end - at) as usize));
-            }
-            groups.push(g);
-        }
-        start = end;
-    }
-    match next.next() {
-        Some(row) => Err(format!(
-            "row {row} asked for, but the segment has {start} rows"
-        )),
-        None => Ok(groups),
-    }
-}
-
-/// A row group's decode: in a task of its own, or awaited in place.
-enum Decode {
-    Spawned(tokio::task::JoinHandle<Result<Vec<(u32, Fields)>>>),
-    Inline(BoxFuture<'static, Result<Vec<(u32, Fields)>>>),
-}
-
-/// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks.
-async fn decode_group(
-    reader: SegmentReader,
-    meta: ArrowReaderMetadata,
-    mask: ProjectionMask,
-    columns: Arc<[(usize, FieldKey)]>,
-    group: GroupRead,
-) -> Result<Vec<(u32, Fields)>> {
-    let store = reader.store.clone();
-    let path = reader.path.clone();
-    let bad = |e: &dyn std::fmt::Display| corrupt(&store, &path, e);
-    let batches: Vec<RecordBatch> =
-        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
-            .with_projection(mask)
-            .with_row_groups(vec![group.index])
-            .with_row_selection(RowSelection::from(group.selection))
-            .with_batch_size(group.rows.len())
-            .build()
-            .map_err(|e| bad(&e))?
-            .try_collect()
-            .await
-            .map_err(|e| match e {
-                parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
-                    Ok(err) => *err,
-                    Err(other) => bad(&other),
-                },
-                other => bad(&other),
-            })?;
-    let mut out = Vec::with_capacity(group.rows.len());
-    let mut rows_in_order = group.rows.iter();
-    for batch in &batches {
-        let decoded: Vec<(BinaryColumn<'_>, &FieldKey)> = columns
-            .iter()
-            .filter_map(|(_, k)| Some((BinaryColumn::of(batch.column_by_name(k.as_str())?)?, k)))
-            .collect();
-        for i in 0..batch.num_rows() {
-            let Some(&row) = rows_in_order.next() else {
-                return Err(bad(&"more rows read than asked for"));
-            };
-            let mut fields = Fields::default();
-            for (col, key) in &decoded {
-                let Some(tensor) = col.tensor(i) else {
-                    continue;
-                };
-                let tensor = tensor.map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
-                fields.set((*key).clone(), tensor);
-            }
-            out.push((row, fields));
-        }
-    }
-    Ok(out)
-}
-
-/// The byte ranges of the column chunks of root columns `roots` in row groups `groups`.
-fn chunk_ranges(
-    footer: &ParquetMetaData,
-    groups: &[usize],
-    roots: &[usize],
-) -> std::result::Result<Vec<Range<u64>>, String> {
-    let schema = footer.file_metadata().schema_descr();
-    let mut ranges = Vec::new();
-    for &g in groups {
-        let rg = footer
-            .row_groups()
-            .get(g)
-            .ok_or_else(|| format!("no row group {g}"))?;
-        for (leaf, chunk) in rg.columns().iter().enumerate() {
-            if leaf >= schema.num_columns() {
-                return Err(format!("row group {g} has more columns than the schema"));
-            }
-            if !roots.contains(&schema.get_column_root_idx(leaf)) {
-                continue;
-            }
-            let start = chunk
-                .dictionary_page_offset()
-                .unwrap_or_else(|| chunk.data_page_offset());
-            let (Ok(start), Ok(len)) =
-                (u64::try_from(start), u64::try_from(chunk.compressed_size()))
-            else {
-                return Err(format!(
-                    "row group {g}, column {leaf}: negative offset or size"
-                ));
-            };
-            ranges.push(start..start.saturating_add(len));
-        }
-    }
-    Ok(ranges)
-}
-
-/// A segment column: binary views of padded values, or large binary in the plain tensor
-/// encoding (values over 4 GiB, and segments written before views).
-enum BinaryColumn<'a> {
-    View {
-        column: &'a BinaryViewArray,
-        /// The column's data buffers (decoded pages), shared by the tensors viewing them.
-        pages: Vec<SharedBytes>,
-    },
-    Large(&'a LargeBinaryArray),
-}
-
-/// A decoded page as bytes a tensor can view.
-struct Page(arrow_buffer::Buffer);
-
-impl AsRef<[u8]> for Page {
-    fn as_ref(&self) -> &[u8] {
-        self.0.as_slice()
-    }
-}
-
-impl<'a> BinaryColumn<'a> {
-    fn of(column: &'a ArrayRef) -> Option<Self> {
-        let any = column.as_any();
-        match any.downcast_ref::<BinaryViewArray>() {
-            Some(column) => Some(Self::View {
-                column,
-                pages: column
-                    .data_buffers()
-                    .iter()
-                    .map(|b| Arc::new(Page(b.clone())) as SharedBytes)
-                    .collect(),
-            }),
-            None => any.downcast_ref::<LargeBinaryArray>().map(Self::Large),
-        }
-    }
-
-    /// Row `i`'s tensor, `None` where the sample lacks the field.
-    fn tensor(&self, i: usize) -> Option<std::result::Result<Tensor, String>> {
-        match self {
-            Self::View { column, pages } => {
-                if column.is_null(i) {
-                    return None;
-                }
-                let value = column.value(i);
-                // Which page holds the value, and where: the tensor can then view it.
-                let at = value.as_ptr() as usize;
-                let page = pages.iter().find_map(|p| {
-                    let bytes = (**p).as_ref();
-                    let start = at.checked_sub(bytes.as_ptr() as usize)?;
-                    (start + value.len() <= bytes.len()).then_some((p, start))
-                });
-                Some(take_tensor_padded(value, page))
-            }
-            Self::Large(c) => (!c.is_null(i)).then(|| take_tensor(&mut Reader::new(c.value(i)))),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tensor::Tensor;
 
     fn row(i: i32) -> Fields {
         let mut f = Fields::default();
@@ -722,7 +340,7 @@ mod tests {
                 .footers
                 .lock()
                 .get(&segment.id)
-                .map(|f| f.num_row_groups());
+                .map(|f| f.meta.num_row_groups());
             assert_eq!(groups, Some(2));
             let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
             let got = spill
@@ -745,33 +363,67 @@ mod tests {
         });
     }
 
+    /// Rows of 32 KiB of noise (which zstd cannot shrink) and 16 KiB of one repeated
+    /// number (which it can).
+    fn noisy_rows() -> Vec<Fields> {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        (0..8)
+            .map(|i| {
+                let noise: Vec<i64> = (0..4096)
+                    .map(|_| {
+                        // xorshift64: bytes zstd cannot predict.
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        state as i64
+                    })
+                    .collect();
+                let mut f = Fields::default();
+                f.set(FieldKey::from("noise"), Tensor::from(noise));
+                f.set(FieldKey::from("flat"), Tensor::from(vec![i as f32; 4096]));
+                f
+            })
+            .collect()
+    }
+
+    /// On local disk, a read fetches each plain chunk from its lead, so the arrays of a
+    /// plain column are views of the fetched bytes too.
+    #[test]
+    fn plain_columns_on_local_disk_read_back_as_views() {
+        runtime().block_on(async {
+            let spill = ParquetSpill::temporary().expect("store");
+            let rows = noisy_rows();
+            let segment = spill.write(rows.clone()).await.expect("write");
+            let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
+            let got = spill
+                .read(segment, vec![5, 1, 6], keys)
+                .await
+                .expect("read");
+            assert_eq!(got, vec![rows[5].clone(), rows[1].clone(), rows[6].clone()]);
+            let viewed = got
+                .iter()
+                .flat_map(|f| f.iter())
+                .filter(|(_, t)| format!("{t:?}").contains("Borrowed"))
+                .count();
+            assert_eq!(viewed, if cfg!(target_endian = "little") { 6 } else { 0 });
+        });
+    }
+
     /// A column zstd cannot shrink is stored plain, one it can is compressed; both read
     /// back as written.
     #[test]
     fn incompressible_columns_are_stored_plain() {
         runtime().block_on(async {
             let spill = ParquetSpill::new(Store::open("memory://").expect("store"));
-            let mut state = 0x9e37_79b9_7f4a_7c15u64;
-            let rows: Vec<Fields> = (0..8)
-                .map(|i| {
-                    let noise: Vec<i64> = (0..4096)
-                        .map(|_| {
-                            // xorshift64: bytes zstd cannot predict.
-                            state ^= state << 13;
-                            state ^= state >> 7;
-                            state ^= state << 17;
-                            state as i64
-                        })
-                        .collect();
-                    let mut f = Fields::default();
-                    f.set(FieldKey::from("noise"), Tensor::from(noise));
-                    f.set(FieldKey::from("flat"), Tensor::from(vec![i as f32; 4096]));
-                    f
-                })
-                .collect();
+            let rows = noisy_rows();
             let segment = spill.write(rows.clone()).await.expect("write");
-            let footer = spill.footers.lock().get(&segment.id).cloned().expect("footer");
-            let codecs: Vec<(String, Compression)> = footer.row_groups()[0]
+            let footer = spill
+                .footers
+                .lock()
+                .get(&segment.id)
+                .cloned()
+                .expect("footer");
+            let codecs: Vec<(String, Compression)> = footer.meta.row_groups()[0]
                 .columns()
                 .iter()
                 .map(|c| (c.column_path().string(), c.compression()))

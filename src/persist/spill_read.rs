@@ -1,0 +1,474 @@
+//! Reading rows back from spill segments: which row groups and column chunks a read
+//! needs, one ranged fetch for all of them, a decode per row group, and tensors that view
+//! the decoded pages where they can.
+//!
+//! Loads view their values in place only when each array starts 8-byte aligned in memory.
+//! The padded values (`spill_value.rs`) see to that relative to the start of a page's
+//! values; the page itself starts wherever its header ends. A compressed page is
+//! decompressed into a fresh (aligned) buffer, but a plain page is a slice of the fetched
+//! bytes, so a fetch starts a few bytes before each plain chunk (its *lead*, kept in the
+//! segment's [`SegmentFooter`]) to put the values of the chunk's page on a boundary.
+//! A store that merges ranges into one request (the remote ones) loses that; its loads copy.
+
+use super::codec::{take_tensor, Reader};
+use super::spill_value::take_tensor_padded;
+use super::store::{corrupt, Store};
+use crate::error::{Error, Result};
+use crate::sample::{FieldKey, Fields};
+use crate::sync::Arc;
+use crate::tensor::{SharedBytes, Tensor};
+use arrow_array::{Array, ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use futures::{FutureExt, TryStreamExt};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
+use parquet::arrow::async_reader::AsyncFileReader;
+use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
+use parquet::basic::Compression;
+use parquet::column::page::PageReader;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::serialized_reader::SerializedPageReader;
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// A segment's footer, and the lead of each of its plain column chunks.
+#[derive(Debug)]
+pub(super) struct SegmentFooter {
+    pub(super) meta: Arc<ParquetMetaData>,
+    /// Per row group, per leaf column: how many bytes before the chunk a fetch starts, so
+    /// that the values of its first page start 8-byte aligned in the fetched buffer.
+    leads: Vec<Vec<u8>>,
+}
+
+impl SegmentFooter {
+    /// The footer `meta` of the segment file `bytes`, with the leads of its plain chunks
+    /// (found by reading their page headers: no values are decoded).
+    pub(super) fn new(bytes: &Bytes, meta: ParquetMetaData) -> Self {
+        let file = Arc::new(bytes.clone());
+        let leads = meta
+            .row_groups()
+            .iter()
+            .map(|rg| {
+                rg.columns()
+                    .iter()
+                    .map(|chunk| {
+                        if chunk.compression() != Compression::UNCOMPRESSED {
+                            return 0;
+                        }
+                        let rows = usize::try_from(rg.num_rows()).unwrap_or(0);
+                        let first_page =
+                            SerializedPageReader::new(Arc::clone(&file), chunk, rows, None)
+                                .and_then(|mut pages| pages.get_next_page());
+                        let Ok(Some(page)) = first_page else {
+                            return 0;
+                        };
+                        // Where the page's values start in the file: the page is a slice
+                        // of `bytes`. Its header is what lies between the chunk's start
+                        // and there.
+                        let values_at =
+                            (page.buffer().as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
+                        let header = values_at.wrapping_sub(chunk.byte_range().0 as usize);
+                        ((8 - header % 8) % 8) as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        Self {
+            meta: Arc::new(meta),
+            leads,
+        }
+    }
+
+    /// The lead of row group `group`'s chunk of leaf column `leaf` (0 if unknown).
+    fn lead(&self, group: usize, leaf: usize) -> u8 {
+        self.leads
+            .get(group)
+            .and_then(|g| g.get(leaf))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The footer of a segment this process did not write.
+pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<SegmentFooter>> {
+    let bytes = store.get(path).await?.ok_or_else(|| Error::Storage {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: "spill segment not found".into(),
+    })?;
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes)
+        .map_err(|e| corrupt(store, path, e))?;
+    Ok(Arc::new(SegmentFooter::new(&bytes, meta)))
+}
+
+/// Ranged reads of one segment, with its footer at hand and the column chunks a read
+/// needs fetched up front.
+#[derive(Clone)]
+struct SegmentReader {
+    store: Store,
+    path: String,
+    footer: Arc<ParquetMetaData>,
+    /// Byte ranges fetched before decoding, with their bytes (shared by the row groups'
+    /// decodes).
+    prefetched: Arc<[(Range<u64>, Bytes)]>,
+}
+
+impl SegmentReader {
+    /// The bytes of `range` if a prefetched range holds them (a slice of it, no copy).
+    fn prefetched(&self, range: &Range<u64>) -> Option<Bytes> {
+        self.prefetched.iter().find_map(|(have, bytes)| {
+            if have.start <= range.start && range.end <= have.end {
+                let from = usize::try_from(range.start - have.start).ok()?;
+                let to = usize::try_from(range.end - have.start).ok()?;
+                bytes.get(from..to).map(|_| bytes.slice(from..to))
+            } else {
+                None
+            }
+        })
+    }
+
+    async fn fetch(&self, ranges: Vec<Range<u64>>) -> parquet::errors::Result<Vec<Bytes>> {
+        let mut out: Vec<Option<Bytes>> = ranges.iter().map(|r| self.prefetched(r)).collect();
+        let missing: Vec<Range<u64>> = ranges
+            .iter()
+            .zip(&out)
+            .filter(|(_, got)| got.is_none())
+            .map(|(r, _)| r.clone())
+            .collect();
+        if !missing.is_empty() {
+            let mut fetched = self
+                .store
+                .get_ranges(&self.path, &missing)
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?
+                .into_iter();
+            for slot in out.iter_mut().filter(|got| got.is_none()) {
+                *slot = fetched.next();
+            }
+        }
+        out.into_iter()
+            .map(|b| b.ok_or_else(|| parquet::errors::ParquetError::EOF("short range read".into())))
+            .collect()
+    }
+}
+
+impl AsyncFileReader for SegmentReader {
+    fn get_bytes(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            let mut got = self.fetch(vec![range]).await?;
+            got.pop()
+                .ok_or_else(|| parquet::errors::ParquetError::EOF("empty range read".into()))
+        }
+        .boxed()
+    }
+
+    fn get_byte_ranges(
+        &mut self,
+        ranges: Vec<Range<u64>>,
+    ) -> BoxFuture<'_, parquet::errors::Result<Vec<Bytes>>> {
+        async move { self.fetch(ranges).await }.boxed()
+    }
+
+    fn get_metadata<'a>(
+        &'a mut self,
+        _options: Option<&'a parquet::arrow::arrow_reader::ArrowReaderOptions>,
+    ) -> BoxFuture<'a, parquet::errors::Result<Arc<ParquetMetaData>>> {
+        let footer = Arc::clone(&self.footer);
+        async move { Ok(footer) }.boxed()
+    }
+}
+
+/// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
+/// `path`; returns one `Fields` per entry of `rows`, in that order.
+///
+/// The column chunks are fetched in one request, then each row group is decoded in a task
+/// of its own (on the runtime, when there is one): decoding is CPU work, and a trainer
+/// waiting for a batch leaves a core to it.
+pub(super) async fn read_rows(
+    store: &Store,
+    path: &str,
+    footer: Arc<SegmentFooter>,
+    rows: &[u32],
+    keys: &[FieldKey],
+) -> Result<Vec<Fields>> {
+    let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
+    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer.meta), Default::default())
+        .map_err(|e| bad(&e))?;
+    let schema = Arc::clone(meta.schema());
+    let columns: Arc<[(usize, FieldKey)]> = keys
+        .iter()
+        .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))
+        .collect();
+    let mut wanted: Vec<u32> = rows.to_vec();
+    wanted.sort_unstable();
+    wanted.dedup();
+    let groups = group_reads(&footer.meta, &wanted).map_err(|e| bad(&e))?;
+    let mut by_row: HashMap<u32, Fields> = HashMap::with_capacity(wanted.len());
+    if !columns.is_empty() && !wanted.is_empty() {
+        let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().map(|(i, _)| *i));
+        // Every column chunk the read decodes, fetched in one request (contiguous chunks
+        // become one read): the decoder would otherwise fetch row group by row group, a
+        // round trip (and on local disk a thread hand-off) each.
+        let roots: Vec<usize> = columns.iter().map(|(i, _)| *i).collect();
+        let indexes: Vec<usize> = groups.iter().map(|g| g.index).collect();
+        let ranges = chunk_ranges(&footer, &indexes, &roots).map_err(|e| bad(&e))?;
+        let bytes = store.get_ranges(path, &ranges).await?;
+        let reader = SegmentReader {
+            store: store.clone(),
+            path: path.to_owned(),
+            footer: Arc::clone(&footer.meta),
+            prefetched: ranges.into_iter().zip(bytes).collect::<Vec<_>>().into(),
+        };
+        // One group decodes in place: a task would only add a hand-off.
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .filter(|_| groups.len() > 1);
+        let mut decodes = Vec::with_capacity(groups.len());
+        for group in groups {
+            let decode = decode_group(
+                reader.clone(),
+                meta.clone(),
+                mask.clone(),
+                Arc::clone(&columns),
+                group,
+            );
+            decodes.push(match &runtime {
+                Some(runtime) => Decode::Spawned(runtime.spawn(decode)),
+                None => Decode::Inline(Box::pin(decode)),
+            });
+        }
+        for decode in decodes {
+            let decoded = match decode {
+                Decode::Spawned(task) => task
+                    .await
+                    .unwrap_or_else(|e| Err(bad(&format!("decode task ended: {e}")))),
+                Decode::Inline(decode) => decode.await,
+            }?;
+            by_row.extend(decoded);
+        }
+        if by_row.len() != wanted.len() {
+            return Err(bad(&format!(
+                "{} rows read, {} asked for",
+                by_row.len(),
+                wanted.len()
+            )));
+        }
+    }
+    Ok(rows
+        .iter()
+        .map(|r| by_row.get(r).cloned().unwrap_or_default())
+        .collect())
+}
+
+/// The rows a read wants from one row group.
+struct GroupRead {
+    /// The row group's index in the segment.
+    index: usize,
+    /// The rows wanted, ascending, as row numbers of the segment.
+    rows: Vec<u32>,
+    /// The same rows as a selection inside the row group.
+    selection: Vec<RowSelector>,
+}
+
+/// Splits `wanted` (ascending, no duplicates) by the row groups of `footer` holding them.
+fn group_reads(
+    footer: &ParquetMetaData,
+    wanted: &[u32],
+) -> std::result::Result<Vec<GroupRead>, String> {
+    let mut groups = Vec::new();
+    let mut start = 0u64;
+    let mut next = wanted.iter().peekable();
+    for (index, rg) in footer.row_groups().iter().enumerate() {
+        let end = start + rg.num_rows().max(0) as u64;
+        let mut at = start;
+        let mut group: Option<GroupRead> = None;
+        while let Some(&&row) = next.peek() {
+            if u64::from(row) >= end {
+                break;
+            }
+            let g = group.get_or_insert_with(|| GroupRead {
+                index,
+                rows: Vec::new(),
+                selection: Vec::new(),
+            });
+            if u64::from(row) > at {
+                g.selection
+                    .push(RowSelector::skip((u64::from(row) - at) as usize));
+            }
+            g.selection.push(RowSelector::select(1));
+            g.rows.push(row);
+            at = u64::from(row) + 1;
+            next.next();
+        }
+        if let Some(mut g) = group {
+            if at < end {
+                g.selection.push(RowSelector::skip((end - at) as usize));
+            }
+            groups.push(g);
+        }
+        start = end;
+    }
+    match next.next() {
+        Some(row) => Err(format!(
+            "row {row} asked for, but the segment has {start} rows"
+        )),
+        None => Ok(groups),
+    }
+}
+
+/// A row group's decode: in a task of its own, or awaited in place.
+enum Decode {
+    Spawned(tokio::task::JoinHandle<Result<Vec<(u32, Fields)>>>),
+    Inline(BoxFuture<'static, Result<Vec<(u32, Fields)>>>),
+}
+
+/// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks.
+async fn decode_group(
+    reader: SegmentReader,
+    meta: ArrowReaderMetadata,
+    mask: ProjectionMask,
+    columns: Arc<[(usize, FieldKey)]>,
+    group: GroupRead,
+) -> Result<Vec<(u32, Fields)>> {
+    let store = reader.store.clone();
+    let path = reader.path.clone();
+    let bad = |e: &dyn std::fmt::Display| corrupt(&store, &path, e);
+    let batches: Vec<RecordBatch> =
+        ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
+            .with_projection(mask)
+            .with_row_groups(vec![group.index])
+            .with_row_selection(RowSelection::from(group.selection))
+            .with_batch_size(group.rows.len())
+            .build()
+            .map_err(|e| bad(&e))?
+            .try_collect()
+            .await
+            .map_err(|e| match e {
+                parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
+                    Ok(err) => *err,
+                    Err(other) => bad(&other),
+                },
+                other => bad(&other),
+            })?;
+    let mut out = Vec::with_capacity(group.rows.len());
+    let mut rows_in_order = group.rows.iter();
+    for batch in &batches {
+        let decoded: Vec<(BinaryColumn<'_>, &FieldKey)> = columns
+            .iter()
+            .filter_map(|(_, k)| Some((BinaryColumn::of(batch.column_by_name(k.as_str())?)?, k)))
+            .collect();
+        for i in 0..batch.num_rows() {
+            let Some(&row) = rows_in_order.next() else {
+                return Err(bad(&"more rows read than asked for"));
+            };
+            let mut fields = Fields::default();
+            for (col, key) in &decoded {
+                let Some(tensor) = col.tensor(i) else {
+                    continue;
+                };
+                let tensor = tensor.map_err(|e| bad(&format!("row {row}, field `{key}`: {e}")))?;
+                fields.set((*key).clone(), tensor);
+            }
+            out.push((row, fields));
+        }
+    }
+    Ok(out)
+}
+
+/// The byte ranges to fetch for the column chunks of root columns `roots` in row groups
+/// `groups`: each chunk, and its lead before it.
+fn chunk_ranges(
+    footer: &SegmentFooter,
+    groups: &[usize],
+    roots: &[usize],
+) -> std::result::Result<Vec<Range<u64>>, String> {
+    let schema = footer.meta.file_metadata().schema_descr();
+    let mut ranges = Vec::new();
+    for &g in groups {
+        let rg = footer
+            .meta
+            .row_groups()
+            .get(g)
+            .ok_or_else(|| format!("no row group {g}"))?;
+        for (leaf, chunk) in rg.columns().iter().enumerate() {
+            if leaf >= schema.num_columns() {
+                return Err(format!("row group {g} has more columns than the schema"));
+            }
+            if !roots.contains(&schema.get_column_root_idx(leaf)) {
+                continue;
+            }
+            let start = chunk
+                .dictionary_page_offset()
+                .unwrap_or_else(|| chunk.data_page_offset());
+            let (Ok(start), Ok(len)) =
+                (u64::try_from(start), u64::try_from(chunk.compressed_size()))
+            else {
+                return Err(format!(
+                    "row group {g}, column {leaf}: negative offset or size"
+                ));
+            };
+            let lead = u64::from(footer.lead(g, leaf)).min(start);
+            ranges.push(start - lead..start.saturating_add(len));
+        }
+    }
+    Ok(ranges)
+}
+
+/// A segment column: binary views of padded values, or large binary in the plain tensor
+/// encoding (values over 4 GiB, and segments written before views).
+enum BinaryColumn<'a> {
+    View {
+        column: &'a BinaryViewArray,
+        /// The column's data buffers (decoded pages), shared by the tensors viewing them.
+        pages: Vec<SharedBytes>,
+    },
+    Large(&'a LargeBinaryArray),
+}
+
+/// A decoded page as bytes a tensor can view.
+struct Page(arrow_buffer::Buffer);
+
+impl AsRef<[u8]> for Page {
+    fn as_ref(&self) -> &[u8] {
+        self.0.as_slice()
+    }
+}
+
+impl<'a> BinaryColumn<'a> {
+    fn of(column: &'a ArrayRef) -> Option<Self> {
+        let any = column.as_any();
+        match any.downcast_ref::<BinaryViewArray>() {
+            Some(column) => Some(Self::View {
+                column,
+                pages: column
+                    .data_buffers()
+                    .iter()
+                    .map(|b| Arc::new(Page(b.clone())) as SharedBytes)
+                    .collect(),
+            }),
+            None => any.downcast_ref::<LargeBinaryArray>().map(Self::Large),
+        }
+    }
+
+    /// Row `i`'s tensor, `None` where the sample lacks the field.
+    fn tensor(&self, i: usize) -> Option<std::result::Result<Tensor, String>> {
+        match self {
+            Self::View { column, pages } => {
+                if column.is_null(i) {
+                    return None;
+                }
+                let value = column.value(i);
+                // Which page holds the value, and where: the tensor can then view it.
+                let at = value.as_ptr() as usize;
+                let page = pages.iter().find_map(|p| {
+                    let bytes = (**p).as_ref();
+                    let start = at.checked_sub(bytes.as_ptr() as usize)?;
+                    (start + value.len() <= bytes.len()).then_some((p, start))
+                });
+                Some(take_tensor_padded(value, page))
+            }
+            Self::Large(c) => (!c.is_null(i)).then(|| take_tensor(&mut Reader::new(c.value(i)))),
+        }
+    }
+}
