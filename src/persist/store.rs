@@ -3,7 +3,8 @@
 //! Credentials and endpoints come from the environment variables each backend documents
 //! (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`,
 //! `AZURE_STORAGE_ACCOUNT_NAME`, ...). No code path special-cases the local disk beyond
-//! choosing `LocalFileSystem` for it.
+//! choosing `LocalFileSystem` for it, and saying (`reads_ranges_apart`) that its ranged
+//! reads land in buffers of their own, which spill reads use to align values.
 
 use crate::error::{Error, Result};
 use crate::sync::Arc;
@@ -25,6 +26,8 @@ pub struct Store {
     inner: Arc<dyn ObjectStore>,
     prefix: Path,
     url: Arc<str>,
+    /// `get_ranges` reads every range into a buffer of its own unless ranges touch.
+    reads_ranges_apart: bool,
 }
 
 impl fmt::Debug for Store {
@@ -66,6 +69,7 @@ impl Store {
             Some((s, r)) => (s, r),
             None => ("file", url),
         };
+        let mut reads_ranges_apart = false;
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match scheme {
             "memory" => (Arc::new(InMemory::new()), ""),
             "file" => {
@@ -83,6 +87,7 @@ impl Store {
                 std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
                 let dir = dir.canonicalize().map_err(|e| err(&e))?;
                 let fs = LocalFileSystem::new_with_prefix(&dir).map_err(|e| err(&e))?;
+                reads_ranges_apart = true;
                 (Arc::new(fs), "")
             }
             "s3" | "gs" | "az" => {
@@ -119,6 +124,7 @@ impl Store {
             inner,
             prefix: Path::from(prefix.trim_matches('/')),
             url: url.into(),
+            reads_ranges_apart,
         })
     }
 
@@ -129,7 +135,15 @@ impl Store {
             inner,
             prefix: Path::from(prefix.trim_matches('/')),
             url: format!("object_store:///{}", prefix.trim_matches('/')).into(),
+            reads_ranges_apart: false,
         }
+    }
+
+    /// Whether [`Self::get_ranges`] reads each range into a buffer of its own, as long as
+    /// no two ranges touch (local disk; remote stores merge nearby ranges into one
+    /// request, and the in-memory store slices one buffer).
+    pub(crate) fn reads_ranges_apart(&self) -> bool {
+        self.reads_ranges_apart
     }
 
     /// The URL (or description) the store was opened with.
