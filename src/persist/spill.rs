@@ -33,10 +33,10 @@ use std::path::PathBuf;
 pub(crate) const SPILL_DIR: &str = "spill";
 
 /// Target size of a row group: a read fetches whole row groups of the columns it needs,
-/// so a read of one row costs a group; each column chunk a read decodes costs a codec
-/// set-up (two zstd contexts, tens of µs), which larger groups amortise. With 64 KiB
-/// samples a `Fifo` reader ran as fast with 1, 2 and 4 MiB groups once loads stopped
-/// copying (`examples/spill_fifo.rs`); 2 MiB keeps set-ups under 1 µs per sample.
+/// so a read of one row costs a group; each compressed column chunk a read decodes costs
+/// a codec set-up (two zstd contexts, tens of µs), which larger groups amortise. With
+/// 64 KiB samples a `Fifo` reader ran as fast with 1, 2 and 4 MiB groups
+/// (`examples/spill_fifo.rs`); 2 MiB keeps set-ups under 1 µs per sample.
 const ROW_GROUP_BYTES: u64 = 2 << 20;
 
 /// zstd level of spill segments. Negative levels skip entropy coding of literals: token
