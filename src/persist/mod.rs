@@ -12,7 +12,7 @@
 //! ```
 //!
 //! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
-//!   talks to `object_store`.
+//!   talks to `object_store`; `local_read.rs`: its ranged reads on local disk.
 //! * `codec.rs`: the binary encoding of records and samples; `log.rs`: log group files.
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
@@ -30,6 +30,8 @@ mod archive;
 mod archiver;
 mod checkpoint;
 mod codec;
+#[cfg(unix)]
+mod local_read;
 mod log;
 mod open;
 mod recover;

@@ -7,8 +7,10 @@
 //! values; the page itself starts wherever its header ends. A compressed page is
 //! decompressed into a fresh (aligned) buffer, but a plain page is a slice of the fetched
 //! bytes, so a fetch starts a few bytes before each plain chunk (its *lead*, kept in the
-//! segment's [`SegmentFooter`]) to put the values of the chunk's page on a boundary.
-//! A store that merges ranges into one request (the remote ones) loses that; its loads copy.
+//! segment's [`SegmentFooter`]) to put the values of the chunk's page on a boundary. That
+//! holds where every range is read into a buffer of its own (local disk, `Store::get_ranges`);
+//! a store that merges nearby ranges into one request (the remote ones) loses it, and its
+//! loads of plain columns copy.
 
 use super::codec::{take_tensor, Reader};
 use super::spill_value::take_tensor_padded;
@@ -213,7 +215,7 @@ pub(super) async fn read_rows(
         let roots: Vec<usize> = columns.iter().map(|(i, _)| *i).collect();
         let indexes: Vec<usize> = groups.iter().map(|g| g.index).collect();
         let ranges = chunk_ranges(&footer, &indexes, &roots).map_err(|e| bad(&e))?;
-        let bytes = fetch_apart(store, path, &ranges).await?;
+        let bytes = store.get_ranges(path, &ranges).await?;
         let reader = SegmentReader {
             store: store.clone(),
             path: path.to_owned(),
@@ -259,35 +261,6 @@ pub(super) async fn read_rows(
         .iter()
         .map(|r| by_row.get(r).cloned().unwrap_or_default())
         .collect())
-}
-
-/// Fetches `ranges` (in file order). A store that reads each range into a buffer of its
-/// own merges touching ranges into one, which would undo their leads (the second range's
-/// place in the buffer is then set by the file); so on such a store, touching ranges go
-/// in two requests, alternate ranges each.
-async fn fetch_apart(store: &Store, path: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
-    let touching = ranges.windows(2).any(|w| w[1].start <= w[0].end);
-    if !touching || !store.reads_ranges_apart() {
-        return store.get_ranges(path, ranges).await;
-    }
-    let (even, odd): (Vec<_>, Vec<_>) = ranges
-        .iter()
-        .cloned()
-        .enumerate()
-        .partition(|(i, _)| i % 2 == 0);
-    let even: Vec<Range<u64>> = even.into_iter().map(|(_, r)| r).collect();
-    let odd: Vec<Range<u64>> = odd.into_iter().map(|(_, r)| r).collect();
-    let (even, odd) =
-        futures::future::try_join(store.get_ranges(path, &even), store.get_ranges(path, &odd))
-            .await?;
-    let mut even = even.into_iter();
-    let mut odd = odd.into_iter();
-    let mut out = Vec::with_capacity(ranges.len());
-    for i in 0..ranges.len() {
-        let next = if i % 2 == 0 { even.next() } else { odd.next() };
-        out.push(next.ok_or_else(|| corrupt(store, path, "short ranged read"))?);
-    }
-    Ok(out)
 }
 
 /// The rows a read wants from one row group.

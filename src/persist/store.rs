@@ -2,10 +2,13 @@
 //!
 //! Credentials and endpoints come from the environment variables each backend documents
 //! (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`,
-//! `AZURE_STORAGE_ACCOUNT_NAME`, ...). No code path special-cases the local disk beyond
-//! choosing `LocalFileSystem` for it, and saying (`reads_ranges_apart`) that its ranged
-//! reads land in buffers of their own, which spill reads use to align values.
+//! `AZURE_STORAGE_ACCOUNT_NAME`, ...). One code path special-cases the local disk beyond
+//! choosing `LocalFileSystem` for it: ranged reads (spill loads), which read into pooled
+//! buffers of their own (`local_read.rs`) instead of `object_store`'s fresh zero-filled
+//! ones.
 
+#[cfg(unix)]
+use super::local_read::BufferPool;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use bytes::Bytes;
@@ -26,8 +29,9 @@ pub struct Store {
     inner: Arc<dyn ObjectStore>,
     prefix: Path,
     url: Arc<str>,
-    /// `get_ranges` reads every range into a buffer of its own unless ranges touch.
-    reads_ranges_apart: bool,
+    /// On local disk: the filesystem (for its paths) and the pool ranged reads use.
+    #[cfg(unix)]
+    local: Option<(Arc<LocalFileSystem>, Arc<BufferPool>)>,
 }
 
 impl fmt::Debug for Store {
@@ -69,7 +73,8 @@ impl Store {
             Some((s, r)) => (s, r),
             None => ("file", url),
         };
-        let mut reads_ranges_apart = false;
+        #[cfg(unix)]
+        let mut local = None;
         let (inner, prefix): (Arc<dyn ObjectStore>, &str) = match scheme {
             "memory" => (Arc::new(InMemory::new()), ""),
             "file" => {
@@ -86,9 +91,12 @@ impl Store {
                 let dir = std::path::Path::new(if rest.is_empty() { "." } else { rest });
                 std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
                 let dir = dir.canonicalize().map_err(|e| err(&e))?;
-                let fs = LocalFileSystem::new_with_prefix(&dir).map_err(|e| err(&e))?;
-                reads_ranges_apart = true;
-                (Arc::new(fs), "")
+                let fs = Arc::new(LocalFileSystem::new_with_prefix(&dir).map_err(|e| err(&e))?);
+                #[cfg(unix)]
+                {
+                    local = Some((Arc::clone(&fs), Arc::default()));
+                }
+                (fs, "")
             }
             "s3" | "gs" | "az" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
@@ -124,7 +132,8 @@ impl Store {
             inner,
             prefix: Path::from(prefix.trim_matches('/')),
             url: url.into(),
-            reads_ranges_apart,
+            #[cfg(unix)]
+            local,
         })
     }
 
@@ -135,15 +144,9 @@ impl Store {
             inner,
             prefix: Path::from(prefix.trim_matches('/')),
             url: format!("object_store:///{}", prefix.trim_matches('/')).into(),
-            reads_ranges_apart: false,
+            #[cfg(unix)]
+            local: None,
         }
-    }
-
-    /// Whether [`Self::get_ranges`] reads each range into a buffer of its own, as long as
-    /// no two ranges touch (local disk; remote stores merge nearby ranges into one
-    /// request, and the in-memory store slices one buffer).
-    pub(crate) fn reads_ranges_apart(&self) -> bool {
-        self.reads_ranges_apart
     }
 
     /// The URL (or description) the store was opened with.
@@ -224,8 +227,24 @@ impl Store {
     }
 
     /// The bytes of `ranges` of the object at `rel` (one request per range, or fewer where
-    /// the backend coalesces them).
+    /// the backend coalesces them). On local disk each range is read into a buffer of its
+    /// own, from a pool (`local_read.rs`), whatever the ranges.
     pub(crate) async fn get_ranges(&self, rel: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
+        #[cfg(unix)]
+        if let Some((fs, pool)) = &self.local {
+            let path = fs
+                .path_to_filesystem(&self.path(rel))
+                .map_err(|e| storage_err(&self.url, rel, e))?;
+            let (pool, ranges) = (Arc::clone(pool), ranges.to_vec());
+            let read = move || pool.read_ranges(&path, &ranges);
+            let read = match tokio::runtime::Handle::try_current() {
+                Ok(_) => tokio::task::spawn_blocking(read)
+                    .await
+                    .map_err(|e| storage_err(&self.url, rel, e))?,
+                Err(_) => read(),
+            };
+            return read.map_err(|e| storage_err(&self.url, rel, e));
+        }
         self.inner
             .get_ranges(&self.path(rel), ranges)
             .await
