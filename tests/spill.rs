@@ -203,6 +203,53 @@ async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
     );
 }
 
+/// A `Fifo` get's batch is handed out once its own samples are read, without waiting
+/// for the two batches of read-ahead it starts: here those reads hang until released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_does_not_wait_for_its_read_ahead() {
+    let dir = TempDir::new("spill-urgent");
+    let faulty = FaultyStore::new(Arc::new(
+        LocalFileSystem::new_with_prefix(
+            std::fs::canonicalize({
+                std::fs::create_dir_all(dir.path()).expect("mkdir");
+                dir.path()
+            })
+            .expect("canonical"),
+        )
+        .expect("fs"),
+    ));
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let (buf, _) = spilled_buffer(
+        store,
+        12,
+        vec![RpcDef::new("train", 4).inputs(["tokens", "logp"])],
+    )
+    .await;
+    // The budget holds one sample, so each spilled sample has a segment of its own: the
+    // batch needs at most four reads.
+    faulty.hold_reads_after(4);
+    let batch = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        buf.get_batch_for_rpc("train"),
+    )
+    .await
+    .expect("the batch waited for its read-ahead")
+    .expect("get");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..4).collect());
+    batch.commit().await.expect("commit");
+    common::wait_until(|| faulty.held_reads.load(std::sync::atomic::Ordering::SeqCst) > 0).await;
+    faulty.release_reads();
+    let mut trained: HashSet<u64> = ids;
+    while trained.len() < 12 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        trained.extend(batch.samples().map(|v| check(&v)));
+        batch.commit().await.expect("commit");
+    }
+    assert_eq!(trained, (0..12).collect());
+    assert_invariants(&buf);
+}
+
 /// On one thread, so both gets register before the loads run: the second finds the
 /// first one's loads in flight and waits for them. (Once a load is done and its batch
 /// handed out, a later get reads again: loads are shared, not cached.)

@@ -31,8 +31,8 @@ pub enum Fault {
     Ghost = 4,
 }
 
-/// Wraps a store; reads fail only while `fail_reads` is on; lists and deletes always go
-/// through.
+/// Wraps a store; reads fail only while `fail_reads` is on and wait while held
+/// (`hold_reads_after`); lists and deletes always go through.
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
@@ -49,6 +49,12 @@ pub struct FaultyStore {
     read_faults: AtomicBool,
     /// Reads refused so far.
     pub failed_reads: AtomicUsize,
+    /// Reads that still go through before reads are held (`usize::MAX`: never held).
+    read_grace: AtomicUsize,
+    /// Held reads wait here for `release_reads`.
+    reads_released: tokio::sync::Notify,
+    /// Reads waiting to be released.
+    pub held_reads: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -62,7 +68,45 @@ impl FaultyStore {
             stalled: AtomicUsize::new(0),
             read_faults: AtomicBool::new(false),
             failed_reads: AtomicUsize::new(0),
+            read_grace: AtomicUsize::new(usize::MAX),
+            reads_released: tokio::sync::Notify::new(),
+            held_reads: AtomicUsize::new(0),
         })
+    }
+
+    /// Lets `grace` more reads through, then holds every read until `release_reads`.
+    pub fn hold_reads_after(&self, grace: usize) {
+        self.read_grace.store(grace, Ordering::SeqCst);
+    }
+
+    /// Lets held reads (and every later one) go through.
+    pub fn release_reads(&self) {
+        self.read_grace.store(usize::MAX, Ordering::SeqCst);
+        self.reads_released.notify_waiters();
+    }
+
+    /// Waits while reads are held and this one is past the grace.
+    async fn read_after_hold(&self) {
+        let spared = self
+            .read_grace
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |g| match g {
+                usize::MAX => Some(g),
+                g => g.checked_sub(1),
+            })
+            .is_ok();
+        if spared {
+            return;
+        }
+        self.held_reads.fetch_add(1, Ordering::SeqCst);
+        loop {
+            let mut released = std::pin::pin!(self.reads_released.notified());
+            released.as_mut().enable();
+            if self.read_grace.load(Ordering::SeqCst) == usize::MAX {
+                break;
+            }
+            released.await;
+        }
+        self.held_reads.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Makes every read fail (`true`) or go through again (`false`).
@@ -164,6 +208,7 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.read_after_hold().await;
         if self.read_faults.load(Ordering::SeqCst) {
             self.failed_reads.fetch_add(1, Ordering::SeqCst);
             return Err(object_store::Error::Generic {

@@ -72,8 +72,10 @@ pub(crate) struct BatchLoad {
 #[derive(Debug, Default)]
 #[must_use = "registered loads must be started"]
 pub(crate) struct LoadPlan {
-    /// Per sample to load: its cell and its reads, one per part.
+    /// Per sample to load: its cell and its reads, one per part. The first `urgent` are
+    /// samples a get waits for; the rest are read-ahead.
     pub(super) loads: Vec<(Arc<LoadCell>, Vec<Request>)>,
+    pub(super) urgent: usize,
 }
 
 impl LoadPlan {
@@ -90,7 +92,15 @@ impl Shared {
             return;
         }
         let weak = Arc::downgrade(self);
-        let task = run_loads(weak, store, plan);
+        // The loads a get waits for are read first, then the read-ahead: reading both at
+        // once would share the cores between them and delay the batch (a trainer's first
+        // get registers three batches).
+        let LoadPlan { mut loads, urgent } = plan;
+        let ahead = loads.split_off(urgent.min(loads.len()));
+        let task = async move {
+            run_loads(Weak::clone(&weak), Arc::clone(&store), loads).await;
+            run_loads(weak, store, ahead).await;
+        };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(task);
@@ -151,11 +161,19 @@ enum Read {
 /// A segment and the reads of it: `(load, request)` indexes into a plan.
 type SegmentReads = (Arc<Segment>, Vec<(usize, usize)>);
 
-/// Reads every registered load, segment by segment, and publishes each sample's fields.
-async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPlan) {
+/// Reads every registered load, segment by segment, and publishes each sample's fields
+/// as soon as the reads it needs are in.
+async fn run_loads(
+    weak: Weak<Shared>,
+    store: Arc<dyn SpillStore>,
+    loads: Vec<(Arc<LoadCell>, Vec<Request>)>,
+) {
+    if loads.is_empty() {
+        return;
+    }
     // Group the reads by segment: one read per segment, rows in order.
     let mut by_segment: HashMap<u64, SegmentReads> = HashMap::new();
-    for (i, (_, requests)) in plan.loads.iter().enumerate() {
+    for (i, (_, requests)) in loads.iter().enumerate() {
         for (j, r) in requests.iter().enumerate() {
             by_segment
                 .entry(r.segment.id)
@@ -164,18 +182,22 @@ async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPla
                 .push((i, j));
         }
     }
-    let mut loaded: Vec<Result<Fields>> =
-        plan.loads.iter().map(|_| Ok(Fields::default())).collect();
+    let mut loaded: Vec<Result<Fields>> = loads.iter().map(|_| Ok(Fields::default())).collect();
+    // Reads outstanding per load; a load is published when its count reaches zero.
+    let mut outstanding: Vec<usize> = loads.iter().map(|(_, r)| r.len()).collect();
+    let mut published = vec![false; loads.len()];
     let mut segments: Vec<_> = by_segment.into_values().collect();
-    segments.sort_by_key(|(s, _)| s.id);
-    // Every segment is read at once (the reads wait on storage, not on this core), then
-    // the results are gathered in segment order.
+    // Reads start and are gathered in the order of the loads: the order the RPC takes the
+    // samples in. (Under `Fifo` the oldest samples, which go first, are in the newest
+    // segments.)
+    segments.sort_by_key(|(s, wants)| (wants.first().map(|&(i, _)| i), s.id));
+    // Every segment is read at once (the reads wait on storage, not on this core).
     let mut reads = Vec::with_capacity(segments.len());
     for (segment, wants) in segments {
         let mut keys: Vec<FieldKey> = Vec::new();
         let mut rows = Vec::with_capacity(wants.len());
         for &(i, j) in &wants {
-            let r = &plan.loads[i].1[j];
+            let r = &loads[i].1[j];
             rows.push(r.row);
             for k in &r.keys {
                 if !keys.contains(k) {
@@ -204,7 +226,7 @@ async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPla
         match result {
             Ok(fields) => {
                 for (&(i, j), got) in wants.iter().zip(fields) {
-                    let want = &plan.loads[i].1[j].keys;
+                    let want = &loads[i].1[j].keys;
                     if let Some(Ok(acc)) = loaded.get_mut(i) {
                         for (k, t) in got.iter() {
                             if want.contains(k) {
@@ -223,19 +245,34 @@ async fn run_loads(weak: Weak<Shared>, store: Arc<dyn SpillStore>, plan: LoadPla
                 }
             }
         }
+        // Loads whose reads are all in, and succeeded, are published now: a get waiting
+        // for them need not wait for the rest of the plan.
+        for &(i, _) in &wants {
+            let Some(left) = outstanding.get_mut(i) else {
+                continue;
+            };
+            *left = left.saturating_sub(1);
+            if let (0, Some(Ok(fields)), Some((cell, _))) = (*left, loaded.get_mut(i), loads.get(i))
+            {
+                cell.finish(Ok(std::mem::take(fields)));
+                published[i] = true;
+            }
+        }
     }
     // Failed loads leave the registry first, so a retry reads again.
     if let Some(shared) = weak.upgrade() {
         let mut inner = shared.lock();
         if let Some(spill) = inner.spill.as_mut() {
-            for ((cell, requests), result) in plan.loads.iter().zip(&loaded) {
+            for ((cell, requests), result) in loads.iter().zip(&loaded) {
                 if let (Err(_), Some(r)) = (result, requests.first()) {
                     spill.failed(r.slot, cell);
                 }
             }
         }
     }
-    for ((cell, _), result) in plan.loads.iter().zip(loaded) {
-        cell.finish(result);
+    for (((cell, _), result), published) in loads.iter().zip(loaded).zip(published) {
+        if !published {
+            cell.finish(result);
+        }
     }
 }

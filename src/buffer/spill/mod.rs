@@ -441,6 +441,9 @@ impl SpillState {
             self.counters.loaded_samples += 1;
             plan.loads.push((Arc::clone(&cell), requests));
             if !ahead {
+                plan.urgent = plan.loads.len();
+            }
+            if !ahead {
                 cells.push(Some(cell));
             }
         }
