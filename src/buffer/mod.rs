@@ -457,11 +457,16 @@ impl SequenceBuffer {
     /// another) without racing the old buffer's background writes.
     pub async fn flush(&self) -> Result<()> {
         let journal = self.shared.lock().journal.clone();
-        if let Some(journal) = journal {
+        if let Some(journal) = &journal {
             journal.flush().await?;
         }
         if self.shared.spills {
+            // Spill rounds and deletes in flight, and the spiller catching up with the
+            // budget; then what they logged.
             self.shared.handed_over().await;
+            if let Some(journal) = &journal {
+                journal.flush().await?;
+            }
         }
         match &self.shared.freed_sink {
             Some(sink) => sink.flush().await,

@@ -361,14 +361,24 @@ enum Round {
 /// ends when the buffer is dropped.
 async fn run_spiller(weak: Weak<Shared>, wake: Arc<Notify>) {
     let mut backoff = Duration::from_millis(20);
+    // Held from a round that writes until a round finds nothing to do: `flush` waits for
+    // the spiller to catch up, so that nothing it logs lands after the buffer is dropped
+    // (a store reopened at once would find the old buffer still writing to it).
+    let mut catching_up = None;
     loop {
         let mut notified = pin!(wake.notified());
         notified.as_mut().enable();
         let Some(shared) = weak.upgrade() else {
             return;
         };
+        if catching_up.is_none() {
+            catching_up = Some(shared.handover.busy());
+        }
         let round = shared.spill_round().await;
         drop(shared);
+        if !matches!(round, Round::Wrote) {
+            catching_up = None;
+        }
         match round {
             Round::Wrote => backoff = Duration::from_millis(20),
             Round::Idle => notified.await,
