@@ -6,7 +6,7 @@
 //! field). Columns are zstd-compressed, except those a sample shows zstd cannot shrink,
 //! which are stored plain. Row groups are small (about 2 MiB), so a read fetches only
 //! the column chunks of the RPC's input fields in the row groups holding the rows asked
-//! for: ranged GETs, never the whole file; each row group is decoded in a task of its own. The footer of every segment written here is
+//! for: ranged GETs, never the whole file. The footer of every segment written here is
 //! kept in memory, so a read costs no footer round trip; a segment written by an earlier
 //! process has its footer fetched on first use.
 

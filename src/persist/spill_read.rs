@@ -184,9 +184,7 @@ impl AsyncFileReader for SegmentReader {
 /// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
 /// `path`; returns one `Fields` per entry of `rows`, in that order.
 ///
-/// The column chunks are fetched in one request, then each row group is decoded in a task
-/// of its own (on the runtime, when there is one): decoding is CPU work, and a trainer
-/// waiting for a batch leaves a core to it.
+/// The column chunks are fetched in one request, then decoded row group by row group.
 pub(super) async fn read_rows(
     store: &Store,
     path: &str,
@@ -222,31 +220,18 @@ pub(super) async fn read_rows(
             footer: Arc::clone(&footer.meta),
             prefetched: ranges.into_iter().zip(bytes).collect::<Vec<_>>().into(),
         };
-        // One group decodes in place: a task would only add a hand-off.
-        let runtime = tokio::runtime::Handle::try_current()
-            .ok()
-            .filter(|_| groups.len() > 1);
-        let mut decodes = Vec::with_capacity(groups.len());
+        // Row groups decode one after the other: decoding them in tasks of their own was
+        // measured no faster (the hand-offs cost what the parallel decode saved, on two
+        // cores with the trainer on one).
         for group in groups {
-            let decode = decode_group(
+            let decoded = decode_group(
                 reader.clone(),
                 meta.clone(),
                 mask.clone(),
                 Arc::clone(&columns),
                 group,
-            );
-            decodes.push(match &runtime {
-                Some(runtime) => Decode::Spawned(runtime.spawn(decode)),
-                None => Decode::Inline(Box::pin(decode)),
-            });
-        }
-        for decode in decodes {
-            let decoded = match decode {
-                Decode::Spawned(task) => task
-                    .await
-                    .unwrap_or_else(|e| Err(bad(&format!("decode task ended: {e}")))),
-                Decode::Inline(decode) => decode.await,
-            }?;
+            )
+            .await?;
             by_row.extend(decoded);
         }
         if by_row.len() != wanted.len() {
@@ -317,12 +302,6 @@ fn group_reads(
         )),
         None => Ok(groups),
     }
-}
-
-/// A row group's decode: in a task of its own, or awaited in place.
-enum Decode {
-    Spawned(tokio::task::JoinHandle<Result<Vec<(u32, Fields)>>>),
-    Inline(BoxFuture<'static, Result<Vec<(u32, Fields)>>>),
 }
 
 /// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks.
