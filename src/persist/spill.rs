@@ -322,6 +322,14 @@ mod tests {
         f
     }
 
+    fn row_groups(spill: &ParquetSpill, segment: &Segment) -> Option<usize> {
+        spill
+            .footers
+            .lock()
+            .get(&segment.id)
+            .map(|f| f.meta.num_row_groups())
+    }
+
     fn runtime() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .build()
@@ -336,12 +344,7 @@ mod tests {
             let spill = ParquetSpill::new(Store::open("memory://").expect("store"));
             let rows: Vec<Fields> = (0..40).map(row).collect();
             let segment = spill.write(rows.clone()).await.expect("write");
-            let groups = spill
-                .footers
-                .lock()
-                .get(&segment.id)
-                .map(|f| f.meta.num_row_groups());
-            assert_eq!(groups, Some(2));
+            assert_eq!(row_groups(&spill, &segment), Some(2));
             let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
             let got = spill
                 .read(Arc::clone(&segment), vec![33, 2, 17], keys)
@@ -386,9 +389,9 @@ mod tests {
             .collect()
     }
 
-    /// On local disk, a read fetches each plain chunk from its lead (and apart from the
-    /// chunk before it), so the arrays of a plain column are views of the fetched bytes
-    /// too, in every row group.
+    /// On local disk, a read fetches each plain chunk from its lead into a buffer of its
+    /// own, so the arrays of a plain column are views of the fetched bytes too, in every
+    /// row group.
     #[test]
     fn plain_columns_on_local_disk_read_back_as_views() {
         runtime().block_on(async {
@@ -396,12 +399,7 @@ mod tests {
             // 48 KiB rows: 80 of them make two row groups.
             let rows = noisy_rows(80);
             let segment = spill.write(rows.clone()).await.expect("write");
-            let groups = spill
-                .footers
-                .lock()
-                .get(&segment.id)
-                .map(|f| f.meta.num_row_groups());
-            assert_eq!(groups, Some(2));
+            assert_eq!(row_groups(&spill, &segment), Some(2));
             let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
             let got = spill
                 .read(segment, vec![5, 70, 1, 66], keys)
