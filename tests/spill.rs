@@ -7,7 +7,6 @@ mod common;
 use common::faulty::FaultyStore;
 use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::{assert_invariants, TempDir};
-use object_store::local::LocalFileSystem;
 use rollout_buffer::persist::Store;
 use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
 use std::collections::HashSet;
@@ -160,15 +159,7 @@ async fn amending_a_spilled_sample_keeps_the_patch_beside_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
     let dir = TempDir::new("spill-faults");
-    let fs = LocalFileSystem::new_with_prefix(
-        std::fs::canonicalize({
-            std::fs::create_dir_all(dir.path()).expect("mkdir");
-            dir.path()
-        })
-        .expect("canonical"),
-    )
-    .expect("fs");
-    let faulty = FaultyStore::new(Arc::new(fs));
+    let faulty = FaultyStore::on_local_dir(dir.path());
     let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
     let (buf, _) = spilled_buffer(
         store,
@@ -208,16 +199,7 @@ async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_does_not_wait_for_its_read_ahead() {
     let dir = TempDir::new("spill-urgent");
-    let faulty = FaultyStore::new(Arc::new(
-        LocalFileSystem::new_with_prefix(
-            std::fs::canonicalize({
-                std::fs::create_dir_all(dir.path()).expect("mkdir");
-                dir.path()
-            })
-            .expect("canonical"),
-        )
-        .expect("fs"),
-    ));
+    let faulty = FaultyStore::on_local_dir(dir.path());
     let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
     let (buf, _) = spilled_buffer(
         store,

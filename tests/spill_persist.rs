@@ -4,11 +4,14 @@
 
 mod common;
 
+use common::faulty::FaultyStore;
 use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::TempDir;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer};
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 const N: u64 = 32;
 
@@ -124,6 +127,38 @@ async fn interval_spilled_samples_survive_a_restart_without_being_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_buffer_reopened_without_a_budget_still_reads_spilled_samples() {
     spilled_samples_survive_a_restart(Durability::Sync, None).await;
+}
+
+/// After a restart, the first load from a segment reads its footer with ranged reads from
+/// the end of the file: reading every spilled sample back never gets a whole segment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_segment_is_never_fetched_whole_for_its_footer() {
+    let dir = TempDir::new("spill-footer");
+    let faulty = FaultyStore::on_local_dir(dir.path());
+    let store = || Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let options = || options(Durability::Sync);
+    let buf = SequenceBuffer::open_in(store(), config(Some(4 * SAMPLE_BYTES)), options())
+        .await
+        .expect("open");
+    for start in (0..N).step_by(4) {
+        buf.put_batch((start..start + 4).map(rollout).collect())
+            .await
+            .expect("put");
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= N - 8).await;
+    buf.flush().await.expect("flush");
+    drop(buf);
+
+    let buf = SequenceBuffer::open_in(store(), config(None), options())
+        .await
+        .expect("reopen");
+    assert!(buf.stats().spill.spilled_now >= N - 8 - 4);
+    let contents = buf.contents_loaded().await.expect("contents");
+    assert_eq!(contents.len() as u64, N);
+    for stored in &contents {
+        payload::check(stored.sample.id().as_str(), |k| stored.sample.get(k));
+    }
+    assert_eq!(faulty.whole_spill_gets.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

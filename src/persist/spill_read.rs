@@ -91,17 +91,63 @@ impl SegmentFooter {
     }
 }
 
-/// The footer of a segment this process did not write.
+/// How much of a segment's end a footer fetch reads first: the footer of a segment with a
+/// few columns and row groups fits, so it takes one ranged read after the size.
+const FOOTER_PREFETCH: usize = 64 << 10;
+
+/// The footer of a segment this process did not write, read from the end of the file
+/// (ranged reads: a recovered buffer's first load of a segment does not fetch all of
+/// it). Its chunks have no leads, so loads of its plain columns copy.
 pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<SegmentFooter>> {
-    let bytes = store.get(path).await?.ok_or_else(|| Error::Storage {
+    let size = store.size(path).await?.ok_or_else(|| Error::Storage {
         url: store.url().to_owned(),
         path: path.to_owned(),
         detail: "spill segment not found".into(),
     })?;
+    let mut fetch = FooterFetch { store, path };
     let meta = ParquetMetaDataReader::new()
-        .parse_and_finish(&bytes)
-        .map_err(|e| corrupt(store, path, e))?;
-    Ok(Arc::new(SegmentFooter::new(&bytes, meta)))
+        .with_prefetch_hint(Some(FOOTER_PREFETCH))
+        .load_and_finish(&mut fetch, size)
+        .await
+        .map_err(|e| read_error(store, path, e))?;
+    Ok(Arc::new(SegmentFooter {
+        meta: Arc::new(meta),
+        leads: Vec::new(),
+    }))
+}
+
+/// Ranged reads of a segment's end, for its footer.
+struct FooterFetch<'a> {
+    store: &'a Store,
+    path: &'a str,
+}
+
+// Named in full: in scope, the trait's `fetch` would shadow `SegmentReader::fetch`.
+impl parquet::arrow::async_reader::MetadataFetch for &mut FooterFetch<'_> {
+    fn fetch(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
+        async move {
+            let mut got = self
+                .store
+                .get_ranges(self.path, std::slice::from_ref(&range))
+                .await
+                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
+            got.pop()
+                .ok_or_else(|| parquet::errors::ParquetError::EOF("empty range read".into()))
+        }
+        .boxed()
+    }
+}
+
+/// The crate's error for a failed Parquet read: the storage error that caused it, or
+/// the file is damaged.
+fn read_error(store: &Store, path: &str, e: parquet::errors::ParquetError) -> Error {
+    match e {
+        parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
+            Ok(err) => *err,
+            Err(other) => corrupt(store, path, other),
+        },
+        other => corrupt(store, path, other),
+    }
 }
 
 /// Ranged reads of one segment, with its footer at hand and the column chunks a read
@@ -325,13 +371,7 @@ async fn decode_group(
             .map_err(|e| bad(&e))?
             .try_collect()
             .await
-            .map_err(|e| match e {
-                parquet::errors::ParquetError::External(inner) => match inner.downcast::<Error>() {
-                    Ok(err) => *err,
-                    Err(other) => bad(&other),
-                },
-                other => bad(&other),
-            })?;
+            .map_err(|e| read_error(&store, &path, e))?;
     let mut out = Vec::with_capacity(group.rows.len());
     let mut rows_in_order = group.rows.iter();
     for batch in &batches {

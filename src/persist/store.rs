@@ -226,6 +226,15 @@ impl Store {
             .map_err(|e| storage_err(&self.url, rel, e))
     }
 
+    /// The size in bytes of the object at `rel`, or `None` if there is none.
+    pub(crate) async fn size(&self, rel: &str) -> Result<Option<u64>> {
+        match self.inner.head(&self.path(rel)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(storage_err(&self.url, rel, e)),
+        }
+    }
+
     /// The bytes of `ranges` of the object at `rel` (one request per range, or fewer where
     /// the backend coalesces them). On local disk each range is read into a buffer of its
     /// own, from a pool (`local_read.rs`), whatever the ranges.

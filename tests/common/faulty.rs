@@ -55,6 +55,8 @@ pub struct FaultyStore {
     reads_released: tokio::sync::Notify,
     /// Reads waiting to be released.
     pub held_reads: AtomicUsize,
+    /// Gets of a whole object under `spill/` (not ranged, not heads).
+    pub whole_spill_gets: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -71,6 +73,7 @@ impl FaultyStore {
             read_grace: AtomicUsize::new(usize::MAX),
             reads_released: tokio::sync::Notify::new(),
             held_reads: AtomicUsize::new(0),
+            whole_spill_gets: AtomicUsize::new(0),
         })
     }
 
@@ -107,6 +110,15 @@ impl FaultyStore {
             released.await;
         }
         self.held_reads.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// A faulty store over the local directory `dir` (created if missing).
+    pub fn on_local_dir(dir: &str) -> Arc<Self> {
+        std::fs::create_dir_all(dir).expect("mkdir");
+        let root = std::fs::canonicalize(dir).expect("canonical");
+        Self::new(Arc::new(
+            object_store::local::LocalFileSystem::new_with_prefix(root).expect("fs"),
+        ))
     }
 
     /// Makes every read fail (`true`) or go through again (`false`).
@@ -209,6 +221,9 @@ impl ObjectStore for FaultyStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.read_after_hold().await;
+        if !options.head && options.range.is_none() && location.as_ref().starts_with("spill/") {
+            self.whole_spill_gets.fetch_add(1, Ordering::SeqCst);
+        }
         if self.read_faults.load(Ordering::SeqCst) {
             self.failed_reads.fetch_add(1, Ordering::SeqCst);
             return Err(object_store::Error::Generic {
