@@ -242,7 +242,7 @@ pub(super) async fn read_rows(
     let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer.meta), Default::default())
         .map_err(|e| bad(&e))?;
     let schema = Arc::clone(meta.schema());
-    let columns: Arc<[(usize, FieldKey)]> = keys
+    let columns: Vec<(usize, FieldKey)> = keys
         .iter()
         .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))
         .collect();
@@ -274,7 +274,7 @@ pub(super) async fn read_rows(
                 reader.clone(),
                 meta.clone(),
                 mask.clone(),
-                Arc::clone(&columns),
+                &columns,
                 group,
             )
             .await?;
@@ -355,7 +355,7 @@ async fn decode_group(
     reader: SegmentReader,
     meta: ArrowReaderMetadata,
     mask: ProjectionMask,
-    columns: Arc<[(usize, FieldKey)]>,
+    columns: &[(usize, FieldKey)],
     group: GroupRead,
 ) -> Result<Vec<(u32, Fields)>> {
     let store = reader.store.clone();
