@@ -20,6 +20,15 @@ fn local(dir: &TempDir) -> Store {
     Store::open(dir.path()).expect("store")
 }
 
+/// Leases one batch of the RPC `train`, checks every sample's data and commits; returns
+/// the samples' numbers in batch order.
+async fn train_one(buf: &SequenceBuffer) -> Vec<u64> {
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    let trained = batch.samples().map(|v| check(&v)).collect();
+    batch.commit().await.expect("commit");
+    trained
+}
+
 async fn spill_files(store: &Store) -> Vec<String> {
     store.list("spill").await.expect("list")
 }
@@ -224,9 +233,7 @@ async fn a_batch_does_not_wait_for_its_read_ahead() {
     faulty.release_reads();
     let mut trained: HashSet<u64> = ids;
     while trained.len() < 12 {
-        let batch = buf.get_batch_for_rpc("train").await.expect("get");
-        trained.extend(batch.samples().map(|v| check(&v)));
-        batch.commit().await.expect("commit");
+        trained.extend(train_one(&buf).await);
     }
     assert_eq!(trained, (0..12).collect());
     assert_invariants(&buf);
@@ -330,9 +337,7 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
     let buf = one_spilled_segment(&dir, Selection::Lifo).await;
     let mut trained = Vec::new();
     for _ in 0..13 {
-        let batch = buf.get_batch_for_rpc("train").await.expect("get");
-        trained.extend(batch.samples().map(|v| check(&v)));
-        batch.commit().await.expect("commit");
+        trained.extend(train_one(&buf).await);
     }
     // 3 live rows of 16: the segment is rewritten with them.
     common::wait_until(|| buf.stats().spill.segments_rewritten == 1).await;
@@ -341,9 +346,7 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
     assert_eq!(spill.spilled_now, 3, "{spill:?}");
     assert_invariants(&buf);
     for _ in 0..3 {
-        let batch = buf.get_batch_for_rpc("train").await.expect("get");
-        trained.extend(batch.samples().map(|v| check(&v)));
-        batch.commit().await.expect("commit");
+        trained.extend(train_one(&buf).await);
     }
     assert_eq!(trained, (0..16).rev().collect::<Vec<_>>());
     buf.flush().await.expect("flush");
@@ -359,9 +362,7 @@ async fn a_sparse_segment_whose_rows_are_read_ahead_is_not_rewritten() {
     let buf = one_spilled_segment(&dir, Selection::Fifo).await;
     let mut trained = Vec::new();
     for _ in 0..16 {
-        let batch = buf.get_batch_for_rpc("train").await.expect("get");
-        trained.extend(batch.samples().map(|v| check(&v)));
-        batch.commit().await.expect("commit");
+        trained.extend(train_one(&buf).await);
         // `flush` waits for a rewrite in flight, so one started by this commit is seen.
         buf.flush().await.expect("flush");
         assert_eq!(buf.stats().spill.segments_rewritten, 0);
