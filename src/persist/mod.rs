@@ -36,6 +36,7 @@ mod log;
 mod open;
 mod recover;
 mod spill;
+mod spill_layout;
 mod spill_read;
 mod spill_value;
 mod state;

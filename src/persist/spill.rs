@@ -11,7 +11,8 @@
 //! process has its footer fetched on first use.
 
 use super::codec::{put_tensor, Writer};
-use super::spill_read::{fetch_footer, read_rows, SegmentFooter};
+use super::spill_layout::align_plain_chunks;
+use super::spill_read::{fetch_footer, read_rows};
 use super::spill_value::put_tensor_padded;
 use super::store::{storage_err, Store};
 use crate::buffer::{Segment, SpillFuture, SpillStore};
@@ -23,7 +24,7 @@ use arrow_schema::{Field, Schema};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
@@ -50,7 +51,7 @@ const ZSTD_LEVEL: i32 = -1;
 pub(crate) struct ParquetSpill {
     store: Store,
     next: AtomicU64,
-    footers: Arc<Mutex<HashMap<u64, Arc<SegmentFooter>>>>,
+    footers: Arc<Mutex<HashMap<u64, Arc<ParquetMetaData>>>>,
     /// A directory this store owns and removes when dropped.
     temporary: Option<PathBuf>,
 }
@@ -180,7 +181,7 @@ impl SpillStore for ParquetSpill {
 }
 
 /// Encodes `rows` as one Parquet file; returns its bytes and footer.
-fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, SegmentFooter), String> {
+fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), String> {
     let mut keys: Vec<FieldKey> = Vec::new();
     let mut total = 0u64;
     for row in rows {
@@ -258,7 +259,10 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, SegmentFooter), String
         ))
         .set_max_row_group_row_count(Some(group_rows))
         .set_dictionary_enabled(false)
-        .set_statistics_enabled(EnabledStatistics::None);
+        .set_statistics_enabled(EnabledStatistics::None)
+        // No page index: its page offsets would move with the chunks (`spill_layout.rs`),
+        // and reads take whole column chunks.
+        .set_offset_index_disabled(true);
     for key in plain {
         // One page per chunk: a read aligns the values of a chunk's first page only.
         props = props
@@ -273,8 +277,7 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, SegmentFooter), String
     let footer = ParquetMetaDataReader::new()
         .parse_and_finish(&bytes)
         .map_err(|e| e.to_string())?;
-    let footer = SegmentFooter::new(&bytes, footer);
-    Ok((bytes, footer))
+    align_plain_chunks(bytes, footer)
 }
 
 /// How much of a column [`compresses`] tries.
@@ -327,7 +330,7 @@ mod tests {
             .footers
             .lock()
             .get(&segment.id)
-            .map(|f| f.meta.num_row_groups())
+            .map(|f| f.num_row_groups())
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -389,30 +392,40 @@ mod tests {
             .collect()
     }
 
-    /// On local disk, a read fetches each plain chunk from its lead into a buffer of its
-    /// own, so the arrays of a plain column are views of the fetched bytes too, in every
-    /// row group.
+    /// The arrays of a plain column are views of the fetched bytes, in every row group,
+    /// on local disk (a buffer per range) and in memory (slices of the stored file), and
+    /// after a restart (the footer fetched from the file).
     #[test]
-    fn plain_columns_on_local_disk_read_back_as_views() {
+    fn plain_columns_read_back_as_views_on_every_store() {
         runtime().block_on(async {
-            let spill = ParquetSpill::temporary().expect("store");
+            let local = ParquetSpill::temporary().expect("store");
+            let url = local.store.url().to_owned();
+            let memory = ParquetSpill::new(Store::open("memory://").expect("store"));
             // 48 KiB rows: 80 of them make two row groups.
             let rows = noisy_rows(80);
-            let segment = spill.write(rows.clone()).await.expect("write");
-            assert_eq!(row_groups(&spill, &segment), Some(2));
-            let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
-            let got = spill
-                .read(segment, vec![5, 70, 1, 66], keys)
-                .await
-                .expect("read");
-            let want: Vec<Fields> = [5, 70, 1, 66].iter().map(|&i| rows[i].clone()).collect();
-            assert_eq!(got, want);
-            let viewed = got
-                .iter()
-                .flat_map(|f| f.iter())
-                .filter(|(_, t)| format!("{t:?}").contains("Borrowed"))
-                .count();
-            assert_eq!(viewed, if cfg!(target_endian = "little") { 8 } else { 0 });
+            for spill in [&local, &memory] {
+                let segment = spill.write(rows.clone()).await.expect("write");
+                assert_eq!(row_groups(spill, &segment), Some(2));
+                let restarted = ParquetSpill::new(spill.store.clone());
+                for reader in [spill, &restarted] {
+                    let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
+                    let got = reader
+                        .read(Arc::clone(&segment), vec![5, 70, 1, 66], keys)
+                        .await
+                        .expect("read");
+                    let want: Vec<Fields> =
+                        [5, 70, 1, 66].iter().map(|&i| rows[i].clone()).collect();
+                    assert_eq!(got, want);
+                    let viewed = got
+                        .iter()
+                        .flat_map(|f| f.iter())
+                        .filter(|(_, t)| format!("{t:?}").contains("Borrowed"))
+                        .count();
+                    let store = reader.store.url();
+                    let expect = if cfg!(target_endian = "little") { 8 } else { 0 };
+                    assert_eq!(viewed, expect, "{store} (local: {url})");
+                }
+            }
         });
     }
 
@@ -430,7 +443,7 @@ mod tests {
                 .get(&segment.id)
                 .cloned()
                 .expect("footer");
-            let codecs: Vec<(String, Compression)> = footer.meta.row_groups()[0]
+            let codecs: Vec<(String, Compression)> = footer.row_groups()[0]
                 .columns()
                 .iter()
                 .map(|c| (c.column_path().string(), c.compression()))

@@ -4,15 +4,12 @@
 //!
 //! Loads view their values in place only when each array starts 8-byte aligned in memory.
 //! The padded values (`spill_value.rs`) see to that relative to the start of a page's
-//! values; the page itself starts wherever its header ends. A compressed page is
-//! decompressed into a fresh (aligned) buffer, but a plain page is a slice of the fetched
-//! bytes, so a fetch starts a few bytes before each plain chunk (its *lead*, kept in the
-//! segment's [`SegmentFooter`]) to put the values of the chunk's page on a boundary. That
-//! holds where every range is read into a buffer of its own (local disk, `Store::get_ranges`);
-//! a store that merges nearby ranges into one request (the remote ones) loses it, and its
-//! loads of plain columns copy.
+//! values. A compressed page is decompressed into a fresh (aligned) buffer; a plain page
+//! is a slice of the fetched bytes, whose values the writer put 8-byte aligned in the file
+//! (`spill_layout.rs`), so every fetch starts at an 8-byte boundary and keeps them so.
 
 use super::codec::{take_tensor, Reader};
+use super::spill_layout::fetch_start;
 use super::spill_value::take_tensor_padded;
 use super::store::{corrupt, Store};
 use crate::error::{Error, Result};
@@ -26,70 +23,9 @@ use futures::{FutureExt, TryStreamExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelector};
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
-use parquet::basic::Compression;
-use parquet::column::page::PageReader;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
-use parquet::file::serialized_reader::SerializedPageReader;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// A segment's footer, and the lead of each of its plain column chunks.
-#[derive(Debug)]
-pub(super) struct SegmentFooter {
-    pub(super) meta: Arc<ParquetMetaData>,
-    /// Per row group, per leaf column: how many bytes before the chunk a fetch starts, so
-    /// that the values of its first page start 8-byte aligned in the fetched buffer.
-    leads: Vec<Vec<u8>>,
-}
-
-impl SegmentFooter {
-    /// The footer `meta` of the segment file `bytes`, with the leads of its plain chunks
-    /// (found by reading their page headers: no values are decoded).
-    pub(super) fn new(bytes: &Bytes, meta: ParquetMetaData) -> Self {
-        let file = Arc::new(bytes.clone());
-        let leads = meta
-            .row_groups()
-            .iter()
-            .map(|rg| {
-                rg.columns()
-                    .iter()
-                    .map(|chunk| {
-                        if chunk.compression() != Compression::UNCOMPRESSED {
-                            return 0;
-                        }
-                        let rows = usize::try_from(rg.num_rows()).unwrap_or(0);
-                        let first_page =
-                            SerializedPageReader::new(Arc::clone(&file), chunk, rows, None)
-                                .and_then(|mut pages| pages.get_next_page());
-                        let Ok(Some(page)) = first_page else {
-                            return 0;
-                        };
-                        // Where the page's values start in the file: the page is a slice
-                        // of `bytes`. Its header is what lies between the chunk's start
-                        // and there.
-                        let values_at =
-                            (page.buffer().as_ptr() as usize).wrapping_sub(bytes.as_ptr() as usize);
-                        let header = values_at.wrapping_sub(chunk.byte_range().0 as usize);
-                        ((8 - header % 8) % 8) as u8
-                    })
-                    .collect()
-            })
-            .collect();
-        Self {
-            meta: Arc::new(meta),
-            leads,
-        }
-    }
-
-    /// The lead of row group `group`'s chunk of leaf column `leaf` (0 if unknown).
-    fn lead(&self, group: usize, leaf: usize) -> u8 {
-        self.leads
-            .get(group)
-            .and_then(|g| g.get(leaf))
-            .copied()
-            .unwrap_or(0)
-    }
-}
 
 /// How much of a segment's end a footer fetch reads first: the footer of a segment with a
 /// few columns and row groups fits, so it takes one ranged read after the size.
@@ -97,8 +33,8 @@ const FOOTER_PREFETCH: usize = 64 << 10;
 
 /// The footer of a segment this process did not write, read from the end of the file
 /// (ranged reads: a recovered buffer's first load of a segment does not fetch all of
-/// it). Its chunks have no leads, so loads of its plain columns copy.
-pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<SegmentFooter>> {
+/// it).
+pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>> {
     let size = store.size(path).await?.ok_or_else(|| Error::Storage {
         url: store.url().to_owned(),
         path: path.to_owned(),
@@ -110,10 +46,7 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<Segmen
         .load_and_finish(&mut fetch, size)
         .await
         .map_err(|e| read_error(store, path, e))?;
-    Ok(Arc::new(SegmentFooter {
-        meta: Arc::new(meta),
-        leads: Vec::new(),
-    }))
+    Ok(Arc::new(meta))
 }
 
 /// Ranged reads of a segment's end, for its footer.
@@ -234,12 +167,12 @@ impl AsyncFileReader for SegmentReader {
 pub(super) async fn read_rows(
     store: &Store,
     path: &str,
-    footer: Arc<SegmentFooter>,
+    footer: Arc<ParquetMetaData>,
     rows: &[u32],
     keys: &[FieldKey],
 ) -> Result<Vec<Fields>> {
     let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
-    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer.meta), Default::default())
+    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer), Default::default())
         .map_err(|e| bad(&e))?;
     let schema = Arc::clone(meta.schema());
     let columns: Vec<(usize, FieldKey)> = keys
@@ -249,7 +182,7 @@ pub(super) async fn read_rows(
     let mut wanted: Vec<u32> = rows.to_vec();
     wanted.sort_unstable();
     wanted.dedup();
-    let groups = group_reads(&footer.meta, &wanted).map_err(|e| bad(&e))?;
+    let groups = group_reads(&footer, &wanted).map_err(|e| bad(&e))?;
     let mut by_row: HashMap<u32, Fields> = HashMap::with_capacity(wanted.len());
     if !columns.is_empty() && !wanted.is_empty() {
         let mask = ProjectionMask::roots(meta.parquet_schema(), columns.iter().map(|(i, _)| *i));
@@ -263,7 +196,7 @@ pub(super) async fn read_rows(
         let reader = SegmentReader {
             store: store.clone(),
             path: path.to_owned(),
-            footer: Arc::clone(&footer.meta),
+            footer,
             prefetched: ranges.into_iter().zip(bytes).collect::<Vec<_>>().into(),
         };
         // Row groups decode one after the other: decoding them in tasks of their own was
@@ -392,17 +325,17 @@ async fn decode_group(
 }
 
 /// The byte ranges to fetch for the column chunks of root columns `roots` in row groups
-/// `groups`: each chunk, and its lead before it.
+/// `groups`: each chunk, from the 8-byte boundary at or below its start (which keeps the
+/// values of a plain chunk aligned in the fetched bytes).
 fn chunk_ranges(
-    footer: &SegmentFooter,
+    footer: &ParquetMetaData,
     groups: &[usize],
     roots: &[usize],
 ) -> std::result::Result<Vec<Range<u64>>, String> {
-    let schema = footer.meta.file_metadata().schema_descr();
+    let schema = footer.file_metadata().schema_descr();
     let mut ranges = Vec::new();
     for &g in groups {
         let rg = footer
-            .meta
             .row_groups()
             .get(g)
             .ok_or_else(|| format!("no row group {g}"))?;
@@ -423,8 +356,7 @@ fn chunk_ranges(
                     "row group {g}, column {leaf}: negative offset or size"
                 ));
             };
-            let lead = u64::from(footer.lead(g, leaf)).min(start);
-            ranges.push(start - lead..start.saturating_add(len));
+            ranges.push(fetch_start(start)..start.saturating_add(len));
         }
     }
     Ok(ranges)
