@@ -265,6 +265,15 @@ impl Fields {
     }
 }
 
+impl IntoIterator for Fields {
+    type Item = (FieldKey, Tensor);
+    type IntoIter = std::vec::IntoIter<(FieldKey, Tensor)>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
 /// One entry of the buffer: an id, a birth (smaller = older), named tensor fields and
 /// metadata.
 ///

@@ -22,9 +22,10 @@ use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use arrow_array::{ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
 use arrow_schema::{Field, Schema};
 use bytes::Bytes;
+use parquet::arrow::arrow_reader::ArrowReaderMetadata;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::metadata::ParquetMetaDataReader;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use std::collections::HashMap;
@@ -51,7 +52,8 @@ const ZSTD_LEVEL: i32 = -1;
 pub(crate) struct ParquetSpill {
     store: Store,
     next: AtomicU64,
-    footers: Arc<Mutex<HashMap<u64, Arc<ParquetMetaData>>>>,
+    /// Per segment, its footer and the Arrow schema read from it.
+    footers: Arc<Mutex<HashMap<u64, ArrowReaderMetadata>>>,
     /// A directory this store owns and removes when dropped.
     temporary: Option<PathBuf>,
 }
@@ -138,7 +140,7 @@ impl SpillStore for ParquetSpill {
                 .map_err(|e| storage_err(&url, &encode_path, e))?;
             let (bytes, footer) = encoded;
             store.put(&path, bytes).await?;
-            footers.lock().insert(id, Arc::new(footer));
+            footers.lock().insert(id, footer);
             Ok(Arc::new(Segment { id, path, rows: n }))
         })
     }
@@ -157,7 +159,7 @@ impl SpillStore for ParquetSpill {
                 Some(f) => f,
                 None => {
                     let f = fetch_footer(&store, &segment.path).await?;
-                    footers.lock().insert(segment.id, Arc::clone(&f));
+                    footers.lock().insert(segment.id, f.clone());
                     f
                 }
             };
@@ -181,7 +183,7 @@ impl SpillStore for ParquetSpill {
 }
 
 /// Encodes `rows` as one Parquet file; returns its bytes and footer.
-fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), String> {
+fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ArrowReaderMetadata), String> {
     let mut keys: Vec<FieldKey> = Vec::new();
     let mut total = 0u64;
     for row in rows {
@@ -277,7 +279,10 @@ fn encode(rows: &[Fields]) -> std::result::Result<(Bytes, ParquetMetaData), Stri
     let footer = ParquetMetaDataReader::new()
         .parse_and_finish(&bytes)
         .map_err(|e| e.to_string())?;
-    align_plain_chunks(bytes, footer)
+    let (bytes, footer) = align_plain_chunks(bytes, footer)?;
+    let footer = ArrowReaderMetadata::try_new(Arc::new(footer), Default::default())
+        .map_err(|e| e.to_string())?;
+    Ok((bytes, footer))
 }
 
 /// How much of a column [`compresses`] tries.
@@ -330,7 +335,7 @@ mod tests {
             .footers
             .lock()
             .get(&segment.id)
-            .map(|f| f.num_row_groups())
+            .map(|f| f.metadata().num_row_groups())
     }
 
     fn runtime() -> tokio::runtime::Runtime {
@@ -443,7 +448,7 @@ mod tests {
                 .get(&segment.id)
                 .cloned()
                 .expect("footer");
-            let codecs: Vec<(String, Compression)> = footer.row_groups()[0]
+            let codecs: Vec<(String, Compression)> = footer.metadata().row_groups()[0]
                 .columns()
                 .iter()
                 .map(|c| (c.column_path().string(), c.compression()))

@@ -33,8 +33,8 @@ const FOOTER_PREFETCH: usize = 64 << 10;
 
 /// The footer of a segment this process did not write, read from the end of the file
 /// (ranged reads: a recovered buffer's first load of a segment does not fetch all of
-/// it).
-pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<ParquetMetaData>> {
+/// it), with its Arrow schema.
+pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReaderMetadata> {
     let size = store.size(path).await?.ok_or_else(|| Error::Storage {
         url: store.url().to_owned(),
         path: path.to_owned(),
@@ -46,7 +46,8 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<Arc<Parque
         .load_and_finish(&mut fetch, size)
         .await
         .map_err(|e| read_error(store, path, e))?;
-    Ok(Arc::new(meta))
+    ArrowReaderMetadata::try_new(Arc::new(meta), Default::default())
+        .map_err(|e| corrupt(store, path, e))
 }
 
 /// Ranged reads of a segment's end, for its footer.
@@ -161,19 +162,19 @@ impl AsyncFileReader for SegmentReader {
 }
 
 /// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
-/// `path`; returns one `Fields` per entry of `rows`, in that order.
+/// `path` (footer and Arrow schema `meta`); returns one `Fields` per entry of `rows`, in
+/// that order.
 ///
 /// The column chunks are fetched in one request, then decoded row group by row group.
 pub(super) async fn read_rows(
     store: &Store,
     path: &str,
-    footer: Arc<ParquetMetaData>,
+    meta: ArrowReaderMetadata,
     rows: &[u32],
     keys: &[FieldKey],
 ) -> Result<Vec<Fields>> {
     let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
-    let meta = ArrowReaderMetadata::try_new(Arc::clone(&footer), Default::default())
-        .map_err(|e| bad(&e))?;
+    let footer = Arc::clone(meta.metadata());
     let schema = Arc::clone(meta.schema());
     let columns: Vec<(usize, FieldKey)> = keys
         .iter()

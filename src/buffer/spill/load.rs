@@ -2,11 +2,11 @@
 //! read-ahead), read by a task outside it, published through each sample's [`LoadCell`].
 
 use super::super::{Batch, Shared};
+use super::int_map::IntMap;
 use super::{Segment, SpillStore};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, Mutex, Notify};
-use std::collections::HashMap;
 use std::pin::pin;
 use std::sync::Weak;
 
@@ -172,7 +172,7 @@ async fn run_loads(
         return;
     }
     // Group the reads by segment: one read per segment, rows in order.
-    let mut by_segment: HashMap<u64, SegmentReads> = HashMap::new();
+    let mut by_segment: IntMap<u64, SegmentReads> = IntMap::default();
     for (i, (_, requests)) in loads.iter().enumerate() {
         for (j, r) in requests.iter().enumerate() {
             by_segment
@@ -228,9 +228,9 @@ async fn run_loads(
                 for (&(i, j), got) in wants.iter().zip(fields) {
                     let want = &loads[i].1[j].keys;
                     if let Some(Ok(acc)) = loaded.get_mut(i) {
-                        for (k, t) in got.iter() {
-                            if want.contains(k) {
-                                acc.set(k.clone(), t.clone());
+                        for (k, t) in got {
+                            if want.contains(&k) {
+                                acc.set(k, t);
                             }
                         }
                     }

@@ -41,6 +41,7 @@
 #![cfg_attr(not(feature = "persist"), allow(dead_code))]
 
 mod handover;
+mod int_map;
 mod load;
 mod spiller;
 
@@ -51,7 +52,8 @@ use load::{Loading, Request};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields, Sample};
 use crate::sync::Arc;
-use std::collections::{BTreeSet, HashMap};
+use int_map::IntMap;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -156,8 +158,8 @@ pub(crate) struct SpillState {
     pub(crate) store: Arc<dyn SpillStore>,
     /// Per slot: the spilled parts of its sample (empty while it is all in memory).
     parts: Vec<Vec<SpillPart>>,
-    segments: HashMap<u64, LiveSegment>,
-    loading: HashMap<u32, Loading>,
+    segments: IntMap<u64, LiveSegment>,
+    loading: IntMap<u32, Loading>,
     /// The last failed segment write, until a write succeeds: putters waiting for room
     /// get it instead of waiting on a store that keeps failing.
     pub(crate) failure: Option<Error>,
@@ -188,8 +190,8 @@ impl SpillState {
         Self {
             store,
             parts: (0..capacity).map(|_| Vec::new()).collect(),
-            segments: HashMap::new(),
-            loading: HashMap::new(),
+            segments: IntMap::default(),
+            loading: IntMap::default(),
             failure: None,
             started: false,
             dead: Vec::new(),
