@@ -221,8 +221,8 @@ impl Inner {
             if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
                 self.ids.remove(&sample.id);
                 if let Some(spill) = self.spill.as_mut() {
-                    let (rows, dead) = spill.forget(s);
-                    if !rows.is_empty() && self.sink_wants_fields {
+                    let (rows, dead) = spill.forget(s, self.sink_wants_fields);
+                    if !rows.is_empty() {
                         out.spilled.push((sample.id.clone(), rows));
                     }
                     out.dead_segments.extend(dead);

@@ -238,9 +238,14 @@ impl SpillState {
         }
     }
 
-    /// Forgets the spill state of a freed slot; returns where its spilled fields are (for
-    /// a sink that wants the whole sample) and the segments left without a live row.
-    pub(crate) fn forget(&mut self, slot: u32) -> (Vec<SpilledRow>, Vec<Arc<Segment>>) {
+    /// Forgets the spill state of a freed slot; returns where its spilled fields are (if
+    /// `want_rows`: for a sink that wants the whole sample) and the segments left without
+    /// a live row.
+    pub(crate) fn forget(
+        &mut self,
+        slot: u32,
+        want_rows: bool,
+    ) -> (Vec<SpilledRow>, Vec<Arc<Segment>>) {
         self.loading.remove(&slot);
         let parts = self
             .parts
@@ -250,10 +255,10 @@ impl SpillState {
         if !parts.is_empty() {
             self.spilled_now -= 1;
         }
-        let mut rows = Vec::with_capacity(parts.len());
+        let mut rows = Vec::new();
         let mut dead = Vec::new();
         for part in parts {
-            if let Some(live) = self.segments.get(&part.segment) {
+            if let (true, Some(live)) = (want_rows, self.segments.get(&part.segment)) {
                 rows.push(SpilledRow {
                     segment: Arc::clone(&live.segment),
                     row: part.row,
