@@ -1,22 +1,26 @@
 //! A `Fifo` trainer over data ten times its buffer's memory budget, against the same run
 //! with everything in memory.
 //!
-//! 4,096 samples of 64 KiB (8,192 tokens and their logprobs) are put first, then a trainer
-//! leases batches of 64 in `Fifo` order, reads every token and logprob (the least a
-//! trainer does: copy them into its input tensors) and commits, until the buffer is empty.
-//! `--touch last` reads one value per sample instead, which measures the hand-off alone
-//! (`--only spill` skips the in-memory run, for profiling);
+//! 8,192 samples of 64 KiB (8,192 tokens and their logprobs; 512 MiB) are put first, then
+//! a trainer leases batches of 64 in `Fifo` order, reads every token and logprob (the
+//! least a trainer does: copy them into its input tensors) and commits, until the buffer
+//! is empty. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory
+//! and spills the rest to Parquet segments in a temporary directory on the local disk.
+//! The spilling run and the in-memory run alternate for `--rounds` rounds (5), and the
+//! figures are medians over them.
+//!
+//! `--touch last` reads one value per sample instead, which measures the hand-off alone;
 //! `--compute-us N` adds N µs of work per sample (a trainer's forward and backward pass),
-//! which the read-ahead overlaps with loading the next batch. With `--budget-frac 0.1` the buffer keeps at most 10% of the data in memory and
-//! spills the rest to Parquet segments in a temporary directory on the local disk.
+//! which the read-ahead overlaps with loading the next batch; `--only spill` makes one
+//! spilling run and nothing else (for profiling).
 //!
 //! ```text
-//! cargo run --release --example spill_fifo [-- --samples 4096 --batch 64 --budget-frac 0.1]
+//! cargo run --release --example spill_fifo [-- --samples 8192 --batch 64 --budget-frac 0.1 --rounds 5]
 //! ```
 //!
 //! Prints put and trainer throughput of both runs, their ratio, and the peak resident set
-//! size of the process after the spilling run (it runs first, so the in-memory run's data
-//! is not in the figure).
+//! size of the process after the first spilling run (it runs first, so no in-memory run's
+//! data is in the figure).
 
 use rollout_buffer::{BufferConfig, RpcDef, Sample, SequenceBuffer};
 use std::time::Instant;
@@ -31,16 +35,19 @@ struct Args {
     compute_us: u64,
     /// Skip the in-memory run (for profiling the spilling one).
     spill_only: bool,
+    /// Rounds of the two runs, alternating.
+    rounds: usize,
 }
 
 fn args() -> Args {
     let mut a = Args {
-        samples: 4096,
+        samples: 8192,
         batch: 64,
         budget_frac: 0.1,
         touch_all: true,
         compute_us: 0,
         spill_only: false,
+        rounds: 5,
     };
     let argv: Vec<String> = std::env::args().skip(1).collect();
     for pair in argv.chunks(2) {
@@ -52,6 +59,7 @@ fn args() -> Args {
             "--touch" => a.touch_all = value != "last",
             "--compute-us" => a.compute_us = value.parse().unwrap_or(0),
             "--only" => a.spill_only = value == "spill",
+            "--rounds" => a.rounds = value.parse().unwrap_or(a.rounds).max(1),
             other => eprintln!("ignored argument {other}"),
         }
     }
@@ -64,6 +72,16 @@ fn rollout(i: u64) -> Sample {
         .collect();
     let logp: Vec<f32> = (0..TOKENS).map(|t| -((t % 97) as f32) * 0.01).collect();
     Sample::new(i).with("tokens", tokens).with("logp", logp)
+}
+
+/// The median of `values` (the mean of the middle two for an even count; 0 if none).
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 /// Peak resident set size of this process so far, in bytes (Linux; 0 elsewhere).
@@ -219,9 +237,8 @@ fn main() -> Result<(), rollout_buffer::Error> {
         a.budget_frac * 100.0
     );
     let rss_before = peak_rss();
-    let spilled = runtime.block_on(run(&a, Some(budget)))?;
-    let rss_spill = peak_rss();
     if a.spill_only {
+        let spilled = runtime.block_on(run(&a, Some(budget)))?;
         println!(
             "spilling: put {:.0} samples/s, trainer {:.0} samples/s, waited {:.0}%, {:.0} µs CPU per sample ({:.0} µs in the trainer's thread); {} segments, {} rewritten",
             spilled.put_per_s,
@@ -234,45 +251,90 @@ fn main() -> Result<(), rollout_buffer::Error> {
         );
         return Ok(());
     }
-    let memory = runtime.block_on(run(&a, None))?;
+    // Rounds alternate the two runs, and the figures are medians over rounds: the speed
+    // of a shared machine drifts over seconds, and a ratio of two runs minutes apart
+    // measures the drift as much as the buffer.
+    let mut rounds: Vec<(Run, Run)> = Vec::with_capacity(a.rounds);
+    let mut rss_spill = 0;
+    for round in 1..=a.rounds {
+        let spilled = runtime.block_on(run(&a, Some(budget)))?;
+        if round == 1 {
+            // Before any in-memory run has held the whole data set.
+            rss_spill = peak_rss();
+        }
+        let memory = runtime.block_on(run(&a, None))?;
+        println!(
+            "round {round}: trainer {:.0} samples/s spilling, {:.0} all in memory: {:.2}x",
+            spilled.train_per_s,
+            memory.train_per_s,
+            spilled.train_per_s / memory.train_per_s
+        );
+        rounds.push((spilled, memory));
+    }
+    let of = |f: &dyn Fn(&(Run, Run)) -> f64| median(rounds.iter().map(f).collect());
+    let ratios: Vec<f64> = rounds
+        .iter()
+        .map(|(s, m)| s.train_per_s / m.train_per_s)
+        .collect();
+    let (low, high) = ratios
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(l, h), &r| (l.min(r), h.max(r)));
     println!(
-        "{:<22}{:>14}{:>18}",
-        "", "put (samples/s)", "trainer (samples/s)"
+        "{:<16}{:>17}{:>21}   (medians of {} rounds)",
+        "",
+        "put (samples/s)",
+        "trainer (samples/s)",
+        rounds.len()
     );
     println!(
-        "{:<22}{:>14.0}{:>18.0}",
-        "all in memory", memory.put_per_s, memory.train_per_s
+        "{:<16}{:>17.0}{:>21.0}",
+        "all in memory",
+        of(&|(_, m)| m.put_per_s),
+        of(&|(_, m)| m.train_per_s)
     );
     println!(
-        "{:<22}{:>14.0}{:>18.0}",
-        "spilling", spilled.put_per_s, spilled.train_per_s
+        "{:<16}{:>17.0}{:>21.0}",
+        "spilling",
+        of(&|(s, _)| s.put_per_s),
+        of(&|(s, _)| s.train_per_s)
     );
     println!(
-        "trainer with spilling / in memory: {:.2}x (put: {:.2}x)",
-        spilled.train_per_s / memory.train_per_s,
-        spilled.put_per_s / memory.put_per_s
+        "trainer with spilling / in memory: {:.2}x (rounds {:.2}x to {:.2}x; put: {:.2}x)",
+        median(ratios),
+        low,
+        high,
+        of(&|(s, m)| s.put_per_s / m.put_per_s)
     );
+    let (spilled, _) = &rounds[0];
     println!(
-        "spilled {} samples in {} segments ({} segments rewritten); {} loaded back, {} of them read ahead before the trainer asked",
+        "round 1 spilled {} samples in {} segments ({} segments rewritten); {} loaded back, {} of them read ahead before the trainer asked",
         spilled.spilled, spilled.segments, spilled.rewritten, spilled.loads, spilled.read_ahead
     );
     println!(
         "the trainer waited for batches {:.0}% of its time ({:.0}% all in memory)",
-        spilled.waiting * 100.0,
-        memory.waiting * 100.0
+        of(&|(s, _)| s.waiting) * 100.0,
+        of(&|(_, m)| m.waiting) * 100.0
     );
     println!(
         "CPU time per trained sample: {:.0} µs spilling ({:.0} in the trainer's thread), {:.0} µs in memory ({:.0})",
-        spilled.cpu_us, spilled.trainer_cpu_us, memory.cpu_us, memory.trainer_cpu_us
+        of(&|(s, _)| s.cpu_us),
+        of(&|(s, _)| s.trainer_cpu_us),
+        of(&|(_, m)| m.cpu_us),
+        of(&|(_, m)| m.trainer_cpu_us)
     );
     println!(
         "resident payload peak {} MiB (budget {} MiB + one batch {} MiB)",
-        spilled.peak_resident >> 20,
+        rounds
+            .iter()
+            .map(|(s, _)| s.peak_resident)
+            .max()
+            .unwrap_or(0)
+            >> 20,
         budget >> 20,
         (a.batch * TOKENS * 8) >> 20
     );
     println!(
-        "peak RSS of the spilling run {} MiB ({} MiB before it; the data is {} MiB)",
+        "peak RSS of the first spilling run {} MiB ({} MiB before it; the data is {} MiB)",
         rss_spill >> 20,
         rss_before >> 20,
         data >> 20
