@@ -37,6 +37,7 @@ mod open;
 mod recover;
 mod spill;
 mod spill_layout;
+mod spill_pages;
 mod spill_read;
 mod spill_value;
 mod state;

@@ -10,6 +10,7 @@
 
 use super::codec::{take_tensor, Reader};
 use super::spill_layout::fetch_start;
+use super::spill_pages::{decode_chunk, ValueEncoding};
 use super::spill_value::take_tensor_padded;
 use super::store::{corrupt, Store};
 use crate::error::{Error, Result};
@@ -17,6 +18,7 @@ use crate::sample::{FieldKey, Fields};
 use crate::sync::Arc;
 use crate::tensor::{SharedBytes, Tensor};
 use arrow_array::{Array, ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
+use arrow_schema::DataType;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use futures::{FutureExt, TryStreamExt};
@@ -204,8 +206,13 @@ pub(super) async fn read_rows(
         // measured no faster (the hand-offs cost what the parallel decode saved, on two
         // cores with the trainer on one).
         for group in groups {
-            let decoded =
-                decode_group(reader.clone(), meta.clone(), mask.clone(), &columns, group).await?;
+            let decoded = match decode_group_direct(&reader, &meta, &columns, &group) {
+                Some(decoded) => decoded.map_err(|e| bad(&e))?,
+                None => {
+                    decode_group(reader.clone(), meta.clone(), mask.clone(), &columns, group)
+                        .await?
+                }
+            };
             by_row.extend(decoded);
         }
         if by_row.len() != wanted.len() {
@@ -226,6 +233,8 @@ pub(super) async fn read_rows(
 struct GroupRead {
     /// The row group's index in the segment.
     index: usize,
+    /// The segment's row number of the row group's first row.
+    first_row: u64,
     /// The rows wanted, ascending, as row numbers of the segment.
     rows: Vec<u32>,
     /// The same rows as a selection inside the row group.
@@ -250,6 +259,7 @@ fn group_reads(
             }
             let g = group.get_or_insert_with(|| GroupRead {
                 index,
+                first_row: start,
                 rows: Vec::new(),
                 selection: Vec::new(),
             });
@@ -276,6 +286,60 @@ fn group_reads(
         )),
         None => Ok(groups),
     }
+}
+
+/// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks without Parquet's
+/// reader (`spill_pages.rs`); `None` if a chunk is not of the kind that reads that way.
+fn decode_group_direct(
+    reader: &SegmentReader,
+    meta: &ArrowReaderMetadata,
+    columns: &[(usize, FieldKey)],
+    group: &GroupRead,
+) -> Option<std::result::Result<Vec<(u32, Fields)>, String>> {
+    let footer = meta.metadata();
+    let schema = footer.file_metadata().schema_descr();
+    // A flat schema, where each field is one leaf column of the same index.
+    if schema.num_columns() != meta.schema().fields().len() {
+        return None;
+    }
+    let rg = footer.row_groups().get(group.index)?;
+    let wanted: Vec<u64> = group
+        .rows
+        .iter()
+        .map(|&r| u64::from(r).saturating_sub(group.first_row))
+        .collect();
+    let mut out: Vec<(u32, Fields)> = group.rows.iter().map(|&r| (r, Fields::default())).collect();
+    for (index, key) in columns {
+        let chunk = rg.columns().get(*index)?;
+        let encoding = match meta.schema().field(*index).data_type() {
+            DataType::BinaryView => ValueEncoding::Padded,
+            DataType::LargeBinary => ValueEncoding::Plain,
+            _ => return None,
+        };
+        let (start, len) = chunk.byte_range();
+        let bytes = reader.prefetched(&(start..start.saturating_add(len)))?;
+        let tensors = match decode_chunk(chunk, &bytes, &wanted, encoding)? {
+            Ok(t) if t.len() == out.len() => t,
+            Ok(t) => {
+                return Some(Err(format!(
+                    "row group {}, field `{key}`: {} rows decoded, {} asked for",
+                    group.index,
+                    t.len(),
+                    out.len()
+                )))
+            }
+            Err(e) => {
+                return Some(Err(format!(
+                    "row group {}, field `{key}`: {e}",
+                    group.index
+                )))
+            }
+        };
+        for ((_, fields), tensor) in out.iter_mut().zip(tensors) {
+            fields.set(key.clone(), tensor);
+        }
+    }
+    Some(Ok(out))
 }
 
 /// Decodes `columns` of `group`'s rows from `reader`'s prefetched chunks.

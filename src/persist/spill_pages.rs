@@ -1,0 +1,478 @@
+//! Decoding the rows of a spill segment's row group straight from its fetched column
+//! chunks, for the chunks this crate writes: one required binary column per field, data
+//! pages (v1) of PLAIN values, uncompressed or zstd.
+//!
+//! Parquet's Arrow reader does this too, but for each column chunk it sets up a reader, a
+//! decoder and a codec (two zstd contexts, a few hundred kilobytes of fresh memory), and
+//! for each read it builds the Arrow arrays the values are then taken from. A trainer
+//! reading spilled samples pays that per row group, tens of microseconds, on the path
+//! every batch waits on. Here a page header is parsed (Thrift compact protocol, the few
+//! fields a data page has), a compressed page is decompressed with the calling thread's
+//! zstd context, and the wanted values become tensors viewing the page.
+//!
+//! Anything else (a nullable column, a dictionary or v2 page, another encoding or codec)
+//! makes [`decode_chunk`] answer `None`, and the caller uses Parquet's reader, which
+//! reads every valid file.
+
+use super::codec::{take_tensor, Reader};
+use super::spill_value::take_tensor_padded;
+use crate::sync::Arc;
+use crate::tensor::{SharedBytes, Tensor};
+use bytes::Bytes;
+use parquet::basic::{Compression, Type as PhysicalType};
+use parquet::file::metadata::ColumnChunkMetaData;
+use std::cell::RefCell;
+
+/// How the values of a column encode tensors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ValueEncoding {
+    /// Padded so that arrays start 8-byte aligned in the page (binary-view columns).
+    Padded,
+    /// The plain tensor encoding (large-binary columns).
+    Plain,
+}
+
+/// The tensors of rows `wanted` (ascending row numbers inside the row group) of a column
+/// chunk whose bytes are `chunk`, or `None` if the chunk is not of the kind this module
+/// reads (see the module doc). An error says what is wrong with the chunk.
+pub(super) fn decode_chunk(
+    meta: &ColumnChunkMetaData,
+    chunk: &Bytes,
+    wanted: &[u64],
+    encoding: ValueEncoding,
+) -> Option<Result<Vec<Tensor>, String>> {
+    let descr = meta.column_descr();
+    let simple = descr.physical_type() == PhysicalType::BYTE_ARRAY
+        && descr.max_def_level() == 0
+        && descr.max_rep_level() == 0
+        && matches!(
+            meta.compression(),
+            Compression::UNCOMPRESSED | Compression::ZSTD(_)
+        )
+        && meta.dictionary_page_offset().is_none();
+    if !simple {
+        return None;
+    }
+    let compressed = meta.compression() != Compression::UNCOMPRESSED;
+    let mut out = Vec::with_capacity(wanted.len());
+    let mut next = wanted.iter().peekable();
+    // The row number of the first value of the page at `at`.
+    let mut first_row = 0u64;
+    let mut at = 0usize;
+    while next.peek().is_some() {
+        let rest = chunk.get(at..).unwrap_or(&[]);
+        if rest.is_empty() {
+            return Some(Err(format!(
+                "the column chunk ends before row {}",
+                next.peek().map_or(0, |r| **r)
+            )));
+        }
+        let header = match PageHeader::parse(rest) {
+            Ok(Some(h)) => h,
+            Ok(None) => return None,
+            Err(e) => return Some(Err(format!("page header at byte {at}: {e}"))),
+        };
+        let body_start = at + header.len;
+        let body_end = body_start.saturating_add(header.compressed_size);
+        if body_end > chunk.len() {
+            return Some(Err(format!("page at byte {at} ends past its column chunk")));
+        }
+        at = body_end;
+        let rows_here = header.num_values;
+        if next.peek().is_none_or(|&&r| r >= first_row + rows_here) {
+            // No wanted row in this page: skipped without decompressing.
+            first_row += rows_here;
+            continue;
+        }
+        let page: Bytes = if compressed {
+            match decompress(&chunk[body_start..body_end], header.uncompressed_size) {
+                Ok(v) => Bytes::from(v),
+                Err(e) => return Some(Err(format!("page at byte {body_start}: {e}"))),
+            }
+        } else {
+            chunk.slice(body_start..body_end)
+        };
+        let owner: SharedBytes = Arc::new(page.clone());
+        let mut r = Reader::new(&page);
+        let mut row = first_row;
+        while let Some(&&want) = next.peek() {
+            if want >= first_row + rows_here {
+                break;
+            }
+            // Values before the wanted one are stepped over by their lengths.
+            let mut value = |row: u64| -> Result<(usize, &[u8]), String> {
+                let len = r.bytes(4).map_err(|e| format!("row {row}: {e}"))?;
+                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+                let start = r.position();
+                let bytes = r.bytes(len).map_err(|e| format!("row {row}: {e}"))?;
+                Ok((start, bytes))
+            };
+            while row < want {
+                if let Err(e) = value(row) {
+                    return Some(Err(e));
+                }
+                row += 1;
+            }
+            let (start, bytes) = match value(row) {
+                Ok(v) => v,
+                Err(e) => return Some(Err(e)),
+            };
+            row += 1;
+            let tensor = match encoding {
+                ValueEncoding::Padded => take_tensor_padded(bytes, Some((&owner, start))),
+                ValueEncoding::Plain => take_tensor(&mut Reader::new(bytes)),
+            };
+            match tensor {
+                Ok(t) => out.push(t),
+                Err(e) => return Some(Err(format!("row {want}: {e}"))),
+            }
+            next.next();
+        }
+        first_row += rows_here;
+    }
+    Some(Ok(out))
+}
+
+thread_local! {
+    /// This thread's zstd decompression context, made on first use and kept.
+    static ZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
+}
+
+/// Decompresses a zstd page of `size` bytes.
+fn decompress(page: &[u8], size: usize) -> Result<Vec<u8>, String> {
+    ZSTD.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        let context = match cell.as_mut() {
+            Some(c) => c,
+            None => cell.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
+        };
+        let out = context
+            .decompress(page, size)
+            .map_err(|e| format!("zstd: {e}"))?;
+        if out.len() != size {
+            return Err(format!("{} bytes decompressed, {size} expected", out.len()));
+        }
+        Ok(out)
+    })
+}
+
+/// What a data page's header says that a read needs.
+struct PageHeader {
+    /// Bytes of the header itself.
+    len: usize,
+    uncompressed_size: usize,
+    compressed_size: usize,
+    num_values: u64,
+}
+
+/// Parquet's `PageType::DATA_PAGE`.
+const DATA_PAGE: i64 = 0;
+/// Parquet's `Encoding::PLAIN`.
+const PLAIN: i64 = 0;
+
+impl PageHeader {
+    /// The header at the start of `bytes`; `None` if it is not a v1 data page of PLAIN
+    /// values.
+    fn parse(bytes: &[u8]) -> Result<Option<Self>, String> {
+        let mut t = Thrift { bytes, at: 0 };
+        let (mut kind, mut uncompressed, mut compressed) = (None, None, None);
+        let (mut num_values, mut encoding) = (None, None);
+        let mut last = 0i16;
+        while let Some((id, ty)) = t.field(&mut last)? {
+            match (id, ty) {
+                (1, I32) => kind = Some(t.int()?),
+                (2, I32) => uncompressed = Some(t.int()?),
+                (3, I32) => compressed = Some(t.int()?),
+                (5, STRUCT) => {
+                    let mut inner = 0i16;
+                    while let Some((id, ty)) = t.field(&mut inner)? {
+                        match (id, ty) {
+                            (1, I32) => num_values = Some(t.int()?),
+                            (2, I32) => encoding = Some(t.int()?),
+                            _ => t.skip(ty, 0, true)?,
+                        }
+                    }
+                }
+                // An index, dictionary or v2 page header: not this module's kind.
+                (6..=8, _) => return Ok(None),
+                _ => t.skip(ty, 0, true)?,
+            }
+        }
+        if kind != Some(DATA_PAGE) || encoding != Some(PLAIN) {
+            return Ok(None);
+        }
+        let size = |v: Option<i64>, what: &str| {
+            v.and_then(|v| usize::try_from(v).ok())
+                .ok_or_else(|| format!("no valid {what}"))
+        };
+        Ok(Some(Self {
+            len: t.at,
+            uncompressed_size: size(uncompressed, "uncompressed size")?,
+            compressed_size: size(compressed, "compressed size")?,
+            num_values: size(num_values, "value count")? as u64,
+        }))
+    }
+}
+
+// Thrift compact protocol types.
+const BOOL_TRUE: u8 = 1;
+const BOOL_FALSE: u8 = 2;
+const BYTE: u8 = 3;
+const I16: u8 = 4;
+const I32: u8 = 5;
+const I64: u8 = 6;
+const DOUBLE: u8 = 7;
+const BINARY: u8 = 8;
+const LIST: u8 = 9;
+const SET: u8 = 10;
+const MAP: u8 = 11;
+const STRUCT: u8 = 12;
+
+/// Nesting deeper than this is refused (a page header nests three levels).
+const MAX_DEPTH: usize = 16;
+
+/// A reader of Thrift compact-protocol bytes.
+struct Thrift<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl Thrift<'_> {
+    fn byte(&mut self) -> Result<u8, String> {
+        let b = *self
+            .bytes
+            .get(self.at)
+            .ok_or_else(|| "header truncated".to_owned())?;
+        self.at += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, String> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(v);
+            }
+        }
+        Err("varint too long".to_owned())
+    }
+
+    /// A zigzag-encoded integer (i16, i32 or i64).
+    fn int(&mut self) -> Result<i64, String> {
+        let v = self.varint()?;
+        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
+    }
+
+    /// The next field's id and type, or `None` at the struct's end.
+    fn field(&mut self, last: &mut i16) -> Result<Option<(i16, u8)>, String> {
+        let b = self.byte()?;
+        if b == 0 {
+            return Ok(None);
+        }
+        let delta = b >> 4;
+        let id = if delta == 0 {
+            i16::try_from(self.int()?).map_err(|_| "field id out of range".to_owned())?
+        } else {
+            last.checked_add(i16::from(delta))
+                .ok_or_else(|| "field id out of range".to_owned())?
+        };
+        *last = id;
+        Ok(Some((id, b & 0x0f)))
+    }
+
+    /// Steps over a value of type `ty`: a field's (`in_field`), whose bool is in its
+    /// type, or an element's, whose bool is a byte.
+    fn skip(&mut self, ty: u8, depth: usize, in_field: bool) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err("header nested too deep".to_owned());
+        }
+        match ty {
+            BOOL_TRUE | BOOL_FALSE if in_field => {}
+            BOOL_TRUE | BOOL_FALSE | BYTE => {
+                self.byte()?;
+            }
+            I16 | I32 | I64 => {
+                self.varint()?;
+            }
+            DOUBLE => self.advance(8)?,
+            BINARY => {
+                let n = self.varint()?;
+                self.advance(usize::try_from(n).map_err(|_| "binary too long".to_owned())?)?;
+            }
+            LIST | SET => {
+                let head = self.byte()?;
+                let n = match head >> 4 {
+                    15 => self.varint()?,
+                    n => u64::from(n),
+                };
+                for _ in 0..n {
+                    self.skip(head & 0x0f, depth + 1, false)?;
+                }
+            }
+            MAP => {
+                let n = self.varint()?;
+                if n > 0 {
+                    let kinds = self.byte()?;
+                    for _ in 0..n {
+                        self.skip(kinds >> 4, depth + 1, false)?;
+                        self.skip(kinds & 0x0f, depth + 1, false)?;
+                    }
+                }
+            }
+            STRUCT => {
+                let mut last = 0i16;
+                while let Some((_, ty)) = self.field(&mut last)? {
+                    self.skip(ty, depth + 1, true)?;
+                }
+            }
+            other => return Err(format!("unknown type {other}")),
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, n: usize) -> Result<(), String> {
+        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
+        self.at = end.ok_or_else(|| "header truncated".to_owned())?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::persist::codec::{put_tensor, Writer};
+    use crate::persist::spill_value::put_tensor_padded;
+    use arrow_array::{ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
+    use arrow_schema::{Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use parquet::basic::ZstdLevel;
+    use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+    use parquet::file::properties::{EnabledStatistics, WriterProperties};
+
+    fn tensors(n: usize) -> Vec<Tensor> {
+        (0..n)
+            .map(|i| match i % 3 {
+                0 => Tensor::from(vec![i as i32; 500 + i]),
+                1 => Tensor::from(vec![-(i as f32) * 0.25; 300]),
+                _ => Tensor::from(ndarray::array![[i as f64, 1.5], [2.0, -3.0]]),
+            })
+            .collect()
+    }
+
+    /// A one-column file of `values` (required unless `nullable`), in small pages with
+    /// page statistics (so that page headers carry fields the parser skips).
+    fn file(
+        values: ArrayRef,
+        nullable: bool,
+        compression: Compression,
+        dictionary: bool,
+    ) -> (Bytes, ParquetMetaData) {
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "f",
+            values.data_type().clone(),
+            nullable,
+        )]));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![values]).expect("batch");
+        let props = WriterProperties::builder()
+            .set_compression(compression)
+            .set_dictionary_enabled(dictionary)
+            .set_data_page_size_limit(4 << 10)
+            .set_write_batch_size(4)
+            .set_statistics_enabled(EnabledStatistics::Page)
+            .build();
+        let mut writer = ArrowWriter::try_new(Vec::new(), schema, Some(props)).expect("writer");
+        writer.write(&batch).expect("write");
+        let bytes = Bytes::from(writer.into_inner().expect("close"));
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .expect("footer");
+        (bytes, meta)
+    }
+
+    fn padded(ts: &[Tensor]) -> ArrayRef {
+        let mut w = Writer::default();
+        Arc::new(BinaryViewArray::from_iter_values(ts.iter().map(|t| {
+            w.buf.clear();
+            put_tensor_padded(&mut w, t);
+            w.buf.clone()
+        })))
+    }
+
+    fn chunk_of(bytes: &Bytes, meta: &ParquetMetaData) -> (ColumnChunkMetaData, Bytes) {
+        let chunk = meta.row_group(0).column(0).clone();
+        let (start, len) = chunk.byte_range();
+        (chunk, bytes.slice(start as usize..(start + len) as usize))
+    }
+
+    /// Wanted rows of many pages, plain and zstd, padded and in the plain tensor
+    /// encoding, decode to the tensors written; pages with no wanted row are skipped.
+    #[test]
+    fn wanted_rows_decode_from_every_page() {
+        let ts = tensors(90);
+        let mut w = Writer::default();
+        let plain: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(ts.iter().map(|t| {
+            w.buf.clear();
+            put_tensor(&mut w, t);
+            w.buf.clone()
+        })));
+        let wanted: Vec<u64> = vec![0, 1, 2, 17, 40, 41, 88, 89];
+        let zstd = Compression::ZSTD(ZstdLevel::default());
+        for (values, encoding) in [
+            (padded(&ts), ValueEncoding::Padded),
+            (plain, ValueEncoding::Plain),
+        ] {
+            for compression in [Compression::UNCOMPRESSED, zstd] {
+                let (bytes, meta) = file(Arc::clone(&values), false, compression, false);
+                let (chunk, data) = chunk_of(&bytes, &meta);
+                let got = decode_chunk(&chunk, &data, &wanted, encoding)
+                    .expect("a chunk of the kind read directly")
+                    .expect("decoded");
+                let want: Vec<Tensor> = wanted.iter().map(|&i| ts[i as usize].clone()).collect();
+                assert_eq!(got, want, "{encoding:?}, {compression:?}");
+            }
+        }
+    }
+
+    /// Nullable and dictionary-encoded chunks are left to Parquet's reader.
+    #[test]
+    fn other_chunks_are_not_read_directly() {
+        let ts = tensors(10);
+        for (nullable, dictionary) in [(true, false), (false, true)] {
+            let (bytes, meta) = file(padded(&ts), nullable, Compression::UNCOMPRESSED, dictionary);
+            let (chunk, data) = chunk_of(&bytes, &meta);
+            assert!(decode_chunk(&chunk, &data, &[0, 3], ValueEncoding::Padded).is_none());
+        }
+    }
+
+    /// A damaged chunk (cut short anywhere, or a byte changed in a page header) is an
+    /// error or is left to Parquet's reader, never a panic or wrong rows.
+    #[test]
+    fn damaged_chunks_are_errors() {
+        let ts = tensors(12);
+        let (bytes, meta) = file(
+            padded(&ts),
+            false,
+            Compression::ZSTD(ZstdLevel::default()),
+            false,
+        );
+        let (chunk, data) = chunk_of(&bytes, &meta);
+        let all: Vec<u64> = (0..12).collect();
+        for cut in 0..data.len() {
+            let short = data.slice(..cut);
+            if let Some(Ok(got)) = decode_chunk(&chunk, &short, &all, ValueEncoding::Padded) {
+                panic!("{} rows from {cut} of {} bytes", got.len(), data.len());
+            }
+        }
+        for at in 0..16.min(data.len()) {
+            let mut bad = data.to_vec();
+            bad[at] ^= 0x5a;
+            if let Some(Ok(got)) =
+                decode_chunk(&chunk, &Bytes::from(bad), &all, ValueEncoding::Padded)
+            {
+                assert_eq!(got, ts, "byte {at} changed");
+            }
+        }
+    }
+}
