@@ -28,6 +28,7 @@
 
 mod archive;
 mod archiver;
+mod buffer_pool;
 mod checkpoint;
 mod codec;
 #[cfg(unix)]

@@ -10,6 +10,7 @@
 //! kept in memory, so a read costs no footer round trip; a segment written by an earlier
 //! process has its footer fetched on first use.
 
+use super::buffer_pool::BufferPool;
 use super::codec::{put_tensor, Writer};
 use super::spill_layout::align_plain_chunks;
 use super::spill_read::{fetch_footer, read_rows};
@@ -56,6 +57,8 @@ pub(crate) struct ParquetSpill {
     footers: Arc<Mutex<HashMap<u64, ArrowReaderMetadata>>>,
     /// A directory this store owns and removes when dropped.
     temporary: Option<PathBuf>,
+    /// Buffers for decompressed pages, which loaded tensors view.
+    pages: Arc<BufferPool>,
 }
 
 impl ParquetSpill {
@@ -70,6 +73,7 @@ impl ParquetSpill {
             next: AtomicU64::new(start),
             footers: Arc::default(),
             temporary: None,
+            pages: Arc::default(),
         }
     }
 
@@ -154,6 +158,7 @@ impl SpillStore for ParquetSpill {
         let store = self.store.clone();
         let footer = self.footers.lock().get(&segment.id).cloned();
         let footers = Arc::clone(&self.footers);
+        let pages = Arc::clone(&self.pages);
         Box::pin(async move {
             let footer = match footer {
                 Some(f) => f,
@@ -163,7 +168,7 @@ impl SpillStore for ParquetSpill {
                     f
                 }
             };
-            read_rows(&store, &segment.path, footer, &rows, &keys).await
+            read_rows(&store, &segment.path, footer, &rows, &keys, &pages).await
         })
     }
 

@@ -14,6 +14,7 @@
 //! makes [`decode_chunk`] answer `None`, and the caller uses Parquet's reader, which
 //! reads every valid file.
 
+use super::buffer_pool::BufferPool;
 use super::codec::{take_tensor, Reader};
 use super::spill_value::take_tensor_padded;
 use crate::sync::Arc;
@@ -40,6 +41,7 @@ pub(super) fn decode_chunk(
     chunk: &Bytes,
     wanted: &[u64],
     encoding: ValueEncoding,
+    pool: &Arc<BufferPool>,
 ) -> Option<Result<Vec<Tensor>, String>> {
     let descr = meta.column_descr();
     let simple = descr.physical_type() == PhysicalType::BYTE_ARRAY
@@ -85,8 +87,8 @@ pub(super) fn decode_chunk(
             continue;
         }
         let page: Bytes = if compressed {
-            match decompress(&chunk[body_start..body_end], header.uncompressed_size) {
-                Ok(v) => Bytes::from(v),
+            match decompress(&chunk[body_start..body_end], header.uncompressed_size, pool) {
+                Ok(v) => v,
                 Err(e) => return Some(Err(format!("page at byte {body_start}: {e}"))),
             }
         } else {
@@ -138,21 +140,31 @@ thread_local! {
     static ZSTD: RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { RefCell::new(None) };
 }
 
-/// Decompresses a zstd page of `size` bytes.
-fn decompress(page: &[u8], size: usize) -> Result<Vec<u8>, String> {
+/// Decompresses a zstd page of `size` bytes into a buffer from `pool`.
+fn decompress(page: &[u8], size: usize, pool: &Arc<BufferPool>) -> Result<Bytes, String> {
     ZSTD.with(|cell| {
         let mut cell = cell.borrow_mut();
         let context = match cell.as_mut() {
             Some(c) => c,
             None => cell.insert(zstd::bulk::Decompressor::new().map_err(|e| e.to_string())?),
         };
-        let out = context
-            .decompress(page, size)
-            .map_err(|e| format!("zstd: {e}"))?;
-        if out.len() != size {
-            return Err(format!("{} bytes decompressed, {size} expected", out.len()));
+        let mut buf = pool.take(size);
+        let got = match buf.get_mut(..size) {
+            Some(into) => context
+                .decompress_to_buffer(page, into)
+                .map_err(|e| format!("zstd: {e}")),
+            None => Err("pooled buffer shorter than asked".to_owned()),
+        };
+        match got {
+            Ok(n) if n == size => Ok(pool.share(buf, size)),
+            other => {
+                pool.give_back(buf);
+                Err(other.map_or_else(
+                    |e| e,
+                    |n| format!("{n} bytes decompressed, {size} expected"),
+                ))
+            }
         }
-        Ok(out)
     })
 }
 
@@ -410,6 +422,7 @@ mod tests {
     /// encoding, decode to the tensors written; pages with no wanted row are skipped.
     #[test]
     fn wanted_rows_decode_from_every_page() {
+        let pool = Arc::new(BufferPool::default());
         let ts = tensors(90);
         let mut w = Writer::default();
         let plain: ArrayRef = Arc::new(LargeBinaryArray::from_iter_values(ts.iter().map(|t| {
@@ -426,7 +439,7 @@ mod tests {
             for compression in [Compression::UNCOMPRESSED, zstd] {
                 let (bytes, meta) = file(Arc::clone(&values), false, compression, false);
                 let (chunk, data) = chunk_of(&bytes, &meta);
-                let got = decode_chunk(&chunk, &data, &wanted, encoding)
+                let got = decode_chunk(&chunk, &data, &wanted, encoding, &pool)
                     .expect("a chunk of the kind read directly")
                     .expect("decoded");
                 let want: Vec<Tensor> = wanted.iter().map(|&i| ts[i as usize].clone()).collect();
@@ -438,11 +451,12 @@ mod tests {
     /// Nullable and dictionary-encoded chunks are left to Parquet's reader.
     #[test]
     fn other_chunks_are_not_read_directly() {
+        let pool = Arc::new(BufferPool::default());
         let ts = tensors(10);
         for (nullable, dictionary) in [(true, false), (false, true)] {
             let (bytes, meta) = file(padded(&ts), nullable, Compression::UNCOMPRESSED, dictionary);
             let (chunk, data) = chunk_of(&bytes, &meta);
-            assert!(decode_chunk(&chunk, &data, &[0, 3], ValueEncoding::Padded).is_none());
+            assert!(decode_chunk(&chunk, &data, &[0, 3], ValueEncoding::Padded, &pool).is_none());
         }
     }
 
@@ -450,6 +464,7 @@ mod tests {
     /// error or is left to Parquet's reader, never a panic or wrong rows.
     #[test]
     fn damaged_chunks_are_errors() {
+        let pool = Arc::new(BufferPool::default());
         let ts = tensors(12);
         let (bytes, meta) = file(
             padded(&ts),
@@ -461,16 +476,21 @@ mod tests {
         let all: Vec<u64> = (0..12).collect();
         for cut in 0..data.len() {
             let short = data.slice(..cut);
-            if let Some(Ok(got)) = decode_chunk(&chunk, &short, &all, ValueEncoding::Padded) {
+            if let Some(Ok(got)) = decode_chunk(&chunk, &short, &all, ValueEncoding::Padded, &pool)
+            {
                 panic!("{} rows from {cut} of {} bytes", got.len(), data.len());
             }
         }
         for at in 0..16.min(data.len()) {
             let mut bad = data.to_vec();
             bad[at] ^= 0x5a;
-            if let Some(Ok(got)) =
-                decode_chunk(&chunk, &Bytes::from(bad), &all, ValueEncoding::Padded)
-            {
+            if let Some(Ok(got)) = decode_chunk(
+                &chunk,
+                &Bytes::from(bad),
+                &all,
+                ValueEncoding::Padded,
+                &pool,
+            ) {
                 assert_eq!(got, ts, "byte {at} changed");
             }
         }

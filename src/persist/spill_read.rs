@@ -8,6 +8,7 @@
 //! is a slice of the fetched bytes, whose values the writer put 8-byte aligned in the file
 //! (`spill_layout.rs`), so every fetch starts at an 8-byte boundary and keeps them so.
 
+use super::buffer_pool::BufferPool;
 use super::codec::{take_tensor, Reader};
 use super::spill_layout::fetch_start;
 use super::spill_pages::{decode_chunk, ValueEncoding};
@@ -164,8 +165,8 @@ impl AsyncFileReader for SegmentReader {
 }
 
 /// Reads fields `keys` of `rows` (any order, no duplicates needed) of the segment at
-/// `path` (footer and Arrow schema `meta`); returns one `Fields` per entry of `rows`, in
-/// that order.
+/// `path` (footer and Arrow schema `meta`; decompressed pages go into buffers from
+/// `pages`); returns one `Fields` per entry of `rows`, in that order.
 ///
 /// The column chunks are fetched in one request, then decoded row group by row group.
 pub(super) async fn read_rows(
@@ -174,6 +175,7 @@ pub(super) async fn read_rows(
     meta: ArrowReaderMetadata,
     rows: &[u32],
     keys: &[FieldKey],
+    pages: &Arc<BufferPool>,
 ) -> Result<Vec<Fields>> {
     let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
     let footer = Arc::clone(meta.metadata());
@@ -206,7 +208,7 @@ pub(super) async fn read_rows(
         // measured no faster (the hand-offs cost what the parallel decode saved, on two
         // cores with the trainer on one).
         for group in groups {
-            let decoded = match decode_group_direct(&reader, &meta, &columns, &group) {
+            let decoded = match decode_group_direct(&reader, &meta, &columns, &group, pages) {
                 Some(decoded) => decoded.map_err(|e| bad(&e))?,
                 None => {
                     decode_group(reader.clone(), meta.clone(), mask.clone(), &columns, group)
@@ -295,6 +297,7 @@ fn decode_group_direct(
     meta: &ArrowReaderMetadata,
     columns: &[(usize, FieldKey)],
     group: &GroupRead,
+    pages: &Arc<BufferPool>,
 ) -> Option<std::result::Result<Vec<(u32, Fields)>, String>> {
     let footer = meta.metadata();
     let schema = footer.file_metadata().schema_descr();
@@ -318,7 +321,7 @@ fn decode_group_direct(
         };
         let (start, len) = chunk.byte_range();
         let bytes = reader.prefetched(&(start..start.saturating_add(len)))?;
-        let tensors = match decode_chunk(chunk, &bytes, &wanted, encoding)? {
+        let tensors = match decode_chunk(chunk, &bytes, &wanted, encoding, pages)? {
             Ok(t) if t.len() == out.len() => t,
             Ok(t) => {
                 return Some(Err(format!(

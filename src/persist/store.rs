@@ -8,7 +8,7 @@
 //! ones.
 
 #[cfg(unix)]
-use super::local_read::BufferPool;
+use super::buffer_pool::BufferPool;
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use bytes::Bytes;
@@ -245,7 +245,7 @@ impl Store {
                 .path_to_filesystem(&self.path(rel))
                 .map_err(|e| storage_err(&self.url, rel, e))?;
             let (pool, ranges) = (Arc::clone(pool), ranges.to_vec());
-            let read = move || pool.read_ranges(&path, &ranges);
+            let read = move || super::local_read::read_ranges(&pool, &path, &ranges);
             let read = match tokio::runtime::Handle::try_current() {
                 Ok(_) => tokio::task::spawn_blocking(read)
                     .await
