@@ -30,18 +30,21 @@ pub(crate) struct BufferPool {
 }
 
 impl BufferPool {
-    /// A buffer of at least `len` initialised bytes: the smallest pooled one that fits,
-    /// or a new one.
+    /// A buffer of at least `len` initialised bytes: the smallest pooled one that fits
+    /// (of those, the one given back last, whose lines are likeliest still in a cache:
+    /// writing into a cold megabyte costs several times a warm one), or a new one.
     pub(crate) fn take(&self, len: usize) -> Vec<u8> {
         let mut free = self.free.lock();
         let best = free
             .iter()
             .enumerate()
+            .rev()
             .filter(|(_, b)| b.len() >= len)
             .min_by_key(|(_, b)| b.len())
             .map(|(i, _)| i);
         match best {
-            Some(i) => free.swap_remove(i),
+            // In order: the list stays oldest first.
+            Some(i) => free.remove(i),
             None => {
                 drop(free);
                 vec![0; len.div_ceil(ROUNDING) * ROUNDING]
