@@ -12,13 +12,16 @@
 //! ```
 //!
 //! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
-//!   talks to `object_store`; `local_read.rs`: its ranged reads on local disk.
+//!   talks to `object_store`; `local_read.rs`: its ranged reads on local disk;
+//!   `buffer_pool.rs`: the reused buffers they (and decompressed spill pages) go into.
 //! * `codec.rs`: the binary encoding of records and samples; `log.rs`: log group files.
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
 //!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
 //! * `spill.rs`: the Parquet spill segments of a buffer with a memory budget;
-//!   `spill_read.rs`: reading their rows back; `spill_value.rs`: the padded values.
+//!   `spill_layout.rs`: where their plain chunks sit (8-byte aligned values);
+//!   `spill_read.rs`: reading their rows back; `spill_pages.rs`: decoding the pages this
+//!   crate writes without Parquet's reader; `spill_value.rs`: the padded values.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
