@@ -7,6 +7,7 @@
 //! of some length, so the values start at any byte. [`align_plain_chunks`] moves each plain
 //! chunk forward by up to 7 bytes (the gap is zeros, which Parquet readers skip: they find
 //! chunks by the offsets in the footer) and writes the footer again with the new offsets.
+//! Page indexes and bloom filters are not carried over (spill segments have neither).
 //!
 //! A fetch of a chunk that starts at an 8-byte boundary below the chunk (the chunk's
 //! offset rounded down) then holds the page's values 8-byte aligned, in a buffer of its
@@ -71,6 +72,13 @@ pub(super) fn align_plain_chunks(
                     .set_data_page_offset(chunk.data_page_offset() + shift)
                     .set_dictionary_page_offset(chunk.dictionary_page_offset().map(|o| o + shift))
                     .set_index_page_offset(chunk.index_page_offset().map(|o| o + shift))
+                    // Only the chunks move: page indexes and bloom filters are left behind.
+                    .set_column_index_offset(None)
+                    .set_column_index_length(None)
+                    .set_offset_index_offset(None)
+                    .set_offset_index_length(None)
+                    .set_bloom_filter_offset(None)
+                    .set_bloom_filter_length(None)
                     .build()
                     .map_err(|e| e.to_string())?,
             );
@@ -83,6 +91,7 @@ pub(super) fn align_plain_chunks(
     }
     let moved = ParquetMetaData::new(meta.file_metadata().clone(), row_groups);
     ParquetMetaDataWriter::new(&mut out, &moved)
+        .with_preserve_page_index_locations(false)
         .finish()
         .map_err(|e| e.to_string())?;
     let out = Bytes::from(out);
@@ -157,7 +166,10 @@ mod tests {
     }
 
     fn read_all(bytes: Bytes) -> Vec<RecordBatch> {
-        ParquetRecordBatchReaderBuilder::try_new(bytes)
+        // Loading the page index too: the moved footer must not point at stale ones.
+        let options = parquet::arrow::arrow_reader::ArrowReaderOptions::new()
+            .with_page_index_policy(parquet::file::metadata::PageIndexPolicy::Optional);
+        ParquetRecordBatchReaderBuilder::try_new_with_options(bytes, options)
             .expect("reader")
             .build()
             .expect("reader")

@@ -56,83 +56,111 @@ pub(super) fn decode_chunk(
         return None;
     }
     let compressed = meta.compression() != Compression::UNCOMPRESSED;
-    let mut out = Vec::with_capacity(wanted.len());
-    let mut next = wanted.iter().peekable();
-    // The row number of the first value of the page at `at`.
-    let mut first_row = 0u64;
+    // Every page header first (no values are touched): their value counts must add up
+    // to the chunk's, so a damaged count is an error rather than rows read from the
+    // wrong place.
+    let mut pages: Vec<Page> = Vec::new();
     let mut at = 0usize;
-    while next.peek().is_some() {
-        let rest = chunk.get(at..).unwrap_or(&[]);
-        if rest.is_empty() {
-            return Some(Err(format!(
-                "the column chunk ends before row {}",
-                next.peek().map_or(0, |r| **r)
-            )));
-        }
-        let header = match PageHeader::parse(rest) {
+    let largest = u64::try_from(meta.uncompressed_size())
+        .unwrap_or(0)
+        .min(i32::MAX as u64);
+    while at < chunk.len() {
+        let header = match PageHeader::parse(&chunk[at..]) {
             Ok(Some(h)) => h,
             Ok(None) => return None,
             Err(e) => return Some(Err(format!("page header at byte {at}: {e}"))),
         };
-        let body_start = at + header.len;
-        let body_end = body_start.saturating_add(header.compressed_size);
-        if body_end > chunk.len() {
+        let body = at + header.len..(at + header.len).saturating_add(header.compressed_size);
+        if body.end > chunk.len() {
             return Some(Err(format!("page at byte {at} ends past its column chunk")));
         }
-        at = body_end;
-        let rows_here = header.num_values;
-        if next.peek().is_none_or(|&&r| r >= first_row + rows_here) {
+        if header.uncompressed_size as u64 > largest {
+            return Some(Err(format!(
+                "page at byte {at}: {} bytes uncompressed, more than its chunk's {largest}",
+                header.uncompressed_size
+            )));
+        }
+        at = body.end;
+        pages.push(Page {
+            body,
+            uncompressed_size: header.uncompressed_size,
+            values: header.num_values,
+        });
+    }
+    let total: u64 = pages.iter().map(|p| p.values).sum();
+    if Some(total) != u64::try_from(meta.num_values()).ok() {
+        return Some(Err(format!(
+            "the pages hold {total} values, the column chunk {}",
+            meta.num_values()
+        )));
+    }
+    let mut out = Vec::with_capacity(wanted.len());
+    let mut next = wanted.iter().peekable();
+    // The row number of the first value of the page.
+    let mut first_row = 0u64;
+    for page in &pages {
+        let rows = first_row..first_row + page.values;
+        first_row = rows.end;
+        if next.peek().is_none_or(|&&r| r >= rows.end) {
             // No wanted row in this page: skipped without decompressing.
-            first_row += rows_here;
             continue;
         }
-        let page: Bytes = if compressed {
-            match decompress(&chunk[body_start..body_end], header.uncompressed_size, pool) {
+        let bytes: Bytes = if compressed {
+            match decompress(&chunk[page.body.clone()], page.uncompressed_size, pool) {
                 Ok(v) => v,
-                Err(e) => return Some(Err(format!("page at byte {body_start}: {e}"))),
+                Err(e) => return Some(Err(format!("page at byte {}: {e}", page.body.start))),
             }
         } else {
-            chunk.slice(body_start..body_end)
+            chunk.slice(page.body.clone())
         };
-        let owner: SharedBytes = Arc::new(page.clone());
-        let mut r = Reader::new(&page);
-        let mut row = first_row;
-        while let Some(&&want) = next.peek() {
-            if want >= first_row + rows_here {
-                break;
-            }
-            // Values before the wanted one are stepped over by their lengths.
-            let mut value = |row: u64| -> Result<(usize, &[u8]), String> {
-                let len = r.bytes(4).map_err(|e| format!("row {row}: {e}"))?;
-                let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-                let start = r.position();
-                let bytes = r.bytes(len).map_err(|e| format!("row {row}: {e}"))?;
-                Ok((start, bytes))
+        let owner: SharedBytes = Arc::new(bytes.clone());
+        let mut r = Reader::new(&bytes);
+        // Every value of the page is stepped over (by its length), so that a page whose
+        // values do not fill it exactly is an error.
+        for row in rows {
+            let len = match r.bytes(4) {
+                Ok(b) => u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize,
+                Err(e) => return Some(Err(format!("row {row}: {e}"))),
             };
-            while row < want {
-                if let Err(e) = value(row) {
-                    return Some(Err(e));
-                }
-                row += 1;
-            }
-            let (start, bytes) = match value(row) {
+            let start = r.position();
+            let value = match r.bytes(len) {
                 Ok(v) => v,
-                Err(e) => return Some(Err(e)),
+                Err(e) => return Some(Err(format!("row {row}: {e}"))),
             };
-            row += 1;
+            if next.peek() != Some(&&row) {
+                continue;
+            }
+            next.next();
             let tensor = match encoding {
-                ValueEncoding::Padded => take_tensor_padded(bytes, Some((&owner, start))),
-                ValueEncoding::Plain => take_tensor(&mut Reader::new(bytes)),
+                ValueEncoding::Padded => take_tensor_padded(value, Some((&owner, start))),
+                ValueEncoding::Plain => take_tensor(&mut Reader::new(value)),
             };
             match tensor {
                 Ok(t) => out.push(t),
-                Err(e) => return Some(Err(format!("row {want}: {e}"))),
+                Err(e) => return Some(Err(format!("row {row}: {e}"))),
             }
-            next.next();
         }
-        first_row += rows_here;
+        if r.remaining() != 0 {
+            return Some(Err(format!(
+                "page at byte {}: {} bytes after its last value",
+                page.body.start,
+                r.remaining()
+            )));
+        }
+    }
+    if let Some(row) = next.peek() {
+        return Some(Err(format!(
+            "row {row} asked for, but the column chunk has {first_row} rows"
+        )));
     }
     Some(Ok(out))
+}
+
+/// Where a data page's values are in its column chunk, and how many.
+struct Page {
+    body: std::ops::Range<usize>,
+    uncompressed_size: usize,
+    values: u64,
 }
 
 thread_local! {
@@ -460,10 +488,90 @@ mod tests {
         }
     }
 
-    /// A damaged chunk (cut short anywhere, or a byte changed in a page header) is an
-    /// error or is left to Parquet's reader, never a panic or wrong rows.
+    /// A damaged chunk (cut short anywhere, or any byte of a page header changed to any
+    /// value) is an error or is left to Parquet's reader, never a panic or wrong rows.
     #[test]
     fn damaged_chunks_are_errors() {
+        let pool = Arc::new(BufferPool::default());
+        let ts = tensors(12);
+        let all: Vec<u64> = (0..12).collect();
+        for compression in [
+            Compression::UNCOMPRESSED,
+            Compression::ZSTD(ZstdLevel::default()),
+        ] {
+            let (bytes, meta) = file(padded(&ts), false, compression, false);
+            let (chunk, data) = chunk_of(&bytes, &meta);
+            for cut in 0..data.len() {
+                let short = data.slice(..cut);
+                if let Some(Ok(got)) =
+                    decode_chunk(&chunk, &short, &all, ValueEncoding::Padded, &pool)
+                {
+                    panic!("{} rows from {cut} of {} bytes", got.len(), data.len());
+                }
+            }
+            // Every byte of the first two page headers, set to every value.
+            let first = PageHeader::parse(&data)
+                .expect("header")
+                .expect("data page");
+            let second_at = first.len + first.compressed_size;
+            let second = PageHeader::parse(&data[second_at..])
+                .expect("header")
+                .expect("data page");
+            let header_bytes = (0..first.len).chain(second_at..second_at + second.len);
+            for at in header_bytes {
+                for v in 0..=255u8 {
+                    let mut bad = data.to_vec();
+                    if bad[at] == v {
+                        continue;
+                    }
+                    bad[at] = v;
+                    let bad = Bytes::from(bad);
+                    // All rows (every page decoded), and the last two (the pages before
+                    // them skipped, trusting only their headers).
+                    for wanted in [&all[..], &all[10..]] {
+                        let got = decode_chunk(&chunk, &bad, wanted, ValueEncoding::Padded, &pool);
+                        if let Some(Ok(got)) = got {
+                            let want = &ts[wanted[0] as usize..];
+                            assert_eq!(got, want, "byte {at} set to {v} ({compression:?})");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// A data page header in the compact protocol, as Parquet writes one.
+    fn header(uncompressed: i64, compressed: i64, values: i64) -> Vec<u8> {
+        let mut out = Vec::new();
+        let int = |field_header: u8, v: i64, out: &mut Vec<u8>| {
+            out.push(field_header);
+            let mut z = ((v << 1) ^ (v >> 63)) as u64;
+            loop {
+                let b = (z & 0x7f) as u8;
+                z >>= 7;
+                if z == 0 {
+                    out.push(b);
+                    break;
+                }
+                out.push(b | 0x80);
+            }
+        };
+        int(0x15, DATA_PAGE, &mut out); // 1: type
+        int(0x15, uncompressed, &mut out); // 2: uncompressed size
+        int(0x15, compressed, &mut out); // 3: compressed size
+        out.push(0x2c); // 5: the data page header, a struct
+        int(0x15, values, &mut out); // 5.1: value count
+        int(0x15, PLAIN, &mut out); // 5.2: encoding
+        int(0x15, 3, &mut out); // 5.3: definition level encoding (RLE)
+        int(0x15, 3, &mut out); // 5.4: repetition level encoding (RLE)
+        out.extend([0, 0]);
+        out
+    }
+
+    /// A page claiming more uncompressed bytes than its whole chunk holds is an error
+    /// before any buffer of that size is taken.
+    #[test]
+    fn implausible_page_sizes_are_errors() {
         let pool = Arc::new(BufferPool::default());
         let ts = tensors(12);
         let (bytes, meta) = file(
@@ -473,26 +581,32 @@ mod tests {
             false,
         );
         let (chunk, data) = chunk_of(&bytes, &meta);
+        let first = PageHeader::parse(&data)
+            .expect("header")
+            .expect("data page");
+        let body = &data[first.len..];
+        let with = |uncompressed: i64| {
+            let mut c = header(
+                uncompressed,
+                first.compressed_size as i64,
+                first.num_values as i64,
+            );
+            c.extend_from_slice(body);
+            Bytes::from(c)
+        };
         let all: Vec<u64> = (0..12).collect();
-        for cut in 0..data.len() {
-            let short = data.slice(..cut);
-            if let Some(Ok(got)) = decode_chunk(&chunk, &short, &all, ValueEncoding::Padded, &pool)
-            {
-                panic!("{} rows from {cut} of {} bytes", got.len(), data.len());
-            }
-        }
-        for at in 0..16.min(data.len()) {
-            let mut bad = data.to_vec();
-            bad[at] ^= 0x5a;
-            if let Some(Ok(got)) = decode_chunk(
-                &chunk,
-                &Bytes::from(bad),
-                &all,
-                ValueEncoding::Padded,
-                &pool,
-            ) {
-                assert_eq!(got, ts, "byte {at} changed");
-            }
+        // The header as written reads back as the original.
+        let same = decode_chunk(
+            &chunk,
+            &with(first.uncompressed_size as i64),
+            &all,
+            ValueEncoding::Padded,
+            &pool,
+        );
+        assert_eq!(same.expect("read directly").expect("decoded"), ts);
+        for huge in [1 << 40, i64::MAX, -1] {
+            let got = decode_chunk(&chunk, &with(huge), &all, ValueEncoding::Padded, &pool);
+            assert!(matches!(got, Some(Err(_))), "{huge}: {got:?}");
         }
     }
 }
