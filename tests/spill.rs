@@ -112,6 +112,21 @@ async fn ten_times_the_budget_on_s3() {
 }
 
 /// Puts `n` samples and waits until all are spilled; returns their handles too.
+/// [`spilled_buffer`] of `n` samples on a [`FaultyStore`] over a new local directory
+/// (kept alive by the returned guard), with one RPC `train` of batch size `batch`.
+async fn faulty_spilled_buffer(
+    name: &str,
+    n: u64,
+    batch: usize,
+) -> (TempDir, Arc<FaultyStore>, SequenceBuffer) {
+    let dir = TempDir::new(name);
+    let faulty = FaultyStore::on_local_dir(dir.path());
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let rpcs = vec![RpcDef::new("train", batch).inputs(["tokens", "logp"])];
+    let (buf, _) = spilled_buffer(store, n, rpcs).await;
+    (dir, faulty, buf)
+}
+
 async fn spilled_buffer(
     store: Store,
     n: u64,
@@ -167,15 +182,7 @@ async fn amending_a_spilled_sample_keeps_the_patch_beside_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
-    let dir = TempDir::new("spill-faults");
-    let faulty = FaultyStore::on_local_dir(dir.path());
-    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
-    let (buf, _) = spilled_buffer(
-        store,
-        8,
-        vec![RpcDef::new("train", 8).inputs(["tokens", "logp"])],
-    )
-    .await;
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-faults", 8, 8).await;
     faulty.fail_reads(true);
     let err = buf
         .get_batch_for_rpc("train")
@@ -207,15 +214,7 @@ async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
 /// for the two batches of read-ahead it starts: here those reads hang until released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_does_not_wait_for_its_read_ahead() {
-    let dir = TempDir::new("spill-urgent");
-    let faulty = FaultyStore::on_local_dir(dir.path());
-    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
-    let (buf, _) = spilled_buffer(
-        store,
-        12,
-        vec![RpcDef::new("train", 4).inputs(["tokens", "logp"])],
-    )
-    .await;
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-urgent", 12, 4).await;
     // The budget holds one sample, so each spilled sample has a segment of its own: the
     // batch needs at most four reads.
     faulty.hold_reads_after(4);

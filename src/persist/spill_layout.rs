@@ -14,12 +14,10 @@
 //! own (local disk), in a stretch of one merged request (object stores), or in a mapping
 //! of the file (which keeps file offsets modulo the page size).
 
-use crate::sync::Arc;
+use super::spill_pages::data_page_header_len;
 use bytes::Bytes;
 use parquet::basic::Compression;
-use parquet::column::page::PageReader;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter};
-use parquet::file::serialized_reader::SerializedPageReader;
 
 /// Alignment of plain chunks' values in the file, and of every fetch's start.
 pub(super) const ALIGN: u64 = 8;
@@ -39,12 +37,10 @@ pub(super) fn align_plain_chunks(
     if !any_plain {
         return Ok((bytes, meta));
     }
-    let file = Arc::new(bytes.clone());
     let mut out: Vec<u8> = Vec::with_capacity(bytes.len() + 8 * 64);
     out.extend_from_slice(b"PAR1");
     let mut row_groups = Vec::with_capacity(meta.num_row_groups());
     for rg in meta.row_groups() {
-        let rows = usize::try_from(rg.num_rows()).map_err(|e| e.to_string())?;
         let mut columns = Vec::with_capacity(rg.columns().len());
         let mut group_start = None;
         for chunk in rg.columns() {
@@ -56,8 +52,12 @@ pub(super) fn align_plain_chunks(
             let body = bytes
                 .get(from..to)
                 .ok_or_else(|| format!("column chunk {from}..{to} past the file's end"))?;
-            if chunk.compression() == Compression::UNCOMPRESSED {
-                let header = page_header_len(&file, chunk, rows)?;
+            // A chunk of another kind (a dictionary page first, say) is not padded: its
+            // values are copied when loaded.
+            let header = (chunk.compression() == Compression::UNCOMPRESSED)
+                .then(|| data_page_header_len(body))
+                .flatten();
+            if let Some(header) = header {
                 let at = (out.len() + header) as u64;
                 out.resize(out.len() + ((ALIGN - at % ALIGN) % ALIGN) as usize, 0);
             }
@@ -101,23 +101,6 @@ pub(super) fn align_plain_chunks(
     Ok((out, meta))
 }
 
-/// The length of the header of `chunk`'s first page: what lies between the chunk's start
-/// and the page's values (the page is read as a slice of `file`; no values are decoded).
-fn page_header_len(
-    file: &Arc<Bytes>,
-    chunk: &parquet::file::metadata::ColumnChunkMetaData,
-    rows: usize,
-) -> Result<usize, String> {
-    let page = SerializedPageReader::new(Arc::clone(file), chunk, rows, None)
-        .and_then(|mut pages| pages.get_next_page())
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| "a column chunk without pages".to_owned())?;
-    let values_at = (page.buffer().as_ptr() as usize).wrapping_sub(file.as_ptr() as usize);
-    values_at
-        .checked_sub(chunk.byte_range().0 as usize)
-        .ok_or_else(|| "a page's values before its chunk".to_owned())
-}
-
 /// Where a fetch of bytes from `start` begins: `start` rounded down to [`ALIGN`].
 pub(super) fn fetch_start(start: u64) -> u64 {
     start - start % ALIGN
@@ -126,6 +109,7 @@ pub(super) fn fetch_start(start: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::Arc;
     use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch};
     use arrow_schema::{Field, Schema};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -151,6 +135,7 @@ mod tests {
         let mut props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::default()))
             .set_max_row_group_row_count(Some(10))
+            .set_dictionary_enabled(false)
             .set_offset_index_disabled(true);
         if plain {
             props = props.set_column_compression(ColumnPath::from("a"), Compression::UNCOMPRESSED);
@@ -184,14 +169,14 @@ mod tests {
     fn plain_chunk_values_are_aligned_and_the_file_reads_back() {
         let (bytes, meta, batch) = file(true);
         let values_at = |bytes: &Bytes, meta: &ParquetMetaData| -> Vec<u64> {
-            let file = Arc::new(bytes.clone());
             meta.row_groups()
                 .iter()
-                .flat_map(|rg| rg.columns().iter().map(move |c| (rg, c)))
-                .filter(|(_, c)| c.compression() == Compression::UNCOMPRESSED)
-                .map(|(rg, c)| {
-                    let header = page_header_len(&file, c, rg.num_rows() as usize).expect("page");
-                    c.byte_range().0 + header as u64
+                .flat_map(|rg| rg.columns())
+                .filter(|c| c.compression() == Compression::UNCOMPRESSED)
+                .map(|c| {
+                    let start = c.byte_range().0;
+                    let header = data_page_header_len(&bytes[start as usize..]).expect("page");
+                    start + header as u64
                 })
                 .collect()
         };

@@ -196,6 +196,12 @@ fn decompress(page: &[u8], size: usize, pool: &Arc<BufferPool>) -> Result<Bytes,
     })
 }
 
+/// The length of the header of the page at the start of `bytes` if it is a v1 data page
+/// of PLAIN values (the kind a spill segment's chunks hold); its values follow it.
+pub(super) fn data_page_header_len(bytes: &[u8]) -> Option<usize> {
+    PageHeader::parse(bytes).ok().flatten().map(|h| h.len)
+}
+
 /// What a data page's header says that a read needs.
 struct PageHeader {
     /// Bytes of the header itself.
