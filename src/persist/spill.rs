@@ -52,7 +52,9 @@ const ZSTD_LEVEL: i32 = -1;
 #[derive(Debug)]
 pub(crate) struct ParquetSpill {
     store: Store,
-    next: AtomicU64,
+    /// The id the next segment gets (shared with writes in flight, which move it past
+    /// the segments they find in the store).
+    next: Arc<AtomicU64>,
     /// Per segment, its footer and the Arrow schema read from it.
     footers: Arc<Mutex<HashMap<u64, ArrowReaderMetadata>>>,
     /// A directory this store owns and removes when dropped.
@@ -63,14 +65,15 @@ pub(crate) struct ParquetSpill {
 
 impl ParquetSpill {
     /// Segments under `spill/` of `store`. Segment ids start from the clock, so a
-    /// restarted process does not reuse the names of files an earlier one left.
+    /// restarted process does not reuse the names of files an earlier one left; a write
+    /// never replaces an existing segment either way (see [`SpillStore::write`] here).
     pub(crate) fn new(store: Store) -> Self {
         let start = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
         Self {
             store,
-            next: AtomicU64::new(start),
+            next: Arc::new(AtomicU64::new(start)),
             footers: Arc::default(),
             temporary: None,
             pages: Arc::default(),
@@ -99,11 +102,7 @@ impl ParquetSpill {
     ) -> Result<usize> {
         let mut deleted = 0;
         for path in store.list(SPILL_DIR).await? {
-            let id = path
-                .strip_prefix(SPILL_DIR)
-                .and_then(|p| p.strip_prefix('/'))
-                .and_then(|p| p.strip_suffix(".parquet"))
-                .and_then(|p| p.parse::<u64>().ok());
+            let id = segment_id(&path);
             if id.is_some_and(|id| keep.contains(&id)) {
                 continue;
             }
@@ -128,24 +127,76 @@ fn segment_path(id: u64) -> String {
     format!("{SPILL_DIR}/{id:020}.parquet")
 }
 
+/// Highest id of a segment under `spill/` of `store` (0 if none).
+async fn highest_segment(store: &Store) -> Result<u64> {
+    Ok(store
+        .list(SPILL_DIR)
+        .await?
+        .iter()
+        .filter_map(|path| segment_id(path))
+        .max()
+        .unwrap_or(0))
+}
+
+/// The id in a segment's path (`spill/<id>.parquet`), if it is one.
+fn segment_id(path: &str) -> Option<u64> {
+    path.strip_prefix(SPILL_DIR)?
+        .strip_prefix('/')?
+        .strip_suffix(".parquet")?
+        .parse()
+        .ok()
+}
+
+/// Writes a segment tries before giving up when every id it takes is already in the
+/// store (another process writing segments into the same folder).
+const WRITE_ATTEMPTS: usize = 3;
+
 impl SpillStore for ParquetSpill {
+    /// Writes a new segment, never replacing one: the object is created only if its name
+    /// is free. A taken name (ids come from the clock, and a process resumed on a machine
+    /// whose clock is behind the last one's would take names of segments live samples
+    /// need) moves the ids past every segment in the store, and the write tries again.
     fn write(&self, rows: Vec<Fields>) -> SpillFuture<Arc<Segment>> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let path = segment_path(id);
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let next = Arc::clone(&self.next);
         let store = self.store.clone();
         let footers = Arc::clone(&self.footers);
         Box::pin(async move {
             let n = rows.len() as u32;
-            let encode_path = path.clone();
+            let encode_path = segment_path(first);
             let url = store.url().to_owned();
             let encoded = tokio::task::spawn_blocking(move || encode(&rows))
                 .await
                 .map_err(|e| storage_err(&url, &encode_path, e))?
                 .map_err(|e| storage_err(&url, &encode_path, e))?;
             let (bytes, footer) = encoded;
-            store.put(&path, bytes).await?;
-            footers.lock().insert(id, footer);
-            Ok(Arc::new(Segment { id, path, rows: n }))
+            let mut id = first;
+            let mut attempt = 1;
+            loop {
+                let path = segment_path(id);
+                if store.put_if_absent(&path, bytes.clone()).await? {
+                    footers.lock().insert(id, footer);
+                    return Ok(Arc::new(Segment { id, path, rows: n }));
+                }
+                if attempt == WRITE_ATTEMPTS {
+                    return Err(storage_err(
+                        store.url(),
+                        &path,
+                        format!("spill segment names taken {WRITE_ATTEMPTS} times in a row: is another buffer spilling into this folder?"),
+                    ));
+                }
+                tracing::warn!(
+                    store = store.url(),
+                    segment = id,
+                    "spill segment name already taken; moving segment ids past the store's"
+                );
+                next.fetch_max(
+                    highest_segment(&store).await?.saturating_add(1),
+                    Ordering::Relaxed,
+                );
+                id = next.fetch_add(1, Ordering::Relaxed);
+                attempt += 1;
+            }
         })
     }
 
@@ -513,5 +564,125 @@ mod tests {
             assert_eq!(got[0].get("tokens"), row(5).get("tokens"));
             assert_eq!(got[1].get("tokens"), row(0).get("tokens"));
         });
+    }
+
+    /// A process whose clock is behind the one before it (resumed on another machine)
+    /// takes names of segments live samples need; its writes move past them instead of
+    /// replacing them, and a folder whose names keep being taken is an error, not a loop.
+    #[test]
+    fn writes_never_replace_a_segment() {
+        runtime().block_on(async {
+            let store = Store::open("memory://").expect("store");
+            let earlier = ParquetSpill::new(store.clone());
+            let first = earlier.write(vec![row(1)]).await.expect("write");
+            let second = earlier.write(vec![row(2)]).await.expect("write");
+            let behind = ParquetSpill::new(store.clone());
+            behind.next.store(first.id, Ordering::Relaxed);
+            let third = behind.write(vec![row(3)]).await.expect("write");
+            assert!(third.id > second.id, "{} after {}", third.id, second.id);
+            let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
+            for (segment, i) in [(first, 1), (second, 2), (Arc::clone(&third), 3)] {
+                let reader = ParquetSpill::new(store.clone());
+                let got = reader
+                    .read(reader.segment(segment.id, 1), vec![0], keys.clone())
+                    .await
+                    .expect("read");
+                assert_eq!(got, vec![row(i)], "segment {}", segment.id);
+            }
+            // The next write follows on without another collision.
+            let fourth = behind.write(vec![row(4)]).await.expect("write");
+            assert_eq!(fourth.id, third.id + 1);
+
+            // Every name taken: a typed error naming the store's folder.
+            let taken = Store::from_object_store(Arc::new(AlwaysTaken::default()), "");
+            let err = ParquetSpill::new(taken)
+                .write(vec![row(5)])
+                .await
+                .expect_err("every name taken");
+            assert!(
+                matches!(&err, crate::Error::Storage { path, detail, .. }
+                    if path.starts_with("spill/") && detail.contains("taken")),
+                "{err}"
+            );
+        });
+    }
+
+    /// An in-memory store where every name a create-only put asks for is taken.
+    #[derive(Debug, Default)]
+    struct AlwaysTaken(object_store::memory::InMemory);
+
+    impl std::fmt::Display for AlwaysTaken {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("AlwaysTaken")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl object_store::ObjectStore for AlwaysTaken {
+        async fn put_opts(
+            &self,
+            location: &object_store::path::Path,
+            payload: object_store::PutPayload,
+            opts: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            if opts.mode == object_store::PutMode::Create {
+                return Err(object_store::Error::AlreadyExists {
+                    path: location.to_string(),
+                    source: "taken".into(),
+                });
+            }
+            self.0.put_opts(location, payload, opts).await
+        }
+
+        async fn put_multipart_opts(
+            &self,
+            location: &object_store::path::Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.0.put_multipart_opts(location, opts).await
+        }
+
+        async fn get_opts(
+            &self,
+            location: &object_store::path::Path,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            self.0.get_opts(location, options).await
+        }
+
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<
+                'static,
+                object_store::Result<object_store::path::Path>,
+            >,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
+            self.0.delete_stream(locations)
+        }
+
+        fn list(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.0.list(prefix)
+        }
+
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.0.list_with_delimiter(prefix).await
+        }
+
+        async fn copy_opts(
+            &self,
+            from: &object_store::path::Path,
+            to: &object_store::path::Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.0.copy_opts(from, to, options).await
+        }
     }
 }
