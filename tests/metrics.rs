@@ -1,6 +1,8 @@
 //! Metrics per environment: the struct from a buffer and its ingestion, batch usage, and
 //! the same values through the `metrics` facade.
 
+mod common;
+
 use metrics::{
     Counter, Gauge, GaugeFn, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
 };
@@ -8,7 +10,7 @@ use rollout_buffer::rollout::{
     Advantage, Batcher, BatcherConfig, GroupConfig, GroupIngest, MetricsTracker, Packer,
     RolloutRecord, Shortfall, SlimeHooks, Source, GROUP_INPUTS,
 };
-use rollout_buffer::{RpcDef, Selection, SequenceBuffer};
+use rollout_buffer::{BufferConfig, RpcDef, Selection, SequenceBuffer};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,6 +29,55 @@ fn rollout(example: usize, k: usize, version: u64) -> RolloutRecord {
     r.truncated = k == 1 && example == 0;
     r.reward_components.insert("format".into(), 0.5);
     r
+}
+
+/// Groups whose token fields and rollout uids are spilled are counted as when in memory:
+/// rollouts from the group's in-memory fields, tokens from the spilled fields' sizes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spilled_groups_count_their_rollouts_and_tokens() {
+    const GROUPS: usize = 6;
+    const K: usize = 4;
+    let snapshot = |budget: Option<u64>| async move {
+        let mut config = BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(GROUP_INPUTS));
+        if let Some(bytes) = budget {
+            config = config.memory_budget(bytes);
+        }
+        let buf = SequenceBuffer::with_config(config).expect("config");
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(K))
+            .await
+            .expect("start");
+        for example in 0..GROUPS {
+            for k in 0..K {
+                let mut r = rollout(example, k, 0);
+                // Over 1 KiB per group: spilled with the tokens.
+                r.rollout_uid = format!("{example}-{k}-{}", "u".repeat(400));
+                r.prompt_tokens = vec![1; 300 + example];
+                r.output_tokens = vec![2; 500 + k];
+                r.logprobs = vec![-0.1; 500 + k];
+                ingest.add(r).await.expect("add");
+            }
+        }
+        if budget.is_some() {
+            // Every group but the last put is spilled.
+            common::wait_until(|| buf.stats().spill.spilled_now as usize >= GROUPS - 1).await;
+            let contents = buf.contents();
+            let spilled = contents.iter().filter(|s| !s.spilled.is_empty()).count();
+            assert!(spilled >= GROUPS - 1, "{spilled} groups spilled");
+            let first = &contents[0];
+            for key in ["prompt_tokens", "output_tokens", "rollout_uid"] {
+                assert!(first.spilled.contains_key(key), "{key} not spilled");
+                assert!(first.sample.get(key).is_none(), "{key} in memory");
+            }
+        }
+        let m = MetricsTracker::new("math").snapshot(&buf, Some(&ingest));
+        (m.groups_in_buffer, m.rollouts_in_buffer, m.tokens_in_buffer)
+    };
+    let tokens: usize = (0..GROUPS)
+        .map(|e| K * (300 + e) + (0..K).map(|k| 500 + k).sum::<usize>())
+        .sum();
+    let expected = (GROUPS as u64, (GROUPS * K) as u64, tokens as u64);
+    assert_eq!(snapshot(None).await, expected);
+    assert_eq!(snapshot(Some(16 << 10)).await, expected);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -17,6 +17,10 @@ pub struct StoredSample {
     pub sample: Sample,
     /// Per RPC name: reads of the sample it has not used yet.
     pub reads_left: BTreeMap<String, u16>,
+    /// The fields held in spill segments rather than in `sample`, with their sizes in
+    /// bytes (`Tensor::nbytes` when spilled); empty when nothing of it is spilled, and
+    /// from [`SequenceBuffer::contents_loaded`], whose samples hold every field.
+    pub spilled: BTreeMap<String, u64>,
 }
 
 impl SequenceBuffer {
@@ -50,6 +54,7 @@ impl SequenceBuffer {
             if let (Some(store), false) = (&store, rows.is_empty()) {
                 let fields = read_back(&**store, rows).await?;
                 stored.sample = merge(&stored.sample, fields);
+                stored.spilled.clear();
             }
             out.push(stored);
         }
@@ -75,15 +80,23 @@ impl SequenceBuffer {
                     .enumerate()
                     .map(|(r, info)| (info.name.to_string(), table.reads_left[s * n_rpcs + r]))
                     .collect();
+                let (rows, spilled) = match &inner.spill {
+                    Some(sp) => {
+                        let spilled = sp
+                            .parts(s as u32)
+                            .iter()
+                            .flat_map(|p| &p.fields)
+                            .map(|(key, bytes)| (key.to_string(), *bytes))
+                            .collect();
+                        (sp.rows_of(s as u32), spilled)
+                    }
+                    None => Default::default(),
+                };
                 let entry = StoredSample {
                     sample: Sample::clone(sample),
                     reads_left,
+                    spilled,
                 };
-                let rows = inner
-                    .spill
-                    .as_ref()
-                    .map(|sp| sp.rows_of(s as u32))
-                    .unwrap_or_default();
                 Some((table.slots[s].order, (entry, rows)))
             })
             .collect();

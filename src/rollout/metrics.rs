@@ -197,12 +197,23 @@ impl MetricsTracker {
                     .and_then(|t| t.lengths())
                     .map_or(0, |l| l.iter().sum::<usize>() as u64)
             };
-            m.tokens_in_buffer += lengths("prompt_tokens") + lengths("output_tokens");
-            let k = s
-                .get("rollout_uid")
-                .and_then(|t| t.array::<String>())
-                .map_or(0, |a| a.len() as u64);
+            // A group's rollout count: `rollout_uid` holds one string per rollout, and
+            // `rollout_version` one number (K * 8 bytes: it stays in memory when the
+            // uids, over 1 KiB, are spilled).
+            let k = ["rollout_uid", "rollout_version"]
+                .iter()
+                .find_map(|key| s.get(key).map(|t| t.shape().first().copied().unwrap_or(1)))
+                .unwrap_or(0) as u64;
             m.rollouts_in_buffer += k;
+            // Token fields are ragged i32 (K sequences); a spilled one is counted from its
+            // size, which is 4 bytes per token plus 8 per sequence length.
+            let tokens = |key: &str| -> u64 {
+                match stored.spilled.get(key) {
+                    Some(bytes) => bytes.saturating_sub(8 * k) / 4,
+                    None => lengths(key),
+                }
+            };
+            m.tokens_in_buffer += tokens("prompt_tokens") + tokens("output_tokens");
             if let Some(t) = s.get("truncated").and_then(|t| t.array::<bool>()) {
                 truncated += t.iter().filter(|&&x| x).count() as u64;
             }
