@@ -422,3 +422,59 @@ async fn an_amend_after_read_ahead_is_what_the_next_get_sees() {
     second.commit().await.expect("commit");
     assert_invariants(&buf);
 }
+
+/// A sink that keeps every consumed sample.
+#[derive(Debug, Default, Clone)]
+struct Collect(Arc<std::sync::Mutex<Vec<Arc<rollout_buffer::Sample>>>>);
+
+impl rollout_buffer::FreedSink for Collect {
+    fn consumed(&self, samples: Vec<Arc<rollout_buffer::Sample>>, _read_by: &[String]) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(samples);
+    }
+}
+
+/// Freed spilled samples reach the sink whole (the fields no RPC loaded too), their
+/// spilled fields read back with one read per segment, not one per sample.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freed_spilled_samples_reach_the_sink_whole_with_one_read_per_segment() {
+    const N: u64 = 16;
+    let dir = TempDir::new("spill-handover");
+    let faulty = FaultyStore::on_local_dir(dir.path());
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let sink = Collect::default();
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            // The trainer loads only the tokens: the logprobs come back for the sink.
+            .rpc(RpcDef::new("train", N as usize).inputs(["tokens"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(store.clone())
+            .freed_sink(sink.clone()),
+    )
+    .expect("buffer");
+    // One oversized put (it fits an empty buffer), spilled as one segment.
+    buf.put_batch((0..N).map(rollout).collect())
+        .await
+        .expect("put");
+    common::wait_until(|| buf.stats().spill.spilled_now == N).await;
+    assert_eq!(buf.stats().spill.segments_written, 1);
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    assert_eq!(batch.len(), N as usize);
+    assert!(batch.samples().all(|v| v.get("logp").is_none()));
+    let before = faulty.spill_gets.load(std::sync::atomic::Ordering::SeqCst);
+    batch.commit().await.expect("commit");
+    buf.flush().await.expect("flush");
+    let reads = faulty.spill_gets.load(std::sync::atomic::Ordering::SeqCst) - before;
+    assert_eq!(reads, 1, "reads to hand over {N} samples of one segment");
+    let got = sink.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut numbers: Vec<u64> = got
+        .iter()
+        .map(|s| payload::check(s.id().as_str(), |k| s.get(k)))
+        .collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (0..N).collect::<Vec<_>>());
+    assert!(spill_files(&store).await.is_empty());
+    assert_invariants(&buf);
+}

@@ -153,12 +153,21 @@ async fn a_recovered_segment_is_never_fetched_whole_for_its_footer() {
         .await
         .expect("reopen");
     assert!(buf.stats().spill.spilled_now >= N - 8 - 4);
+    let segments = store().list("spill").await.expect("list").len();
+    let before = faulty.spill_gets.load(Ordering::SeqCst);
     let contents = buf.contents_loaded().await.expect("contents");
     assert_eq!(contents.len() as u64, N);
     for stored in &contents {
         payload::check(stored.sample.id().as_str(), |k| stored.sample.get(k));
     }
     assert_eq!(faulty.whole_spill_gets.load(Ordering::SeqCst), 0);
+    // Per segment: its footer (the length at the end, then the metadata) and one read of
+    // the rows, never one read per sample.
+    let reads = faulty.spill_gets.load(Ordering::SeqCst) - before;
+    assert!(
+        reads <= 3 * segments,
+        "{reads} reads of {segments} segments"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,10 @@ pub struct StoredSample {
     pub spilled: BTreeMap<String, u64>,
 }
 
+/// Spilled samples [`SequenceBuffer::contents_loaded`] reads back at a time (their
+/// segments are read at once).
+const READ_BACK_SAMPLES: usize = 256;
+
 impl SequenceBuffer {
     /// Whether a sample with this id is stored or being put.
     pub fn contains(&self, id: &str) -> bool {
@@ -40,8 +44,9 @@ impl SequenceBuffer {
             .collect()
     }
 
-    /// [`Self::contents`] with the spilled fields read back from their spill segments (a
-    /// read per spilled sample: for inspection and tests).
+    /// [`Self::contents`] with the spilled fields read back from their spill segments
+    /// (one read per segment for every [`READ_BACK_SAMPLES`] spilled samples: for
+    /// inspection and tests; it holds every payload in memory at once).
     pub async fn contents_loaded(&self) -> Result<Vec<StoredSample>> {
         let store = self
             .shared
@@ -50,13 +55,26 @@ impl SequenceBuffer {
             .as_ref()
             .map(|s| Arc::clone(&s.store));
         let mut out = Vec::new();
-        for (mut stored, rows) in self.snapshot_contents() {
-            if let (Some(store), false) = (&store, rows.is_empty()) {
-                let fields = read_back(&**store, rows).await?;
-                stored.sample = merge(&stored.sample, fields);
-                stored.spilled.clear();
+        let mut spilled: Vec<(usize, Vec<SpilledRow>)> = Vec::new();
+        for (stored, rows) in self.snapshot_contents() {
+            if !rows.is_empty() {
+                spilled.push((out.len(), rows));
             }
             out.push(stored);
+        }
+        let Some(store) = store else {
+            return Ok(out);
+        };
+        while !spilled.is_empty() {
+            let rest = spilled.split_off(spilled.len().min(READ_BACK_SAMPLES));
+            let (at, rows): (Vec<usize>, Vec<_>) =
+                std::mem::replace(&mut spilled, rest).into_iter().unzip();
+            for (i, fields) in at.into_iter().zip(read_back(&store, rows).await) {
+                if let Some(stored) = out.get_mut(i) {
+                    stored.sample = merge(&stored.sample, fields?);
+                    stored.spilled.clear();
+                }
+            }
         }
         Ok(out)
     }

@@ -57,6 +57,8 @@ pub struct FaultyStore {
     pub held_reads: AtomicUsize,
     /// Gets of a whole object under `spill/` (not ranged, not heads).
     pub whole_spill_gets: AtomicUsize,
+    /// Gets of anything under `spill/` (ranged or not, not heads).
+    pub spill_gets: AtomicUsize,
 }
 
 impl FaultyStore {
@@ -74,6 +76,7 @@ impl FaultyStore {
             reads_released: tokio::sync::Notify::new(),
             held_reads: AtomicUsize::new(0),
             whole_spill_gets: AtomicUsize::new(0),
+            spill_gets: AtomicUsize::new(0),
         })
     }
 
@@ -221,8 +224,11 @@ impl ObjectStore for FaultyStore {
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
         self.read_after_hold().await;
-        if !options.head && options.range.is_none() && location.as_ref().starts_with("spill/") {
-            self.whole_spill_gets.fetch_add(1, Ordering::SeqCst);
+        if !options.head && location.as_ref().starts_with("spill/") {
+            self.spill_gets.fetch_add(1, Ordering::SeqCst);
+            if options.range.is_none() {
+                self.whole_spill_gets.fetch_add(1, Ordering::SeqCst);
+            }
         }
         if self.read_faults.load(Ordering::SeqCst) {
             self.failed_reads.fetch_add(1, Ordering::SeqCst);

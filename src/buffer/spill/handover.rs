@@ -2,8 +2,7 @@
 //! then the segments left without a live row are deleted. `flush` waits for both.
 
 use super::super::{Freed, Journal, Shared};
-use super::{merge, Segment, SpillStore, SpilledRow};
-use crate::error::Result;
+use super::{merge, read_back, Segment, SpillStore};
 use crate::sample::{Fields, SampleId};
 use crate::sync::{Arc, Mutex, Notify};
 use std::collections::HashMap;
@@ -62,10 +61,11 @@ impl Shared {
         let read_by = self.read_by.clone();
         let busy = self.handover.busy();
         let task = async move {
-            let spilled = std::mem::take(&mut freed.spilled);
+            let (ids, rows): (Vec<SampleId>, Vec<_>) =
+                std::mem::take(&mut freed.spilled).into_iter().unzip();
             let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
-            for (id, rows) in spilled {
-                match read_back(&*store, rows).await {
+            for (id, result) in ids.into_iter().zip(read_back(&store, rows).await) {
+                match result {
                     Ok(fields) => {
                         by_id.insert(id, fields);
                     }
@@ -141,18 +141,6 @@ impl Shared {
             drop(busy);
         });
     }
-}
-
-/// Reads a sample's spilled fields back from their rows.
-pub(crate) async fn read_back(store: &dyn SpillStore, rows: Vec<SpilledRow>) -> Result<Fields> {
-    let mut fields = Fields::default();
-    for r in rows {
-        let mut got = store.read(r.segment, vec![r.row], r.keys).await?;
-        for (k, t) in got.pop().unwrap_or_default().iter() {
-            fields.set(k.clone(), t.clone());
-        }
-    }
-    Ok(fields)
 }
 
 /// Deletes segments, logging the ones that would not go.

@@ -3,7 +3,7 @@
 
 use super::super::{Batch, Shared};
 use super::int_map::IntMap;
-use super::{Segment, SpillStore};
+use super::{Segment, SpillStore, SpilledRow};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, Mutex, Notify};
@@ -51,15 +51,6 @@ pub(super) struct Loading {
     pub(super) cell: Arc<LoadCell>,
 }
 
-/// What one read asks a segment for.
-#[derive(Debug)]
-pub(super) struct Request {
-    pub(super) slot: u32,
-    pub(super) segment: Arc<Segment>,
-    pub(super) row: u32,
-    pub(super) keys: Vec<FieldKey>,
-}
-
 /// A batch's sample `index` (in `slot`) waits for `cell`.
 #[derive(Debug)]
 pub(crate) struct BatchLoad {
@@ -74,7 +65,7 @@ pub(crate) struct BatchLoad {
 pub(crate) struct LoadPlan {
     /// Per sample to load: its cell and its reads, one per part. The first `urgent` are
     /// samples a get waits for; the rest are read-ahead.
-    pub(super) loads: Vec<(Arc<LoadCell>, Vec<Request>)>,
+    pub(super) loads: Vec<(Arc<LoadCell>, Vec<SpilledRow>)>,
     pub(super) urgent: usize,
 }
 
@@ -161,12 +152,36 @@ enum Read {
 /// A segment and the reads of it: `(load, request)` indexes into a plan.
 type SegmentReads = (Arc<Segment>, Vec<(usize, usize)>);
 
+/// Reads back the spilled fields of several samples (`samples[i]`: where sample `i`'s
+/// are), with one read per segment, as loads do; returns each sample's fields or the
+/// error of a read it needed. For samples outside the registry of loads: freed ones
+/// handed to the sink, and snapshots of the contents.
+pub(crate) async fn read_back(
+    store: &Arc<dyn SpillStore>,
+    samples: Vec<Vec<SpilledRow>>,
+) -> Vec<Result<Fields>> {
+    let loads: Vec<(Arc<LoadCell>, Vec<SpilledRow>)> = samples
+        .into_iter()
+        .map(|rows| (Arc::new(LoadCell::new()), rows))
+        .collect();
+    let cells: Vec<Arc<LoadCell>> = loads.iter().map(|(c, _)| Arc::clone(c)).collect();
+    // No buffer: a failed read leaves no registration behind.
+    run_loads(Weak::new(), Arc::clone(store), loads).await;
+    let mut out = Vec::with_capacity(cells.len());
+    for cell in cells {
+        // Finished: `run_loads` publishes every load before it returns.
+        out.push(cell.wait().await);
+    }
+    out
+}
+
 /// Reads every registered load, segment by segment, and publishes each sample's fields
-/// as soon as the reads it needs are in.
+/// as soon as the reads it needs are in. `weak` is the buffer whose registry failed
+/// loads leave (dangling for [`read_back`]).
 async fn run_loads(
     weak: Weak<Shared>,
     store: Arc<dyn SpillStore>,
-    loads: Vec<(Arc<LoadCell>, Vec<Request>)>,
+    loads: Vec<(Arc<LoadCell>, Vec<SpilledRow>)>,
 ) {
     if loads.is_empty() {
         return;

@@ -45,9 +45,9 @@ mod int_map;
 mod load;
 mod spiller;
 
-pub(crate) use handover::{read_back, HandOver};
-pub(crate) use load::{BatchLoad, LoadCell, LoadPlan};
-use load::{Loading, Request};
+pub(crate) use handover::HandOver;
+use load::Loading;
+pub(crate) use load::{read_back, BatchLoad, LoadCell, LoadPlan};
 
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields, Sample};
@@ -101,12 +101,16 @@ pub(crate) struct SpillPart {
     pub(crate) fields: Vec<(FieldKey, u64)>,
 }
 
-/// Where some spilled fields of a freed sample are.
+/// Where some spilled fields of a sample are: what one read asks a segment for.
 #[derive(Debug, Clone)]
 pub(crate) struct SpilledRow {
-    segment: Arc<Segment>,
-    row: u32,
-    keys: Vec<FieldKey>,
+    /// The sample's slot (when the row was found; a freed sample's slot may hold another
+    /// sample by the time the row is read).
+    pub(super) slot: u32,
+    pub(super) segment: Arc<Segment>,
+    pub(super) row: u32,
+    /// The fields to read.
+    pub(super) keys: Vec<FieldKey>,
 }
 
 /// A segment and how many of its rows a stored sample still needs.
@@ -260,6 +264,7 @@ impl SpillState {
         for part in parts {
             if let (true, Some(live)) = (want_rows, self.segments.get(&part.segment)) {
                 rows.push(SpilledRow {
+                    slot,
                     segment: Arc::clone(&live.segment),
                     row: part.row,
                     keys: part.fields.into_iter().map(|(k, _)| k).collect(),
@@ -336,6 +341,7 @@ impl SpillState {
             .iter()
             .filter_map(|p| {
                 Some(SpilledRow {
+                    slot,
                     segment: Arc::clone(&self.segments.get(&p.segment)?.segment),
                     row: p.row,
                     keys: p.fields.iter().map(|(k, _)| k.clone()).collect(),
@@ -429,7 +435,7 @@ impl SpillState {
                     .collect();
                 let segment = self.segments.get(&part.segment).map(|l| &l.segment);
                 if let (false, Some(segment)) = (keys.is_empty(), segment) {
-                    requests.push(Request {
+                    requests.push(SpilledRow {
                         slot,
                         segment: Arc::clone(segment),
                         row: part.row,
