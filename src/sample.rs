@@ -254,6 +254,12 @@ impl Fields {
         self.0.len()
     }
 
+    /// Takes the tensor of `key` out, if there is one.
+    pub(crate) fn remove(&mut self, key: &str) -> Option<Tensor> {
+        let i = self.0.iter().position(|(k, _)| k.as_str() == key)?;
+        Some(self.0.swap_remove(i).1)
+    }
+
     /// The fields `keep` accepts (given key and tensor), sharing their tensors.
     pub(crate) fn filtered_by(&self, mut keep: impl FnMut(&str, &Tensor) -> bool) -> Self {
         Self(self.0.iter().filter(|(k, t)| keep(k, t)).cloned().collect())

@@ -436,45 +436,127 @@ impl rollout_buffer::FreedSink for Collect {
     }
 }
 
-/// Freed spilled samples reach the sink whole (the fields no RPC loaded too), their
-/// spilled fields read back with one read per segment, not one per sample.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn freed_spilled_samples_reach_the_sink_whole_with_one_read_per_segment() {
-    const N: u64 = 16;
-    let dir = TempDir::new("spill-handover");
+/// A spilled buffer with a sink (see [`one_segment_with_a_sink`]).
+struct WithSink {
+    faulty: Arc<FaultyStore>,
+    store: Store,
+    sink: Collect,
+    buf: SequenceBuffer,
+    handles: Vec<rollout_buffer::SlotHandle>,
+}
+
+/// A buffer whose `n` samples (0..n) sit in one spill segment on a `FaultyStore`, with a
+/// sink and one RPC `train` of batches of `n` reading `inputs`.
+async fn one_segment_with_a_sink(dir: &TempDir, inputs: &[&str], n: u64) -> WithSink {
     let faulty = FaultyStore::on_local_dir(dir.path());
     let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
     let sink = Collect::default();
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(64)
-            // The trainer loads only the tokens: the logprobs come back for the sink.
-            .rpc(RpcDef::new("train", N as usize).inputs(["tokens"]))
+            .rpc(RpcDef::new("train", n as usize).inputs(inputs.iter().copied()))
             .memory_budget(SAMPLE_BYTES)
             .spill_to(store.clone())
             .freed_sink(sink.clone()),
     )
     .expect("buffer");
     // One oversized put (it fits an empty buffer), spilled as one segment.
-    buf.put_batch((0..N).map(rollout).collect())
+    let handles = buf
+        .put_batch((0..n).map(rollout).collect())
         .await
         .expect("put");
-    common::wait_until(|| buf.stats().spill.spilled_now == N).await;
+    common::wait_until(|| buf.stats().spill.spilled_now == n).await;
     assert_eq!(buf.stats().spill.segments_written, 1);
+    WithSink {
+        faulty,
+        store,
+        sink,
+        buf,
+        handles,
+    }
+}
+
+impl Collect {
+    /// The samples consumed so far, checked against `payload::rollout`; returns their
+    /// numbers, sorted.
+    fn checked(&self) -> Vec<u64> {
+        let got = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut numbers: Vec<u64> = got
+            .iter()
+            .map(|s| payload::check(s.id().as_str(), |k| s.get(k)))
+            .collect();
+        numbers.sort_unstable();
+        numbers
+    }
+}
+
+fn spill_gets(faulty: &FaultyStore) -> usize {
+    faulty.spill_gets.load(std::sync::atomic::Ordering::SeqCst)
+}
+
+/// Freed spilled samples reach the sink whole. The fields the committing batch loaded
+/// are handed over as they are; the others (here the logprobs, which the trainer does not
+/// read) are read back with one read per segment, not one per sample.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn freed_spilled_samples_reach_the_sink_whole_with_one_read_per_segment() {
+    const N: u64 = 16;
+    for (inputs, reads) in [(&["tokens"][..], 1), (&["tokens", "logp"][..], 0)] {
+        let dir = TempDir::new("spill-handover");
+        let WithSink {
+            faulty,
+            store,
+            sink,
+            buf,
+            ..
+        } = one_segment_with_a_sink(&dir, inputs, N).await;
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        assert_eq!(batch.len(), N as usize);
+        let before = spill_gets(&faulty);
+        batch.commit().await.expect("commit");
+        buf.flush().await.expect("flush");
+        assert_eq!(
+            spill_gets(&faulty) - before,
+            reads,
+            "reads to hand over {N} samples of one segment, trained on {inputs:?}"
+        );
+        assert_eq!(sink.checked(), (0..N).collect::<Vec<_>>());
+        assert!(spill_files(&store).await.is_empty());
+        assert_invariants(&buf);
+    }
+}
+
+/// A sample amended while its batch holds loaded fields reaches the sink with the patch,
+/// not the loaded copy of the key it replaced, and with the loaded copies of the others.
+/// (A leased sample is not idle, so the patch stays in memory until the commit frees it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_amend_while_leased_wins_over_the_loaded_fields_in_the_sink() {
+    const N: u64 = 4;
+    let dir = TempDir::new("spill-handover-amend");
+    let WithSink {
+        sink, buf, handles, ..
+    } = one_segment_with_a_sink(&dir, &["tokens", "logp"], N).await;
     let batch = buf.get_batch_for_rpc("train").await.expect("get");
-    assert_eq!(batch.len(), N as usize);
-    assert!(batch.samples().all(|v| v.get("logp").is_none()));
-    let before = faulty.spill_gets.load(std::sync::atomic::Ordering::SeqCst);
+    let replaced = vec![-7i32; payload::TOKENS];
+    buf.amend_batch(&handles[1..2], vec![Patch::new().with("tokens", replaced)])
+        .await
+        .expect("amend");
     batch.commit().await.expect("commit");
     buf.flush().await.expect("flush");
-    let reads = faulty.spill_gets.load(std::sync::atomic::Ordering::SeqCst) - before;
-    assert_eq!(reads, 1, "reads to hand over {N} samples of one segment");
     let got = sink.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut numbers: Vec<u64> = got
-        .iter()
-        .map(|s| payload::check(s.id().as_str(), |k| s.get(k)))
-        .collect();
-    numbers.sort_unstable();
-    assert_eq!(numbers, (0..N).collect::<Vec<_>>());
-    assert!(spill_files(&store).await.is_empty());
+    assert_eq!(got.len(), N as usize);
+    for s in &got {
+        let tokens = s
+            .get("tokens")
+            .and_then(|t| t.array::<i32>())
+            .expect("tokens");
+        let logp = s.get("logp").and_then(|t| t.array::<f32>()).expect("logp");
+        let i: u64 = s.id().as_str().parse().expect("number");
+        if i == 1 {
+            assert_eq!(tokens.len(), payload::TOKENS, "the amended tokens");
+            assert!(tokens.iter().all(|&t| t == -7), "the amended tokens");
+            assert_eq!(logp[3], -3.0 - 1.0, "the spilled logprobs");
+        } else {
+            payload::check(s.id().as_str(), |k| s.get(k));
+        }
+    }
     assert_invariants(&buf);
 }

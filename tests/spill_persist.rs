@@ -234,3 +234,55 @@ async fn recovery_over_the_budgets_keeps_every_sample_then_spills() {
         buf.flush().await.expect("flush");
     }
 }
+
+/// With a `Sync` log and the archive on, every trained spilled sample lands in the archive
+/// whole (its loaded fields handed over once the completion is durable, the rest read
+/// back), and every segment goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_durable_spilled_buffer_archives_whole_samples() {
+    use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    for inputs in [&["tokens", "reward"][..], &["tokens", "logp", "reward"][..]] {
+        let dir = TempDir::new("spill-archive");
+        let store = Store::open(dir.path()).expect("store");
+        let config = BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(inputs.iter().copied()))
+            .external_keys(["reward"])
+            .memory_budget(4 * SAMPLE_BYTES);
+        let options = PersistOptions::new()
+            .durability(Durability::Sync)
+            .archive(Some(ArchiveOptions::default()));
+        let buf = SequenceBuffer::open_in(store.clone(), config, options)
+            .await
+            .expect("open");
+        let mut handles = Vec::new();
+        for start in (0..N).step_by(4) {
+            handles.extend(
+                buf.put_batch((start..start + 4).map(rollout).collect())
+                    .await
+                    .expect("put"),
+            );
+        }
+        common::wait_until(|| buf.stats().spill.spilled_now >= N - 8).await;
+        let patches = (0..N)
+            .map(|i| Patch::new().with("reward", i as f64))
+            .collect();
+        buf.amend_batch(&handles, patches).await.expect("amend");
+        for _ in 0..N / 4 {
+            let batch = buf.get_batch_for_rpc("train").await.expect("get");
+            batch.commit().await.expect("commit");
+        }
+        buf.flush().await.expect("flush");
+        let rows = ArchiveWriter::new(store.clone())
+            .read_all()
+            .await
+            .expect("read the archive");
+        let mut archived: Vec<u64> = rows.iter().map(|r| check(&r.sample)).collect();
+        archived.sort_unstable();
+        assert_eq!(
+            archived,
+            (0..N).collect::<Vec<_>>(),
+            "trained on {inputs:?}"
+        );
+        assert!(store.list("spill").await.expect("list").is_empty());
+    }
+}

@@ -7,6 +7,7 @@
 //! changes. A lease past its RPC's lease timeout is released by the buffer, and a late
 //! `complete` / `commit` fails with [`Error::LeaseExpired`] with nothing applied.
 
+use super::spill::{use_loaded, LoadedFields};
 use super::steps::step_done;
 use super::{now, AuxWrite, Durable, Inner, Record, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
@@ -38,6 +39,9 @@ pub struct Batch {
     done: bool,
     /// The training step this batch is, if it was asked for by step.
     step: Option<u64>,
+    /// Spilled fields loaded for the samples (kept only when freed samples go to a sink):
+    /// samples the lease's end frees reach the sink with them, without a read back.
+    loaded: Vec<LoadedFields>,
 }
 
 impl fmt::Debug for Batch {
@@ -73,7 +77,13 @@ impl Batch {
             deadline,
             done: false,
             step,
+            loaded: Vec::new(),
         }
+    }
+
+    /// Keeps fields loaded for one of the samples, for the sink (see `loaded`).
+    pub(super) fn keep_loaded(&mut self, loaded: LoadedFields) {
+        self.loaded.push(loaded);
     }
 
     /// Puts the fields loaded back from a spill segment into sample `i` (whose snapshot is
@@ -208,8 +218,9 @@ impl Batch {
                 .table
                 .finish_lease(self.lease, LeaseEnd::Discarded, &[], &mut freed)
         };
-        let dropped = inner.take_freed(&freed);
+        let mut dropped = inner.take_freed(&freed);
         drop(inner);
+        use_loaded(&mut dropped.spilled, std::mem::take(&mut self.loaded));
         self.done = true;
         shared.settle((wake, dropped));
         if expired {
@@ -317,6 +328,7 @@ impl Batch {
             });
         }
         self.done = true;
+        let loaded = std::mem::take(&mut self.loaded);
         let slots = self.handles.iter().map(SlotHandle::slot);
         // A step's batch, once used, is logged as done: asking for the step again fails.
         let step_done: Vec<AuxWrite> = self
@@ -325,14 +337,21 @@ impl Batch {
             .into_iter()
             .collect();
         // Without a sync journal the reads are used now, in this critical section.
-        let use_now = |mut inner: MutexGuard<'_, Inner>, outputs: Option<(&[Patch], &[KeySet])>| {
-            let ended = use_reads(&mut inner, self.lease, slots.clone(), outputs);
+        let use_now = |mut inner: MutexGuard<'_, Inner>,
+                       outputs: Option<(&[Patch], &[KeySet])>,
+                       loaded: Vec<LoadedFields>| {
+            let (wake, mut freed) = use_reads(&mut inner, self.lease, slots.clone(), outputs);
             inner.aux_apply(&step_done);
             drop(inner);
-            shared.settle(ended);
+            use_loaded(&mut freed.spilled, loaded);
+            shared.settle((wake, freed));
         };
         let Some(journal) = inner.journal.clone() else {
-            use_now(inner, outputs.as_ref().map(|(p, k)| (&p[..], &k[..])));
+            use_now(
+                inner,
+                outputs.as_ref().map(|(p, k)| (&p[..], &k[..])),
+                loaded,
+            );
             return Ok(None);
         };
         // Logged: the record and (with a sync journal) the deferred completion share the
@@ -350,7 +369,11 @@ impl Batch {
         if !shared.sync_journal {
             // Only a callback is ever handed back.
             let _ = journal.append(records, None);
-            use_now(inner, outputs.as_ref().map(|(p, k)| (&p[..], &k[..])));
+            use_now(
+                inner,
+                outputs.as_ref().map(|(p, k)| (&p[..], &k[..])),
+                loaded,
+            );
             return Ok(None);
         }
         // The lease must not expire while its completion is on its way to storage.
@@ -361,6 +384,7 @@ impl Batch {
             lease: self.lease,
             slots: slots.collect(),
             outputs,
+            loaded,
             pending: true,
         };
         let (tx, rx) = oneshot::channel();
@@ -371,7 +395,7 @@ impl Batch {
                 let shared = Arc::clone(&finishing.shared);
                 let outputs = finishing.outputs.as_ref().map(|(p, k)| (&p[..], &k[..]));
                 let mut inner = shared.lock();
-                let ended = use_reads(
+                let (wake, mut freed) = use_reads(
                     &mut inner,
                     finishing.lease,
                     finishing.slots.iter().copied(),
@@ -379,7 +403,8 @@ impl Batch {
                 );
                 inner.aux_apply(&step_done);
                 drop(inner);
-                shared.settle(ended);
+                use_loaded(&mut freed.spilled, std::mem::take(&mut finishing.loaded));
+                shared.settle((wake, freed));
             }
             drop(finishing);
             let _ = tx.send(verdict);
@@ -427,6 +452,8 @@ struct Finishing {
     lease: LeaseId,
     slots: Vec<u32>,
     outputs: Option<SharedOutputs>,
+    /// The batch's loaded fields, for the samples the completion frees.
+    loaded: Vec<LoadedFields>,
     pending: bool,
 }
 

@@ -7,7 +7,7 @@
 
 use super::Shared;
 use crate::error::Result;
-use crate::sample::{Sample, SampleId};
+use crate::sample::Sample;
 use crate::state::Exit;
 use crate::sync::Arc;
 use std::fmt;
@@ -55,7 +55,7 @@ pub(crate) struct Freed {
     pub(crate) filtered: Vec<Arc<Sample>>,
     /// Spilled fields of the freed samples, by id (only with a sink, which gets the whole
     /// sample): read back before the sink sees them.
-    pub(crate) spilled: Vec<(SampleId, Vec<super::spill::SpilledRow>)>,
+    pub(crate) spilled: Vec<super::spill::FreedSpill>,
     /// Spill segments left without a live row (deleted once `spilled` is read).
     pub(crate) dead_segments: Vec<Arc<super::Segment>>,
     /// A spill segment became sparse: the spiller should rewrite it.

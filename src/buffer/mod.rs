@@ -223,7 +223,11 @@ impl Inner {
                 if let Some(spill) = self.spill.as_mut() {
                     let (rows, dead) = spill.forget(s, self.sink_wants_fields);
                     if !rows.is_empty() {
-                        out.spilled.push((sample.id.clone(), rows));
+                        out.spilled.push(spill::FreedSpill {
+                            id: sample.id.clone(),
+                            rows,
+                            at_hand: crate::sample::Fields::default(),
+                        });
                     }
                     out.dead_segments.extend(dead);
                     out.compact |= std::mem::take(&mut spill.compact_due);

@@ -1,12 +1,69 @@
-//! Freed spilled samples: their spilled fields are read back for the freed-sample sink,
-//! then the segments left without a live row are deleted. `flush` waits for both.
+//! Freed spilled samples: their spilled fields are read back for the freed-sample sink
+//! (except those the batch that freed them had loaded), then the segments left without a
+//! live row are deleted. `flush` waits for both.
 
 use super::super::{Freed, Journal, Shared};
-use super::{merge, read_back, Segment, SpillStore};
+use super::{merge, read_back, Segment, SpillStore, SpilledRow};
 use crate::sample::{Fields, SampleId};
 use crate::sync::{Arc, Mutex, Notify};
 use std::collections::HashMap;
 use std::pin::pin;
+
+/// A freed sample's spilled fields for the sink: those at hand, and where the rest are.
+#[derive(Debug)]
+pub(crate) struct FreedSpill {
+    pub(crate) id: SampleId,
+    /// The rows still to read (with only the keys not at hand).
+    pub(crate) rows: Vec<SpilledRow>,
+    /// Fields the batch that freed the sample had loaded.
+    pub(crate) at_hand: Fields,
+}
+
+/// The spilled fields a batch loaded for one of its samples, and the segment rows the
+/// load read them from.
+#[derive(Debug)]
+pub(crate) struct LoadedFields {
+    pub(crate) slot: u32,
+    pub(crate) rows: Vec<(u64, u32)>,
+    pub(crate) fields: Fields,
+}
+
+/// Moves into `freed` the fields `loaded` holds for them, so the sink gets them without a
+/// read. A loaded field is used only if every row the sample has spilled fields in now
+/// was one the load read: segments never change, a spilled field lives in one row at a
+/// time, and an amend takes the field out of its row (the patch is in memory), so the
+/// fields of those rows are what the load got. A sample whose fields moved since (a
+/// sparse segment rewritten, a patch spilled anew) is read back as before.
+pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
+    if freed.is_empty() {
+        return;
+    }
+    for mut l in loaded {
+        let Some(f) = freed
+            .iter_mut()
+            .find(|f| f.rows.first().is_some_and(|r| r.slot == l.slot))
+        else {
+            continue;
+        };
+        let unchanged = f
+            .rows
+            .iter()
+            .all(|r| l.rows.contains(&(r.segment.id, r.row)));
+        if !unchanged {
+            continue;
+        }
+        for row in &mut f.rows {
+            row.keys.retain(|key| match l.fields.remove(key) {
+                Some(t) => {
+                    f.at_hand.set(key.clone(), t);
+                    false
+                }
+                None => true,
+            });
+        }
+        f.rows.retain(|r| !r.keys.is_empty());
+    }
+}
 
 /// Freed samples whose spilled fields are being read back for the sink.
 #[derive(Debug, Default)]
@@ -61,18 +118,31 @@ impl Shared {
         let read_by = self.read_by.clone();
         let busy = self.handover.busy();
         let task = async move {
-            let (ids, rows): (Vec<SampleId>, Vec<_>) =
-                std::mem::take(&mut freed.spilled).into_iter().unzip();
             let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
+            let mut to_read = Vec::new();
+            for f in std::mem::take(&mut freed.spilled) {
+                if !f.rows.is_empty() {
+                    to_read.push((f.id.clone(), f.rows));
+                }
+                by_id.insert(f.id, f.at_hand);
+            }
+            let (ids, rows): (Vec<SampleId>, Vec<_>) = to_read.into_iter().unzip();
             for (id, result) in ids.into_iter().zip(read_back(&store, rows).await) {
-                match result {
-                    Ok(fields) => {
-                        by_id.insert(id, fields);
+                match (result, by_id.get_mut(&id)) {
+                    (Ok(fields), Some(acc)) => {
+                        for (k, t) in fields {
+                            acc.set(k, t);
+                        }
                     }
-                    Err(e) => tracing::warn!(
-                        error = %e, id = %id,
-                        "spilled fields of a freed sample could not be read back"
-                    ),
+                    (Ok(_), None) => {}
+                    (Err(e), _) => {
+                        // The sink gets the sample without its spilled fields.
+                        by_id.remove(&id);
+                        tracing::warn!(
+                            error = %e, id = %id,
+                            "spilled fields of a freed sample could not be read back"
+                        )
+                    }
                 }
             }
             for list in [
@@ -166,5 +236,107 @@ pub(super) async fn delete_all(
         if let Err(e) = store.delete(Arc::clone(&segment)).await {
             tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::FieldKey;
+    use crate::tensor::Tensor;
+
+    fn segment(id: u64) -> Arc<Segment> {
+        Arc::new(Segment {
+            id,
+            path: format!("spill/{id}.parquet"),
+            rows: 8,
+        })
+    }
+
+    fn row(slot: u32, segment_id: u64, row: u32, keys: &[&str]) -> SpilledRow {
+        SpilledRow {
+            slot,
+            segment: segment(segment_id),
+            row,
+            keys: keys.iter().map(|k| FieldKey::from(k.to_string())).collect(),
+        }
+    }
+
+    fn fields(keys: &[&str]) -> Fields {
+        let mut f = Fields::default();
+        for (i, k) in keys.iter().enumerate() {
+            f.set(
+                FieldKey::from(k.to_string()),
+                Tensor::from(vec![i as i32; 4]),
+            );
+        }
+        f
+    }
+
+    fn freed(slot: u32, rows: Vec<SpilledRow>) -> FreedSpill {
+        FreedSpill {
+            id: SampleId::from(slot.to_string().as_str()),
+            rows,
+            at_hand: Fields::default(),
+        }
+    }
+
+    fn keys_left(f: &FreedSpill) -> Vec<(u64, Vec<String>)> {
+        f.rows
+            .iter()
+            .map(|r| (r.segment.id, r.keys.iter().map(|k| k.to_string()).collect()))
+            .collect()
+    }
+
+    /// Loaded fields of the rows a sample still has are taken; what the load did not get
+    /// is left to read, and rows with nothing left to read are dropped.
+    #[test]
+    fn loaded_fields_of_unchanged_rows_are_taken() {
+        let mut spilled = vec![
+            freed(3, vec![row(3, 10, 0, &["a", "b"]), row(3, 11, 2, &["c"])]),
+            freed(4, vec![row(4, 10, 1, &["a", "b"])]),
+        ];
+        let loaded = vec![
+            LoadedFields {
+                slot: 3,
+                rows: vec![(10, 0), (11, 2)],
+                fields: fields(&["a", "c"]),
+            },
+            LoadedFields {
+                slot: 4,
+                rows: vec![(10, 1)],
+                fields: fields(&["a", "b"]),
+            },
+        ];
+        use_loaded(&mut spilled, loaded);
+        assert_eq!(keys_left(&spilled[0]), vec![(10, vec!["b".to_owned()])]);
+        assert_eq!(spilled[0].at_hand, fields(&["a", "c"]));
+        assert!(spilled[1].rows.is_empty());
+        assert_eq!(spilled[1].at_hand, fields(&["a", "b"]));
+    }
+
+    /// A sample with a row the load did not read (its fields moved: a rewritten segment,
+    /// a patch spilled anew) is read back whole; loaded fields of other slots are ignored.
+    #[test]
+    fn a_sample_whose_rows_changed_is_read_back() {
+        let mut spilled = vec![freed(3, vec![row(3, 10, 0, &["a"]), row(3, 12, 0, &["b"])])];
+        let loaded = vec![
+            LoadedFields {
+                slot: 3,
+                rows: vec![(10, 0), (11, 0)],
+                fields: fields(&["a", "b"]),
+            },
+            LoadedFields {
+                slot: 5,
+                rows: vec![(10, 0), (12, 0)],
+                fields: fields(&["a", "b"]),
+            },
+        ];
+        use_loaded(&mut spilled, loaded);
+        assert_eq!(
+            keys_left(&spilled[0]),
+            vec![(10, vec!["a".to_owned()]), (12, vec!["b".to_owned()])]
+        );
+        assert_eq!(spilled[0].at_hand.len(), 0);
     }
 }

@@ -3,7 +3,7 @@
 
 use super::super::{Batch, Shared};
 use super::int_map::IntMap;
-use super::{Segment, SpillStore, SpilledRow};
+use super::{LoadedFields, Segment, SpillStore, SpilledRow};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, Mutex, Notify};
@@ -15,6 +15,8 @@ use std::sync::Weak;
 pub(crate) struct LoadCell {
     result: Mutex<Option<Result<Fields>>>,
     done: Notify,
+    /// The segment rows the load reads (`(segment id, row)`).
+    rows: Vec<(u64, u32)>,
 }
 
 impl LoadCell {
@@ -30,10 +32,12 @@ impl LoadCell {
         }
     }
 
-    pub(super) fn new() -> Self {
+    /// A load of `rows` (`(segment id, row)`).
+    pub(super) fn new(rows: Vec<(u64, u32)>) -> Self {
         Self {
             result: Mutex::new(None),
             done: Notify::new(),
+            rows,
         }
     }
 
@@ -137,7 +141,16 @@ impl Shared {
             }
         }
         for (load, result) in loads.iter().zip(results) {
-            batch.fill(load.index, result?);
+            let fields = result?;
+            if self.freed_sink.is_some() {
+                // Kept for the sink, should the commit free the sample (no read back).
+                batch.keep_loaded(LoadedFields {
+                    slot: load.slot,
+                    rows: load.cell.rows.clone(),
+                    fields: fields.clone(),
+                });
+            }
+            batch.fill(load.index, fields);
         }
         Ok(())
     }
@@ -162,7 +175,7 @@ pub(crate) async fn read_back(
 ) -> Vec<Result<Fields>> {
     let loads: Vec<(Arc<LoadCell>, Vec<SpilledRow>)> = samples
         .into_iter()
-        .map(|rows| (Arc::new(LoadCell::new()), rows))
+        .map(|rows| (Arc::new(LoadCell::new(Vec::new())), rows))
         .collect();
     let cells: Vec<Arc<LoadCell>> = loads.iter().map(|(c, _)| Arc::clone(c)).collect();
     // No buffer: a failed read leaves no registration behind.

@@ -45,7 +45,7 @@ mod int_map;
 mod load;
 mod spiller;
 
-pub(crate) use handover::HandOver;
+pub(crate) use handover::{use_loaded, FreedSpill, HandOver, LoadedFields};
 use load::Loading;
 pub(crate) use load::{read_back, BatchLoad, LoadCell, LoadPlan};
 
@@ -423,7 +423,6 @@ impl SpillState {
                 }
             }
             let wanted: Vec<FieldKey> = spilled_inputs(parts, keys).cloned().collect();
-            let cell = Arc::new(LoadCell::new());
             let mut requests = Vec::with_capacity(parts.len());
             for part in self.parts(slot) {
                 let keys: Vec<FieldKey> = part
@@ -443,6 +442,8 @@ impl SpillState {
                     });
                 }
             }
+            let rows = requests.iter().map(|r| (r.segment.id, r.row)).collect();
+            let cell = Arc::new(LoadCell::new(rows));
             self.loading.insert(
                 slot,
                 Loading {
