@@ -45,7 +45,7 @@ impl SequenceBuffer {
     }
 
     /// [`Self::contents`] with the spilled fields read back from their spill segments
-    /// (one read per segment for every [`READ_BACK_SAMPLES`] spilled samples: for
+    /// (one read per segment for every 256 spilled samples: for
     /// inspection and tests; it holds every payload in memory at once).
     pub async fn contents_loaded(&self) -> Result<Vec<StoredSample>> {
         let store = self
