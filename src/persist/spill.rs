@@ -566,6 +566,71 @@ mod tests {
         });
     }
 
+    /// A chunk the direct page decoder rejects (here: its footer says the chunk holds
+    /// fewer uncompressed bytes than its page does, which the decoder takes for damage and
+    /// Parquet's reader does not check) is read by Parquet's reader instead.
+    #[test]
+    fn a_chunk_the_page_decoder_rejects_is_read_by_parquet() {
+        use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataWriter};
+        runtime().block_on(async {
+            let store = Store::open("memory://").expect("store");
+            let spill = ParquetSpill::new(store.clone());
+            let segment = spill.write((0..4).map(row).collect()).await.expect("write");
+            let bytes = store.get(&segment.path).await.expect("get").expect("there");
+            let meta = ParquetMetaDataReader::new()
+                .parse_and_finish(&bytes)
+                .expect("footer");
+            let row_groups = meta
+                .row_groups()
+                .iter()
+                .map(|rg| {
+                    let columns = rg
+                        .columns()
+                        .iter()
+                        .map(|c| {
+                            c.clone()
+                                .into_builder()
+                                .set_total_uncompressed_size(1)
+                                .build()
+                                .expect("column")
+                        })
+                        .collect();
+                    rg.clone()
+                        .into_builder()
+                        .set_column_metadata(columns)
+                        .build()
+                        .expect("row group")
+                })
+                .collect();
+            let footer_len = u32::from_le_bytes(
+                bytes[bytes.len() - 8..bytes.len() - 4]
+                    .try_into()
+                    .expect("4 bytes"),
+            ) as usize;
+            let mut out = bytes[..bytes.len() - 8 - footer_len].to_vec();
+            let damaged = ParquetMetaData::new(meta.file_metadata().clone(), row_groups);
+            ParquetMetaDataWriter::new(&mut out, &damaged)
+                .with_preserve_page_index_locations(false)
+                .finish()
+                .expect("footer");
+            store
+                .put(&segment_path(99), Bytes::from(out))
+                .await
+                .expect("put");
+            let reader = ParquetSpill::new(store);
+            let got = reader
+                .read(
+                    reader.segment(99, 4),
+                    vec![3, 1],
+                    vec![FieldKey::from("tokens")],
+                )
+                .await
+                .expect("read");
+            assert_eq!(got[0].get("tokens"), row(3).get("tokens"));
+            assert_eq!(got[1].get("tokens"), row(1).get("tokens"));
+        });
+    }
+
     /// A process whose clock is behind the one before it (resumed on another machine)
     /// takes names of segments live samples need; its writes move past them instead of
     /// replacing them, and a folder whose names keep being taken is an error, not a loop.

@@ -208,11 +208,21 @@ pub(super) async fn read_rows(
         // measured no faster (the hand-offs cost what the parallel decode saved, on two
         // cores with the trainer on one).
         for group in groups {
-            let decoded = match decode_group_direct(&reader, &meta, &columns, &group, pages) {
-                Some(decoded) => decoded.map_err(|e| bad(&e))?,
+            let direct = decode_group_direct(&reader, &meta, &columns, &group, pages);
+            let decoded = match direct {
+                Some(Ok(decoded)) => decoded,
                 None => {
                     decode_group(reader.clone(), meta.clone(), mask.clone(), &columns, group)
                         .await?
+                }
+                // Parquet's reader has the last word on a chunk the direct decoder finds
+                // damaged: the two parsers agree on every file the crate writes, and a
+                // rollout must not be lost to a disagreement.
+                Some(Err(direct)) => {
+                    tracing::warn!(path, error = %direct, "spill page decode failed; trying Parquet's reader");
+                    decode_group(reader.clone(), meta.clone(), mask.clone(), &columns, group)
+                        .await
+                        .map_err(|e| bad(&format!("{direct}; Parquet's reader: {e}")))?
                 }
             };
             by_row.extend(decoded);
