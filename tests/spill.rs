@@ -423,7 +423,7 @@ async fn an_amend_after_read_ahead_is_what_the_next_get_sees() {
     assert_invariants(&buf);
 }
 
-/// A sink that keeps every consumed sample.
+/// A sink that keeps every sample it gets, consumed or dropped.
 #[derive(Debug, Default, Clone)]
 struct Collect(Arc<std::sync::Mutex<Vec<Arc<rollout_buffer::Sample>>>>);
 
@@ -433,6 +433,10 @@ impl rollout_buffer::FreedSink for Collect {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(samples);
+    }
+
+    fn dropped(&self, samples: Vec<Arc<rollout_buffer::Sample>>, _: rollout_buffer::DropReason) {
+        self.consumed(samples, &[]);
     }
 }
 
@@ -524,6 +528,24 @@ async fn freed_spilled_samples_reach_the_sink_whole_with_one_read_per_segment() 
     }
 }
 
+/// A discarded batch's samples reach the sink whole too, from the fields it loaded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discarded_batch_hands_its_loaded_fields_to_the_sink() {
+    const N: u64 = 8;
+    let dir = TempDir::new("spill-handover-discard");
+    let WithSink {
+        faulty, sink, buf, ..
+    } = one_segment_with_a_sink(&dir, &["tokens", "logp"], N).await;
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    let before = spill_gets(&faulty);
+    batch.discard().expect("discard");
+    buf.flush().await.expect("flush");
+    assert_eq!(spill_gets(&faulty) - before, 0, "reads to hand over");
+    assert_eq!(sink.checked(), (0..N).collect::<Vec<_>>());
+    assert_eq!(buf.stats().filtered, N);
+    assert_invariants(&buf);
+}
+
 /// A sample amended while its batch holds loaded fields reaches the sink with the patch,
 /// not the loaded copy of the key it replaced, and with the loaded copies of the others.
 /// (A leased sample is not idle, so the patch stays in memory until the commit frees it.)
@@ -558,5 +580,78 @@ async fn an_amend_while_leased_wins_over_the_loaded_fields_in_the_sink() {
             payload::check(s.id().as_str(), |k| s.get(k));
         }
     }
+    assert_invariants(&buf);
+}
+
+/// Spill segment files under a local store's directory.
+fn local_spill_files(dir: &TempDir) -> usize {
+    std::fs::read_dir(std::path::Path::new(dir.path()).join("spill"))
+        .map(|entries| entries.filter_map(Result::ok).count())
+        .unwrap_or(0)
+}
+
+/// A segment whose last rows are freed while an earlier hand-over still has to read it
+/// back is deleted only after that read: the second hand-over, which has every field at
+/// hand, leaves it to the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_outlives_the_hand_overs_that_read_it() {
+    let dir = TempDir::new("spill-handover-race");
+    let faulty = FaultyStore::on_local_dir(dir.path());
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    let sink = Collect::default();
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            // `a` loads the tokens only (its frees read the logprobs back), `b` both.
+            .rpc(
+                RpcDef::new("a", 8)
+                    .inputs(["tokens"])
+                    .selection(Selection::Lifo),
+            )
+            .rpc(RpcDef::new("b", 8).inputs(["tokens", "logp"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(store)
+            .freed_sink(sink.clone()),
+    )
+    .expect("buffer");
+    buf.put_batch((0..16).map(rollout).collect())
+        .await
+        .expect("put");
+    common::wait_until(|| buf.stats().spill.spilled_now == 16).await;
+    assert_eq!(local_spill_files(&dir), 1);
+    // Each RPC reads one half; then `a` takes the first half (freeing it needs a read
+    // back) and `b` the second (freeing it needs none).
+    let ids = |batch: &rollout_buffer::Batch| -> Vec<u64> {
+        batch
+            .ids()
+            .map(|id| id.as_str().parse().expect("number"))
+            .collect()
+    };
+    let first = buf.get_batch_for_rpc("b").await.expect("get");
+    assert_eq!(ids(&first), (0..8).collect::<Vec<_>>());
+    first.commit().await.expect("commit");
+    let second = buf.get_batch_for_rpc("a").await.expect("get");
+    assert!(ids(&second).iter().all(|&i| i >= 8));
+    second.commit().await.expect("commit");
+    let reads_back = buf.get_batch_for_rpc("a").await.expect("get");
+    let all_at_hand = buf.get_batch_for_rpc("b").await.expect("get");
+    assert!(ids(&all_at_hand).iter().all(|&i| i >= 8));
+
+    faulty.hold_reads_after(0);
+    reads_back.commit().await.expect("commit");
+    common::wait_until(|| faulty.held_reads.load(std::sync::atomic::Ordering::SeqCst) == 1).await;
+    all_at_hand.commit().await.expect("commit");
+    common::wait_until(|| sink.0.lock().unwrap_or_else(|e| e.into_inner()).len() == 8).await;
+    // The segment stays while the first hand-over's read is held.
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        common::wait_until(|| local_spill_files(&dir) == 0),
+    )
+    .await
+    .is_ok();
+    assert!(!gone, "the segment was deleted before a hand-over read it");
+    faulty.release_reads();
+    buf.flush().await.expect("flush");
+    assert_eq!(sink.checked(), (0..16).collect::<Vec<_>>());
+    assert_eq!(local_spill_files(&dir), 0);
     assert_invariants(&buf);
 }

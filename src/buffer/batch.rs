@@ -471,7 +471,7 @@ impl Drop for Finishing {
 }
 
 /// Releases a lease unused (logging the release) and notifies.
-fn release(shared: &Shared, rpc: usize, lease: LeaseId, slots: impl Iterator<Item = u32>) {
+fn release(shared: &Arc<Shared>, rpc: usize, lease: LeaseId, slots: impl Iterator<Item = u32>) {
     let mut freed = Vec::new();
     let (wake, dropped) = {
         let mut inner = shared.lock();

@@ -97,13 +97,13 @@ pub type SinkFuture = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 impl Shared {
     /// After a transition, outside the lock: notifies the waiters it unblocked and hands
     /// the payloads it freed to the sink.
-    pub(crate) fn settle(&self, (wake, freed): (crate::state::Wake, Freed)) {
+    pub(crate) fn settle(self: &Arc<Self>, (wake, freed): (crate::state::Wake, Freed)) {
         self.notify(wake);
         self.dispose(freed);
     }
 
     /// Hands freed payloads to the sink, if any; runs outside the lock.
-    pub(crate) fn dispose(&self, mut freed: Freed) {
+    pub(crate) fn dispose(self: &Arc<Self>, mut freed: Freed) {
         if freed.compact && self.spills {
             self.spill_wake.notify_waiters();
         }

@@ -213,15 +213,11 @@ impl Inner {
     /// payloads so the caller can drop them after releasing the lock.
     pub(crate) fn take_freed(&mut self, freed: &[u32]) -> Freed {
         let mut out = Freed::default();
-        if let Some(spill) = self.spill.as_mut() {
-            out.dead_segments.append(&mut spill.dead);
-            out.dead_segments.extend(spill.take_retired());
-        }
         for &s in freed {
             if let Some(sample) = self.samples.get_mut(s as usize).and_then(Option::take) {
                 self.ids.remove(&sample.id);
                 if let Some(spill) = self.spill.as_mut() {
-                    let (rows, dead) = spill.forget(s, self.sink_wants_fields);
+                    let rows = spill.forget(s, self.sink_wants_fields);
                     if !rows.is_empty() {
                         out.spilled.push(spill::FreedSpill {
                             id: sample.id.clone(),
@@ -229,11 +225,15 @@ impl Inner {
                             at_hand: crate::sample::Fields::default(),
                         });
                     }
-                    out.dead_segments.extend(dead);
                     out.compact |= std::mem::take(&mut spill.compact_due);
                 }
                 out.push(sample, self.table.exits[s as usize]);
             }
+        }
+        // After the frees: segments whose rows this hand-over reads back stay retired
+        // until it has read them.
+        if let Some(spill) = self.spill.as_mut() {
+            out.dead_segments.extend(spill.take_retired());
         }
         for (samples, reason) in [
             (&out.consumed, FreeReason::Consumed),
@@ -508,7 +508,7 @@ impl Shared {
     }
 
     /// Releases expired leases and ages samples out now, then notifies and disposes.
-    pub(crate) fn reap_due(&self) {
+    pub(crate) fn reap_due(self: &Arc<Self>) {
         let mut freed = Vec::new();
         let ended = {
             let mut inner = self.lock();

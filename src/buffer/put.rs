@@ -75,7 +75,7 @@ enum Stored {
 impl Stored {
     /// Notifies (the lock is dropped by now) and waits for the handles if they are not
     /// there yet.
-    async fn finish(self, shared: &Shared) -> Result<Vec<SlotHandle>> {
+    async fn finish(self, shared: &Arc<Shared>) -> Result<Vec<SlotHandle>> {
         match self {
             Stored::Done(handles, wake, dropped) => {
                 shared.settle((wake, dropped));

@@ -35,7 +35,7 @@ impl SequenceBuffer {
         restored: Restored,
         journal: Option<Arc<dyn Journal>>,
     ) -> Result<()> {
-        let shared = &*self.shared;
+        let shared = &self.shared;
         let mut inner = shared.lock();
         let n = restored.samples.len();
         if n > inner.table.free.len() {

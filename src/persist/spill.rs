@@ -224,6 +224,9 @@ impl SpillStore for ParquetSpill {
     }
 
     fn segment(&self, id: u64, rows: u32) -> Arc<Segment> {
+        // Ids are never reused in a process (footers and loads are keyed by them), even
+        // once this segment is deleted.
+        self.next.fetch_max(id.saturating_add(1), Ordering::Relaxed);
         Arc::new(Segment {
             id,
             path: segment_path(id),

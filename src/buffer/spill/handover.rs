@@ -29,11 +29,12 @@ pub(crate) struct LoadedFields {
 }
 
 /// Moves into `freed` the fields `loaded` holds for them, so the sink gets them without a
-/// read. A loaded field is used only if every row the sample has spilled fields in now
-/// was one the load read: segments never change, a spilled field lives in one row at a
-/// time, and an amend takes the field out of its row (the patch is in memory), so the
-/// fields of those rows are what the load got. A sample whose fields moved since (a
-/// sparse segment rewritten, a patch spilled anew) is read back as before.
+/// read. A loaded field is used only for a row the load read: segments never change, a
+/// spilled field lives in one row at a time, an amend takes the field out of its row (the
+/// patch is in memory), and a field spilled again goes to a new row, so a key still in a
+/// row the load read has the value the load got. Rows the load did not read (a sparse
+/// segment rewritten since, a patch spilled anew, fields the RPC does not take) are read
+/// back as before.
 pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
     if freed.is_empty() {
         return;
@@ -45,14 +46,10 @@ pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
         else {
             continue;
         };
-        let unchanged = f
-            .rows
-            .iter()
-            .all(|r| l.rows.contains(&(r.segment.id, r.row)));
-        if !unchanged {
-            continue;
-        }
         for row in &mut f.rows {
+            if !l.rows.contains(&(row.segment.id, row.row)) {
+                continue;
+            }
             row.keys.retain(|key| match l.fields.remove(key) {
                 Some(t) => {
                     f.at_hand.set(key.clone(), t);
@@ -65,7 +62,9 @@ pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
     }
 }
 
-/// Freed samples whose spilled fields are being read back for the sink.
+/// Spill work in the background that `flush` waits for: freed samples whose spilled
+/// fields are being read back for the sink, segment deletes, and loads (which delete the
+/// segments freed while they held them).
 #[derive(Debug, Default)]
 pub(crate) struct HandOver {
     pending: Mutex<usize>,
@@ -94,7 +93,7 @@ impl Shared {
     /// Reads back the spilled fields of freed samples, hands the whole samples to the sink
     /// and deletes the segments left without a live row, in a task; returns `freed` when
     /// there is nothing to read (the caller hands it over at once).
-    pub(crate) fn hand_over_spilled(&self, mut freed: Freed) -> Option<Freed> {
+    pub(crate) fn hand_over_spilled(self: &Arc<Self>, mut freed: Freed) -> Option<Freed> {
         let dead = std::mem::take(&mut freed.dead_segments);
         let (store, journal) = {
             let inner = self.lock();
@@ -108,25 +107,24 @@ impl Shared {
             .clone()
             .filter(|_| !freed.spilled.is_empty());
         let (Some(runtime), Some(sink)) = (runtime, sink) else {
-            if !freed.spilled.is_empty() {
-                tracing::warn!("freed spilled samples outside a tokio runtime: handed over without their spilled fields");
+            // The fields at hand still go with their samples; the others cannot be read.
+            let (at_hand, unread) = split_at_hand(&mut freed);
+            if !unread.is_empty() {
+                tracing::warn!(
+                    samples = unread.len(),
+                    "freed spilled samples outside a tokio runtime: handed over without the spilled fields not at hand"
+                );
             }
-            freed.spilled.clear();
+            merge_fields(&mut freed, at_hand);
             self.spawn_deletes(&store, journal, dead);
             return Some(freed);
         };
         let read_by = self.read_by.clone();
         let busy = self.handover.busy();
+        let weak = Arc::downgrade(self);
         let task = async move {
-            let mut by_id: HashMap<SampleId, Fields> = HashMap::new();
-            let mut to_read = Vec::new();
-            for f in std::mem::take(&mut freed.spilled) {
-                if !f.rows.is_empty() {
-                    to_read.push((f.id.clone(), f.rows));
-                }
-                by_id.insert(f.id, f.at_hand);
-            }
-            let (ids, rows): (Vec<SampleId>, Vec<_>) = to_read.into_iter().unzip();
+            let (mut by_id, unread) = split_at_hand(&mut freed);
+            let (ids, rows): (Vec<SampleId>, Vec<_>) = unread.into_iter().unzip();
             for (id, result) in ids.into_iter().zip(read_back(&store, rows).await) {
                 match (result, by_id.get_mut(&id)) {
                     (Ok(fields), Some(acc)) => {
@@ -135,37 +133,28 @@ impl Shared {
                         }
                     }
                     (Ok(_), None) => {}
-                    (Err(e), _) => {
-                        // The sink gets the sample without its spilled fields.
-                        by_id.remove(&id);
-                        tracing::warn!(
-                            error = %e, id = %id,
-                            "spilled fields of a freed sample could not be read back"
-                        )
-                    }
+                    // The sink gets the sample with the fields at hand only.
+                    (Err(e), _) => tracing::warn!(
+                        error = %e, id = %id,
+                        "spilled fields of a freed sample could not be read back"
+                    ),
                 }
             }
-            for list in [
-                &mut freed.consumed,
-                &mut freed.stale,
-                &mut freed.evicted,
-                &mut freed.filtered,
-            ] {
-                for sample in list.iter_mut() {
-                    if let Some(fields) = by_id.remove(&sample.id) {
-                        *sample = Arc::new(merge(sample, fields));
-                    }
-                }
-            }
+            merge_fields(&mut freed, by_id);
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
             delete_all(&*store, journal, dead).await;
+            // The reads are done: segments retired while they held them can go now.
+            if let Some(shared) = weak.upgrade() {
+                shared.sweep_retired(&store);
+            }
             drop(busy);
         };
         runtime.spawn(task);
         None
     }
 
-    /// Waits until every freed spilled sample was handed to the sink.
+    /// Waits until every freed spilled sample was handed to the sink, and every load and
+    /// delete in flight is done.
     pub(crate) async fn handed_over(&self) {
         loop {
             let mut notified = pin!(self.handover.done.notified());
@@ -175,6 +164,20 @@ impl Shared {
             }
             notified.await;
         }
+    }
+
+    /// Deletes (in the background) the retired segments no read holds any more: called
+    /// by each read of spill segments when it ends.
+    pub(crate) fn sweep_retired(&self, store: &Arc<dyn SpillStore>) {
+        let (dead, journal) = {
+            let mut inner = self.lock();
+            let dead = inner
+                .spill
+                .as_mut()
+                .map_or_else(Vec::new, super::SpillState::take_retired);
+            (dead, inner.journal.clone())
+        };
+        self.spawn_deletes(store, journal, dead);
     }
 
     /// Deletes segments no sample needs any more (in the background).
@@ -210,6 +213,43 @@ impl Shared {
             delete_all(&*store, journal, dead).await;
             drop(busy);
         });
+    }
+}
+
+/// Per freed sample, its spilled fields at hand.
+type AtHand = HashMap<SampleId, Fields>;
+/// Per freed sample, where its spilled fields not at hand are.
+type Unread = Vec<(SampleId, Vec<SpilledRow>)>;
+
+/// Takes `freed`'s spilled fields apart: per sample, the fields at hand (every sample with
+/// spilled fields has an entry), and where the rest are to be read.
+fn split_at_hand(freed: &mut Freed) -> (AtHand, Unread) {
+    let mut at_hand = HashMap::new();
+    let mut unread = Vec::new();
+    for f in std::mem::take(&mut freed.spilled) {
+        if !f.rows.is_empty() {
+            unread.push((f.id.clone(), f.rows));
+        }
+        at_hand.insert(f.id, f.at_hand);
+    }
+    (at_hand, unread)
+}
+
+/// Gives each freed sample its spilled fields from `by_id` (its in-memory fields win).
+fn merge_fields(freed: &mut Freed, mut by_id: HashMap<SampleId, Fields>) {
+    for list in [
+        &mut freed.consumed,
+        &mut freed.stale,
+        &mut freed.evicted,
+        &mut freed.filtered,
+    ] {
+        for sample in list.iter_mut() {
+            if let Some(fields) = by_id.remove(&sample.id) {
+                if fields.len() > 0 {
+                    *sample = Arc::new(merge(sample, fields));
+                }
+            }
+        }
     }
 }
 
@@ -315,8 +355,9 @@ mod tests {
         assert_eq!(spilled[1].at_hand, fields(&["a", "b"]));
     }
 
-    /// A sample with a row the load did not read (its fields moved: a rewritten segment,
-    /// a patch spilled anew) is read back whole; loaded fields of other slots are ignored.
+    /// Rows the load did not read (a rewritten segment, a patch spilled anew) are read
+    /// back, even for keys the load got (from another row, so perhaps an older value);
+    /// loaded fields of other slots are ignored.
     #[test]
     fn a_sample_whose_rows_changed_is_read_back() {
         let mut spilled = vec![freed(3, vec![row(3, 10, 0, &["a"]), row(3, 12, 0, &["b"])])];
@@ -333,10 +374,7 @@ mod tests {
             },
         ];
         use_loaded(&mut spilled, loaded);
-        assert_eq!(
-            keys_left(&spilled[0]),
-            vec![(10, vec!["a".to_owned()]), (12, vec!["b".to_owned()])]
-        );
-        assert_eq!(spilled[0].at_hand.len(), 0);
+        assert_eq!(keys_left(&spilled[0]), vec![(12, vec!["b".to_owned()])]);
+        assert_eq!(spilled[0].at_hand, fields(&["a"]));
     }
 }

@@ -92,9 +92,13 @@ impl Shared {
         // get registers three batches).
         let LoadPlan { mut loads, urgent } = plan;
         let ahead = loads.split_off(urgent.min(loads.len()));
+        // `flush` waits for loads too: a segment freed while a load still holds it is
+        // deleted when the load ends.
+        let busy = self.handover.busy();
         let task = async move {
             run_loads(Weak::clone(&weak), Arc::clone(&store), loads).await;
             run_loads(weak, store, ahead).await;
+            drop(busy);
         };
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
@@ -302,5 +306,10 @@ async fn run_loads(
         if !published {
             cell.finish(result);
         }
+    }
+    // The reads are done: segments retired while they held them can go now.
+    drop(loads);
+    if let Some(shared) = weak.upgrade() {
+        shared.sweep_retired(&store);
     }
 }

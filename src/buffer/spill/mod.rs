@@ -168,8 +168,6 @@ pub(crate) struct SpillState {
     /// get it instead of waiting on a store that keeps failing.
     pub(crate) failure: Option<Error>,
     started: bool,
-    /// Segments left without a live row by a patch, deleted with the next freed samples.
-    pub(crate) dead: Vec<Arc<Segment>>,
     /// Stored samples with at least one spilled part.
     spilled_now: u64,
     /// Live segments with few live rows, to rewrite.
@@ -198,7 +196,6 @@ impl SpillState {
             loading: IntMap::default(),
             failure: None,
             started: false,
-            dead: Vec::new(),
             spilled_now: 0,
             sparse: BTreeSet::new(),
             deferred: BTreeSet::new(),
@@ -236,20 +233,14 @@ impl SpillState {
             self.spilled_now -= 1;
         }
         for segment in emptied {
-            if let Some(dead) = self.release_row(segment, slot) {
-                self.dead.push(dead);
-            }
+            self.release_row(segment, slot);
         }
     }
 
     /// Forgets the spill state of a freed slot; returns where its spilled fields are (if
-    /// `want_rows`: for a sink that wants the whole sample) and the segments left without
-    /// a live row.
-    pub(crate) fn forget(
-        &mut self,
-        slot: u32,
-        want_rows: bool,
-    ) -> (Vec<SpilledRow>, Vec<Arc<Segment>>) {
+    /// `want_rows`: for a sink that wants the whole sample). Segments left without a live
+    /// row are retired.
+    pub(crate) fn forget(&mut self, slot: u32, want_rows: bool) -> Vec<SpilledRow> {
         self.loading.remove(&slot);
         let parts = self
             .parts
@@ -260,7 +251,6 @@ impl SpillState {
             self.spilled_now -= 1;
         }
         let mut rows = Vec::new();
-        let mut dead = Vec::new();
         for part in parts {
             if let (true, Some(live)) = (want_rows, self.segments.get(&part.segment)) {
                 rows.push(SpilledRow {
@@ -270,15 +260,18 @@ impl SpillState {
                     keys: part.fields.into_iter().map(|(k, _)| k).collect(),
                 });
             }
-            dead.extend(self.release_row(part.segment, slot));
+            self.release_row(part.segment, slot);
         }
-        (rows, dead)
+        rows
     }
 
-    /// The row of `slot`'s sample in `segment` is no longer needed; returns the segment if
-    /// no row is. A segment left sparse is queued for a rewrite.
-    pub(crate) fn release_row(&mut self, segment: u64, slot: u32) -> Option<Arc<Segment>> {
-        let live = self.segments.get_mut(&segment)?;
+    /// The row of `slot`'s sample in `segment` is no longer needed; a segment no row is
+    /// needed of is retired (deleted once no read holds it), one left sparse is queued for
+    /// a rewrite.
+    pub(crate) fn release_row(&mut self, segment: u64, slot: u32) {
+        let Some(live) = self.segments.get_mut(&segment) else {
+            return;
+        };
         live.members.remove(&slot);
         if !live.members.is_empty() {
             if live.sparse() {
@@ -289,12 +282,14 @@ impl SpillState {
                     self.compact_due = true;
                 }
             }
-            return None;
+            return;
         }
         self.sparse.remove(&segment);
         self.deferred.remove(&segment);
         self.counters.segments_deleted += 1;
-        self.segments.remove(&segment).map(|l| l.segment)
+        if let Some(dead) = self.segments.remove(&segment) {
+            self.retired.push(dead.segment);
+        }
     }
 
     /// The id of the next sparse segment to rewrite; segments a live row of which is
@@ -325,8 +320,10 @@ impl SpillState {
         }
     }
 
-    /// Segments replaced by a rewrite that no load reads any more (the `Arc` count is the
-    /// number of reads in flight).
+    /// Segments no live row needs (all their samples freed or patched, or replaced by a
+    /// rewrite) that no read holds any more, to delete: the `Arc` count is the number of
+    /// reads in flight (loads, and freed samples being read back for the sink), each of
+    /// which takes what it leaves behind when it ends.
     pub(crate) fn take_retired(&mut self) -> Vec<Arc<Segment>> {
         let (done, busy) = std::mem::take(&mut self.retired)
             .into_iter()

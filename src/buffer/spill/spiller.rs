@@ -102,7 +102,7 @@ impl Shared {
         let dead = inner
             .spill
             .as_mut()
-            .map(|s| std::mem::take(&mut s.dead))
+            .map(super::SpillState::take_retired)
             .unwrap_or_default();
         drop(inner);
         self.delete_segments(&store, dead);
@@ -208,9 +208,9 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
             },
         );
     } else {
-        // Every written sample changed meanwhile: delete with the next freed samples.
+        // Every written sample changed meanwhile: deleted at the end of the round.
         spill.counters.segments_deleted += 1;
-        spill.dead.push(Arc::clone(segment));
+        spill.retired.push(Arc::clone(segment));
     }
 }
 
@@ -258,28 +258,31 @@ impl Shared {
             Ok(fields) => store.write(fields).await,
             Err(e) => Err(e),
         };
-        let new = match rewritten {
-            Ok(new) => new,
+        let round = match rewritten {
+            Ok(new) => {
+                self.swap_rewritten(&old, new, &members);
+                Round::Wrote
+            }
             Err(e) => {
                 tracing::warn!(error = %e, path = %old.path, "spill segment not rewritten");
-                return Round::Failed;
+                Round::Failed
             }
         };
-        let retired = self.swap_rewritten(&old, new, &members);
+        // The read is done: the old segment (retired by the swap, or by frees meanwhile)
+        // can go.
         drop(old);
-        let journal = self.lock().journal.clone();
-        super::handover::delete_all(&*store, journal, retired).await;
-        Round::Wrote
+        self.sweep_retired(&store);
+        round
     }
 
     /// Under the lock: points the rows of `old` that are still live at their copies in
-    /// `new`; returns the retired segments no read holds any more.
+    /// `new`, and retires `old` if no row of it is left.
     fn swap_rewritten(
         &self,
         old: &Arc<Segment>,
         new: Arc<Segment>,
         members: &[(u32, u32, u32, Vec<FieldKey>)],
-    ) -> Vec<Arc<Segment>> {
+    ) {
         let mut inner = self.lock();
         let Inner {
             spill,
@@ -289,7 +292,7 @@ impl Shared {
             ..
         } = &mut *inner;
         let Some(spill) = spill.as_mut() else {
-            return Vec::new();
+            return;
         };
         let mut moved = BTreeSet::new();
         let mut logged = (Vec::new(), Vec::new());
@@ -337,7 +340,7 @@ impl Shared {
         spill.counters.segments_rewritten += 1;
         if moved.is_empty() {
             spill.counters.segments_deleted += 1;
-            spill.dead.push(new);
+            spill.retired.push(new);
         } else {
             spill.segments.insert(
                 new.id,
@@ -347,7 +350,6 @@ impl Shared {
                 },
             );
         }
-        spill.take_retired()
     }
 }
 
