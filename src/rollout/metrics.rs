@@ -24,7 +24,8 @@ pub struct EnvMetrics {
     pub groups_in_buffer: u64,
     /// Rollouts in them.
     pub rollouts_in_buffer: u64,
-    /// Their tokens (prompt and output).
+    /// Their tokens (prompt and output). Spilled groups count from the sizes of their
+    /// spilled token fields (int32 values, as `GroupIngest` stores them).
     pub tokens_in_buffer: u64,
     /// Share of stored groups at the current policy version.
     pub frac_on_policy: f64,
@@ -198,15 +199,16 @@ impl MetricsTracker {
                     .map_or(0, |l| l.iter().sum::<usize>() as u64)
             };
             // A group's rollout count: `rollout_uid` holds one string per rollout, and
-            // `rollout_version` one number (K * 8 bytes: it stays in memory when the
-            // uids, over 1 KiB, are spilled).
-            let k = ["rollout_uid", "rollout_version"]
+            // `truncated` one flag (K bytes: it stays in memory when the uids, over 1 KiB,
+            // are spilled, for groups of up to 1,023 rollouts).
+            let k = ["rollout_uid", "truncated", "rollout_version"]
                 .iter()
                 .find_map(|key| s.get(key).map(|t| t.shape().first().copied().unwrap_or(1)))
                 .unwrap_or(0) as u64;
             m.rollouts_in_buffer += k;
-            // Token fields are ragged i32 (K sequences); a spilled one is counted from its
-            // size, which is 4 bytes per token plus 8 per sequence length.
+            // Token fields are ragged i32 (K sequences: `GroupIngest` builds them from
+            // `RolloutRecord`'s `Vec<i32>`); a spilled one is counted from its size, which
+            // is 4 bytes per token plus 8 per sequence length.
             let tokens = |key: &str| -> u64 {
                 match stored.spilled.get(key) {
                     Some(bytes) => bytes.saturating_sub(8 * k) / 4,
