@@ -237,13 +237,16 @@ async fn recovery_over_the_budgets_keeps_every_sample_then_spills() {
 
 /// With a `Sync` log and the archive on, every trained spilled sample lands in the archive
 /// whole (its loaded fields handed over once the completion is durable, the rest read
-/// back), and every segment goes.
+/// back: no read at all when the trainer loads every spilled field), and every segment
+/// goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_spilled_buffer_archives_whole_samples() {
     use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    let spill_gets = |f: &FaultyStore| f.spill_gets.load(Ordering::SeqCst);
     for inputs in [&["tokens", "reward"][..], &["tokens", "logp", "reward"][..]] {
         let dir = TempDir::new("spill-archive");
-        let store = Store::open(dir.path()).expect("store");
+        let faulty = FaultyStore::on_local_dir(dir.path());
+        let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
         let config = BufferConfig::new(64)
             .rpc(RpcDef::new("train", 4).inputs(inputs.iter().copied()))
             .external_keys(["reward"])
@@ -267,11 +270,22 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
             .map(|i| Patch::new().with("reward", i as f64))
             .collect();
         buf.amend_batch(&handles, patches).await.expect("amend");
+        let mut reads_back = 0;
         for _ in 0..N / 4 {
             let batch = buf.get_batch_for_rpc("train").await.expect("get");
+            // Loads (the read-ahead too) are done after a flush: what the commit reads
+            // is read back for the archive.
+            buf.flush().await.expect("flush");
+            let before = spill_gets(&faulty);
             batch.commit().await.expect("commit");
+            buf.flush().await.expect("flush");
+            reads_back += spill_gets(&faulty) - before;
         }
-        buf.flush().await.expect("flush");
+        if inputs.contains(&"logp") {
+            assert_eq!(reads_back, 0, "reads back with every spilled field loaded");
+        } else {
+            assert!(reads_back > 0, "the logprobs are read back");
+        }
         let rows = ArchiveWriter::new(store.clone())
             .read_all()
             .await
