@@ -465,8 +465,9 @@ impl SequenceBuffer {
             journal.flush().await?;
         }
         if self.shared.spills {
-            // Spill rounds and deletes in flight, and the spiller catching up with the
-            // budget; then what they logged.
+            // Spill rounds, loads and deletes in flight (a segment a load held when its
+            // last row was freed is deleted when the load ends), and the spiller catching
+            // up with the budget; then what they logged.
             self.shared.handed_over().await;
             if let Some(journal) = &journal {
                 journal.flush().await?;
