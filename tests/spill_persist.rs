@@ -50,13 +50,10 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
         .unwrap_or(0)
 }
 
-async fn spilled_samples_survive_a_restart(durability: Durability, reopen_budget: Option<u64>) {
-    let dir = TempDir::new("spill-persist");
-    let store = || Store::open(dir.path()).expect("store");
-    let budget = 4 * SAMPLE_BYTES;
-    let buf = SequenceBuffer::open_in(store(), config(Some(budget)), options(durability))
-        .await
-        .expect("open");
+/// Puts samples 0..N in fours, waits until all but the last two puts are spilled, then
+/// amends every sample's reward (amends of spilled samples stay beside them, and are
+/// logged as usual).
+async fn put_spill_and_reward(buf: &SequenceBuffer) {
     let mut handles = Vec::new();
     for start in (0..N).step_by(4) {
         handles.extend(
@@ -66,11 +63,20 @@ async fn spilled_samples_survive_a_restart(durability: Durability, reopen_budget
         );
     }
     common::wait_until(|| buf.stats().spill.spilled_now >= N - 8).await;
-    // Amends of spilled samples stay beside them, and are logged as usual.
     let patches = (0..N)
         .map(|i| Patch::new().with("reward", i as f64))
         .collect();
     buf.amend_batch(&handles, patches).await.expect("amend");
+}
+
+async fn spilled_samples_survive_a_restart(durability: Durability, reopen_budget: Option<u64>) {
+    let dir = TempDir::new("spill-persist");
+    let store = || Store::open(dir.path()).expect("store");
+    let budget = 4 * SAMPLE_BYTES;
+    let buf = SequenceBuffer::open_in(store(), config(Some(budget)), options(durability))
+        .await
+        .expect("open");
+    put_spill_and_reward(&buf).await;
     let batch = buf.get_batch_for_rpc("train").await.expect("get");
     let mut trained: HashSet<u64> = batch.samples().map(|v| check(&v.to_sample())).collect();
     batch.commit().await.expect("commit");
@@ -257,19 +263,7 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
         let buf = SequenceBuffer::open_in(store.clone(), config, options)
             .await
             .expect("open");
-        let mut handles = Vec::new();
-        for start in (0..N).step_by(4) {
-            handles.extend(
-                buf.put_batch((start..start + 4).map(rollout).collect())
-                    .await
-                    .expect("put"),
-            );
-        }
-        common::wait_until(|| buf.stats().spill.spilled_now >= N - 8).await;
-        let patches = (0..N)
-            .map(|i| Patch::new().with("reward", i as f64))
-            .collect();
-        buf.amend_batch(&handles, patches).await.expect("amend");
+        put_spill_and_reward(&buf).await;
         let mut reads_back = 0;
         for _ in 0..N / 4 {
             let batch = buf.get_batch_for_rpc("train").await.expect("get");
