@@ -1,6 +1,9 @@
 //! Freed spilled samples: their spilled fields are read back for the freed-sample sink
-//! (except those the batch that freed them had loaded), then the segments left without a
-//! live row are deleted. `flush` waits for both.
+//! (except those the batch that freed them had loaded), and the segments left without a
+//! live row are deleted once no read holds them (`SpillState::take_retired`: each read
+//! sweeps them when it ends). `flush` waits for the hand-overs, the loads and the deletes.
+//! No lock is held across an await: the buffer's lock only to sweep, `HandOver`'s only to
+//! count work in flight.
 
 use super::super::{Freed, Journal, Shared};
 use super::{merge, read_back, Segment, SpillStore, SpilledRow};
