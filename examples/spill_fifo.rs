@@ -11,8 +11,10 @@
 //!
 //! `--touch last` reads one value per sample instead, which measures the hand-off alone;
 //! `--compute-us N` adds N µs of work per sample (a trainer's forward and backward pass),
-//! which the read-ahead overlaps with loading the next batch; `--only spill` makes one
-//! spilling run and nothing else (for profiling).
+//! which the read-ahead overlaps with loading the next batch; `--sink` gives both buffers a
+//! freed-sample sink (as the archive is), which gets every trained sample whole: spilled
+//! ones with the fields their batch loaded, read back from nothing; `--only spill` makes
+//! one spilling run and nothing else (for profiling).
 //!
 //! ```text
 //! cargo run --release --example spill_fifo [-- --samples 8192 --batch 64 --budget-frac 0.1 --rounds 5]
@@ -37,6 +39,8 @@ struct Args {
     spill_only: bool,
     /// Rounds of the two runs, alternating.
     rounds: usize,
+    /// Give the buffers a freed-sample sink.
+    sink: bool,
 }
 
 fn args() -> Args {
@@ -48,8 +52,13 @@ fn args() -> Args {
         compute_us: 0,
         spill_only: false,
         rounds: 5,
+        sink: false,
     };
-    let argv: Vec<String> = std::env::args().skip(1).collect();
+    let mut argv: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(i) = argv.iter().position(|x| x == "--sink") {
+        argv.remove(i);
+        a.sink = true;
+    }
     for pair in argv.chunks(2) {
         let value = pair.get(1).map(String::as_str).unwrap_or("");
         match pair[0].as_str() {
@@ -120,6 +129,28 @@ fn cpu_seconds_of(stat: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// A freed-sample sink that counts the samples it gets with both fields (an archive
+/// would write them out).
+#[derive(Debug, Default, Clone)]
+struct Counted(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl Counted {
+    fn whole(&self) -> usize {
+        self.0.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl rollout_buffer::FreedSink for Counted {
+    fn consumed(&self, samples: Vec<std::sync::Arc<Sample>>, _read_by: &[String]) {
+        let whole = samples
+            .iter()
+            .filter(|s| s.get("tokens").is_some() && s.get("logp").is_some())
+            .count();
+        self.0
+            .fetch_add(whole, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 struct Run {
     put_per_s: f64,
     train_per_s: f64,
@@ -142,6 +173,10 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
         BufferConfig::new(a.samples).rpc(RpcDef::new("train", a.batch).inputs(["tokens", "logp"]));
     if let Some(bytes) = budget {
         config = config.memory_budget(bytes);
+    }
+    let sink = Counted::default();
+    if a.sink {
+        config = config.freed_sink(sink.clone());
     }
     let buf = SequenceBuffer::with_config(config)?;
     // Samples are built as they are put (building them all first would put the whole data
@@ -198,6 +233,10 @@ async fn run(a: &Args, budget: Option<u64>) -> Result<Run, rollout_buffer::Error
 
     std::hint::black_box(checksum);
     buf.flush().await?;
+    if a.sink {
+        // Every trained sample reached the sink, with both of its fields.
+        assert_eq!(sink.whole(), a.samples, "samples the sink got whole");
+    }
     let spill = buf.stats().spill;
     Ok(Run {
         put_per_s: a.samples as f64 / put_s,
@@ -226,13 +265,14 @@ fn main() -> Result<(), rollout_buffer::Error> {
     let data = (a.samples * TOKENS * 8) as u64;
     let budget = (data as f64 * a.budget_frac) as u64;
     println!(
-        "{} samples of {} KiB ({} MiB), trainer batches of {} ({}, {} µs of compute per sample), memory budget {} MiB ({:.0}%)",
+        "{} samples of {} KiB ({} MiB), trainer batches of {} ({}, {} µs of compute per sample{}), memory budget {} MiB ({:.0}%)",
         a.samples,
         TOKENS * 8 / 1024,
         data >> 20,
         a.batch,
         if a.touch_all { "reading every value" } else { "reading one value per sample" },
         a.compute_us,
+        if a.sink { ", a freed-sample sink" } else { "" },
         budget >> 20,
         a.budget_frac * 100.0
     );
