@@ -8,7 +8,7 @@ mod common;
 
 use proptest::prelude::*;
 use rollout_buffer::persist::{PersistOptions, Store};
-use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer, SlotHandle};
+use rollout_buffer::{BufferConfig, Patch, Sample, SequenceBuffer, SlotHandle};
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -35,19 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
 const RPCS: [&str; 3] = ["gen", "reward", "train"];
 
 fn config() -> BufferConfig {
-    BufferConfig::new(32)
-        .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
-        .rpc(
-            RpcDef::new("reward", 1)
-                .inputs(["tokens"])
-                .outputs(["reward"]),
-        )
-        .rpc(
-            RpcDef::new("train", 2)
-                .inputs(["tokens", "reward", "score"])
-                .reads(2),
-        )
-        .external_keys(["score"])
+    common::gen_reward_train(&["tokens", "reward", "score"])
 }
 
 async fn open(store: &Store, checkpoint_bytes: u64) -> SequenceBuffer {

@@ -13,7 +13,7 @@ mod common;
 use proptest::prelude::*;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::{
-    BufferConfig, DropReason, FreedSink, Patch, RpcDef, Sample, SequenceBuffer, SlotHandle, Tensor,
+    BufferConfig, DropReason, FreedSink, Patch, Sample, SequenceBuffer, SlotHandle, Tensor,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -79,19 +79,7 @@ impl FreedSink for Collect {
 }
 
 fn config(sink: &Collect) -> BufferConfig {
-    BufferConfig::new(32)
-        .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
-        .rpc(
-            RpcDef::new("reward", 1)
-                .inputs(["tokens"])
-                .outputs(["reward"]),
-        )
-        .rpc(
-            RpcDef::new("train", 2)
-                .inputs(["prompt", "tokens", "reward", "score"])
-                .reads(2),
-        )
-        .external_keys(["score"])
+    common::gen_reward_train(&["prompt", "tokens", "reward", "score"])
         // One prompt: nearly everything is spilled, often several samples of a put in one
         // segment, which frees leave sparse (and the spiller now and then rewrites).
         .memory_budget((LARGE * 4) as u64)

@@ -23,6 +23,25 @@ pub fn ppo(capacity: usize, n: usize) -> SequenceBuffer {
 }
 
 /// A sample with a `prompt` field.
+/// The model tests' graph in a buffer of 32: `gen` (2 per batch) turns `prompt` into
+/// `tokens`, `reward` (1) turns `tokens` into `reward`, and `train` (2, two reads) reads
+/// `train_inputs`; `score` comes from outside.
+pub fn gen_reward_train(train_inputs: &[&str]) -> rollout_buffer::BufferConfig {
+    rollout_buffer::BufferConfig::new(32)
+        .rpc(RpcDef::new("gen", 2).inputs(["prompt"]).outputs(["tokens"]))
+        .rpc(
+            RpcDef::new("reward", 1)
+                .inputs(["tokens"])
+                .outputs(["reward"]),
+        )
+        .rpc(
+            RpcDef::new("train", 2)
+                .inputs(train_inputs.iter().copied())
+                .reads(2),
+        )
+        .external_keys(["score"])
+}
+
 pub fn prompt(id: impl ToString) -> Sample {
     Sample::new(id.to_string()).with("prompt", Tensor::from(vec![1i32, 2, 3]))
 }
