@@ -13,7 +13,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
-use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, ExitReason, Store};
+use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, Store};
+use rollout_buffer::ExitReason;
 use rollout_buffer::Sample;
 
 const ROWS: usize = 1_024;

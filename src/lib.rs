@@ -53,6 +53,7 @@
 pub mod arrow;
 mod buffer;
 mod error;
+mod exit;
 #[cfg(feature = "persist")]
 pub mod persist;
 pub mod rollout;
@@ -63,11 +64,11 @@ mod sync;
 mod tensor;
 
 pub use buffer::{
-    Batch, BufferConfig, DropReason, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer,
-    SinkFuture, SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON,
-    POLICY_VERSION,
+    Batch, BufferConfig, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer, SinkFuture,
+    SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON, POLICY_VERSION,
 };
 pub use error::{Error, Result};
+pub use exit::ExitReason;
 pub use rpc_defs::{RpcDef, Selection};
 pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 pub use tensor::{DType, Element, Tensor, TensorData};

@@ -5,7 +5,8 @@
 mod common;
 use bytes::Bytes;
 use common::{s3_url, TempDir};
-use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, ExitReason, Store};
+use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, Store};
+use rollout_buffer::ExitReason;
 use rollout_buffer::{Error, Sample, Tensor};
 
 /// A rollout as RL pipelines produce it.

@@ -3,11 +3,12 @@
 
 mod common;
 
-use rollout_buffer::persist::{ArchiveWriter, ExitReason, PersistOptions, Store};
+use rollout_buffer::persist::{ArchiveWriter, PersistOptions, Store};
 use rollout_buffer::rollout::{
     Advantage, Batcher, BatcherConfig, GroupBatch, GroupKey, GroupMode, Packer, RolloutRecord,
     SealReason, SealedGroup, Shortfall, SlimeHooks, Source,
 };
+use rollout_buffer::ExitReason;
 use rollout_buffer::{BufferConfig, MetaValue, RpcDef, Sample, SequenceBuffer, DISCARD_REASON};
 use std::sync::Arc;
 use std::time::Duration;

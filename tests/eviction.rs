@@ -5,7 +5,7 @@ mod common;
 
 use common::{assert_invariants, ids};
 use rollout_buffer::{
-    BufferConfig, DropReason, Error, FreedSink, Overflow, Patch, RpcDef, Sample, SequenceBuffer,
+    BufferConfig, Error, ExitReason, FreedSink, Overflow, Patch, RpcDef, Sample, SequenceBuffer,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,8 +17,8 @@ struct Evicted(Arc<Mutex<Vec<String>>>);
 impl FreedSink for Evicted {
     fn consumed(&self, _samples: Vec<Arc<Sample>>, _read_by: &[String]) {}
 
-    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
-        assert_eq!(reason, DropReason::Evicted);
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: ExitReason) {
+        assert_eq!(reason, ExitReason::Evicted);
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
         seen.extend(samples.iter().map(|s| s.id().to_string()));
     }

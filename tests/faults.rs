@@ -7,9 +7,8 @@ mod common;
 use bytes::Bytes;
 use common::faulty::{Fault, FaultyStore};
 use object_store::memory::InMemory;
-use rollout_buffer::persist::{
-    ArchiveOptions, ArchiveWriter, ArchivedSample, Archiver, ExitReason, Store,
-};
+use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter, ArchivedSample, Archiver, Store};
+use rollout_buffer::ExitReason;
 use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -435,7 +435,7 @@ impl rollout_buffer::FreedSink for Collect {
             .extend(samples);
     }
 
-    fn dropped(&self, samples: Vec<Arc<rollout_buffer::Sample>>, _: rollout_buffer::DropReason) {
+    fn dropped(&self, samples: Vec<Arc<rollout_buffer::Sample>>, _: rollout_buffer::ExitReason) {
         self.consumed(samples, &[]);
     }
 }

@@ -13,7 +13,7 @@ mod common;
 use proptest::prelude::*;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::{
-    BufferConfig, DropReason, FreedSink, Patch, Sample, SequenceBuffer, SlotHandle, Tensor,
+    BufferConfig, ExitReason, FreedSink, Patch, Sample, SequenceBuffer, SlotHandle, Tensor,
 };
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -73,7 +73,7 @@ impl FreedSink for Collect {
             .extend(samples);
     }
 
-    fn dropped(&self, samples: Vec<Arc<Sample>>, _: DropReason) {
+    fn dropped(&self, samples: Vec<Arc<Sample>>, _: ExitReason) {
         self.consumed(samples, &[]);
     }
 }

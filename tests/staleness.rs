@@ -6,7 +6,7 @@ mod common;
 
 use common::{assert_invariants, ids};
 use rollout_buffer::{
-    BufferConfig, DropReason, Error, FreedSink, RpcDef, Sample, SequenceBuffer, CREATED_TS,
+    BufferConfig, Error, ExitReason, FreedSink, RpcDef, Sample, SequenceBuffer, CREATED_TS,
     POLICY_VERSION,
 };
 use std::sync::{Arc, Mutex};
@@ -22,10 +22,10 @@ impl FreedSink for Recorder {
         seen.extend(samples.iter().map(|s| (s.id().to_string(), "consumed")));
     }
 
-    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: ExitReason) {
         let why = match reason {
-            DropReason::Stale => "stale",
-            DropReason::Evicted => "evicted",
+            ExitReason::Stale => "stale",
+            ExitReason::Evicted => "evicted",
             _ => "other",
         };
         let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -293,7 +293,7 @@ async fn a_waiting_putter_reaps_samples_that_aged_out() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_and_evicted_samples_are_archived_with_their_reason() {
-    use rollout_buffer::persist::{ArchiveWriter, ExitReason, PersistOptions, Store};
+    use rollout_buffer::persist::{ArchiveWriter, PersistOptions, Store};
     let dir = common::TempDir::new("stale-archive");
     let buf = SequenceBuffer::open_in(
         Store::open(dir.path()).expect("store"),

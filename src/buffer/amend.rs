@@ -107,8 +107,8 @@ impl Shared {
                 _ => {
                     return Err(Error::StaleHandle {
                         slot: h.slot,
-                        generation: h.generation,
-                        current: inner.table.slots[slot].generation,
+                        generation: h.generation.get(),
+                        current: inner.table.slots[slot].generation.get(),
                     })
                 }
             }

@@ -185,7 +185,7 @@ impl Batch {
     /// Ends the lease by dropping its samples from the buffer, whatever reads they have
     /// left (a trainer's group hook rejected them, say): each leaves as soon as no other
     /// lease or amend holds it, goes to the freed-sample sink as
-    /// [`DropReason::Filtered`](crate::DropReason::Filtered) (archived with
+    /// [`ExitReason::Filtered`](crate::ExitReason::Filtered) (archived with
     /// `reason = filtered`) and is counted in `stats().filtered`. Fails with
     /// [`Error::LeaseExpired`] (nothing dropped) if the lease timed out.
     pub fn discard(self) -> Result<()> {
@@ -485,7 +485,7 @@ fn release(shared: &Arc<Shared>, rpc: usize, lease: LeaseId, slots: impl Iterato
             .finish_lease(lease, LeaseEnd::Released, &[], &mut freed);
         (wake, inner.take_freed(&freed))
     };
-    if wake.rpcs != 0 {
+    if !wake.rpcs.is_empty() {
         tracing::trace!(rpc, "lease released; redelivering");
     }
     shared.notify(wake);

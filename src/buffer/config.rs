@@ -38,7 +38,7 @@ pub enum Overflow {
     Wait,
     /// Evict the oldest fully-ready samples (stored, not leased or amended, ready for
     /// every RPC that still owes them reads) when that makes the put fit, else wait.
-    /// Evicted samples go to the freed-sample sink with `DropReason::Evicted`.
+    /// Evicted samples go to the freed-sample sink with `ExitReason::Evicted`.
     EvictOldest,
     /// Fail at once with `Error::Full`, like `try_put_batch`.
     Reject,

@@ -7,8 +7,8 @@
 
 use super::Shared;
 use crate::error::Result;
+use crate::exit::ExitReason;
 use crate::sample::Sample;
-use crate::state::Exit;
 use crate::sync::Arc;
 use std::fmt;
 use std::future::Future;
@@ -22,7 +22,7 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
     fn consumed(&self, samples: Vec<Arc<Sample>>, read_by: &[String]);
 
     /// `samples` left the buffer unconsumed, for `reason`. The default drops them.
-    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: ExitReason) {
         let _ = (samples, reason);
     }
 
@@ -31,18 +31,6 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
     fn flush(&self) -> SinkFuture {
         Box::pin(std::future::ready(Ok(())))
     }
-}
-
-/// Why the buffer dropped samples before every read was used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum DropReason {
-    /// Too old (policy version or age) for an RPC that still owed it reads.
-    Stale,
-    /// Evicted to make room for a put under the byte budget.
-    Evicted,
-    /// Discarded by its consumer (`Batch::discard`, e.g. a group a hook rejected).
-    Filtered,
 }
 
 /// The payloads a transition freed, by why they left; handed to the sink after unlocking.
@@ -63,12 +51,12 @@ pub(crate) struct Freed {
 }
 
 impl Freed {
-    pub(crate) fn push(&mut self, sample: Arc<Sample>, exit: Exit) {
+    pub(crate) fn push(&mut self, sample: Arc<Sample>, exit: ExitReason) {
         match exit {
-            Exit::Consumed => self.consumed.push(sample),
-            Exit::Stale => self.stale.push(sample),
-            Exit::Evicted => self.evicted.push(sample),
-            Exit::Filtered => self.filtered.push(sample),
+            ExitReason::Consumed => self.consumed.push(sample),
+            ExitReason::Stale => self.stale.push(sample),
+            ExitReason::Evicted => self.evicted.push(sample),
+            ExitReason::Filtered => self.filtered.push(sample),
         }
     }
 
@@ -135,13 +123,13 @@ pub(crate) fn hand_to_sink(sink: &dyn FreedSink, read_by: &[String], freed: Free
             sink.consumed(freed.consumed, read_by);
         }
         if !freed.stale.is_empty() {
-            sink.dropped(freed.stale, DropReason::Stale);
+            sink.dropped(freed.stale, ExitReason::Stale);
         }
         if !freed.evicted.is_empty() {
-            sink.dropped(freed.evicted, DropReason::Evicted);
+            sink.dropped(freed.evicted, ExitReason::Evicted);
         }
         if !freed.filtered.is_empty() {
-            sink.dropped(freed.filtered, DropReason::Filtered);
+            sink.dropped(freed.filtered, ExitReason::Filtered);
         }
     }
 }

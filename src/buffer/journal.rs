@@ -24,24 +24,12 @@
 use super::spill::SpillPart;
 use super::AuxWrite;
 use crate::error::Result;
+use crate::exit::ExitReason;
 use crate::sample::{Patch, Sample, SampleId};
 use crate::sync::Arc;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-
-/// Why a sample left the buffer, as recorded in the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FreeReason {
-    /// Every RPC used all its reads.
-    Consumed,
-    /// Too old for an RPC that still owed it reads.
-    Stale,
-    /// Evicted to make room.
-    Evicted,
-    /// Discarded by a consumer.
-    Filtered,
-}
 
 /// One change to the buffer's contents, in the order the buffer applied it.
 #[derive(Debug, Clone)]
@@ -68,7 +56,7 @@ pub(crate) enum Record {
     /// The samples left the buffer.
     Free {
         ids: Vec<SampleId>,
-        reason: FreeReason,
+        reason: ExitReason,
     },
     /// Auxiliary entries set or removed (see `aux.rs`).
     Aux(Vec<AuxWrite>),

@@ -59,12 +59,12 @@ pub use batch::{Batch, SampleView, DISCARD_REASON};
 pub use config::{BufferConfig, Overflow};
 pub use contents::StoredSample;
 pub(crate) use freed::Freed;
-pub use freed::{DropReason, FreedSink, SinkFuture};
+pub use freed::{FreedSink, SinkFuture};
 pub use freshness::{CREATED_TS, POLICY_VERSION};
 pub use stats::{RpcStats, SpillStats, Stats};
 
 pub(crate) use aux::{AuxMap, AuxWrite};
-pub(crate) use journal::{Durable, FreeReason, Journal, JournalFuture, Record};
+pub(crate) use journal::{Durable, Journal, JournalFuture, Record};
 #[cfg(feature = "persist")]
 pub(crate) use restore::Restored;
 #[cfg(feature = "persist")]
@@ -74,9 +74,10 @@ pub(crate) use spill::{strike, SpillPart};
 pub(crate) use spill::{Segment, SpillStore};
 
 use crate::error::{Error, Result};
+use crate::exit::ExitReason;
 use crate::rpc_defs::{RpcDef, RpcGraph};
 use crate::sample::{IdIndex, Patch, Sample, SampleId};
-use crate::state::{RpcSpec, SlotTable, Wake};
+use crate::state::{Generation, RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
 
@@ -87,7 +88,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SlotHandle {
     slot: u32,
-    generation: u32,
+    generation: Generation,
 }
 
 impl SlotHandle {
@@ -95,7 +96,10 @@ impl SlotHandle {
     /// integers). `amend_batch` checks the generation, so a handle to a slot freed or
     /// reused since is refused with [`Error::StaleHandle`].
     pub fn new(slot: u32, generation: u32) -> Self {
-        Self { slot, generation }
+        Self {
+            slot,
+            generation: Generation::from_raw(generation),
+        }
     }
 
     /// The slot index.
@@ -105,7 +109,7 @@ impl SlotHandle {
 
     /// The slot's generation when the handle was made.
     pub fn generation(&self) -> u32 {
-        self.generation
+        self.generation.get()
     }
 }
 
@@ -236,10 +240,10 @@ impl Inner {
             out.dead_segments.extend(spill.take_retired());
         }
         for (samples, reason) in [
-            (&out.consumed, FreeReason::Consumed),
-            (&out.stale, FreeReason::Stale),
-            (&out.evicted, FreeReason::Evicted),
-            (&out.filtered, FreeReason::Filtered),
+            (&out.consumed, ExitReason::Consumed),
+            (&out.stale, ExitReason::Stale),
+            (&out.evicted, ExitReason::Evicted),
+            (&out.filtered, ExitReason::Filtered),
         ] {
             if !samples.is_empty() {
                 self.log(|| Record::Free {
@@ -448,7 +452,7 @@ impl SequenceBuffer {
         self.shared.closed.store(true, Ordering::Release);
         tracing::debug!("buffer closed");
         self.shared.notify(Wake {
-            rpcs: u64::MAX,
+            rpcs: (0..self.shared.graph.rpcs().len()).collect(),
             space: true,
             spill: true,
         });
@@ -521,10 +525,7 @@ impl Shared {
 
     /// Notifies the waiters a transition unblocked. Call after dropping the lock.
     pub(crate) fn notify(&self, wake: Wake) {
-        let mut bits = wake.rpcs;
-        while bits != 0 {
-            let r = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
+        for r in wake.rpcs.iter() {
             match self.rpc_ready.get(r) {
                 Some(n) => n.notify_waiters(),
                 None => break,

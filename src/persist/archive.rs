@@ -18,6 +18,7 @@
 use super::store::{percent_decode, Store};
 use crate::arrow::{from_record_batch, to_record_batch};
 use crate::error::{Error, Result};
+use crate::exit::ExitReason;
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
 use arrow_array::{ArrayRef, ListArray, RecordBatch, StringArray};
@@ -37,42 +38,6 @@ const ENVIRONMENT: &str = "environment";
 const POLICY_VERSION: &str = "policy_version";
 /// Marks the archive's own columns, which are not sample fields.
 const ARCHIVE_ROLE: &str = "archive";
-
-/// How a sample left the buffer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ExitReason {
-    /// Every RPC used all its reads.
-    Consumed,
-    /// Evicted to make room.
-    Evicted,
-    /// Too old for every RPC that could still read it.
-    Stale,
-    /// Rejected by a filter (a group hook, say).
-    Filtered,
-}
-
-impl ExitReason {
-    /// The name stored in the `reason` column.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Consumed => "consumed",
-            Self::Evicted => "evicted",
-            Self::Stale => "stale",
-            Self::Filtered => "filtered",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "consumed" => Self::Consumed,
-            "evicted" => Self::Evicted,
-            "stale" => Self::Stale,
-            "filtered" => Self::Filtered,
-            _ => return None,
-        })
-    }
-}
 
 /// A sample that left the buffer, the RPCs that read it, and why it left.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,7 +172,7 @@ impl ArchiveWriter {
                         .meta_mut()
                         .insert(POLICY_VERSION.into(), MetaValue::Int(v));
                 }
-                let reason = ExitReason::parse(&reason)
+                let reason = ExitReason::from_name(&reason)
                     .ok_or_else(|| bad(&format!("unknown reason `{reason}`")))?;
                 out.push(ArchivedSample {
                     sample,

@@ -8,9 +8,10 @@
 //! returns the error. Until the write-ahead log lands, samples not yet written when the
 //! process dies are not archived.
 
-use super::{ArchiveWriter, ArchivedSample, ExitReason};
-use crate::buffer::{DropReason, FreedSink, SinkFuture};
+use super::{ArchiveWriter, ArchivedSample};
+use crate::buffer::{FreedSink, SinkFuture};
 use crate::error::{Error, Result};
+use crate::exit::ExitReason;
 use crate::sample::Sample;
 use crate::sync::{mpsc, oneshot, Arc};
 use std::fmt;
@@ -112,12 +113,7 @@ impl FreedSink for Archiver {
         }
     }
 
-    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: DropReason) {
-        let reason = match reason {
-            DropReason::Stale => ExitReason::Stale,
-            DropReason::Evicted => ExitReason::Evicted,
-            DropReason::Filtered => ExitReason::Filtered,
-        };
+    fn dropped(&self, samples: Vec<Arc<Sample>>, reason: ExitReason) {
         let rows = samples
             .into_iter()
             .map(|s| ArchivedSample {

@@ -5,7 +5,8 @@
 //! before anything is allocated, so a damaged file gives an error, never a panic or a huge
 //! allocation. Tensors keep their element type, shape and ragged lengths exactly.
 
-use crate::buffer::{AuxWrite, FreeReason, Record, SpillPart};
+use crate::buffer::{AuxWrite, Record, SpillPart};
+use crate::exit::ExitReason;
 use crate::sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 use crate::sync::Arc;
 use crate::tensor::{Tensor, TensorData};
@@ -596,10 +597,10 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
         Record::Free { ids, reason } => {
             w.u8(FREE);
             w.u8(match reason {
-                FreeReason::Consumed => 0,
-                FreeReason::Stale => 1,
-                FreeReason::Evicted => 2,
-                FreeReason::Filtered => 3,
+                ExitReason::Consumed => 0,
+                ExitReason::Stale => 1,
+                ExitReason::Evicted => 2,
+                ExitReason::Filtered => 3,
             });
             put_ids(w, ids);
         }
@@ -670,10 +671,10 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
         }
         FREE => {
             let reason = match r.u8()? {
-                0 => FreeReason::Consumed,
-                1 => FreeReason::Stale,
-                2 => FreeReason::Evicted,
-                3 => FreeReason::Filtered,
+                0 => ExitReason::Consumed,
+                1 => ExitReason::Stale,
+                2 => ExitReason::Evicted,
+                3 => ExitReason::Filtered,
                 tag => return Err(format!("unknown free reason {tag}")),
             };
             Record::Free {

@@ -48,7 +48,7 @@ mod state;
 mod store;
 mod wal;
 
-pub use archive::{ArchiveWriter, ArchivedSample, ExitReason};
+pub use archive::{ArchiveWriter, ArchivedSample};
 pub use archiver::{ArchiveOptions, Archiver};
 pub use open::{PersistOptions, RecoveryMode};
 pub(crate) use spill::ParquetSpill;

@@ -51,6 +51,76 @@ impl KeySet {
     }
 }
 
+/// A set of RPC indexes, one bit per RPC: bit `r` stands for the `r`-th RPC of the graph.
+/// Slots keep which RPCs lease them, which ready indexes hold them and for which RPCs they
+/// are stale in these; a transition reports the RPCs to wake in one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+#[repr(transparent)]
+pub(crate) struct RpcSet(u64);
+
+impl RpcSet {
+    pub(crate) const EMPTY: RpcSet = RpcSet(0);
+
+    /// The set holding RPC `r` alone (`r < MAX_RPCS`).
+    pub(crate) const fn one(r: usize) -> RpcSet {
+        RpcSet(1u64 << r)
+    }
+
+    pub(crate) fn contains(self, r: usize) -> bool {
+        r < MAX_RPCS && self.0 & (1u64 << r) != 0
+    }
+
+    pub(crate) fn insert(&mut self, r: usize) {
+        self.0 |= 1u64 << r;
+    }
+
+    pub(crate) fn remove(&mut self, r: usize) {
+        self.0 &= !(1u64 << r);
+    }
+
+    pub(crate) fn union(self, other: RpcSet) -> RpcSet {
+        RpcSet(self.0 | other.0)
+    }
+
+    /// The RPCs in `self` and not in `other`.
+    pub(crate) fn difference(self, other: RpcSet) -> RpcSet {
+        RpcSet(self.0 & !other.0)
+    }
+
+    pub(crate) fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The set as its bit word (bit `r` for RPC `r`), for tests that model it as one.
+    #[cfg(test)]
+    pub(crate) fn bits(self) -> u64 {
+        self.0
+    }
+
+    /// The RPC indexes in the set, in increasing order.
+    pub(crate) fn iter(self) -> impl Iterator<Item = usize> {
+        let mut bits = self.0;
+        std::iter::from_fn(move || {
+            if bits == 0 {
+                return None;
+            }
+            let r = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            Some(r)
+        })
+    }
+}
+
+impl FromIterator<usize> for RpcSet {
+    fn from_iter<I: IntoIterator<Item = usize>>(iter: I) -> Self {
+        let mut set = RpcSet::EMPTY;
+        for r in iter {
+            set.insert(r);
+        }
+        set
+    }
+}
+
 /// One RPC after validation, with its keys interned.
 #[derive(Debug, Clone)]
 pub(crate) struct RpcInfo {

@@ -11,4 +11,4 @@ mod def;
 mod graph;
 
 pub use def::{RpcDef, Selection};
-pub(crate) use graph::{KeySet, RpcGraph, RpcInfo};
+pub(crate) use graph::{KeySet, RpcGraph, RpcInfo, RpcSet};

@@ -4,6 +4,15 @@
 //! Plain words, not a bitset crate: single-bit updates and word scans are all the state
 //! machine needs, and they compile to a shift and a mask.
 
+/// A vector of `len` copies of `value`, written element by element. Unlike `vec![0; n]`
+/// (which maps lazily zeroed pages), this commits the memory now, so page faults happen
+/// when the buffer is built and not during its first puts.
+pub(crate) fn filled<T: Clone>(len: usize, value: T) -> Vec<T> {
+    let mut v = Vec::with_capacity(len);
+    v.resize(len, value);
+    v
+}
+
 /// A bitset of `len` bits over `u64` words, counting its set bits.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Mask {
@@ -15,7 +24,7 @@ impl Mask {
     /// `len` bits, all clear.
     pub(crate) fn new(len: usize) -> Self {
         Self {
-            words: super::table::filled(len.div_ceil(64), 0),
+            words: filled(len.div_ceil(64), 0),
             ones: 0,
         }
     }

@@ -6,32 +6,32 @@
 //! the lock. That keeps every transition testable as a plain function (unit tests, proptest
 //! against a reference model) and small enough for loom to model.
 //!
-//! * `table.rs`: [`SlotTable`], its transitions and the written invariants;
-//! * `invariants.rs`: `check_invariants()`, the audit of those invariants;
-//! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
-//! * `leases.rs`: live leases and their deadlines;
+//! Files, lowest first (each imports only the ones above it in this list):
+//!
 //! * `mask.rs`: word bitsets for the per-state masks;
-//! * `budget.rs`: the byte budget and eviction of the oldest fully-ready samples;
-//! * `residency.rs`: the memory budget: resident payload bytes and what to spill next;
+//! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
+//! * `select.rs`: the randomised selection policies (seeded, deterministic);
+//! * `slot.rs`: per-slot metadata, generations, [`Wake`] and the other words transitions
+//!   speak;
+//! * `leases.rs`: live leases and their deadlines;
+//! * `budget.rs`: the byte budget's bookkeeping and its eviction rule;
+//! * `residency.rs`: the memory budget's bookkeeping (resident bytes, the spill index);
 //! * `freshness.rs`: policy versions and ages, which make samples stale for an RPC;
-//! * `select.rs`: the randomised selection policies (seeded, deterministic).
+//! * `table/`: [`SlotTable`], its transitions, its written invariants and their audit.
 
 mod budget;
-#[cfg(test)]
-mod fresh_tests;
 mod freshness;
-mod invariants;
 mod leases;
 mod mask;
 mod ready;
 mod residency;
-#[cfg(test)]
-mod residency_tests;
 mod select;
+mod slot;
 mod table;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use freshness::{Age, Freshness, NO_VERSION};
 pub(crate) use leases::LeaseId;
-pub(crate) use table::{Exit, LeaseEnd, LeaseGone, RpcSpec, SlotTable, Ticket, Wake};
+pub(crate) use slot::{Generation, LeaseEnd, LeaseGone, RpcSpec, Ticket, Wake};
+pub(crate) use table::SlotTable;

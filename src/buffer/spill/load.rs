@@ -6,6 +6,7 @@ use super::int_map::IntMap;
 use super::{LoadedFields, Segment, SpillStore, SpilledRow};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
+use crate::state::Generation;
 use crate::sync::{Arc, Mutex, Notify};
 use std::pin::pin;
 use std::sync::Weak;
@@ -50,7 +51,7 @@ impl LoadCell {
 /// A load in flight (or done and not yet taken) for the sample in one slot.
 #[derive(Debug, Clone)]
 pub(super) struct Loading {
-    pub(super) generation: u32,
+    pub(super) generation: Generation,
     pub(super) keys: Vec<FieldKey>,
     pub(super) cell: Arc<LoadCell>,
 }

@@ -51,6 +51,7 @@ pub(crate) use load::{read_back, BatchLoad, LoadCell, LoadPlan};
 
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields, Sample};
+use crate::state::Generation;
 use crate::sync::Arc;
 use int_map::IntMap;
 use std::collections::BTreeSet;
@@ -392,7 +393,7 @@ impl SpillState {
     /// (`ahead`), and adds the loads to start to `plan`.
     pub(crate) fn register(
         &mut self,
-        slots: impl IntoIterator<Item = (u32, u32)>,
+        slots: impl IntoIterator<Item = (u32, Generation)>,
         keys: &[Arc<str>],
         ahead: bool,
         plan: &mut LoadPlan,

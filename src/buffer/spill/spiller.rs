@@ -2,8 +2,9 @@
 
 use super::super::{Inner, Record, Shared};
 use super::{spills, LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
+use crate::rpc_defs::RpcSet;
 use crate::sample::{FieldKey, Sample};
-use crate::state::Wake;
+use crate::state::{Generation, Wake};
 use crate::sync::{Arc, Notify};
 use std::collections::BTreeSet;
 use std::pin::pin;
@@ -43,7 +44,7 @@ impl Shared {
                 (store, None)
             } else {
                 let slots = inner.table.pick_spill(excess.min(SEGMENT_BYTES));
-                let picked: Vec<(u32, u32, Arc<Sample>)> = slots
+                let picked: Vec<(u32, Generation, Arc<Sample>)> = slots
                     .iter()
                     .filter_map(|&s| {
                         let generation = inner.table.stored_generation(s as usize)?;
@@ -107,7 +108,7 @@ impl Shared {
         drop(inner);
         self.delete_segments(&store, dead);
         self.notify(Wake {
-            rpcs: 0,
+            rpcs: RpcSet::EMPTY,
             space: true,
             spill: false,
         });
@@ -121,7 +122,7 @@ impl Shared {
 /// A sample leased or amended since it was picked keeps its fields: a completion or an
 /// amend in flight is logged before the spill would be, and replaying it before the spill
 /// record would strip what it wrote.
-fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sample>)]) {
+fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, Generation, Arc<Sample>)]) {
     let mut members = BTreeSet::new();
     let mut bytes = 0u64;
     let mut logged_ids = Vec::new();
@@ -132,7 +133,7 @@ fn adopt(inner: &mut Inner, segment: &Arc<Segment>, picked: &[(u32, u32, Arc<Sam
         let meta = &inner.table.slots[slot];
         let unchanged = inner.table.stored_generation(slot) == Some(*generation)
             && meta.amenders == 0
-            && meta.lease_bits == 0
+            && meta.lease_bits.is_empty()
             && current.is_some_and(|c| Arc::ptr_eq(c, written));
         if !unchanged {
             // Changed, held or freed meanwhile: the row is dead on arrival.
@@ -281,7 +282,7 @@ impl Shared {
         &self,
         old: &Arc<Segment>,
         new: Arc<Segment>,
-        members: &[(u32, u32, u32, Vec<FieldKey>)],
+        members: &[(u32, Generation, u32, Vec<FieldKey>)],
     ) {
         let mut inner = self.lock();
         let Inner {

@@ -1,8 +1,7 @@
-//! Unit tests of the memory budget's bookkeeping (`residency.rs`).
+//! Unit tests of the memory budget's bookkeeping (`state/residency.rs`, `state/table/spill.rs`).
 
-use super::SlotTable;
 use crate::rpc_defs::{KeySet, Selection};
-use crate::state::RpcSpec;
+use crate::state::{RpcSpec, SlotTable};
 
 fn table(newest_first: bool) -> SlotTable {
     let spec = RpcSpec {

@@ -2,10 +2,8 @@
 //! reference model (policy versions, a staleness bound per RPC, drops of samples that can
 //! never be freed, and batches that never repeat or leave the eligible set).
 
-use super::freshness::{Freshness, NO_VERSION};
-use super::table::{LeaseEnd, RpcSpec, SlotTable};
-use super::LeaseId;
 use crate::rpc_defs::{KeySet, Selection};
+use crate::state::{Freshness, LeaseEnd, LeaseId, RpcSpec, SlotTable, NO_VERSION};
 use proptest::prelude::*;
 
 const K0: usize = 0;

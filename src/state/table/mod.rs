@@ -51,150 +51,32 @@
 //! slots or changed the head of the putter queue while putters queue. Waiters park under the
 //! same lock, after their last look at the state, so one that is not counted yet will see
 //! the change when it takes the lock.
+//!
+//! # Files
+//!
+//! This file holds the table, puts, amends and the helpers every transition ends with
+//! (`settle`, `drop_slot`); `lease.rs` the leases; `evict.rs`, `stale.rs` and `spill.rs`
+//! the transitions of the byte budget, freshness and the memory budget, whose bookkeeping
+//! lives one level down (`state/budget.rs`, `freshness.rs`, `residency.rs`);
+//! `invariants.rs` the audit.
+
+mod evict;
+mod invariants;
+mod lease;
+mod spill;
+mod stale;
 
 use super::budget::Budget;
 use super::freshness::{Freshness, FreshnessIndex};
-use super::leases::{Lease, LeaseId, LeaseTable};
-use super::mask::Mask;
-use super::ready::{OrderKey, ReadyIndex};
+use super::leases::LeaseTable;
+use super::mask::{filled, Mask};
+use super::ready::ReadyIndex;
 use super::residency::Residency;
-use super::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate};
-use crate::rpc_defs::{KeySet, RpcInfo, Selection};
+use super::slot::{Generation, RpcSpec, SlotMeta, Ticket, Totals, Wake};
+use crate::exit::ExitReason;
+use crate::rpc_defs::{KeySet, RpcSet, Selection};
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
-
-/// A vector of `len` copies of `value`, written element by element. Unlike `vec![0; n]`
-/// (which maps lazily zeroed pages), this commits the memory now, so page faults happen
-/// when the buffer is built and not during its first puts.
-pub(crate) fn filled<T: Clone>(len: usize, value: T) -> Vec<T> {
-    let mut v = Vec::with_capacity(len);
-    v.resize(len, value);
-    v
-}
-
-/// Per-slot state (besides the state masks and `reads_left`), laid out so that one
-/// transition on a slot touches one cache line.
-#[derive(Debug, Clone, Default)]
-#[repr(align(64))]
-pub(crate) struct SlotMeta {
-    /// Sort key in the ready indexes: (birth, put sequence).
-    pub(crate) order: OrderKey,
-    /// Graph keys the stored sample holds.
-    pub(crate) keys: KeySet,
-    /// Bit `r`: RPC `r` holds a lease on the slot.
-    pub(crate) lease_bits: u64,
-    /// Bit `r`: the slot is in RPC `r`'s ready index.
-    pub(crate) in_ready: u64,
-    /// Bumped each time the slot returns to `empty`.
-    pub(crate) generation: u32,
-    /// Sum of the slot's `reads_left` over all RPCs.
-    pub(crate) reads_total: u32,
-    /// Amends in flight.
-    pub(crate) amenders: u32,
-    /// Bit `r`: the sample is too old (by version or age) for RPC `r`; sticky until freed.
-    pub(crate) stale: u64,
-}
-
-/// What one RPC means to the state machine.
-#[derive(Debug, Clone)]
-pub(crate) struct RpcSpec {
-    pub(crate) inputs: KeySet,
-    pub(crate) reads: u16,
-    pub(crate) n_seqs: usize,
-    pub(crate) selection: Selection,
-    pub(crate) lease_timeout: Option<Duration>,
-    pub(crate) max_staleness: Option<u64>,
-    pub(crate) max_age: Option<Duration>,
-}
-
-impl From<&RpcInfo> for RpcSpec {
-    fn from(info: &RpcInfo) -> Self {
-        Self {
-            inputs: info.inputs,
-            reads: info.reads,
-            n_seqs: info.n_seqs,
-            selection: info.selection.clone(),
-            lease_timeout: info.lease_timeout,
-            max_staleness: info.max_staleness,
-            max_age: info.max_age,
-        }
-    }
-}
-
-/// Which waiters a transition may have unblocked.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[must_use = "waiters must be notified after the lock is dropped"]
-pub(crate) struct Wake {
-    /// Bit `r`: RPC `r` gained eligible samples.
-    pub(crate) rpcs: u64,
-    /// Free slots appeared, or the head of the putter queue changed.
-    pub(crate) space: bool,
-    /// More payload bytes are resident than the memory budget allows: the spiller has work.
-    pub(crate) spill: bool,
-}
-
-impl Wake {
-    pub(crate) fn merge(&mut self, other: Wake) {
-        self.rpcs |= other.rpcs;
-        self.space |= other.space;
-        self.spill |= other.spill;
-    }
-}
-
-/// A putter's place in the queue of puts waiting for free slots.
-pub(crate) type Ticket = u64;
-
-/// Running totals, in samples.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Totals {
-    pub(crate) put: u64,
-    pub(crate) freed: u64,
-    /// Per RPC: reads used (completions and commits).
-    pub(crate) reads: Vec<u64>,
-    /// Per RPC: samples whose lease was released or expired unused.
-    pub(crate) redelivered: Vec<u64>,
-    /// Per RPC: leases that expired.
-    pub(crate) expired_leases: Vec<u64>,
-    /// Samples dropped because an RPC that owed them reads could no longer serve them.
-    pub(crate) stale: u64,
-    /// Samples evicted to make room.
-    pub(crate) evicted: u64,
-    /// Samples discarded by a consumer.
-    pub(crate) filtered: u64,
-}
-
-/// Why a slot was last freed (valid until it is claimed again).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Exit {
-    /// Every RPC used all its reads.
-    #[default]
-    Consumed,
-    /// Stale for an RPC that still owed it reads.
-    Stale,
-    /// Evicted to make room for a put.
-    Evicted,
-    /// Discarded by its consumer (a group hook rejected it).
-    Filtered,
-}
-
-/// How a lease ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeaseEnd {
-    /// One read of every sample is used (`complete` / `commit`).
-    Used,
-    /// Nothing is used; the samples are eligible again for the RPC (drop or expiry).
-    Released,
-    /// The samples leave the buffer (once nothing else holds them), whatever reads are
-    /// left: the consumer rejected them.
-    Discarded,
-}
-
-/// A lease that cannot be finished.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum LeaseGone {
-    /// Its deadline passed; it was (or now is) released.
-    Expired,
-}
+use std::time::Instant;
 
 /// The slot state machine. See the module docs for the lifecycle and invariants.
 #[derive(Debug)]
@@ -234,7 +116,7 @@ pub(crate) struct SlotTable {
     /// Policy versions and age deadlines (see `freshness.rs`).
     pub(crate) freshness: FreshnessIndex,
     /// Per slot: why it was last freed.
-    pub(crate) exits: Vec<Exit>,
+    pub(crate) exits: Vec<ExitReason>,
     /// Per RPC: leases taken, the draw counter of randomised selection without a step.
     pub(crate) draws: Vec<u64>,
     /// The byte budget and the eviction index (see `budget.rs`).
@@ -276,7 +158,7 @@ impl SlotTable {
                 ..Totals::default()
             },
             freshness: FreshnessIndex::new(capacity, n, track_versions),
-            exits: filled(capacity, Exit::Consumed),
+            exits: filled(capacity, ExitReason::Consumed),
             draws: vec![0; n],
             budget: Budget::default(),
             residency: Residency::default(),
@@ -389,7 +271,7 @@ impl SlotTable {
         let was_head = self.putters.front().map(|&(t, _)| t) == Some(ticket);
         self.putters.retain(|&(t, _)| t != ticket);
         self.deliverable(Wake {
-            rpcs: 0,
+            rpcs: RpcSet::EMPTY,
             space: was_head,
             spill: false,
         })
@@ -404,7 +286,7 @@ impl SlotTable {
         slots: &[u32],
         births: &[u64],
         keys: &[KeySet],
-    ) -> (Vec<u32>, Wake) {
+    ) -> (Vec<Generation>, Wake) {
         let mut freed = Vec::new();
         self.publish_put_fresh(slots, births, keys, &[], None, &mut freed)
     }
@@ -420,7 +302,7 @@ impl SlotTable {
         fresh: &[Freshness],
         now: Option<Instant>,
         freed: &mut Vec<u32>,
-    ) -> (Vec<u32>, Wake) {
+    ) -> (Vec<Generation>, Wake) {
         let n_rpcs = self.rpcs.len();
         let mut wake = Wake::default();
         let mut generations = Vec::with_capacity(slots.len());
@@ -463,7 +345,7 @@ impl SlotTable {
         keys: KeySet,
         reads_left: &[u16],
         fresh: Option<(Freshness, Instant)>,
-    ) -> u32 {
+    ) -> Generation {
         let (generations, _) = self.publish_put(&[slot], &[birth], &[keys]);
         let s = slot as usize;
         let n_rpcs = self.rpcs.len();
@@ -477,7 +359,7 @@ impl SlotTable {
             self.slots[s].stale = self.admit_fresh(s, fresh, Some(now));
         }
         self.sync_ready(s);
-        generations.first().copied().unwrap_or(0)
+        generations.first().copied().unwrap_or_default()
     }
 
     /// Gives claimed slots back (a put that failed or was cancelled before publishing).
@@ -489,7 +371,7 @@ impl SlotTable {
             self.release_slot(s);
         }
         self.deliverable(Wake {
-            rpcs: 0,
+            rpcs: RpcSet::EMPTY,
             space: !slots.is_empty(),
             spill: false,
         })
@@ -499,7 +381,7 @@ impl SlotTable {
 
     /// The current generation of a stored slot, or `None` if the slot is out of range or
     /// not stored (being put or empty).
-    pub(crate) fn stored_generation(&self, slot: usize) -> Option<u32> {
+    pub(crate) fn stored_generation(&self, slot: usize) -> Option<Generation> {
         self.is_stored(slot).then(|| self.slots[slot].generation)
     }
 
@@ -537,266 +419,24 @@ impl SlotTable {
             self.slots[s].amenders -= 1;
             if self.slots[s].amenders == 0 {
                 self.amending.clear(s);
-                if self.slots[s].lease_bits == 0 {
+                if self.slots[s].lease_bits.is_empty() {
                     self.idle.set(s);
                 }
             }
             wake.merge(self.settle(s, freed));
         }
         self.deliverable(wake)
-    }
-
-    // ----- leases ------------------------------------------------------------------
-
-    /// Number of samples eligible for RPC `r` right now.
-    pub(crate) fn eligible(&self, r: usize) -> usize {
-        self.ready.get(r).map_or(0, ReadyIndex::len)
-    }
-
-    /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
-    /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
-    /// the RPC has a lease timeout.
-    #[cfg(test)]
-    pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
-        self.try_lease_with(r, now, None, &|_| 0.0)
-    }
-
-    /// [`Self::try_lease`] for batch number `step` (which seeds randomised selection; the
-    /// RPC's count of leases when `None`), with `log_priority(slot)` giving the `ln` of a
-    /// slot's weight under `Prioritized`.
-    pub(crate) fn try_lease_with(
-        &mut self,
-        r: usize,
-        now: Option<Instant>,
-        step: Option<u64>,
-        log_priority: &dyn Fn(u32) -> f64,
-    ) -> Option<LeaseId> {
-        let spec = self.rpcs.get(r)?;
-        let n = spec.n_seqs;
-        // A timeout too large to represent as an instant means no deadline.
-        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
-        if self.ready.get(r)?.len() < n {
-            return None;
-        }
-        let draw = step.unwrap_or(self.draws[r]);
-        self.draws[r] += 1;
-        let slots = match &self.rpcs[r].selection {
-            Selection::Fifo | Selection::Lifo => self.ready[r].take(n),
-            // Weights that depend on the age rank only: draw ranks, then fetch those.
-            selection @ (Selection::Uniform { .. } | Selection::Recency { .. }) => {
-                let seed = draw_seed(policy_seed(selection), draw);
-                let ranks = sample_ranks(selection, self.ready[r].len(), n, seed);
-                let slots = self.ready[r].at_ranks(&ranks);
-                for &s in &slots {
-                    self.ready[r].remove(self.slots[s as usize].order);
-                }
-                slots
-            }
-            selection => {
-                let candidates: Vec<Candidate> = self.ready[r]
-                    .iter()
-                    .map(|s| Candidate {
-                        slot: s,
-                        version: self.freshness.versions[s as usize],
-                        log_priority: log_priority(s),
-                    })
-                    .collect();
-                let seed = draw_seed(policy_seed(selection), draw);
-                let picks = choose(selection, &candidates, n, self.freshness.current, seed);
-                let slots: Vec<u32> = picks.iter().map(|&i| candidates[i].slot).collect();
-                for &s in &slots {
-                    self.ready[r].remove(self.slots[s as usize].order);
-                }
-                slots
-            }
-        };
-        Some(self.grant(r, slots, deadline))
-    }
-
-    /// Leases exactly `slots` to RPC `r` if every one of them is eligible for it now (the
-    /// replay of a logged batch); `None`, changing nothing, otherwise.
-    pub(crate) fn try_lease_slots(
-        &mut self,
-        r: usize,
-        slots: &[u32],
-        now: Option<Instant>,
-    ) -> Option<LeaseId> {
-        let spec = self.rpcs.get(r)?;
-        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
-        let bit = 1u64 << r;
-        let mut distinct = slots.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        let all_ready = distinct.len() == slots.len()
-            && slots.iter().all(|&s| {
-                self.slots
-                    .get(s as usize)
-                    .is_some_and(|m| m.in_ready & bit != 0)
-            });
-        if !all_ready {
-            return None;
-        }
-        for &s in slots {
-            self.ready[r].remove(self.slots[s as usize].order);
-        }
-        Some(self.grant(r, slots.to_vec(), deadline))
-    }
-
-    /// Marks `slots` (just taken out of RPC `r`'s ready index) leased by a new lease.
-    fn grant(&mut self, r: usize, slots: Vec<u32>, deadline: Option<Instant>) -> LeaseId {
-        // Load every slot's line first: in a large, cold table these misses then overlap
-        // instead of each waiting behind the previous slot's update.
-        let warm = slots.iter().fold(0u64, |acc, &s| {
-            acc ^ self.slots.get(s as usize).map_or(0, |m| m.lease_bits)
-        });
-        std::hint::black_box(warm);
-        let bit = 1u64 << r;
-        for &s in &slots {
-            let s = s as usize;
-            if self.budget.evict {
-                self.budget.evictable.remove(&self.slots[s].order);
-            }
-            self.slots[s].in_ready &= !bit;
-            if self.slots[s].lease_bits == 0 {
-                self.reading.set(s);
-                self.idle.clear(s);
-            }
-            self.slots[s].lease_bits |= bit;
-            self.sync_spillable(s);
-        }
-        self.leased[r] += slots.len();
-        self.leases.insert(Lease {
-            rpc: r,
-            slots,
-            deadline,
-        })
-    }
-
-    /// The live lease `id`, or why it is gone. A lease whose deadline has passed at `now`
-    /// counts as expired even before [`Self::expire_due`] reclaims it.
-    pub(crate) fn lease(&self, id: LeaseId, now: Option<Instant>) -> Result<&Lease, LeaseGone> {
-        let lease = self.leases.get(id).ok_or(LeaseGone::Expired)?;
-        match (lease.deadline, now) {
-            (Some(deadline), Some(now)) if now >= deadline => Err(LeaseGone::Expired),
-            _ => Ok(lease),
-        }
-    }
-
-    /// Ends a live lease. With [`LeaseEnd::Used`] one read of each sample is used and
-    /// `added[i]` (the RPC's outputs) joins slot `i`'s keys in the same step, so no other RPC
-    /// can see the read without the outputs. Freed slots are appended to `freed`.
-    pub(crate) fn finish_lease(
-        &mut self,
-        id: LeaseId,
-        end: LeaseEnd,
-        added: &[KeySet],
-        freed: &mut Vec<u32>,
-    ) -> Wake {
-        let Some(lease) = self.leases.remove(id) else {
-            return Wake::default();
-        };
-        let r = lease.rpc;
-        let n_rpcs = self.rpcs.len();
-        let bit = 1u64 << r;
-        let mut wake = Wake::default();
-        for (i, &s) in lease.slots.iter().enumerate() {
-            let s = s as usize;
-            debug_assert!(self.slots[s].lease_bits & bit != 0);
-            self.slots[s].lease_bits &= !bit;
-            if self.slots[s].lease_bits == 0 {
-                self.reading.clear(s);
-                if self.slots[s].amenders == 0 {
-                    self.idle.set(s);
-                }
-            }
-            if end == LeaseEnd::Discarded {
-                self.discarded.set(s);
-            }
-            if end == LeaseEnd::Used {
-                self.reads_left[s * n_rpcs + r] -= 1;
-                self.slots[s].reads_total -= 1;
-                self.slots[s].keys = self.slots[s]
-                    .keys
-                    .union(added.get(i).copied().unwrap_or_default());
-            }
-            wake.merge(self.settle(s, freed));
-        }
-        self.leased[r] -= lease.slots.len();
-        let n = lease.slots.len() as u64;
-        match end {
-            LeaseEnd::Used => self.totals.reads[r] += n,
-            LeaseEnd::Released => self.totals.redelivered[r] += n,
-            LeaseEnd::Discarded => {}
-        }
-        self.deliverable(wake)
-    }
-
-    /// The earliest lease deadline or age deadline, if any.
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        match (self.leases.next_deadline(), self.freshness.next_deadline()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    /// Releases every lease whose deadline is at or before `now`; each released lease's
-    /// RPC and slots are appended to `expired` (for the log).
-    pub(crate) fn expire_due(
-        &mut self,
-        now: Instant,
-        freed: &mut Vec<u32>,
-        expired: &mut Vec<(usize, Vec<u32>)>,
-    ) -> Wake {
-        let mut wake = Wake::default();
-        while let Some(id) = self.leases.pop_due(now) {
-            if let Some(lease) = self.leases.get(id) {
-                let r = lease.rpc;
-                self.totals.expired_leases[r] += 1;
-                tracing::debug!(
-                    rpc = r,
-                    slots = lease.slots.len(),
-                    "lease expired; redelivering"
-                );
-                expired.push((r, lease.slots.clone()));
-            }
-            wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));
-        }
-        wake
-    }
-
-    /// Takes away a live lease's deadline, so it cannot expire while its completion is
-    /// being made durable.
-    pub(crate) fn pin_lease(&mut self, id: LeaseId) {
-        self.leases.pin(id);
-    }
-
-    /// Counts a getter of RPC `r` as parked (it found too few eligible samples).
-    pub(crate) fn park_getter(&mut self, r: usize) {
-        if let Some(n) = self.waiting.get_mut(r) {
-            *n += 1;
-        }
-    }
-
-    /// Uncounts a parked getter of RPC `r` (it woke up, or its get was dropped).
-    pub(crate) fn unpark_getter(&mut self, r: usize) {
-        if let Some(n) = self.waiting.get_mut(r) {
-            *n = n.saturating_sub(1);
-        }
     }
 
     // ----- shared helpers ----------------------------------------------------------
 
     /// Keeps only the wake-ups someone is parked for.
     fn deliverable(&self, wake: Wake) -> Wake {
-        let mut rpcs = wake.rpcs;
-        let mut bits = wake.rpcs;
-        while bits != 0 {
-            let r = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if self.waiting.get(r).copied().unwrap_or(0) == 0 {
-                rpcs &= !(1 << r);
-            }
-        }
+        let rpcs = wake
+            .rpcs
+            .iter()
+            .filter(|&r| self.waiting.get(r).copied().unwrap_or(0) > 0)
+            .collect();
         Wake {
             rpcs,
             space: wake.space && !self.putters.is_empty(),
@@ -807,22 +447,22 @@ impl SlotTable {
     /// After a transition on stored slot `s`: frees it if every read is used and nothing
     /// holds it, otherwise brings its ready-index entries up to date.
     pub(crate) fn settle(&mut self, s: usize, freed: &mut Vec<u32>) -> Wake {
-        let held = self.slots[s].amenders != 0 || self.slots[s].lease_bits != 0;
+        let held = self.slots[s].amenders != 0 || !self.slots[s].lease_bits.is_empty();
         let exit = if held {
             None
         } else if self.discarded.get(s) {
-            Some(Exit::Filtered)
+            Some(ExitReason::Filtered)
         } else if self.slots[s].reads_total == 0 {
-            Some(Exit::Consumed)
+            Some(ExitReason::Consumed)
         } else if self.is_doomed(s) {
-            Some(Exit::Stale)
+            Some(ExitReason::Stale)
         } else {
             None
         };
         if let Some(exit) = exit {
             self.drop_slot(s, exit, freed);
             Wake {
-                rpcs: 0,
+                rpcs: RpcSet::EMPTY,
                 space: true,
                 spill: false,
             }
@@ -839,9 +479,7 @@ impl SlotTable {
     /// and not stale for it (it may be leased or amended now).
     pub(crate) fn can_serve_again(&self, s: usize, r: usize) -> bool {
         let n_rpcs = self.rpcs.len();
-        self.is_stored(s)
-            && self.reads_left[s * n_rpcs + r] > 0
-            && self.slots[s].stale & (1u64 << r) == 0
+        self.is_stored(s) && self.reads_left[s * n_rpcs + r] > 0 && !self.slots[s].stale.contains(r)
     }
 
     /// Whether stored slot `s` is eligible for RPC `r` (invariant 5).
@@ -852,25 +490,22 @@ impl SlotTable {
             && !self.discarded.get(s)
             && self.slots[s].keys.contains_all(self.rpcs[r].inputs)
             && self.reads_left[s * n_rpcs + r] > 0
-            && (self.slots[s].lease_bits | self.slots[s].stale) & (1u64 << r) == 0
+            && !self.slots[s]
+                .lease_bits
+                .union(self.slots[s].stale)
+                .contains(r)
     }
 
     /// Makes slot `s`'s ready-index memberships match its eligibility; returns the RPCs it
     /// newly became eligible for.
-    fn sync_ready(&mut self, s: usize) -> u64 {
-        let mut want = 0u64;
-        for r in 0..self.rpcs.len() {
-            if self.is_eligible(s, r) {
-                want |= 1 << r;
-            }
-        }
+    fn sync_ready(&mut self, s: usize) -> RpcSet {
+        let want: RpcSet = (0..self.rpcs.len())
+            .filter(|&r| self.is_eligible(s, r))
+            .collect();
         let have = self.slots[s].in_ready;
-        let (added, removed) = (want & !have, have & !want);
-        let mut bits = added | removed;
-        while bits != 0 {
-            let r = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            if added & (1 << r) != 0 {
+        let (added, removed) = (want.difference(have), have.difference(want));
+        for r in added.union(removed).iter() {
+            if added.contains(r) {
                 self.ready[r].insert(self.slots[s].order, s as u32);
             } else {
                 self.ready[r].remove(self.slots[s].order);
@@ -883,7 +518,7 @@ impl SlotTable {
     }
 
     /// Frees stored, unheld slot `s` for `exit`.
-    pub(crate) fn drop_slot(&mut self, s: usize, exit: Exit, freed: &mut Vec<u32>) {
+    pub(crate) fn drop_slot(&mut self, s: usize, exit: ExitReason, freed: &mut Vec<u32>) {
         // Reads left are zeroed first so that no ready index keeps it.
         let n_rpcs = self.rpcs.len();
         self.reads_left[s * n_rpcs..(s + 1) * n_rpcs].fill(0);
@@ -892,10 +527,10 @@ impl SlotTable {
         self.idle.clear(s);
         self.release_slot(s);
         match exit {
-            Exit::Consumed => self.totals.freed += 1,
-            Exit::Stale => self.totals.stale += 1,
-            Exit::Evicted => self.totals.evicted += 1,
-            Exit::Filtered => self.totals.filtered += 1,
+            ExitReason::Consumed => self.totals.freed += 1,
+            ExitReason::Stale => self.totals.stale += 1,
+            ExitReason::Evicted => self.totals.evicted += 1,
+            ExitReason::Filtered => self.totals.filtered += 1,
         }
         self.exits[s] = exit;
         freed.push(s as u32);
@@ -908,9 +543,9 @@ impl SlotTable {
         self.unreserve_bytes(s);
         self.unreserve_resident(s);
         self.discarded.clear(s);
-        self.slots[s].stale = 0;
+        self.slots[s].stale = RpcSet::EMPTY;
         self.empty.set(s);
-        self.slots[s].generation = self.slots[s].generation.wrapping_add(1);
+        self.slots[s].generation = self.slots[s].generation.advance();
         self.slots[s].keys = KeySet::EMPTY;
         self.reads_left[s * n_rpcs..(s + 1) * n_rpcs].fill(0);
         self.slots[s].reads_total = 0;

@@ -2,7 +2,8 @@
 //! `table.rs`. Tests and proptest runs call it after every step, loom models at their
 //! checkpoints; it is never on a hot path.
 
-use super::table::SlotTable;
+use super::SlotTable;
+use crate::rpc_defs::RpcSet;
 use std::collections::HashSet;
 
 macro_rules! ensure {
@@ -37,11 +38,11 @@ impl SlotTable {
                     "slot {s}: amenders on a slot not stored"
                 );
                 ensure!(
-                    self.slots[s].lease_bits == 0,
+                    self.slots[s].lease_bits.is_empty(),
                     "slot {s}: lease bits on a slot not stored"
                 );
                 ensure!(
-                    self.slots[s].in_ready == 0,
+                    self.slots[s].in_ready.is_empty(),
                     "slot {s}: ready entries on a slot not stored"
                 );
                 ensure!(
@@ -61,7 +62,7 @@ impl SlotTable {
                 "slot {s}: amending bit != (amenders > 0)"
             );
             ensure!(
-                r == (self.slots[s].lease_bits != 0),
+                r == !self.slots[s].lease_bits.is_empty(),
                 "slot {s}: reading bit != (lease bits != 0)"
             );
             ensure!(
@@ -76,7 +77,7 @@ impl SlotTable {
                 "slot {s}: reads_total {} != sum {sum}",
                 self.slots[s].reads_total
             );
-            let held = self.slots[s].amenders > 0 || self.slots[s].lease_bits != 0;
+            let held = self.slots[s].amenders > 0 || !self.slots[s].lease_bits.is_empty();
             ensure!(
                 sum > 0 || held,
                 "slot {s}: all reads used and nothing holds it, but it was not freed"
@@ -96,8 +97,7 @@ impl SlotTable {
                     "slot {s}: rpc {rpc} has {l} reads left, more than its {}",
                     self.rpcs[rpc].reads
                 );
-                let bit = 1u64 << rpc;
-                if self.slots[s].lease_bits & bit != 0 {
+                if self.slots[s].lease_bits.contains(rpc) {
                     ensure!(l > 0, "slot {s}: leased by rpc {rpc} with no reads left");
                 }
             }
@@ -105,18 +105,8 @@ impl SlotTable {
             if self.budget.evict {
                 let evictable =
                     self.budget.evictable.get(&self.slots[s].order) == Some(&(s as u32));
-                let owing =
-                    (0..n_rpcs).fold(
-                        0u64,
-                        |acc, rpc| {
-                            if left[rpc] > 0 {
-                                acc | 1 << rpc
-                            } else {
-                                acc
-                            }
-                        },
-                    );
-                let want = !held && owing != 0 && self.slots[s].in_ready == owing;
+                let owing: RpcSet = (0..n_rpcs).filter(|&rpc| left[rpc] > 0).collect();
+                let want = !held && !owing.is_empty() && self.slots[s].in_ready == owing;
                 ensure!(
                     evictable == want,
                     "slot {s}: in the eviction index {evictable}, evictable {want}"
@@ -125,7 +115,7 @@ impl SlotTable {
             // invariant 5
             for rpc in 0..n_rpcs {
                 let eligible = self.is_eligible(s, rpc);
-                let flagged = self.slots[s].in_ready & (1 << rpc) != 0;
+                let flagged = self.slots[s].in_ready.contains(rpc);
                 let indexed = self.ready[rpc].contains(self.slots[s].order, s as u32);
                 ensure!(
                     eligible == flagged,
@@ -164,7 +154,7 @@ impl SlotTable {
         // invariant 5, the other direction: no index holds entries beyond the eligible slots
         for rpc in 0..n_rpcs {
             let flagged = (0..self.capacity)
-                .filter(|&s| self.slots[s].in_ready & (1 << rpc) != 0)
+                .filter(|&s| self.slots[s].in_ready.contains(rpc))
                 .count();
             ensure!(
                 self.ready[rpc].len() == flagged,
@@ -188,11 +178,10 @@ impl SlotTable {
             ensure!(seen.insert(s), "free list holds slot {s} twice");
         }
         // invariant 6
-        let mut bits_from_leases = vec![0u64; self.capacity];
+        let mut bits_from_leases = vec![RpcSet::EMPTY; self.capacity];
         let mut leased = vec![0usize; n_rpcs];
         let mut with_deadline = 0;
         for (id, lease) in self.leases.iter() {
-            let bit = 1u64 << lease.rpc;
             for &s in &lease.slots {
                 let s = s as usize;
                 ensure!(
@@ -201,11 +190,11 @@ impl SlotTable {
                     id.number()
                 );
                 ensure!(
-                    bits_from_leases[s] & bit == 0,
+                    !bits_from_leases[s].contains(lease.rpc),
                     "slot {s}: two live leases of rpc {}",
                     lease.rpc
                 );
-                bits_from_leases[s] |= bit;
+                bits_from_leases[s].insert(lease.rpc);
             }
             leased[lease.rpc] += lease.slots.len();
             if let Some(d) = lease.deadline {
@@ -224,7 +213,7 @@ impl SlotTable {
         for (s, (&want, meta)) in bits_from_leases.iter().zip(&self.slots).enumerate() {
             ensure!(
                 want == meta.lease_bits,
-                "slot {s}: lease bits {:#x}, live leases say {want:#x}",
+                "slot {s}: lease bits {:?}, live leases say {want:?}",
                 meta.lease_bits
             );
         }

@@ -1,8 +1,10 @@
 //! Tests of the state machine: unit tests of single transitions, and proptest runs of random
 //! operation sequences checked step by step against a plain reference model.
 
-use super::table::{LeaseEnd, RpcSpec, SlotTable};
-use super::LeaseId;
+mod fresh;
+mod residency;
+
+use super::{LeaseEnd, LeaseId, RpcSpec, SlotTable};
 use crate::rpc_defs::{KeySet, Selection};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -76,7 +78,7 @@ fn last_read_frees_and_bumps_generation() {
         }
     }
     assert_eq!(freed, vec![s as u32]);
-    assert_eq!(t.slots[s].generation, g + 1);
+    assert_eq!(t.slots[s].generation, g.advance());
     assert_eq!(t.stored_generation(s), None);
 }
 
@@ -108,7 +110,7 @@ fn outputs_make_downstream_ready_in_the_same_step() {
     let mut freed = Vec::new();
     t.park_getter(1);
     let wake = t.finish_lease(id, LeaseEnd::Used, &[ks(&[K1])], &mut freed);
-    assert_eq!(wake.rpcs, 0b10);
+    assert_eq!(wake.rpcs.bits(), 0b10);
     assert_eq!(t.eligible(1), 1);
     ok(&t);
 }
@@ -121,7 +123,7 @@ fn wakes_are_reported_only_for_parked_waiters() {
     };
     t.park_getter(1);
     let (_, wake) = t.publish_put(&slots, &[1], &[ks(&[K0])]);
-    assert_eq!(wake.rpcs, 0b10, "rpc 0 has nobody parked");
+    assert_eq!(wake.rpcs.bits(), 0b10, "rpc 0 has nobody parked");
     t.unpark_getter(1);
     let Some(id) = t.try_lease(0, None) else {
         panic!("eligible");
@@ -167,7 +169,7 @@ fn expired_lease_is_released_once() {
     let mut freed = Vec::new();
     t.park_getter(0);
     let wake = t.expire_due(t0 + Duration::from_secs(6), &mut freed, &mut Vec::new());
-    assert_eq!(wake.rpcs, 1);
+    assert_eq!(wake.rpcs.bits(), 1);
     assert_eq!(
         (t.totals.redelivered[0], t.totals.expired_leases[0]),
         (1, 1)
@@ -365,7 +367,7 @@ proptest! {
                                 if ks(&[K0]).contains_all(s.inputs) { woken |= 1 << r; }
                             }
                         }
-                        prop_assert_eq!(wake.rpcs, woken);
+                        prop_assert_eq!(wake.rpcs.bits(), woken);
                     }
                 }
                 Op::AbortPut(n) => {

@@ -1,0 +1,248 @@
+//! The lease transitions of [`SlotTable`]: taking batches out of the ready indexes in the
+//! RPC's selection order, finishing, releasing and expiring leases, and counting parked
+//! getters.
+
+use super::SlotTable;
+use crate::rpc_defs::{KeySet, Selection};
+use crate::state::leases::{Lease, LeaseId};
+use crate::state::ready::ReadyIndex;
+use crate::state::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate};
+use crate::state::slot::{LeaseEnd, LeaseGone, Wake};
+use std::time::Instant;
+
+impl SlotTable {
+    // ----- leases ------------------------------------------------------------------
+
+    /// Number of samples eligible for RPC `r` right now.
+    pub(crate) fn eligible(&self, r: usize) -> usize {
+        self.ready.get(r).map_or(0, ReadyIndex::len)
+    }
+
+    /// Leases exactly `n_seqs` eligible samples to RPC `r` in its selection order, or
+    /// returns `None` (changing nothing) when fewer are eligible. `now` is needed only when
+    /// the RPC has a lease timeout.
+    #[cfg(test)]
+    pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
+        self.try_lease_with(r, now, None, &|_| 0.0)
+    }
+
+    /// [`Self::try_lease`] for batch number `step` (which seeds randomised selection; the
+    /// RPC's count of leases when `None`), with `log_priority(slot)` giving the `ln` of a
+    /// slot's weight under `Prioritized`.
+    pub(crate) fn try_lease_with(
+        &mut self,
+        r: usize,
+        now: Option<Instant>,
+        step: Option<u64>,
+        log_priority: &dyn Fn(u32) -> f64,
+    ) -> Option<LeaseId> {
+        let spec = self.rpcs.get(r)?;
+        let n = spec.n_seqs;
+        // A timeout too large to represent as an instant means no deadline.
+        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
+        if self.ready.get(r)?.len() < n {
+            return None;
+        }
+        let draw = step.unwrap_or(self.draws[r]);
+        self.draws[r] += 1;
+        let slots = match &self.rpcs[r].selection {
+            Selection::Fifo | Selection::Lifo => self.ready[r].take(n),
+            // Weights that depend on the age rank only: draw ranks, then fetch those.
+            selection @ (Selection::Uniform { .. } | Selection::Recency { .. }) => {
+                let seed = draw_seed(policy_seed(selection), draw);
+                let ranks = sample_ranks(selection, self.ready[r].len(), n, seed);
+                let slots = self.ready[r].at_ranks(&ranks);
+                for &s in &slots {
+                    self.ready[r].remove(self.slots[s as usize].order);
+                }
+                slots
+            }
+            selection => {
+                let candidates: Vec<Candidate> = self.ready[r]
+                    .iter()
+                    .map(|s| Candidate {
+                        slot: s,
+                        version: self.freshness.versions[s as usize],
+                        log_priority: log_priority(s),
+                    })
+                    .collect();
+                let seed = draw_seed(policy_seed(selection), draw);
+                let picks = choose(selection, &candidates, n, self.freshness.current, seed);
+                let slots: Vec<u32> = picks.iter().map(|&i| candidates[i].slot).collect();
+                for &s in &slots {
+                    self.ready[r].remove(self.slots[s as usize].order);
+                }
+                slots
+            }
+        };
+        Some(self.grant(r, slots, deadline))
+    }
+
+    /// Leases exactly `slots` to RPC `r` if every one of them is eligible for it now (the
+    /// replay of a logged batch); `None`, changing nothing, otherwise.
+    pub(crate) fn try_lease_slots(
+        &mut self,
+        r: usize,
+        slots: &[u32],
+        now: Option<Instant>,
+    ) -> Option<LeaseId> {
+        let spec = self.rpcs.get(r)?;
+        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
+        let mut distinct = slots.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let all_ready = distinct.len() == slots.len()
+            && slots.iter().all(|&s| {
+                self.slots
+                    .get(s as usize)
+                    .is_some_and(|m| m.in_ready.contains(r))
+            });
+        if !all_ready {
+            return None;
+        }
+        for &s in slots {
+            self.ready[r].remove(self.slots[s as usize].order);
+        }
+        Some(self.grant(r, slots.to_vec(), deadline))
+    }
+
+    /// Marks `slots` (just taken out of RPC `r`'s ready index) leased by a new lease.
+    fn grant(&mut self, r: usize, slots: Vec<u32>, deadline: Option<Instant>) -> LeaseId {
+        // Load every slot's line first: in a large, cold table these misses then overlap
+        // instead of each waiting behind the previous slot's update.
+        let warm = slots.iter().fold(0u32, |acc, &s| {
+            acc ^ self.slots.get(s as usize).map_or(0, |m| m.reads_total)
+        });
+        std::hint::black_box(warm);
+        for &s in &slots {
+            let s = s as usize;
+            if self.budget.evict {
+                self.budget.evictable.remove(&self.slots[s].order);
+            }
+            self.slots[s].in_ready.remove(r);
+            if self.slots[s].lease_bits.is_empty() {
+                self.reading.set(s);
+                self.idle.clear(s);
+            }
+            self.slots[s].lease_bits.insert(r);
+            self.sync_spillable(s);
+        }
+        self.leased[r] += slots.len();
+        self.leases.insert(Lease {
+            rpc: r,
+            slots,
+            deadline,
+        })
+    }
+
+    /// The live lease `id`, or why it is gone. A lease whose deadline has passed at `now`
+    /// counts as expired even before [`Self::expire_due`] reclaims it.
+    pub(crate) fn lease(&self, id: LeaseId, now: Option<Instant>) -> Result<&Lease, LeaseGone> {
+        let lease = self.leases.get(id).ok_or(LeaseGone::Expired)?;
+        match (lease.deadline, now) {
+            (Some(deadline), Some(now)) if now >= deadline => Err(LeaseGone::Expired),
+            _ => Ok(lease),
+        }
+    }
+
+    /// Ends a live lease. With [`LeaseEnd::Used`] one read of each sample is used and
+    /// `added[i]` (the RPC's outputs) joins slot `i`'s keys in the same step, so no other RPC
+    /// can see the read without the outputs. Freed slots are appended to `freed`.
+    pub(crate) fn finish_lease(
+        &mut self,
+        id: LeaseId,
+        end: LeaseEnd,
+        added: &[KeySet],
+        freed: &mut Vec<u32>,
+    ) -> Wake {
+        let Some(lease) = self.leases.remove(id) else {
+            return Wake::default();
+        };
+        let r = lease.rpc;
+        let n_rpcs = self.rpcs.len();
+        let mut wake = Wake::default();
+        for (i, &s) in lease.slots.iter().enumerate() {
+            let s = s as usize;
+            debug_assert!(self.slots[s].lease_bits.contains(r));
+            self.slots[s].lease_bits.remove(r);
+            if self.slots[s].lease_bits.is_empty() {
+                self.reading.clear(s);
+                if self.slots[s].amenders == 0 {
+                    self.idle.set(s);
+                }
+            }
+            if end == LeaseEnd::Discarded {
+                self.discarded.set(s);
+            }
+            if end == LeaseEnd::Used {
+                self.reads_left[s * n_rpcs + r] -= 1;
+                self.slots[s].reads_total -= 1;
+                self.slots[s].keys = self.slots[s]
+                    .keys
+                    .union(added.get(i).copied().unwrap_or_default());
+            }
+            wake.merge(self.settle(s, freed));
+        }
+        self.leased[r] -= lease.slots.len();
+        let n = lease.slots.len() as u64;
+        match end {
+            LeaseEnd::Used => self.totals.reads[r] += n,
+            LeaseEnd::Released => self.totals.redelivered[r] += n,
+            LeaseEnd::Discarded => {}
+        }
+        self.deliverable(wake)
+    }
+
+    /// The earliest lease deadline or age deadline, if any.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        match (self.leases.next_deadline(), self.freshness.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Releases every lease whose deadline is at or before `now`; each released lease's
+    /// RPC and slots are appended to `expired` (for the log).
+    pub(crate) fn expire_due(
+        &mut self,
+        now: Instant,
+        freed: &mut Vec<u32>,
+        expired: &mut Vec<(usize, Vec<u32>)>,
+    ) -> Wake {
+        let mut wake = Wake::default();
+        while let Some(id) = self.leases.pop_due(now) {
+            if let Some(lease) = self.leases.get(id) {
+                let r = lease.rpc;
+                self.totals.expired_leases[r] += 1;
+                tracing::debug!(
+                    rpc = r,
+                    slots = lease.slots.len(),
+                    "lease expired; redelivering"
+                );
+                expired.push((r, lease.slots.clone()));
+            }
+            wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));
+        }
+        wake
+    }
+
+    /// Takes away a live lease's deadline, so it cannot expire while its completion is
+    /// being made durable.
+    pub(crate) fn pin_lease(&mut self, id: LeaseId) {
+        self.leases.pin(id);
+    }
+
+    /// Counts a getter of RPC `r` as parked (it found too few eligible samples).
+    pub(crate) fn park_getter(&mut self, r: usize) {
+        if let Some(n) = self.waiting.get_mut(r) {
+            *n += 1;
+        }
+    }
+
+    /// Uncounts a parked getter of RPC `r` (it woke up, or its get was dropped).
+    pub(crate) fn unpark_getter(&mut self, r: usize) {
+        if let Some(n) = self.waiting.get_mut(r) {
+            *n = n.saturating_sub(1);
+        }
+    }
+}
