@@ -67,19 +67,10 @@ impl BufferConfig {
     /// (and what amends and completions add).
     ///
     /// Segments go to `<root>/spill/` of a persistent buffer's store, to the store set
-    /// with `spill_to`, or else to a fresh directory under the system's temporary
-    /// directory, removed with the buffer.
+    /// with `spill_to` (feature `persist`), or else to a fresh directory under the system's
+    /// temporary directory, removed with the buffer.
     pub fn memory_budget(mut self, bytes: u64) -> Self {
         self.memory_budget = Some(bytes);
-        self
-    }
-
-    /// Where spill segments go (under `spill/` of `store`), for a buffer with a
-    /// [`memory_budget`](Self::memory_budget). Any object store works: local disk, S3,
-    /// GCS, Azure.
-    #[cfg(feature = "persist")]
-    pub fn spill_to(mut self, store: crate::persist::Store) -> Self {
-        self.spill_store = Some(Arc::new(crate::persist::ParquetSpill::new(store)));
         self
     }
 

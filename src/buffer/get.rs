@@ -9,12 +9,13 @@
 //! of that lease's RPC).
 
 use super::batch::Batch;
+use super::select::lease;
 use super::spill::{BatchLoad, LoadPlan, SpillStore};
 use super::steps::{lease_step, log_step, StepLogged};
 use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result};
 use crate::rpc_defs::Selection;
-use crate::sample::{MetaValue, Sample};
+use crate::sample::Sample;
 use crate::state::{LeaseId, Wake};
 use crate::sync::Arc;
 use std::pin::pin;
@@ -103,6 +104,35 @@ impl SequenceBuffer {
             .unwrap_or_else(|_| {
                 Err(Error::Timeout {
                     op: format!("get_batch_for_rpc({rpc})"),
+                    after: timeout,
+                })
+            })
+    }
+
+    /// Leases the batch of training step `step` for `rpc`. The first request chooses it by
+    /// the RPC's selection (seeded by `step` for randomised policies) and logs its sample
+    /// ids durably; every later request for the step, in this process or after a restart,
+    /// gets the same samples, waiting while another holder has them leased.
+    ///
+    /// Fails with [`Error::StepConsumed`] once the step's batch was completed or
+    /// committed, and with [`Error::StepUnavailable`] when a sample of the logged batch
+    /// left the buffer (stale, evicted) or can no longer be served to the RPC.
+    pub async fn get_batch_for_step(&self, rpc: &str, step: u64) -> Result<Batch> {
+        self.get_batch(rpc, Some(step)).await
+    }
+
+    /// [`Self::get_batch_for_step`] that gives up after `timeout` with [`Error::Timeout`].
+    pub async fn get_batch_for_step_timeout(
+        &self,
+        rpc: &str,
+        step: u64,
+        timeout: Duration,
+    ) -> Result<Batch> {
+        tokio::time::timeout(timeout, self.get_batch(rpc, Some(step)))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    op: format!("get_batch_for_step({rpc}, {step})"),
                     after: timeout,
                 })
             })
@@ -268,59 +298,6 @@ fn plan_loads(
         let _ = spill.register(ahead, keys, true, plan);
     }
     (!plan.is_empty() || !loads.is_empty()).then(|| Arc::clone(&spill.store))
-}
-
-/// Leases a batch for RPC `r` (batch number `step`, if given) in its selection order.
-pub(crate) fn lease(
-    inner: &mut Inner,
-    r: usize,
-    now: Option<Instant>,
-    step: Option<u64>,
-) -> Option<LeaseId> {
-    let Inner { table, samples, .. } = inner;
-    match priority_key(&table.rpcs.get(r)?.selection) {
-        Some((key, exponent)) => {
-            let key = key.to_owned();
-            table.try_lease_with(r, now, step, &|slot| {
-                log_priority(samples, slot, &key, exponent)
-            })
-        }
-        None => table.try_lease_with(r, now, step, &|_| 0.0),
-    }
-}
-
-/// The priority key and exponent of a `Prioritized` selection (possibly inside
-/// `OnPolicyFraction`).
-fn priority_key(selection: &Selection) -> Option<(&str, f64)> {
-    match selection {
-        Selection::Prioritized { key, exponent, .. } => Some((key, *exponent)),
-        Selection::OnPolicyFraction { then, .. } => priority_key(then),
-        _ => None,
-    }
-}
-
-/// `ln(priority^exponent)` of the sample in `slot`; the priority is the scalar field or
-/// numeric metadata `key`. `-inf` (weighs nothing) when missing, non-finite or `<= 0`.
-fn log_priority(samples: &[Option<Arc<Sample>>], slot: u32, key: &str, exponent: f64) -> f64 {
-    let Some(Some(sample)) = samples.get(slot as usize) else {
-        return f64::NEG_INFINITY;
-    };
-    let value = match sample.get(key) {
-        Some(t) => t
-            .scalar_value::<f64>()
-            .or_else(|| t.scalar_value::<f32>().map(f64::from))
-            .or_else(|| t.scalar_value::<i64>().map(|v| v as f64))
-            .or_else(|| t.scalar_value::<i32>().map(f64::from)),
-        None => match sample.get_meta(key) {
-            Some(MetaValue::Float(f)) => Some(*f),
-            Some(MetaValue::Int(i)) => Some(*i as f64),
-            _ => None,
-        },
-    };
-    match value {
-        Some(p) if p.is_finite() && p > 0.0 => exponent * p.ln(),
-        _ => f64::NEG_INFINITY,
-    }
 }
 
 /// Clones the stored samples of `slots`. Two passes: plain loads of every refcount first,

@@ -51,6 +51,7 @@ mod journal;
 mod put;
 #[cfg(feature = "persist")]
 mod restore;
+mod select;
 mod spill;
 mod stats;
 mod steps;
@@ -320,20 +321,6 @@ impl Inner {
     }
 }
 
-/// Where a buffer with a memory budget and no spill store spills: a temporary directory.
-#[cfg(feature = "persist")]
-fn default_spill_store() -> Result<Arc<dyn SpillStore>> {
-    Ok(Arc::new(crate::persist::ParquetSpill::temporary()?))
-}
-
-/// Without the `persist` feature there is no spill store to default to.
-#[cfg(not(feature = "persist"))]
-fn default_spill_store() -> Result<Arc<dyn SpillStore>> {
-    Err(Error::InvalidConfig {
-        detail: "a memory budget needs the `persist` feature (Parquet spill segments)".into(),
-    })
-}
-
 /// Which end of the birth order the spiller takes first: the one the last RPC (by
 /// convention the trainer, where samples wait longest) reaches last.
 fn spill_newest_first(rpcs: &[RpcDef]) -> bool {
@@ -356,16 +343,34 @@ impl SequenceBuffer {
     }
 
     /// A buffer built from a full configuration.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::build`]; without the `persist` feature a memory budget is
+    /// [`Error::InvalidConfig`], as there is no spill store to spill to. (With it,
+    /// `with_config` lives in `persist` and gives a memory budget a temporary spill
+    /// directory.)
+    #[cfg(not(feature = "persist"))]
     pub fn with_config(config: BufferConfig) -> Result<Self> {
         Self::build(config, false)
     }
 
     /// A buffer built from `config`; `sync_journal` says whether the journal that will be
-    /// attached makes changes wait for durability.
-    pub(crate) fn build(mut config: BufferConfig, sync_journal: bool) -> Result<Self> {
+    /// attached makes changes wait for durability. A memory budget needs a spill store:
+    /// the storage layer chooses it (`persist`), this layer only uses one.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidCapacity`], the RPC graph's validation errors, and
+    /// [`Error::InvalidConfig`] for a memory budget without a spill store.
+    pub(crate) fn build(config: BufferConfig, sync_journal: bool) -> Result<Self> {
         let capacity = config.capacity;
         if config.memory_budget.is_some() && config.spill_store.is_none() {
-            config.spill_store = Some(default_spill_store()?);
+            return Err(Error::InvalidConfig {
+                detail: "a memory budget needs a spill store (the `persist` feature's \
+                         Parquet spill segments)"
+                    .into(),
+            });
         }
         let max = u32::MAX as usize;
         if capacity == 0 || capacity > max {

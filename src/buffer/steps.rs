@@ -10,13 +10,17 @@
 //! step's batch marks the entry done, in the same log unit as the completion; the step can
 //! then not be served again ([`Error::StepConsumed`]). A logged sample that left the buffer
 //! or can never be served to the RPC again makes the step [`Error::StepUnavailable`].
+//!
+//! The public calls are `SequenceBuffer::get_batch_for_step` (in `get.rs`) and the
+//! completion of its batch (`batch.rs`, which writes [`step_done`]).
 
-use super::{AuxWrite, Batch, Durable, Inner, Record, SequenceBuffer, Shared};
+use super::select::lease;
+use super::{AuxWrite, Durable, Inner, Record, Shared};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample, SampleId};
 use crate::state::LeaseId;
 use crate::sync::{oneshot, Arc};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Where the verdict on a step's log entry arrives (sync journals only).
 pub(crate) type StepLogged = oneshot::Receiver<Result<()>>;
@@ -33,37 +37,6 @@ pub(crate) fn step_done(rpc: &str, step: u64) -> AuxWrite {
     )
 }
 
-impl SequenceBuffer {
-    /// Leases the batch of training step `step` for `rpc`. The first request chooses it by
-    /// the RPC's selection (seeded by `step` for randomised policies) and logs its sample
-    /// ids durably; every later request for the step, in this process or after a restart,
-    /// gets the same samples, waiting while another holder has them leased.
-    ///
-    /// Fails with [`Error::StepConsumed`] once the step's batch was completed or
-    /// committed, and with [`Error::StepUnavailable`] when a sample of the logged batch
-    /// left the buffer (stale, evicted) or can no longer be served to the RPC.
-    pub async fn get_batch_for_step(&self, rpc: &str, step: u64) -> Result<Batch> {
-        self.get_batch(rpc, Some(step)).await
-    }
-
-    /// [`Self::get_batch_for_step`] that gives up after `timeout` with [`Error::Timeout`].
-    pub async fn get_batch_for_step_timeout(
-        &self,
-        rpc: &str,
-        step: u64,
-        timeout: Duration,
-    ) -> Result<Batch> {
-        tokio::time::timeout(timeout, self.get_batch(rpc, Some(step)))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    op: format!("get_batch_for_step({rpc}, {step})"),
-                    after: timeout,
-                })
-            })
-    }
-}
-
 /// Leases step `step`'s batch for RPC `r` if it can be now: the logged batch when the step
 /// was served before, else a new choice. Returns the lease and whether it is new (to be
 /// logged); `Ok(None)` to wait.
@@ -75,7 +48,7 @@ pub(crate) fn lease_step(
 ) -> Result<Option<(LeaseId, bool)>> {
     let rpc = Arc::clone(&inner.rpc_names[r]);
     let Some(entry) = inner.aux.get(step_key(&rpc, step).as_str()).cloned() else {
-        return Ok(super::get::lease(inner, r, now, Some(step)).map(|l| (l, true)));
+        return Ok(lease(inner, r, now, Some(step)).map(|l| (l, true)));
     };
     let unavailable = |detail: String| Error::StepUnavailable {
         rpc: rpc.to_string(),

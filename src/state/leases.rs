@@ -4,6 +4,7 @@
 //! Leases live in a slab; a [`LeaseId`] carries the entry's generation, so an id whose lease
 //! ended (finished, released or expired) never names a later lease that reuses the entry.
 
+use super::slot::Generation;
 use std::collections::BTreeSet;
 use std::time::Instant;
 
@@ -11,13 +12,13 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct LeaseId {
     index: u32,
-    generation: u32,
+    generation: Generation,
 }
 
 impl LeaseId {
     /// A number for messages, unique among the live leases.
     pub(crate) fn number(self) -> u64 {
-        (u64::from(self.generation) << 32) | u64::from(self.index)
+        (u64::from(self.generation.get()) << 32) | u64::from(self.index)
     }
 }
 
@@ -31,7 +32,7 @@ pub(crate) struct Lease {
 
 #[derive(Debug, Clone, Default)]
 struct Entry {
-    generation: u32,
+    generation: Generation,
     lease: Option<Lease>,
 }
 
@@ -80,7 +81,7 @@ impl LeaseTable {
             return None;
         }
         let lease = entry.lease.take()?;
-        entry.generation = entry.generation.wrapping_add(1);
+        entry.generation = entry.generation.advance();
         if let Some(d) = lease.deadline {
             self.deadlines.remove(&(d, id.index));
         }
@@ -117,7 +118,10 @@ impl LeaseTable {
             return None;
         }
         self.deadlines.pop_first();
-        let generation = self.entries.get(index as usize).map_or(0, |e| e.generation);
+        let generation = self
+            .entries
+            .get(index as usize)
+            .map_or(Generation::default(), |e| e.generation);
         Some(LeaseId { index, generation })
     }
 

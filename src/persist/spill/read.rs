@@ -8,13 +8,13 @@
 //! is a slice of the fetched bytes, whose values the writer put 8-byte aligned in the file
 //! (`spill_layout.rs`), so every fetch starts at an 8-byte boundary and keeps them so.
 
-use super::buffer_pool::BufferPool;
-use super::codec::{take_tensor, Reader};
-use super::spill_layout::fetch_start;
-use super::spill_pages::{decode_chunk, ValueEncoding};
-use super::spill_value::take_tensor_padded;
-use super::store::{corrupt, Store};
+use super::layout::fetch_start;
+use super::pages::{decode_chunk, ValueEncoding};
+use super::value::take_tensor_padded;
 use crate::error::{Error, Result};
+use crate::persist::buffer_pool::BufferPool;
+use crate::persist::codec::{take_tensor, Reader};
+use crate::persist::store::{corrupt, Store};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::Arc;
 use crate::tensor::{SharedBytes, Tensor};

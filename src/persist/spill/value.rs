@@ -11,7 +11,7 @@
 //! (a page laid out otherwise, a big-endian host, bools and strings) it copies, as
 //! [`take_tensor`] does.
 
-use super::codec::{
+use crate::persist::codec::{
     number_tag, put_tensor, take_lengths, take_shape, take_tensor, Bad, Reader, Writer,
 };
 use crate::tensor::{SharedBytes, Tensor};

@@ -14,9 +14,9 @@
 //! makes [`decode_chunk`] answer `None`, and the caller uses Parquet's reader, which
 //! reads every valid file.
 
-use super::buffer_pool::BufferPool;
-use super::codec::{take_tensor, Reader};
-use super::spill_value::take_tensor_padded;
+use super::value::take_tensor_padded;
+use crate::persist::buffer_pool::BufferPool;
+use crate::persist::codec::{take_tensor, Reader};
 use crate::sync::Arc;
 use crate::tensor::{SharedBytes, Tensor};
 use bytes::Bytes;
@@ -389,7 +389,7 @@ impl Thrift<'_> {
 mod tests {
     use super::*;
     use crate::persist::codec::{put_tensor, Writer};
-    use crate::persist::spill_value::put_tensor_padded;
+    use crate::persist::spill::value::put_tensor_padded;
     use arrow_array::{ArrayRef, BinaryViewArray, LargeBinaryArray, RecordBatch};
     use arrow_schema::{Field, Schema};
     use parquet::arrow::ArrowWriter;

@@ -14,7 +14,7 @@
 //! own (local disk), in a stretch of one merged request (object stores), or in a mapping
 //! of the file (which keeps file offsets modulo the page size).
 
-use super::spill_pages::data_page_header_len;
+use super::pages::data_page_header_len;
 use bytes::Bytes;
 use parquet::basic::Compression;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader, ParquetMetaDataWriter};

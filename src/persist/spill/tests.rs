@@ -1,0 +1,388 @@
+//! Tests of Parquet spill segments: rows read back as written on every store, views of
+//! plain columns, plain storage of incompressible columns, large binary columns, the
+//! fallback to Parquet's reader, and create-only writes.
+
+use super::*;
+use crate::persist::codec::{put_tensor, Writer};
+use crate::tensor::Tensor;
+use arrow_array::{LargeBinaryArray, RecordBatch};
+use arrow_schema::{Field, Schema};
+use bytes::Bytes;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::metadata::ParquetMetaDataReader;
+
+fn row(i: i32) -> Fields {
+    let mut f = Fields::default();
+    // 64 KiB: a segment of 40 rows spans two row groups.
+    f.set(FieldKey::from("tokens"), Tensor::from(vec![i; 16 << 10]));
+    if i % 2 == 0 {
+        f.set(
+            FieldKey::from("logp"),
+            Tensor::from(vec![-0.5f32 * i as f32; 300]),
+        );
+    }
+    f
+}
+
+fn row_groups(spill: &ParquetSpill, segment: &Segment) -> Option<usize> {
+    spill
+        .footers
+        .lock()
+        .get(&segment.id)
+        .map(|f| f.metadata().num_row_groups())
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime")
+}
+
+/// Rows read back equal the rows written, in the order asked for, with only the
+/// fields asked for; a row without a field reads back without it.
+#[test]
+fn rows_read_back_as_written() {
+    runtime().block_on(async {
+        let spill = ParquetSpill::new(Store::open("memory://").expect("store"));
+        let rows: Vec<Fields> = (0..40).map(row).collect();
+        let segment = spill.write(rows.clone()).await.expect("write");
+        assert_eq!(row_groups(&spill, &segment), Some(2));
+        let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
+        let got = spill
+            .read(Arc::clone(&segment), vec![33, 2, 17], keys)
+            .await
+            .expect("read");
+        assert_eq!(got, vec![row(33), row(2), row(17)]);
+        // Every row has `tokens`: its arrays are views of the decoded pages.
+        let viewed = got
+            .iter()
+            .filter(|f| format!("{:?}", f.get("tokens")).contains("Borrowed"))
+            .count();
+        assert_eq!(viewed, if cfg!(target_endian = "little") { 3 } else { 0 });
+        let tokens_only = spill
+            .read(segment, vec![4], vec![FieldKey::from("tokens")])
+            .await
+            .expect("read");
+        assert_eq!(tokens_only[0].len(), 1);
+        assert_eq!(tokens_only[0].get("tokens"), row(4).get("tokens"));
+    });
+}
+
+/// Rows of 32 KiB of noise (which zstd cannot shrink) and 16 KiB of one repeated
+/// number (which it can).
+fn noisy_rows(n: usize) -> Vec<Fields> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n)
+        .map(|i| {
+            let noise: Vec<i64> = (0..4096)
+                .map(|_| {
+                    // xorshift64: bytes zstd cannot predict.
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    state as i64
+                })
+                .collect();
+            let mut f = Fields::default();
+            f.set(FieldKey::from("noise"), Tensor::from(noise));
+            f.set(FieldKey::from("flat"), Tensor::from(vec![i as f32; 4096]));
+            f
+        })
+        .collect()
+}
+
+/// The arrays of a plain column are views of the fetched bytes, in every row group,
+/// on local disk (a buffer per range) and in memory (slices of the stored file), and
+/// after a restart (the footer fetched from the file).
+#[test]
+fn plain_columns_read_back_as_views_on_every_store() {
+    runtime().block_on(async {
+        let local = ParquetSpill::temporary().expect("store");
+        let url = local.store.url().to_owned();
+        let memory = ParquetSpill::new(Store::open("memory://").expect("store"));
+        // 48 KiB rows: 80 of them make two row groups.
+        let rows = noisy_rows(80);
+        for spill in [&local, &memory] {
+            let segment = spill.write(rows.clone()).await.expect("write");
+            assert_eq!(row_groups(spill, &segment), Some(2));
+            let restarted = ParquetSpill::new(spill.store.clone());
+            for reader in [spill, &restarted] {
+                let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
+                let got = reader
+                    .read(Arc::clone(&segment), vec![5, 70, 1, 66], keys)
+                    .await
+                    .expect("read");
+                let want: Vec<Fields> = [5, 70, 1, 66].iter().map(|&i| rows[i].clone()).collect();
+                assert_eq!(got, want);
+                let viewed = got
+                    .iter()
+                    .flat_map(|f| f.iter())
+                    .filter(|(_, t)| format!("{t:?}").contains("Borrowed"))
+                    .count();
+                let store = reader.store.url();
+                let expect = if cfg!(target_endian = "little") { 8 } else { 0 };
+                assert_eq!(viewed, expect, "{store} (local: {url})");
+            }
+        }
+    });
+}
+
+/// A column zstd cannot shrink is stored plain, one it can is compressed; both read
+/// back as written.
+#[test]
+fn incompressible_columns_are_stored_plain() {
+    runtime().block_on(async {
+        let spill = ParquetSpill::new(Store::open("memory://").expect("store"));
+        let rows = noisy_rows(8);
+        let segment = spill.write(rows.clone()).await.expect("write");
+        let footer = spill
+            .footers
+            .lock()
+            .get(&segment.id)
+            .cloned()
+            .expect("footer");
+        let codecs: Vec<(String, Compression)> = footer.metadata().row_groups()[0]
+            .columns()
+            .iter()
+            .map(|c| (c.column_path().string(), c.compression()))
+            .collect();
+        assert!(codecs.contains(&("noise".to_owned(), Compression::UNCOMPRESSED)));
+        assert!(codecs
+            .iter()
+            .any(|(k, c)| k == "flat" && matches!(c, Compression::ZSTD(_))));
+        let keys = vec![FieldKey::from("noise"), FieldKey::from("flat")];
+        let got = spill
+            .read(segment, vec![7, 0, 3], keys)
+            .await
+            .expect("read");
+        assert_eq!(got, vec![rows[7].clone(), rows[0].clone(), rows[3].clone()]);
+    });
+}
+
+/// Segments with large-binary columns (values over 4 GiB, and segments written before
+/// view columns) read back too.
+#[test]
+fn large_binary_segments_read_back() {
+    runtime().block_on(async {
+        let store = Store::open("memory://").expect("store");
+        let rows: Vec<Fields> = (0..8).map(row).collect();
+        let mut w = Writer::default();
+        let column: LargeBinaryArray = rows
+            .iter()
+            .map(|r| {
+                r.get("tokens").map(|t| {
+                    w.buf.clear();
+                    put_tensor(&mut w, t);
+                    w.buf.clone()
+                })
+            })
+            .collect();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "tokens",
+            arrow_schema::DataType::LargeBinary,
+            true,
+        )]));
+        let batch =
+            RecordBatch::try_new(Arc::clone(&schema), vec![Arc::new(column)]).expect("batch");
+        let mut writer = ArrowWriter::try_new(Vec::new(), schema, None).expect("writer");
+        writer.write(&batch).expect("write");
+        let bytes = Bytes::from(writer.into_inner().expect("close"));
+        store.put(&segment_path(7), bytes).await.expect("put");
+        // A fresh spill store: the footer is fetched, as after a restart.
+        let spill = ParquetSpill::new(store);
+        let got = spill
+            .read(
+                spill.segment(7, 8),
+                vec![5, 0],
+                vec![FieldKey::from("tokens")],
+            )
+            .await
+            .expect("read");
+        assert_eq!(got[0].get("tokens"), row(5).get("tokens"));
+        assert_eq!(got[1].get("tokens"), row(0).get("tokens"));
+    });
+}
+
+/// A chunk the direct page decoder rejects (here: its footer says the chunk holds
+/// fewer uncompressed bytes than its page does, which the decoder takes for damage and
+/// Parquet's reader does not check) is read by Parquet's reader instead.
+#[test]
+fn a_chunk_the_page_decoder_rejects_is_read_by_parquet() {
+    use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataWriter};
+    runtime().block_on(async {
+        let store = Store::open("memory://").expect("store");
+        let spill = ParquetSpill::new(store.clone());
+        let segment = spill.write((0..4).map(row).collect()).await.expect("write");
+        let bytes = store.get(&segment.path).await.expect("get").expect("there");
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .expect("footer");
+        let row_groups = meta
+            .row_groups()
+            .iter()
+            .map(|rg| {
+                let columns = rg
+                    .columns()
+                    .iter()
+                    .map(|c| {
+                        c.clone()
+                            .into_builder()
+                            .set_total_uncompressed_size(1)
+                            .build()
+                            .expect("column")
+                    })
+                    .collect();
+                rg.clone()
+                    .into_builder()
+                    .set_column_metadata(columns)
+                    .build()
+                    .expect("row group")
+            })
+            .collect();
+        let footer_len = u32::from_le_bytes(
+            bytes[bytes.len() - 8..bytes.len() - 4]
+                .try_into()
+                .expect("4 bytes"),
+        ) as usize;
+        let mut out = bytes[..bytes.len() - 8 - footer_len].to_vec();
+        let damaged = ParquetMetaData::new(meta.file_metadata().clone(), row_groups);
+        ParquetMetaDataWriter::new(&mut out, &damaged)
+            .with_preserve_page_index_locations(false)
+            .finish()
+            .expect("footer");
+        store
+            .put(&segment_path(99), Bytes::from(out))
+            .await
+            .expect("put");
+        let reader = ParquetSpill::new(store);
+        let got = reader
+            .read(
+                reader.segment(99, 4),
+                vec![3, 1],
+                vec![FieldKey::from("tokens")],
+            )
+            .await
+            .expect("read");
+        assert_eq!(got[0].get("tokens"), row(3).get("tokens"));
+        assert_eq!(got[1].get("tokens"), row(1).get("tokens"));
+    });
+}
+
+/// A process whose clock is behind the one before it (resumed on another machine)
+/// takes names of segments live samples need; its writes move past them instead of
+/// replacing them, and a folder whose names keep being taken is an error, not a loop.
+#[test]
+fn writes_never_replace_a_segment() {
+    runtime().block_on(async {
+        let store = Store::open("memory://").expect("store");
+        let earlier = ParquetSpill::new(store.clone());
+        let first = earlier.write(vec![row(1)]).await.expect("write");
+        let second = earlier.write(vec![row(2)]).await.expect("write");
+        let behind = ParquetSpill::new(store.clone());
+        behind.next.store(first.id, Ordering::Relaxed);
+        let third = behind.write(vec![row(3)]).await.expect("write");
+        assert!(third.id > second.id, "{} after {}", third.id, second.id);
+        let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
+        for (segment, i) in [(first, 1), (second, 2), (Arc::clone(&third), 3)] {
+            let reader = ParquetSpill::new(store.clone());
+            let got = reader
+                .read(reader.segment(segment.id, 1), vec![0], keys.clone())
+                .await
+                .expect("read");
+            assert_eq!(got, vec![row(i)], "segment {}", segment.id);
+        }
+        // The next write follows on without another collision.
+        let fourth = behind.write(vec![row(4)]).await.expect("write");
+        assert_eq!(fourth.id, third.id + 1);
+
+        // Every name taken: a typed error naming the store's folder.
+        let taken = Store::from_object_store(Arc::new(AlwaysTaken::default()), "");
+        let err = ParquetSpill::new(taken)
+            .write(vec![row(5)])
+            .await
+            .expect_err("every name taken");
+        assert!(
+            matches!(&err, crate::Error::Storage { path, detail, .. }
+                if path.starts_with("spill/") && detail.contains("taken")),
+            "{err}"
+        );
+    });
+}
+
+/// An in-memory store where every name a create-only put asks for is taken.
+#[derive(Debug, Default)]
+struct AlwaysTaken(object_store::memory::InMemory);
+
+impl std::fmt::Display for AlwaysTaken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AlwaysTaken")
+    }
+}
+
+#[async_trait::async_trait]
+impl object_store::ObjectStore for AlwaysTaken {
+    async fn put_opts(
+        &self,
+        location: &object_store::path::Path,
+        payload: object_store::PutPayload,
+        opts: object_store::PutOptions,
+    ) -> object_store::Result<object_store::PutResult> {
+        if opts.mode == object_store::PutMode::Create {
+            return Err(object_store::Error::AlreadyExists {
+                path: location.to_string(),
+                source: "taken".into(),
+            });
+        }
+        self.0.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &object_store::path::Path,
+        opts: object_store::PutMultipartOptions,
+    ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+        self.0.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(
+        &self,
+        location: &object_store::path::Path,
+        options: object_store::GetOptions,
+    ) -> object_store::Result<object_store::GetResult> {
+        self.0.get_opts(location, options).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: futures::stream::BoxStream<
+            'static,
+            object_store::Result<object_store::path::Path>,
+        >,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>> {
+        self.0.delete_stream(locations)
+    }
+
+    fn list(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>> {
+        self.0.list(prefix)
+    }
+
+    async fn list_with_delimiter(
+        &self,
+        prefix: Option<&object_store::path::Path>,
+    ) -> object_store::Result<object_store::ListResult> {
+        self.0.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(
+        &self,
+        from: &object_store::path::Path,
+        to: &object_store::path::Path,
+        options: object_store::CopyOptions,
+    ) -> object_store::Result<()> {
+        self.0.copy_opts(from, to, options).await
+    }
+}
