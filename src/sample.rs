@@ -6,7 +6,7 @@
 //! [`FieldKey`]s: a string literal costs no allocation, any other name is an `Arc<str>`
 //! shared by every copy. Ids are `Arc<str>` with their hash computed once.
 
-use crate::sync::Arc;
+use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -448,3 +448,21 @@ impl<K: Into<FieldKey>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
             .fold(Patch::new(), |p, (k, v)| p.with(k, v))
     }
 }
+
+/// Hands out `n` consecutive values of the process-wide birth counter and returns the first.
+///
+/// Births order samples oldest-first; a sample put without an explicit birth gets the next
+/// value here, so default births follow put order across every buffer in the process. This
+/// counter is not part of any wake-up protocol, so it stays a plain std atomic under loom.
+pub(crate) fn next_births(n: u64) -> u64 {
+    NEXT_BIRTH.fetch_add(n, Ordering::Relaxed)
+}
+
+/// Makes every later default birth larger than `birth` (a recovered buffer's samples keep
+/// their births, and new samples must come after them).
+#[cfg(feature = "persist")]
+pub(crate) fn births_after(birth: u64) {
+    NEXT_BIRTH.fetch_max(birth.saturating_add(1), Ordering::Relaxed);
+}
+
+static NEXT_BIRTH: AtomicU64 = AtomicU64::new(1);

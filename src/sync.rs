@@ -9,8 +9,9 @@
 //! inside a loom mutex, where loom explores it.
 //!
 //! The rest of the crate imports its primitives from here (`Arc`, `Mutex`, `Notify`,
-//! `AtomicBool`, `Ordering`, and the archive task's `mpsc` / `oneshot`) and never names
-//! `std::sync`, `loom` or `tokio::sync` itself.
+//! `AtomicBool`, `AtomicU64`, `Ordering`, `Weak`, and the archive task's `mpsc` /
+//! `oneshot`) and never names `std::sync`, `loom` or `tokio::sync` itself; `tests/layout.rs`
+//! checks that, and `clippy.toml` makes clippy refuse std's and tokio's primitives elsewhere.
 
 /// Reference counting is not part of any wake-up protocol, and loom's `Arc` cannot be made
 /// outside a model (samples are built there too), so it is std's `Arc` in every build.
@@ -33,10 +34,13 @@ pub(crate) use tokio::sync::Notify;
 #[cfg(feature = "persist")]
 pub(crate) use tokio::sync::mpsc;
 
-/// The log's backlog counter (read by putters, written by the log writer; not part of the
-/// slot protocol).
-#[cfg(feature = "persist")]
+/// Counters outside the slot protocol (the process-wide birth counter, the log's backlog,
+/// spill segment ids): std's in every build, so they also work outside a loom model.
 pub(crate) use std::sync::atomic::AtomicU64;
+
+/// Weak handles of the background tasks (the spiller, loads, the group sealer) to the
+/// buffer they serve; reference counting is outside every wake-up protocol, as for `Arc`.
+pub(crate) use std::sync::Weak;
 
 /// A durable change's result travels from the journal's writer to its caller through a
 /// oneshot; it is not part of the slot protocol (the slot state changes under the buffer's
@@ -88,27 +92,6 @@ impl<T: Default> Default for Mutex<T> {
         Self::new(T::default())
     }
 }
-
-/// Hands out `n` consecutive values of the process-wide birth counter and returns the first.
-///
-/// Births order samples oldest-first; a sample put without an explicit birth gets the next
-/// value here, so default births follow put order across every buffer in the process. This
-/// counter is not part of any wake-up protocol, so it stays a plain std atomic under loom.
-pub(crate) fn next_births(n: u64) -> u64 {
-    NEXT_BIRTH.fetch_add(n, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Makes every later default birth larger than `birth` (a recovered buffer's samples keep
-/// their births, and new samples must come after them).
-#[cfg(feature = "persist")]
-pub(crate) fn births_after(birth: u64) {
-    NEXT_BIRTH.fetch_max(
-        birth.saturating_add(1),
-        std::sync::atomic::Ordering::Relaxed,
-    );
-}
-
-static NEXT_BIRTH: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 #[cfg(rollout_buffer_loom)]
 mod loom_notify {

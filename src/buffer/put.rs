@@ -18,9 +18,10 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::rpc_defs::KeySet;
+use crate::sample::next_births;
 use crate::sample::{PrehashedId, Sample, SampleId};
 use crate::state::{Freshness, Ticket, Wake};
-use crate::sync::{next_births, oneshot, Arc};
+use crate::sync::{oneshot, Arc};
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;

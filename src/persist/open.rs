@@ -16,7 +16,8 @@ use super::wal::{Durability, Wal, WriterSetup};
 use crate::buffer::{BufferConfig, Journal, SequenceBuffer};
 use crate::error::{Error, Result};
 use crate::rpc_defs::RpcDef;
-use crate::sync::{births_after, Arc};
+use crate::sample::births_after;
+use crate::sync::Arc;
 
 /// What recovery does with a damaged file that is not the log's torn tail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

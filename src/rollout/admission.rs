@@ -325,10 +325,10 @@ mod tests {
 
     #[test]
     fn concurrent_updates_are_all_counted() {
-        let a = std::sync::Arc::new(admission(1000, 32, 10));
+        let a = crate::sync::Arc::new(admission(1000, 32, 10));
         let threads: Vec<_> = (0..10)
             .map(|_| {
-                let a = std::sync::Arc::clone(&a);
+                let a = crate::sync::Arc::clone(&a);
                 std::thread::spawn(move || (0..100).for_each(|_| start(&a, 1)))
             })
             .collect();

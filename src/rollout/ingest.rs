@@ -31,10 +31,10 @@ use super::record::RolloutRecord;
 use crate::buffer::AuxWrite;
 use crate::error::{Error, Result};
 use crate::sample::Sample;
+use crate::sync::Weak;
 use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
 use crate::SequenceBuffer;
 use std::collections::VecDeque;
-use std::sync::Weak;
 use std::time::Instant;
 
 const PENDING: &str = "rollout/pending/";

@@ -7,9 +7,9 @@ use super::{LoadedFields, Segment, SpillStore, SpilledRow};
 use crate::error::{Error, Result};
 use crate::sample::{FieldKey, Fields};
 use crate::state::Generation;
+use crate::sync::Weak;
 use crate::sync::{Arc, Mutex, Notify};
 use std::pin::pin;
-use std::sync::Weak;
 
 /// One load of a sample's spilled fields, shared by every get that needs them.
 #[derive(Debug)]

@@ -5,10 +5,10 @@ use super::{spills, LiveSegment, Segment, SpillPart, SpillStore, SEGMENT_BYTES};
 use crate::rpc_defs::RpcSet;
 use crate::sample::{FieldKey, Sample};
 use crate::state::{Generation, Wake};
+use crate::sync::Weak;
 use crate::sync::{Arc, Notify};
 use std::collections::BTreeSet;
 use std::pin::pin;
-use std::sync::Weak;
 use std::time::Duration;
 
 impl Shared {

@@ -66,8 +66,8 @@ impl ParquetSpill {
     /// Segments in a new directory under the system's temporary directory, removed when
     /// the store is dropped (with the buffer).
     pub(crate) fn temporary() -> Result<Self> {
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static N: AtomicU64 = AtomicU64::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
         let dir =
             std::env::temp_dir().join(format!("rollout-buffer-spill-{}-{n}", std::process::id()));
         let url = dir.to_string_lossy().into_owned();
