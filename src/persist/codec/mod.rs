@@ -16,8 +16,10 @@ mod record;
 #[cfg(test)]
 mod tests;
 
+#[cfg(test)]
+pub(crate) use record::take_record;
 pub(crate) use record::{
-    put_parts, put_record, take_parts, take_record, take_replayed, EncodedSample, Replayed,
+    put_parts, put_record, take_parts, take_replayed, EncodedSample, Replayed,
 };
 
 /// What is wrong with bytes that do not decode.
