@@ -2,9 +2,80 @@
 //!
 //! Every variant says what was wrong and where (which RPC, sample, key, slot or lease), so a
 //! log line is enough to find the cause. A call that returns an error has changed nothing
-//! that was already stored.
+//! that was already stored. A put that stored nothing hands the caller's samples back in
+//! its error ([`Unstored`]); a storage failure keeps its cause ([`Error::Storage`]'s
+//! `kind` and `source`).
+//!
+//! This is the lowest layer of the crate: it names no other module. [`Unstored`] holds
+//! samples without naming their type here; `sample.rs` gives it its typed accessors.
 
+use crate::sync::Arc;
+use std::any::Any;
+use std::fmt;
 use std::time::Duration;
+
+/// What kind of failure an [`Error::Storage`] is, so a caller can tell a missing object
+/// from a refused write or a broken connection without parsing text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StorageKind {
+    /// The object or directory does not exist.
+    NotFound,
+    /// A create-only write found an object there already.
+    AlreadyExists,
+    /// A conditional write's precondition failed (another writer got there first).
+    Precondition,
+    /// The store refused the credentials, or the file system the permissions.
+    PermissionDenied,
+    /// Anything else: the network, the service, a full disk, a bad URL.
+    Other,
+}
+
+/// The underlying error of an [`Error::Storage`] or [`Error::Corrupt`], shared so that
+/// [`Error`] stays `Clone`. Two sources always compare equal: errors are equal when what
+/// they say about the buffer (variant, store, path, kind, detail) is.
+#[derive(Clone)]
+pub struct ErrorSource(pub Arc<dyn std::error::Error + Send + Sync>);
+
+impl ErrorSource {
+    /// The underlying error.
+    pub fn get(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        &*self.0
+    }
+}
+
+impl fmt::Debug for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl fmt::Display for ErrorSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for ErrorSource {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
+    }
+}
+
+impl PartialEq for ErrorSource {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+/// The samples of a put that stored none of them, handed back with the error that refused
+/// them, as crossbeam's `TrySendError::Full(T)` hands back its message: take them with
+/// [`Unstored::into_samples`] to retry later. Empty where the error hands nothing back (a
+/// get's timeout, say).
+///
+/// Two `Unstored` compare equal when they hold the same number of samples.
+#[derive(Clone, Default)]
+pub struct Unstored(pub(crate) Option<Arc<dyn Any + Send + Sync>>);
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -203,13 +274,26 @@ pub enum Error {
         /// The missing key.
         key: String,
     },
-    /// `try_put_batch` found too few free slots (or earlier putters waiting for them).
+    /// `try_put_batch` found too few free slots (or earlier putters waiting for them, or
+    /// not enough room under the byte or memory budget); nothing was stored.
     #[error("buffer full: {requested} slots requested, {free} free")]
     Full {
         /// Slots asked for.
         requested: usize,
         /// Slots free at the time.
         free: usize,
+        /// The samples of the put, handed back.
+        samples: Unstored,
+    },
+    /// `try_put_batch` found a persistent buffer's log too far behind the puts already
+    /// accepted (more put data waiting to be written than its limit); nothing was stored.
+    /// Slots may be free: it is the store that is slow.
+    #[error("log backlog: the store is behind; {requested} samples not stored")]
+    Backlog {
+        /// Samples in the refused put.
+        requested: usize,
+        /// The samples of the put, handed back.
+        samples: Unstored,
     },
     /// A handle names a slot whose sample was freed or replaced since the handle was made.
     #[error(
@@ -287,8 +371,13 @@ pub enum Error {
         url: String,
         /// The path inside it (empty for the store itself).
         path: String,
+        /// What kind of failure it is.
+        kind: StorageKind,
         /// What went wrong.
         detail: String,
+        /// The store's or the file system's own error, when there is one.
+        #[source]
+        source: Option<ErrorSource>,
     },
 
     /// A stored file is damaged: unreadable, truncated, or failing its checksum.
@@ -300,6 +389,9 @@ pub enum Error {
         path: String,
         /// What is wrong with it.
         detail: String,
+        /// The decoder's own error (Parquet's, JSON's), when there is one.
+        #[source]
+        source: Option<ErrorSource>,
     },
 
     /// Stored data does not fit the buffer being opened on it (an RPC or key it needs was
@@ -350,13 +442,17 @@ pub enum Error {
     /// The buffer was closed.
     #[error("buffer closed")]
     Closed,
-    /// A wait did not finish in time; nothing was leased or stored.
+    /// A wait did not finish in time; nothing was leased or stored (but see `samples`).
     #[error("{op} timed out after {after:?}")]
     Timeout {
         /// Which call (`put_batch`, `get_batch_for_rpc(<rpc>)`).
         op: String,
         /// The timeout.
         after: Duration,
+        /// A put's samples, handed back when none of them was claimed. Empty for a get,
+        /// and for a put whose slots were claimed and whose log write was still pending
+        /// (it may yet be stored: look before putting those samples again).
+        samples: Unstored,
     },
     /// `check_invariants()` found the state inconsistent (a bug in this crate).
     #[error("invariant violated: {detail}")]

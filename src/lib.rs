@@ -40,14 +40,17 @@
 //! # }
 //! ```
 //!
-//! Module map: `rpc_defs` (RPC definitions, graph validation, key interning), `state` (the
-//! synchronous slot state machine: readiness, staleness, selection, the byte and memory
-//! budgets), `buffer` (the async API; spilling payloads to Parquet under a memory budget,
-//! see [`BufferConfig::memory_budget`]), [`rollout`] (the RL layer: rollout records, group assembly
-//! and ingestion, admission, group hooks, advantages, packing, the multi-environment
-//! batcher, metrics), [`persist`] (write-ahead log, checkpoints, recovery, the Parquet
-//! archive, spill segments), [`arrow`] (samples as Arrow record batches), `sync` (the one place naming
-//! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`).
+//! Layers, lowest first (each uses only those below it; [`implementation`] has the picture,
+//! what each module owns and the life of a sample): `sync` (the one place naming
+//! synchronisation primitives, swapped for loom's under `--cfg rollout_buffer_loom`),
+//! `error` and `exit`, `tensor`, `sample`, `rpc_defs` (RPC definitions, graph validation,
+//! key interning) and [`arrow`] (samples as Arrow record batches), `state` (the synchronous
+//! slot state machine: readiness, staleness, selection, the byte and memory budgets),
+//! `buffer` (the async API; spilling payloads under a memory budget, see
+//! [`BufferConfig::memory_budget`]), then two siblings: [`persist`] (write-ahead log,
+//! checkpoints, recovery, the Parquet archive, spill segments) and [`rollout`] (the RL
+//! layer: rollout records, group assembly and ingestion, admission, group hooks,
+//! advantages, packing, the multi-environment batcher, metrics).
 
 #[cfg(feature = "arrow")]
 pub mod arrow;
@@ -67,11 +70,14 @@ pub use buffer::{
     Batch, BufferConfig, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer, SinkFuture,
     SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON, POLICY_VERSION,
 };
-pub use error::{Error, Result};
+pub use error::{Error, ErrorSource, Result, StorageKind, Unstored};
 pub use exit::ExitReason;
 pub use rpc_defs::{RpcDef, Selection};
 pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 pub use tensor::{DType, Element, Tensor, TensorData};
+
+#[doc = include_str!("../docs/architecture.md")]
+pub mod implementation {}
 
 /// Re-exported so callers build tensors with the same ndarray version.
 pub use ndarray;
@@ -80,3 +86,18 @@ pub use ndarray;
 #[doc = include_str!("../README.md")]
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
+
+/// The examples of `docs/persistence.md`, compiled and run as doc tests.
+#[doc = include_str!("../docs/persistence.md")]
+#[cfg(all(doctest, feature = "persist"))]
+pub struct PersistenceDoctests;
+
+/// The examples of `docs/rl.md`, compiled and run as doc tests.
+#[doc = include_str!("../docs/rl.md")]
+#[cfg(doctest)]
+pub struct RlDoctests;
+
+/// The examples of `docs/spill.md`, compiled and run as doc tests.
+#[doc = include_str!("../docs/spill.md")]
+#[cfg(all(doctest, feature = "persist"))]
+pub struct SpillDoctests;

@@ -6,6 +6,7 @@
 //! [`FieldKey`]s: a string literal costs no allocation, any other name is an `Arc<str>`
 //! shared by every copy. Ids are `Arc<str>` with their hash computed once.
 
+use crate::error::Unstored;
 use crate::sync::{Arc, AtomicU64, Ordering};
 use crate::tensor::Tensor;
 use std::collections::BTreeMap;
@@ -446,6 +447,64 @@ impl<K: Into<FieldKey>, V: Into<Tensor>> FromIterator<(K, V)> for Patch {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
         iter.into_iter()
             .fold(Patch::new(), |p, (k, v)| p.with(k, v))
+    }
+}
+
+impl Unstored {
+    /// Samples handed back by a refused put.
+    pub(crate) fn new(samples: Vec<Sample>) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        Self(Some(Arc::new(samples)))
+    }
+
+    /// The held samples. `Unstored` is only ever made from a `Vec<Sample>` (by `new`), so
+    /// the downcast cannot fail; an empty slice stands for "none".
+    fn held(&self) -> &[Sample] {
+        self.0
+            .as_ref()
+            .and_then(|any| any.downcast_ref::<Vec<Sample>>())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The samples, in the order they were given to the put.
+    pub fn samples(&self) -> &[Sample] {
+        self.held()
+    }
+
+    /// How many samples it holds.
+    pub fn len(&self) -> usize {
+        self.held().len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.held().is_empty()
+    }
+
+    /// The samples, in the order they were given to the put; moved out when this is the
+    /// only copy of the error (the usual case), else cloned (tensors are shared, so a
+    /// clone copies handles, not data).
+    pub fn into_samples(self) -> Vec<Sample> {
+        match self.0.map(|any| any.downcast::<Vec<Sample>>()) {
+            Some(Ok(samples)) => {
+                Arc::try_unwrap(samples).unwrap_or_else(|shared| (*shared).clone())
+            }
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl fmt::Debug for Unstored {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Unstored({} samples)", self.len())
+    }
+}
+
+impl PartialEq for Unstored {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len()
     }
 }
 

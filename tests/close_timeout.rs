@@ -2,7 +2,7 @@
 
 mod common;
 use common::*;
-use rollout_buffer::{Error, Patch};
+use rollout_buffer::{Error, Patch, Unstored};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,7 +97,8 @@ async fn timeouts_lease_and_store_nothing() {
         r.err(),
         Some(Error::Timeout {
             op: "get_batch_for_rpc(gen)".into(),
-            after: Duration::from_secs(3)
+            after: Duration::from_secs(3),
+            samples: Unstored::default(),
         })
     );
     let st = buf.stats();
@@ -106,7 +107,19 @@ async fn timeouts_lease_and_store_nothing() {
     let r = buf
         .put_batch_timeout(prompts("three", 1), Duration::from_secs(3))
         .await;
-    assert!(matches!(r, Err(Error::Timeout { .. })));
+    match r {
+        // Nothing was claimed: the caller gets the sample back to put again.
+        Err(Error::Timeout { samples, .. }) => {
+            let back = samples.into_samples();
+            assert_eq!(back.len(), 1);
+            assert!(
+                back[0].id().as_str().starts_with("three"),
+                "{:?}",
+                back[0].id()
+            );
+        }
+        other => panic!("expected a timeout handing the sample back, got {other:?}"),
+    }
     let st = buf.stats();
     assert_eq!(
         (st.put, st.waiting_putters, st.putting, buf.len()),

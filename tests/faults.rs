@@ -9,7 +9,7 @@ use common::faulty::{Fault, FaultyStore};
 use object_store::memory::InMemory;
 use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter, ArchivedSample, Archiver, Store};
 use rollout_buffer::ExitReason;
-use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
+use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer, StorageKind};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,10 +48,23 @@ async fn failed_writes_name_store_and_path_then_recover() {
     let (faults, store) = faulty();
     faults.set(Fault::Fail);
     match store.put("a/b", Bytes::from_static(b"x")).await {
-        Err(Error::Storage { url, path, detail }) => {
+        Err(Error::Storage {
+            url,
+            path,
+            kind,
+            detail,
+            source,
+        }) => {
             assert_eq!(path, "a/b");
             assert!(url.contains("run"), "{url}");
             assert!(detail.contains("injected"), "{detail}");
+            // The store's own error is kept, so a caller can inspect it.
+            assert_eq!(kind, StorageKind::Other);
+            let source = source.expect("the store's error is the source");
+            assert!(
+                source.get().downcast_ref::<object_store::Error>().is_some(),
+                "{source:?}"
+            );
         }
         other => panic!("expected a storage error, got {other:?}"),
     }

@@ -106,13 +106,24 @@ async fn try_put_on_full_buffer_changes_nothing() {
     let buf = ppo(3, 1);
     buf.try_put_batch(prompts("a", 2)).await.expect("fits");
     let before = buf.stats();
-    assert_eq!(
-        buf.try_put_batch(prompts("b", 2)).await.err(),
-        Some(Error::Full {
+    let batch = prompts("b", 2);
+    let ids: Vec<String> = batch.iter().map(|s| s.id().to_string()).collect();
+    match buf.try_put_batch(batch).await {
+        Err(Error::Full {
             requested: 2,
-            free: 1
-        })
-    );
+            free: 1,
+            samples,
+        }) => {
+            // The caller gets its samples back, in order, to retry with.
+            let back: Vec<String> = samples
+                .into_samples()
+                .iter()
+                .map(|s| s.id().to_string())
+                .collect();
+            assert_eq!(back, ids);
+        }
+        other => panic!("expected Full with the samples handed back, got {other:?}"),
+    }
     let after = buf.stats();
     assert_eq!(
         (after.empty, after.put, buf.len()),

@@ -1,7 +1,10 @@
 //! The RL layer for Python: group ingestion (`Ingest.add_rollout`) and trainer batches
 //! (`Batcher.next_batch`, packed `[B, S]` numpy arrays).
 
-use crate::{block, py_err, tensor_to_py, BufferError, PyBuffer_};
+use crate::buffer::PyBuffer_;
+use crate::convert::tensor_to_py;
+use crate::errors::{py_err, BufferError};
+use crate::runtime::block;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyString};
@@ -24,7 +27,7 @@ where
     if v.is_none() {
         return Ok(None);
     }
-    let t = crate::tensor_from_py(&crate::contiguous(&v)?)?;
+    let t = crate::convert::tensor_from_py(&crate::convert::contiguous(&v)?)?;
     t.array::<T>()
         .map(|a| Some(a.iter().copied().collect()))
         .ok_or_else(|| PyValueError::new_err(format!("rollout field `{key}` has the wrong dtype")))

@@ -13,7 +13,7 @@ use super::select::lease;
 use super::spill::{BatchLoad, LoadPlan, SpillStore};
 use super::steps::{lease_step, log_step, StepLogged};
 use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unstored};
 use crate::rpc_defs::Selection;
 use crate::sample::Sample;
 use crate::state::{LeaseId, Wake};
@@ -105,6 +105,7 @@ impl SequenceBuffer {
                 Err(Error::Timeout {
                     op: format!("get_batch_for_rpc({rpc})"),
                     after: timeout,
+                    samples: Unstored::default(),
                 })
             })
     }
@@ -134,6 +135,7 @@ impl SequenceBuffer {
                 Err(Error::Timeout {
                     op: format!("get_batch_for_step({rpc}, {step})"),
                     after: timeout,
+                    samples: Unstored::default(),
                 })
             })
     }

@@ -16,7 +16,7 @@ use super::{
     now, AuxWrite, Durable, Freed, Inner, JournalFuture, Overflow, Record, SequenceBuffer, Shared,
     SlotHandle,
 };
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Unstored};
 use crate::rpc_defs::KeySet;
 use crate::sample::next_births;
 use crate::sample::{PrehashedId, Sample, SampleId};
@@ -46,6 +46,31 @@ struct Prepared {
 }
 
 impl Prepared {
+    /// The samples, to hand back to the caller of a put that stored none of them. Nothing
+    /// else holds them by then (no slot was claimed), so they are moved, not copied.
+    fn into_unstored(self) -> Unstored {
+        let samples = self
+            .samples
+            .into_iter()
+            .map(|s| Arc::try_unwrap(s).unwrap_or_else(|shared| (*shared).clone()))
+            .collect();
+        Unstored::new(samples)
+    }
+
+    /// `err` with the samples handed back, if it is an error that carries them.
+    fn hand_back(self, err: Error) -> Error {
+        match err {
+            Error::Full {
+                requested, free, ..
+            } => Error::Full {
+                requested,
+                free,
+                samples: self.into_unstored(),
+            },
+            other => other,
+        }
+    }
+
     fn total_bytes(&self) -> (u64, u64) {
         (self.bytes.iter().sum(), self.resident.iter().sum())
     }
@@ -113,7 +138,26 @@ impl SequenceBuffer {
         samples: Vec<Sample>,
         aux: Vec<AuxWrite>,
     ) -> Result<Vec<SlotHandle>> {
+        self.put_until(samples, aux, None).await
+    }
+
+    /// The put behind every waiting put: gives up at `deadline` (if any) with
+    /// [`Error::Timeout`], handing the samples back when none was claimed yet.
+    async fn put_until(
+        &self,
+        samples: Vec<Sample>,
+        aux: Vec<AuxWrite>,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+    ) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
+        let timed_out = |samples: Unstored| {
+            let after = deadline.map_or(Duration::ZERO, |(_, after)| after);
+            Error::Timeout {
+                op: "put_batch".into(),
+                after,
+                samples,
+            }
+        };
         let Some(mut prepared) = shared.prepare(samples)? else {
             return Ok(Vec::new());
         };
@@ -140,7 +184,7 @@ impl SequenceBuffer {
                         Claim::Rejected(err, wake) => {
                             drop(inner);
                             shared.notify(wake);
-                            return Err(err);
+                            return Err(prepared.hand_back(err));
                         }
                         Claim::Wait => {
                             if ticket.ticket.is_none() {
@@ -155,20 +199,45 @@ impl SequenceBuffer {
                 // The wait may be for room under the memory budget.
                 shared.spill_wake.notify_waiters();
             }
+            let give_up = deadline.map(|(at, _)| at);
             match wait {
-                Wait::Backlog(wait) => wait.await?,
+                Wait::Backlog(wait) => match give_up {
+                    Some(at) => match tokio::time::timeout_at(at, wait).await {
+                        Ok(done) => done?,
+                        Err(_) => return Err(timed_out(prepared.into_unstored())),
+                    },
+                    None => wait.await?,
+                },
                 // Samples ageing out free slots with no other call to notice: wake at the
                 // next deadline and reap.
-                Wait::Space(Some(deadline)) => {
-                    let deadline = tokio::time::Instant::from_std(deadline);
-                    if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                Wait::Space(reap) => {
+                    let reap = reap.map(tokio::time::Instant::from_std);
+                    let wake_at = match (reap, give_up) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    let Some(wake_at) = wake_at else {
+                        notified.await;
+                        continue;
+                    };
+                    if tokio::time::timeout_at(wake_at, notified).await.is_err() {
+                        if give_up.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                            return Err(timed_out(prepared.into_unstored()));
+                        }
                         shared.reap_due();
                     }
                 }
-                Wait::Space(None) => notified.await,
             }
         };
-        stored.finish(shared).await
+        drop(ticket);
+        match deadline {
+            // Claimed: the put may still land (a sync journal's write is on its way), so
+            // nothing is handed back past this point.
+            Some((at, _)) => tokio::time::timeout_at(at, stored.finish(shared))
+                .await
+                .unwrap_or_else(|_| Err(timed_out(Unstored::default()))),
+            None => stored.finish(shared).await,
+        }
     }
 
     /// Stores `samples` if there is room now (and no earlier putter is waiting, and a
@@ -184,21 +253,28 @@ impl SequenceBuffer {
             let mut inner = shared.lock();
             if inner.journal.as_ref().and_then(|j| j.backlog()).is_some() {
                 inner.rejected += n as u64;
-                return Err(Error::Full {
+                drop(inner);
+                return Err(Error::Backlog {
                     requested: n,
-                    free: 0,
+                    samples: prepared.into_unstored(),
                 });
             }
             match shared.try_claim(&mut inner, &prepared, &mut None) {
                 Claim::Claimed(slots, wake, evicted) => {
                     shared.store(&mut inner, slots, prepared, wake, evicted)
                 }
-                Claim::Rejected(err, _) => return Err(err),
+                Claim::Rejected(err, _) => {
+                    drop(inner);
+                    return Err(prepared.hand_back(err));
+                }
                 Claim::Wait => {
                     inner.rejected += n as u64;
+                    let free = inner.table.free.len();
+                    drop(inner);
                     return Err(Error::Full {
                         requested: n,
-                        free: inner.table.free.len(),
+                        free,
+                        samples: prepared.into_unstored(),
                     });
                 }
             }
@@ -208,17 +284,27 @@ impl SequenceBuffer {
 
     /// [`Self::put_batch`] that gives up after `timeout` with [`Error::Timeout`], storing
     /// nothing. Uses tokio's timer (the runtime needs the time driver).
+    ///
+    /// A put that timed out while waiting for room hands its samples back in the error's
+    /// `samples` ([`Unstored::into_samples`]), births assigned. One whose slots were already
+    /// claimed, and whose log write a sync journal had not confirmed in time, hands back
+    /// nothing: that put may still be stored.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::put_batch`], plus [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::put_batch`].
     pub async fn put_batch_timeout(
         &self,
         samples: Vec<Sample>,
         timeout: Duration,
     ) -> Result<Vec<SlotHandle>> {
-        tokio::time::timeout(timeout, self.put_batch(samples))
+        let at = tokio::time::Instant::now() + timeout;
+        self.put_until(samples, Vec::new(), Some((at, timeout)))
             .await
-            .unwrap_or(Err(Error::Timeout {
-                op: "put_batch".into(),
-                after: timeout,
-            }))
     }
 }
 
@@ -386,6 +472,7 @@ impl Shared {
             let full = (self.overflow == Overflow::Reject).then_some(Error::Full {
                 requested: n,
                 free: inner.table.free.len(),
+                samples: Unstored::default(),
             });
             let mut spill_failure = None;
             if !inner.table.residency.fits(resident) {

@@ -15,9 +15,9 @@
 //! zstd-compressed and named by a hash of their bytes, so writing the same rows again
 //! replaces the earlier attempt instead of adding a duplicate.
 
-use super::store::{percent_decode, Store};
+use super::store::{percent_decode, storage_err, storage_msg, Store};
 use crate::arrow::{from_record_batch, to_record_batch};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageKind};
 use crate::exit::ExitReason;
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
@@ -97,17 +97,13 @@ impl ArchiveWriter {
     }
 
     fn encode(&self, dir: &str, rows: &[&ArchivedSample]) -> Result<Bytes> {
-        let bad = |e: &dyn std::fmt::Display| Error::Storage {
-            url: self.store.url().to_owned(),
-            path: dir.to_owned(),
-            detail: e.to_string(),
-        };
+        let bad = |e| storage_err(self.store.url(), dir, e);
         let batch = record_batch_of(rows)?;
         let mut buf = Vec::new();
         let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(self.props.clone()))
-            .map_err(|e| bad(&e))?;
-        writer.write(&batch).map_err(|e| bad(&e))?;
-        writer.close().map_err(|e| bad(&e))?;
+            .map_err(bad)?;
+        writer.write(&batch).map_err(bad)?;
+        writer.close().map_err(bad)?;
         Ok(Bytes::from(buf))
     }
 
@@ -128,11 +124,12 @@ impl ArchiveWriter {
                 self.decode(&path, bytes)
             }))
             .unwrap_or_else(|_| {
-                Err(Error::Storage {
-                    url: self.store.url().to_owned(),
-                    path: path.clone(),
-                    detail: "the Parquet decoder failed on this file".to_owned(),
-                })
+                Err(storage_msg(
+                    self.store.url(),
+                    &path,
+                    StorageKind::Other,
+                    "the Parquet decoder failed on this file",
+                ))
             });
             out.extend(decoded?);
         }
@@ -140,11 +137,8 @@ impl ArchiveWriter {
     }
 
     fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {
-        let bad = |e: &dyn std::fmt::Display| Error::Storage {
-            url: self.store.url().to_owned(),
-            path: path.to_owned(),
-            detail: e.to_string(),
-        };
+        let bad =
+            |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
         let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
             .and_then(|b| b.build())
             .map_err(|e| bad(&e))?;

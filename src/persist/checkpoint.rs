@@ -20,8 +20,8 @@ use super::archive::content_hash;
 use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
 use super::state::{Body, DurableState, Entry, RpcTotals};
-use super::store::{corrupt, Store};
-use crate::error::{Error, Result};
+use super::store::{corrupt, corrupt_by, storage_msg, Store};
+use crate::error::{Result, StorageKind};
 use crate::rpc_defs::RpcDef;
 use crate::sync::Arc;
 use arrow_array::{Array, BinaryArray, RecordBatch, StringArray, UInt64Array};
@@ -247,11 +247,12 @@ pub(crate) async fn write(
     let path = manifest_path(number);
     let json = Bytes::from(manifest.to_json().to_string());
     if !store.put_if_absent(&path, json).await? {
-        return Err(Error::Storage {
-            url: store.url().to_owned(),
-            path,
-            detail: "this manifest already exists: another buffer is writing to this store".into(),
-        });
+        return Err(storage_msg(
+            store.url(),
+            &path,
+            StorageKind::AlreadyExists,
+            "this manifest already exists: another buffer is writing to this store",
+        ));
     }
     tracing::debug!(
         number,
@@ -276,11 +277,8 @@ async fn write_segments(
 ) -> Result<Vec<String>> {
     let mut paths = Vec::new();
     for chunk in entries.chunks(SEGMENT_ROWS) {
-        let encoded = encode_segment(chunk).map_err(|e| Error::Storage {
-            url: store.url().to_owned(),
-            path: SEGMENT_DIR.to_owned(),
-            detail: e,
-        })?;
+        let encoded = encode_segment(chunk)
+            .map_err(|e| storage_msg(store.url(), SEGMENT_DIR, StorageKind::Other, e))?;
         let path = format!(
             "{SEGMENT_DIR}/{kind}-{:016x}.parquet",
             content_hash(&encoded)
@@ -416,7 +414,7 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
         .get(path)
         .await?
         .ok_or_else(|| corrupt(store, path, "listed but gone"))?;
-    let value: Value = serde_json::from_slice(&bytes).map_err(|e| corrupt(store, path, e))?;
+    let value: Value = serde_json::from_slice(&bytes).map_err(|e| corrupt_by(store, path, e))?;
     let manifest = Manifest::from_json(&value).map_err(|e| corrupt(store, path, e))?;
     let mut state = DurableState::default();
     state.next_seq = manifest.next_seq;

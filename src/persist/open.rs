@@ -161,6 +161,7 @@ impl SequenceBuffer {
             url: store.url().to_owned(),
             path: String::new(),
             detail,
+            source: None,
         };
         recovered.state.decode_all().map_err(undecodable)?;
         let old_config = recovered.manifest.as_ref().map(|m| &m.config);

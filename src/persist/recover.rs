@@ -96,6 +96,7 @@ async fn recover_until(
         url: store.url().to_owned(),
         path: path.to_owned(),
         detail,
+        source: None,
     };
     for (seq, path, decoded) in groups {
         // Groups missing before this one: each must have been abandoned. (A missing group

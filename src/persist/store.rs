@@ -9,7 +9,7 @@
 
 #[cfg(unix)]
 use super::buffer_pool::BufferPool;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSource, Result, StorageKind};
 use crate::sync::Arc;
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -40,11 +40,58 @@ impl fmt::Debug for Store {
     }
 }
 
-pub(crate) fn storage_err(url: &str, path: &str, e: impl fmt::Display) -> Error {
+pub(crate) fn storage_err(
+    url: &str,
+    path: &str,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
     Error::Storage {
         url: url.to_owned(),
         path: path.to_owned(),
-        detail: e.to_string(),
+        kind: storage_kind(&cause),
+        detail: cause.to_string(),
+        source: Some(ErrorSource(Arc::new(cause))),
+    }
+}
+
+/// The error for a failed operation on `path` of the store at `url` that has no error of
+/// its own to carry (a bad URL, an object missing where one must be).
+pub(crate) fn storage_msg(
+    url: &str,
+    path: &str,
+    kind: StorageKind,
+    detail: impl fmt::Display,
+) -> Error {
+    Error::Storage {
+        url: url.to_owned(),
+        path: path.to_owned(),
+        kind,
+        detail: detail.to_string(),
+        source: None,
+    }
+}
+
+/// What kind of failure `cause` is: object_store's and the file system's errors say it;
+/// anything else is [`StorageKind::Other`].
+fn storage_kind(cause: &(dyn std::error::Error + 'static)) -> StorageKind {
+    if let Some(e) = cause.downcast_ref::<object_store::Error>() {
+        return match e {
+            object_store::Error::NotFound { .. } => StorageKind::NotFound,
+            object_store::Error::AlreadyExists { .. } => StorageKind::AlreadyExists,
+            object_store::Error::Precondition { .. } => StorageKind::Precondition,
+            object_store::Error::PermissionDenied { .. }
+            | object_store::Error::Unauthenticated { .. } => StorageKind::PermissionDenied,
+            _ => StorageKind::Other,
+        };
+    }
+    match cause
+        .downcast_ref::<std::io::Error>()
+        .map(std::io::Error::kind)
+    {
+        Some(std::io::ErrorKind::NotFound) => StorageKind::NotFound,
+        Some(std::io::ErrorKind::AlreadyExists) => StorageKind::AlreadyExists,
+        Some(std::io::ErrorKind::PermissionDenied) => StorageKind::PermissionDenied,
+        _ => StorageKind::Other,
     }
 }
 
@@ -54,6 +101,21 @@ pub(crate) fn corrupt(store: &Store, path: &str, detail: impl fmt::Display) -> E
         url: store.url().to_owned(),
         path: path.to_owned(),
         detail: detail.to_string(),
+        source: None,
+    }
+}
+
+/// [`corrupt`] with the decoder's own error as the source.
+pub(crate) fn corrupt_by(
+    store: &Store,
+    path: &str,
+    cause: impl std::error::Error + Send + Sync + 'static,
+) -> Error {
+    Error::Corrupt {
+        url: store.url().to_owned(),
+        path: path.to_owned(),
+        detail: cause.to_string(),
+        source: Some(ErrorSource(Arc::new(cause))),
     }
 }
 
@@ -68,7 +130,9 @@ impl Store {
     ///   stores (and S3-compatible servers through `AWS_ENDPOINT_URL`), configured from the
     ///   environment.
     pub fn open(url: &str) -> Result<Self> {
-        let err = |e: &dyn fmt::Display| storage_err(url, "", e);
+        let err = |e: std::io::Error| storage_err(url, "", e);
+        let store_err = |e: object_store::Error| storage_err(url, "", e);
+        let bad_url = |detail: &str| storage_msg(url, "", StorageKind::Other, detail);
         let (scheme, rest) = match url.split_once("://") {
             Some((s, r)) => (s, r),
             None => ("file", url),
@@ -81,7 +145,7 @@ impl Store {
                 let decoded;
                 let rest = if url.starts_with("file://") {
                     if !rest.starts_with('/') {
-                        return Err(err(&"file URLs name an absolute path: file:///dir"));
+                        return Err(bad_url("file URLs name an absolute path: file:///dir"));
                     }
                     decoded = percent_decode(rest);
                     decoded.as_str()
@@ -89,9 +153,9 @@ impl Store {
                     rest
                 };
                 let dir = std::path::Path::new(if rest.is_empty() { "." } else { rest });
-                std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
-                let dir = dir.canonicalize().map_err(|e| err(&e))?;
-                let fs = Arc::new(LocalFileSystem::new_with_prefix(&dir).map_err(|e| err(&e))?);
+                std::fs::create_dir_all(dir).map_err(err)?;
+                let dir = dir.canonicalize().map_err(err)?;
+                let fs = Arc::new(LocalFileSystem::new_with_prefix(&dir).map_err(store_err)?);
                 #[cfg(unix)]
                 {
                     local = Some((Arc::clone(&fs), Arc::default()));
@@ -101,7 +165,7 @@ impl Store {
             "s3" | "gs" | "az" => {
                 let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
                 if bucket.is_empty() {
-                    return Err(err(&"no bucket in the URL"));
+                    return Err(bad_url("no bucket in the URL"));
                 }
                 let root = format!("{scheme}://{bucket}");
                 let store: Arc<dyn ObjectStore> = match scheme {
@@ -109,24 +173,24 @@ impl Store {
                         AmazonS3Builder::from_env()
                             .with_url(root)
                             .build()
-                            .map_err(|e| err(&e))?,
+                            .map_err(store_err)?,
                     ),
                     "gs" => Arc::new(
                         GoogleCloudStorageBuilder::from_env()
                             .with_url(root)
                             .build()
-                            .map_err(|e| err(&e))?,
+                            .map_err(store_err)?,
                     ),
                     _ => Arc::new(
                         MicrosoftAzureBuilder::from_env()
                             .with_url(root)
                             .build()
-                            .map_err(|e| err(&e))?,
+                            .map_err(store_err)?,
                     ),
                 };
                 (store, prefix)
             }
-            other => return Err(err(&format!("unsupported scheme `{other}`"))),
+            other => return Err(bad_url(&format!("unsupported scheme `{other}`"))),
         };
         Ok(Self {
             inner,
@@ -308,4 +372,56 @@ pub(crate) fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_errors_say_what_kind_of_failure_they_are() {
+        let missing = object_store::Error::NotFound {
+            path: "a".into(),
+            source: "gone".into(),
+        };
+        let err = storage_err("memory://", "a", missing);
+        assert!(matches!(
+            &err,
+            Error::Storage { kind: StorageKind::NotFound, source: Some(s), .. }
+                if s.get().downcast_ref::<object_store::Error>().is_some()
+        ));
+        let taken = std::io::Error::from(std::io::ErrorKind::AlreadyExists);
+        assert!(matches!(
+            storage_err("file:///x", "b", taken),
+            Error::Storage {
+                kind: StorageKind::AlreadyExists,
+                ..
+            }
+        ));
+        let refused = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        assert!(matches!(
+            storage_err("file:///x", "b", refused),
+            Error::Storage {
+                kind: StorageKind::PermissionDenied,
+                ..
+            }
+        ));
+        let other = std::io::Error::other("disk full");
+        assert!(matches!(
+            storage_err("file:///x", "b", other),
+            Error::Storage {
+                kind: StorageKind::Other,
+                ..
+            }
+        ));
+        // A message has no source of its own.
+        assert!(matches!(
+            storage_msg("memory://", "c", StorageKind::NotFound, "no segment"),
+            Error::Storage {
+                source: None,
+                kind: StorageKind::NotFound,
+                ..
+            }
+        ));
+    }
 }

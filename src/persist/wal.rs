@@ -29,9 +29,9 @@
 use super::checkpoint::{Manifest, StoredConfig};
 use super::log::{encode_group, log_path};
 use super::recover::checkpoint_until;
-use super::store::Store;
+use super::store::{storage_msg, Store};
 use crate::buffer::{Durable, Journal, JournalFuture, Record};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageKind};
 use crate::sync::{oneshot, Arc, AtomicU64, Mutex, Notify, Ordering};
 use bytes::Bytes;
 use std::fmt;
@@ -264,11 +264,12 @@ async fn write_group(store: &Store, seq: u64, bytes: &Bytes) -> std::result::Res
             .await
             .map_err(Failure::Store),
         // Deleted between the two calls: only a checkpoint of another writer does that.
-        _ => Err(Failure::Conflict(Error::Storage {
-            url: store.url().to_owned(),
-            path,
-            detail: "another buffer is writing to this store (its log holds this group)".into(),
-        })),
+        _ => Err(Failure::Conflict(storage_msg(
+            store.url(),
+            &path,
+            StorageKind::NotFound,
+            "another buffer is writing to this store (its log holds this group)",
+        ))),
     }
 }
 

@@ -4,7 +4,7 @@
 use super::super::{Batch, Shared};
 use super::int_map::IntMap;
 use super::{LoadedFields, Segment, SpillStore, SpilledRow};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorSource, Result, StorageKind};
 use crate::sample::{FieldKey, Fields};
 use crate::state::Generation;
 use crate::sync::Weak;
@@ -251,7 +251,9 @@ async fn run_loads(
                 Err(Error::Storage {
                     url: String::new(),
                     path: segment.path.clone(),
+                    kind: StorageKind::Other,
                     detail: format!("spill read task ended: {e}"),
+                    source: Some(ErrorSource(Arc::new(e))),
                 })
             }),
             Read::Inline(read) => read.await,

@@ -17,9 +17,9 @@ mod read;
 mod value;
 
 use crate::buffer::{Segment, SpillFuture, SpillStore};
-use crate::error::Result;
+use crate::error::{Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
-use crate::persist::store::{storage_err, Store};
+use crate::persist::store::{storage_err, storage_msg, Store};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
 use encode::encode;
@@ -151,7 +151,7 @@ impl SpillStore for ParquetSpill {
             let encoded = tokio::task::spawn_blocking(move || encode(&rows))
                 .await
                 .map_err(|e| storage_err(&url, &encode_path, e))?
-                .map_err(|e| storage_err(&url, &encode_path, e))?;
+                .map_err(|e| storage_msg(&url, &encode_path, StorageKind::Other, e))?;
             let (bytes, footer) = encoded;
             let mut id = first;
             let mut attempt = 1;
@@ -162,9 +162,10 @@ impl SpillStore for ParquetSpill {
                     return Ok(Arc::new(Segment { id, path, rows: n }));
                 }
                 if attempt == WRITE_ATTEMPTS {
-                    return Err(storage_err(
+                    return Err(storage_msg(
                         store.url(),
                         &path,
+                        StorageKind::AlreadyExists,
                         format!("spill segment names taken {WRITE_ATTEMPTS} times in a row: is another buffer spilling into this folder?"),
                     ));
                 }

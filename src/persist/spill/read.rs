@@ -11,10 +11,10 @@
 use super::layout::fetch_start;
 use super::pages::{decode_chunk, ValueEncoding};
 use super::value::take_tensor_padded;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
 use crate::persist::codec::{take_tensor, Reader};
-use crate::persist::store::{corrupt, Store};
+use crate::persist::store::{corrupt, corrupt_by, storage_msg, Store};
 use crate::sample::{FieldKey, Fields};
 use crate::sync::Arc;
 use crate::tensor::{SharedBytes, Tensor};
@@ -38,10 +38,13 @@ const FOOTER_PREFETCH: usize = 64 << 10;
 /// (ranged reads: a recovered buffer's first load of a segment does not fetch all of
 /// it), with its Arrow schema.
 pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReaderMetadata> {
-    let size = store.size(path).await?.ok_or_else(|| Error::Storage {
-        url: store.url().to_owned(),
-        path: path.to_owned(),
-        detail: "spill segment not found".into(),
+    let size = store.size(path).await?.ok_or_else(|| {
+        storage_msg(
+            store.url(),
+            path,
+            StorageKind::NotFound,
+            "spill segment not found",
+        )
     })?;
     let mut fetch = FooterFetch { store, path };
     let meta = ParquetMetaDataReader::new()
@@ -50,7 +53,7 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReade
         .await
         .map_err(|e| read_error(store, path, e))?;
     ArrowReaderMetadata::try_new(Arc::new(meta), Default::default())
-        .map_err(|e| corrupt(store, path, e))
+        .map_err(|e| corrupt_by(store, path, e))
 }
 
 /// Ranged reads of a segment's end, for its footer.
@@ -83,7 +86,7 @@ fn read_error(store: &Store, path: &str, e: parquet::errors::ParquetError) -> Er
             Ok(err) => *err,
             Err(other) => corrupt(store, path, other),
         },
-        other => corrupt(store, path, other),
+        other => corrupt_by(store, path, other),
     }
 }
 

@@ -62,7 +62,7 @@ impl SlotTable {
                 "slot {s}: amending bit != (amenders > 0)"
             );
             ensure!(
-                r == !self.slots[s].lease_bits.is_empty(),
+                r != self.slots[s].lease_bits.is_empty(),
                 "slot {s}: reading bit != (lease bits != 0)"
             );
             ensure!(

@@ -1,0 +1,248 @@
+//! `Buffer`: the sequence buffer for Python, in memory or on a store, with awaitable and
+//! blocking calls.
+
+use crate::batch::PyBatch;
+use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
+use crate::errors::py_err;
+use crate::rpc::PyRpc;
+use crate::runtime::{block, seconds};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// The async sequence buffer (see the Rust `SequenceBuffer`).
+#[pyclass(module = "rollout_buffer._native", name = "Buffer")]
+pub(crate) struct PyBuffer_ {
+    pub(crate) buf: SequenceBuffer,
+}
+
+#[pymethods]
+impl PyBuffer_ {
+    /// A buffer of `capacity` slots serving `rpcs`; with `store` (a path or URL:
+    /// `file:///...`, `memory://`, `s3://...`), persistent and recovered from it, with
+    /// `durability` `"sync"` (the default), `"interval:<ms>"` or `"none"`; with
+    /// `memory_budget` (bytes), tensor fields past it are spilled to Parquet (under the
+    /// store's `spill/`, or a temporary directory).
+    #[new]
+    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync", memory_budget=None))]
+    fn new(
+        py: Python<'_>,
+        capacity: usize,
+        rpcs: Vec<Bound<'_, PyAny>>,
+        store: Option<String>,
+        external_keys: Vec<String>,
+        durability: &str,
+        memory_budget: Option<u64>,
+    ) -> PyResult<Self> {
+        let durability = parse_durability(durability)?;
+        let defs = rpcs
+            .iter()
+            .map(|r| Ok(r.extract::<PyRef<'_, PyRpc>>()?.def.clone()))
+            .collect::<PyResult<Vec<RpcDef>>>()?;
+        let mut config = BufferConfig::new(capacity)
+            .rpcs(defs)
+            .external_keys(external_keys);
+        if let Some(bytes) = memory_budget {
+            config = config.memory_budget(bytes);
+        }
+        let rt = pyo3_async_runtimes::tokio::get_runtime();
+        let buf = match store {
+            // Inside the runtime: the spiller is a task on it.
+            None => {
+                let _entered = rt.enter();
+                SequenceBuffer::with_config(config).map_err(py_err)?
+            }
+            Some(url) => py
+                .detach(|| {
+                    rt.block_on(async {
+                        let store = rollout_buffer::persist::Store::open(&url)?;
+                        SequenceBuffer::open_in(
+                            store,
+                            config,
+                            rollout_buffer::persist::PersistOptions::default()
+                                .durability(durability),
+                        )
+                        .await
+                    })
+                })
+                .map_err(py_err)?,
+        };
+        Ok(Self { buf })
+    }
+
+    /// Stores samples (dicts), waiting for room; resolves to one `(slot, generation)` per
+    /// sample.
+    fn put_batch<'py>(
+        &self,
+        py: Python<'py>,
+        samples: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let samples = samples_from_py(&samples)?;
+        let buf = self.buf.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let handles = buf.put_batch(samples).await.map_err(py_err)?;
+            Ok(handles
+                .iter()
+                .map(|h| (h.slot(), h.generation()))
+                .collect::<Vec<_>>())
+        })
+    }
+
+    /// Adds or replaces fields (one dict per handle, handles as `(slot, generation)`
+    /// from `put_batch` or `Batch.handles()`).
+    fn amend_batch<'py>(
+        &self,
+        py: Python<'py>,
+        handles: Vec<(u32, u32)>,
+        patches: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let patches = patches_from_py(&patches)?;
+        let handles = handles_from_py(handles);
+        let buf = self.buf.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            buf.amend_batch(&handles, patches).await.map_err(py_err)
+        })
+    }
+
+    /// Blocking `amend_batch`.
+    fn amend_batch_blocking(
+        &self,
+        py: Python<'_>,
+        handles: Vec<(u32, u32)>,
+        patches: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let patches = patches_from_py(&patches)?;
+        let handles = handles_from_py(handles);
+        block(py, self.buf.amend_batch(&handles, patches))
+    }
+
+    /// Blocking `put_batch`.
+    fn put_batch_blocking(
+        &self,
+        py: Python<'_>,
+        samples: Vec<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(u32, u32)>> {
+        let samples = samples_from_py(&samples)?;
+        let handles = block(py, self.buf.put_batch(samples))?;
+        Ok(handles.iter().map(|h| (h.slot(), h.generation())).collect())
+    }
+
+    /// Waits for and leases a batch for `rpc` (`timeout` in seconds raises `Timeout`).
+    #[pyo3(signature = (rpc, timeout=None))]
+    fn get_batch_for_rpc<'py>(
+        &self,
+        py: Python<'py>,
+        rpc: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let buf = self.buf.clone();
+        let timeout = timeout.map(seconds).transpose()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let batch = match timeout {
+                Some(t) => buf.get_batch_for_rpc_timeout(&rpc, t).await,
+                None => buf.get_batch_for_rpc(&rpc).await,
+            }
+            .map_err(py_err)?;
+            Ok(PyBatch {
+                inner: Mutex::new(Some(batch)),
+            })
+        })
+    }
+
+    /// Blocking `get_batch_for_rpc`.
+    #[pyo3(signature = (rpc, timeout=None))]
+    fn get_batch_for_rpc_blocking(
+        &self,
+        py: Python<'_>,
+        rpc: String,
+        timeout: Option<f64>,
+    ) -> PyResult<PyBatch> {
+        let batch = match timeout.map(seconds).transpose()? {
+            Some(t) => block(py, self.buf.get_batch_for_rpc_timeout(&rpc, t))?,
+            None => block(py, self.buf.get_batch_for_rpc(&rpc))?,
+        };
+        Ok(PyBatch {
+            inner: Mutex::new(Some(batch)),
+        })
+    }
+
+    /// Announces the trainer's policy version.
+    fn set_policy_version(&self, version: u64) -> PyResult<()> {
+        self.buf.set_policy_version(version).map_err(py_err)
+    }
+
+    /// Closes the buffer: waiters get `Closed`.
+    fn close(&self) {
+        self.buf.close();
+    }
+
+    /// Waits until everything is durable and archived.
+    fn flush(&self, py: Python<'_>) -> PyResult<()> {
+        block(py, self.buf.flush())
+    }
+
+    fn __len__(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// A snapshot of the buffer as a dict.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.buf.stats();
+        let d = PyDict::new(py);
+        d.set_item("capacity", s.capacity)?;
+        d.set_item("empty", s.empty)?;
+        d.set_item("put", s.put)?;
+        d.set_item("read", s.read)?;
+        d.set_item("freed", s.freed)?;
+        d.set_item("stale", s.stale)?;
+        d.set_item("evicted", s.evicted)?;
+        d.set_item("filtered", s.filtered)?;
+        d.set_item("redelivered", s.redelivered)?;
+        d.set_item("rejected", s.rejected)?;
+        d.set_item("waiting_putters", s.waiting_putters)?;
+        d.set_item("live_leases", s.live_leases)?;
+        d.set_item("policy_version", s.policy_version)?;
+        d.set_item("closed", s.closed)?;
+        d.set_item("resident_bytes", s.resident_bytes)?;
+        let spill = PyDict::new(py);
+        spill.set_item("spilled_now", s.spill.spilled_now)?;
+        spill.set_item("spilled_samples", s.spill.spilled_samples)?;
+        spill.set_item("live_segments", s.spill.live_segments)?;
+        spill.set_item("loads", s.spill.loads)?;
+        spill.set_item("failures", s.spill.failures)?;
+        d.set_item("spill", spill)?;
+        let rpcs = PyDict::new(py);
+        for r in &s.rpcs {
+            let rd = PyDict::new(py);
+            rd.set_item("eligible", r.eligible)?;
+            rd.set_item("leased", r.leased)?;
+            rd.set_item("reads", r.reads)?;
+            rd.set_item("redelivered", r.redelivered)?;
+            rd.set_item("waiting", r.waiting)?;
+            rpcs.set_item(&*r.name, rd)?;
+        }
+        d.set_item("rpcs", rpcs)?;
+        Ok(d)
+    }
+}
+
+/// `"sync"`, `"none"`, or `"interval:<milliseconds>"`.
+pub(crate) fn parse_durability(s: &str) -> PyResult<rollout_buffer::persist::Durability> {
+    use rollout_buffer::persist::Durability;
+    match s {
+        "sync" => Ok(Durability::Sync),
+        "none" => Ok(Durability::None),
+        other => other
+            .strip_prefix("interval:")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "durability `{other}`: use \"sync\", \"none\" or \"interval:<ms>\""
+                ))
+            }),
+    }
+}
