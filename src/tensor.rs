@@ -340,7 +340,12 @@ impl Tensor {
     }
 
     /// Several sequences packed along the first axis of `values`, with `lengths[i]` rows
-    /// for sequence `i`. Fails when the lengths do not add up to the number of rows.
+    /// for sequence `i`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RaggedLengths`] when the lengths do not add up to the number of rows of
+    /// `values`, or `values` is a 0-dimensional tensor (it has no first axis).
     pub fn ragged(values: impl Into<Tensor>, lengths: Vec<usize>) -> Result<Self> {
         let values: Tensor = values.into();
         let rows = values.shape().first().copied().unwrap_or(0);

@@ -16,8 +16,12 @@ use ndarray::{ArrayD, IxDyn};
 /// or of any batch with a non-null utf8 `id` column whose other columns are primitive or
 /// nested lists of `int32`, `int64`, `float32`, `float64`, `bool`, `uint8` or `utf8`.
 ///
-/// Fails with [`Error::Arrow`](crate::Error::Arrow) naming the column when a column has
-/// another type, nulls inside a tensor, or lists too irregular for an n-dimensional tensor.
+/// # Errors
+///
+/// [`Error::Arrow`](crate::Error::Arrow), naming the column, when the `id` column is
+/// missing, not utf8 or has nulls, `birth` is not uint64, or a column has another type,
+/// nulls inside a tensor, lists too irregular for an n-dimensional tensor, or field
+/// metadata (`ndim`, `ragged`) its nesting contradicts.
 pub fn from_record_batch(batch: &RecordBatch) -> Result<Vec<Sample>> {
     let schema = batch.schema();
     let ids = batch

@@ -15,9 +15,13 @@ use arrow_schema::{DataType, Field, Schema};
 
 /// One row per sample: `id`, `birth`, a column per field name and per metadata key.
 ///
-/// Fails with [`Error::Arrow`] when one name holds tensors of different element types,
-/// numbers of dimensions or raggedness in different samples, metadata of different types,
-/// or is both a field and a metadata key (or `id` / `birth`).
+/// # Errors
+///
+/// [`Error::Arrow`], naming the column, when one name holds tensors of different element
+/// types, numbers of dimensions or raggedness in different samples, metadata of different
+/// types, or is both a field and a metadata key (or `id` / `birth`); and when a column
+/// exceeds Arrow's 32-bit offsets (over 2 GiB of ids or text, or over 2^31 list entries
+/// in one level).
 ///
 /// ```
 /// use rollout_buffer::{arrow::to_record_batch, Sample};

@@ -19,10 +19,26 @@ impl SequenceBuffer {
     /// Applies `patches[i]` to the sample behind `handles[i]`: its fields replace or add to
     /// the stored ones (and its metadata likewise).
     ///
-    /// All or nothing: a handle whose slot was freed or reused since it was issued gives
-    /// [`Error::StaleHandle`], a count mismatch [`Error::LengthMismatch`], and nothing is
-    /// applied. Amending never waits for leases: a batch already handed out keeps the fields
-    /// it was given. With `Durability::Sync` it returns once the amend is on storage.
+    /// All or nothing. Amending never waits for leases: a batch already handed out keeps the
+    /// fields it was given. With `Durability::Sync` it returns once the amend is on storage.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is applied on any error.
+    ///
+    /// * [`Error::Closed`] once the buffer is closed, or when a sync journal's writer
+    ///   stopped before the amend was durable.
+    /// * [`Error::LengthMismatch`] when `handles` and `patches` differ in length.
+    /// * [`Error::InvalidSlot`] for a handle naming a slot outside the buffer, and
+    ///   [`Error::StaleHandle`] for one whose slot was freed or reused since it was issued.
+    /// * [`Error::Storage`] when a sync journal fails to write the amend.
+    ///
+    /// # Cancel safety
+    ///
+    /// Handles are checked, and without a sync journal the patches applied, at the first
+    /// poll, with no await. With one, a future dropped while waiting for the log leaves the
+    /// amend to the journal's callback: it is applied once its record is durable (or ends
+    /// unapplied if the write fails), whatever happened to the future.
     pub async fn amend_batch(&self, handles: &[SlotHandle], patches: Vec<Patch>) -> Result<()> {
         let shared = &self.shared;
         shared.check_open()?;

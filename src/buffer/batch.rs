@@ -116,6 +116,12 @@ impl Batch {
 
     /// The batch as an Arrow record batch, one row per sample with the RPC's input fields
     /// (layout as in [`crate::arrow`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Arrow`] as [`crate::arrow::to_record_batch`] fails: a name holding tensors
+    /// of different element types, dimensions or raggedness (or metadata of different
+    /// types) in different samples, or used both as a field and a metadata key.
     #[cfg(feature = "arrow")]
     pub fn to_record_batch(&self) -> Result<arrow_array::RecordBatch> {
         let samples: Vec<Sample> = self.samples().map(|s| s.to_sample()).collect();
@@ -163,20 +169,45 @@ impl Batch {
     }
 
     /// Merges `outputs[i]` into sample `i` and uses one read of every sample, atomically.
+    /// Every key in `outputs` must be one of the RPC's declared outputs, and every declared
+    /// output that another RPC reads must be given unless the sample already holds it.
     ///
-    /// Every key in `outputs` must be one of the RPC's declared outputs
-    /// ([`Error::UndeclaredOutput`] otherwise), every declared output that another RPC reads
-    /// must be given unless the sample already holds it ([`Error::MissingOutput`]), and there
-    /// must be one patch per sample ([`Error::LengthMismatch`]). On such an error nothing is
-    /// applied and the lease is released (the samples are redelivered to this RPC).
+    /// # Errors
+    ///
+    /// Nothing is applied on any error.
+    ///
+    /// * [`Error::LengthMismatch`] unless there is one patch per sample,
+    ///   [`Error::UndeclaredOutput`] for a key the RPC does not declare as an output, and
+    ///   [`Error::MissingOutput`] for a missing output another RPC reads. The lease is
+    ///   released (the samples are redelivered to this RPC).
+    /// * [`Error::LeaseExpired`] when the lease ran past the RPC's lease timeout (the
+    ///   buffer released it).
+    /// * With a sync journal, [`Error::Storage`] when the completion's record fails to be
+    ///   written, and [`Error::Closed`] when the journal's writer stopped before it was
+    ///   durable; the lease is released.
+    ///
+    /// # Cancel safety
+    ///
+    /// A future dropped before its first poll drops the batch, which releases the lease.
+    /// At its first poll the completion is applied (without a sync journal) or handed to
+    /// the journal, whose callback applies it once its record is durable (or releases the
+    /// lease if the write fails), whatever happened to the future.
     pub async fn complete(mut self, outputs: Vec<Patch>) -> Result<()> {
         let added = self.check_outputs(Some(&outputs))?;
         self.finish(Some((outputs, added))).await
     }
 
-    /// Uses one read of every sample without writing anything. Fails like
-    /// [`Batch::complete`] with [`Error::MissingOutput`] if the RPC owes outputs another RPC
-    /// reads.
+    /// Uses one read of every sample without writing anything.
+    ///
+    /// # Errors
+    ///
+    /// As [`Batch::complete`]: [`Error::MissingOutput`] (lease released) if the RPC owes
+    /// outputs another RPC reads, [`Error::LeaseExpired`], and with a sync journal
+    /// [`Error::Storage`] or [`Error::Closed`]. Nothing is applied on any error.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Batch::complete`].
     pub async fn commit(mut self) -> Result<()> {
         self.check_outputs(None)?;
         self.finish(None).await
@@ -186,14 +217,22 @@ impl Batch {
     /// left (a trainer's group hook rejected them, say): each leaves as soon as no other
     /// lease or amend holds it, goes to the freed-sample sink as
     /// [`ExitReason::Filtered`](crate::ExitReason::Filtered) (archived with
-    /// `reason = filtered`) and is counted in `stats().filtered`. Fails with
-    /// [`Error::LeaseExpired`] (nothing dropped) if the lease timed out.
+    /// `reason = filtered`) and is counted in `stats().filtered`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseExpired`] (nothing dropped) if the lease ran past the RPC's lease
+    /// timeout.
     pub fn discard(self) -> Result<()> {
         self.discard_because(None)
     }
 
     /// [`Self::discard`], recording `reason` as the samples' `discard_reason` metadata
     /// (so the archive row says why).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::discard`]: [`Error::LeaseExpired`], with nothing dropped or recorded.
     pub fn discard_with_reason(self, reason: &str) -> Result<()> {
         self.discard_because(Some(reason))
     }

@@ -47,6 +47,15 @@ impl SequenceBuffer {
     /// [`Self::contents`] with the spilled fields read back from their spill segments
     /// (one read per segment for every 256 spilled samples: for
     /// inspection and tests; it holds every payload in memory at once).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Corrupt`](crate::Error::Corrupt)
+    /// when a spill segment cannot be read back.
+    ///
+    /// # Cancel safety
+    ///
+    /// It only reads: dropping the future changes nothing in the buffer.
     pub async fn contents_loaded(&self) -> Result<Vec<StoredSample>> {
         let store = self
             .shared

@@ -35,9 +35,13 @@ impl SequenceBuffer {
     /// a newer `policy_version` fails with [`Error::FutureVersion`]; an RPC with
     /// `max_staleness = s` serves only samples with `version >= current - s`, and samples
     /// that fall out of the window of an RPC that still owes them reads are dropped (handed
-    /// to the freed-sample sink as stale; leased ones when their lease ends). Fails with
-    /// [`Error::VersionRegressed`] for a version older than the current one; the same
+    /// to the freed-sample sink as stale; leased ones when their lease ends). The same
     /// version again changes nothing. Before the first call versions are not checked.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::VersionRegressed`] for a version older than the current one, with nothing
+    /// changed.
     pub fn set_policy_version(&self, version: u64) -> Result<()> {
         let shared = &self.shared;
         let mut freed = Vec::new();

@@ -26,8 +26,19 @@ impl SequenceBuffer {
     /// `n_seqs` of them (oldest birth first for `Fifo`, newest first for `Lifo`). The batch
     /// carries only the RPC's input keys.
     ///
-    /// Fails with [`Error::UnknownRpc`] for a name not defined, and [`Error::Closed`] once
-    /// the buffer is closed (also while waiting).
+    /// # Errors
+    ///
+    /// [`Error::UnknownRpc`] for a name not defined, and [`Error::Closed`] once the buffer
+    /// is closed (also while waiting). Under a memory budget, [`Error::Storage`] or
+    /// [`Error::Corrupt`] when spilled inputs of the leased samples cannot be read back;
+    /// the lease is then released.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting, it has leased nothing. The lease is taken and its [`Batch`]
+    /// built with no await in between; dropped after that (while spilled inputs load), the
+    /// future drops the `Batch`, which releases the lease: the samples become eligible
+    /// again, counted as a redelivery.
     pub async fn get_batch_for_rpc(&self, rpc: &str) -> Result<Batch> {
         self.get_batch(rpc, None).await
     }
@@ -74,7 +85,13 @@ impl SequenceBuffer {
     }
 
     /// Leases a batch for `rpc` if `n_seqs` samples are eligible now, without waiting:
-    /// `Ok(None)` otherwise.
+    /// `Ok(None)` otherwise (also when spilled inputs of the samples are still loading).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRpc`] for a name not defined, [`Error::Closed`] once the buffer is
+    /// closed, and, under a memory budget, [`Error::Storage`] or [`Error::Corrupt`] when a
+    /// load of the samples' spilled inputs failed (the lease is then released).
     pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
         let shared = &self.shared;
         let r = shared.open_rpc(rpc)?;
@@ -98,6 +115,14 @@ impl SequenceBuffer {
 
     /// [`Self::get_batch_for_rpc`] that gives up after `timeout` with [`Error::Timeout`],
     /// leasing nothing. Uses tokio's timer (the runtime needs the time driver).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::get_batch_for_rpc`], plus [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::get_batch_for_rpc`].
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
         tokio::time::timeout(timeout, self.get_batch_for_rpc(rpc))
             .await
@@ -115,14 +140,36 @@ impl SequenceBuffer {
     /// ids durably; every later request for the step, in this process or after a restart,
     /// gets the same samples, waiting while another holder has them leased.
     ///
-    /// Fails with [`Error::StepConsumed`] once the step's batch was completed or
-    /// committed, and with [`Error::StepUnavailable`] when a sample of the logged batch
-    /// left the buffer (stale, evicted) or can no longer be served to the RPC.
+    /// # Errors
+    ///
+    /// As [`Self::get_batch_for_rpc`], and:
+    ///
+    /// * [`Error::StepConsumed`] once the step's batch was completed or committed;
+    /// * [`Error::StepUnavailable`] when a sample of the logged batch left the buffer
+    ///   (stale, evicted) or can no longer be served to the RPC;
+    /// * with a sync journal, for the first request of a step, [`Error::Storage`] when the
+    ///   step's log entry fails to be written, and [`Error::Closed`] when the journal's
+    ///   writer stopped before it was durable (the lease is released in both cases).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::get_batch_for_rpc`]; the first request also waits, holding the lease, for
+    /// a sync journal to make the step's entry durable. Dropped after leasing, the lease is
+    /// released but the step's choice stays logged: asking for the step again gets the
+    /// same samples.
     pub async fn get_batch_for_step(&self, rpc: &str, step: u64) -> Result<Batch> {
         self.get_batch(rpc, Some(step)).await
     }
 
     /// [`Self::get_batch_for_step`] that gives up after `timeout` with [`Error::Timeout`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::get_batch_for_step`], plus [`Error::Timeout`].
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::get_batch_for_step`].
     pub async fn get_batch_for_step_timeout(
         &self,
         rpc: &str,

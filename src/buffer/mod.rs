@@ -48,6 +48,7 @@ mod freed;
 mod freshness;
 mod get;
 mod journal;
+mod prepare;
 mod put;
 #[cfg(feature = "persist")]
 mod restore;
@@ -338,6 +339,16 @@ pub(crate) fn now() -> Instant {
 
 impl SequenceBuffer {
     /// A buffer of `capacity` slots serving `rpcs`, with no external keys.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidCapacity`] for a capacity of 0 or past the slot index space.
+    /// * [`Error::NoRpcs`] for no RPC, [`Error::TooMany`] for more RPCs or distinct keys
+    ///   than the buffer's bit sets hold, and [`Error::DuplicateRpc`] for a name given twice.
+    /// * [`Error::InvalidNSeqs`], [`Error::InvalidReads`] or [`Error::InvalidSelection`]
+    ///   for an RPC whose `n_seqs`, reads or selection parameters are out of range.
+    /// * [`Error::DuplicateProducer`] for a key two RPCs output, and [`Error::CyclicGraph`]
+    ///   when an RPC's output feeds, directly or not, one of its own inputs.
     pub fn new(capacity: usize, rpcs: impl IntoIterator<Item = RpcDef>) -> Result<Self> {
         Self::with_config(BufferConfig::new(capacity).rpcs(rpcs))
     }
@@ -468,6 +479,19 @@ impl SequenceBuffer {
     /// A persistent buffer also lets a running checkpoint finish, so after `flush` and
     /// dropping the buffer its store can be opened again at once (in this process or
     /// another) without racing the old buffer's background writes.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the log fails to write what was appended (or finds another
+    /// buffer writing to its store), [`Error::Closed`] when the log's writer has stopped,
+    /// and the error of the freed-sample sink's [`FreedSink::flush`] (for an archiver, its
+    /// failed write).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops only the wait: the log and the sink go on writing what
+    /// they hold. An error only this call would have reported (an archiver's last failed
+    /// write) is lost with it.
     pub async fn flush(&self) -> Result<()> {
         let journal = self.shared.lock().journal.clone();
         if let Some(journal) = &journal {
@@ -495,6 +519,10 @@ impl SequenceBuffer {
 
     /// Audits the whole state (slot masks, ready indexes, leases, payloads, id index).
     /// Costs O(capacity × RPCs): for tests and debugging, not hot paths.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvariantViolated`], naming what is inconsistent (a bug in this crate).
     pub fn check_invariants(&self) -> Result<()> {
         let inner = self.shared.inner.lock();
         self.shared

@@ -10,80 +10,18 @@
 //! queue of putters, so waiting putters are served in arrival order; only the head of the
 //! queue may claim.
 
-use super::freshness::freshness_of;
-use super::spill::spillable_bytes;
+use super::prepare::Prepared;
 use super::{
-    now, AuxWrite, Durable, Freed, Inner, JournalFuture, Overflow, Record, SequenceBuffer, Shared,
+    now, AuxWrite, Durable, Freed, Inner, JournalFuture, Overflow, SequenceBuffer, Shared,
     SlotHandle,
 };
 use crate::error::{Error, Result, Unstored};
-use crate::rpc_defs::KeySet;
-use crate::sample::next_births;
-use crate::sample::{PrehashedId, Sample, SampleId};
-use crate::state::{Freshness, Ticket, Wake};
+use crate::sample::{Sample, SampleId};
+use crate::state::{Ticket, Wake};
 use crate::sync::{oneshot, Arc};
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 use std::pin::pin;
 use std::time::Duration;
-
-/// A validated batch: the shared payloads with their births assigned, and their graph key
-/// sets.
-struct Prepared {
-    samples: Vec<Arc<Sample>>,
-    births: Vec<u64>,
-    keys: Vec<KeySet>,
-    /// Each sample's policy version and age; empty when no sample has either.
-    fresh: Vec<Freshness>,
-    /// Each sample's tensor bytes, when the buffer has a byte budget (else empty).
-    bytes: Vec<u64>,
-    /// Each sample's bytes that count against the memory budget (see `spill`), when the
-    /// buffer has one (else empty).
-    resident: Vec<u64>,
-    /// Auxiliary writes that land with the put.
-    aux: Vec<AuxWrite>,
-}
-
-impl Prepared {
-    /// The samples, to hand back to the caller of a put that stored none of them. Nothing
-    /// else holds them by then (no slot was claimed), so they are moved, not copied.
-    fn into_unstored(self) -> Unstored {
-        let samples = self
-            .samples
-            .into_iter()
-            .map(|s| Arc::try_unwrap(s).unwrap_or_else(|shared| (*shared).clone()))
-            .collect();
-        Unstored::new(samples)
-    }
-
-    /// `err` with the samples handed back, if it is an error that carries them.
-    fn hand_back(self, err: Error) -> Error {
-        match err {
-            Error::Full {
-                requested, free, ..
-            } => Error::Full {
-                requested,
-                free,
-                samples: self.into_unstored(),
-            },
-            other => other,
-        }
-    }
-
-    fn total_bytes(&self) -> (u64, u64) {
-        (self.bytes.iter().sum(), self.resident.iter().sum())
-    }
-
-    /// The log records of the put: the samples, and the auxiliary writes with them.
-    fn records(&self) -> Vec<Record> {
-        let mut records = vec![Record::Put(self.samples.clone())];
-        if !self.aux.is_empty() {
-            records.push(Record::Aux(self.aux.clone()));
-        }
-        records
-    }
-}
 
 /// What storing claimed slots gave: handles now, or the journal's verdict later; and who
 /// to wake once the lock is dropped.
@@ -120,13 +58,37 @@ impl SequenceBuffer {
     /// Stores `samples`, waiting for free slots if needed, and returns one handle per sample
     /// in input order.
     ///
-    /// All or nothing: the batch is rejected whole, with nothing stored, if an id repeats
-    /// (within the batch or against a stored sample), a birth is 0, a dataset key is missing
-    /// or the batch is larger than the capacity. Waiting putters are served in arrival order.
-    /// With `Durability::Sync` it returns once the put is on storage, and a failed write
-    /// returns the storage error with nothing stored. A persistent buffer whose log has more
-    /// put data waiting to be written than its limit (`PersistOptions::max_backlog`) waits
-    /// for it first.
+    /// All or nothing: a rejected batch stores none of its samples. Waiting putters are
+    /// served in arrival order. With `Durability::Sync` it returns once the put is on
+    /// storage. A persistent buffer whose log has more put data waiting to be written than
+    /// its limit (`PersistOptions::max_backlog`) waits for it first.
+    ///
+    /// # Errors
+    ///
+    /// Nothing is stored on any error.
+    ///
+    /// * [`Error::Closed`] once the buffer is closed (also while waiting for room), or when
+    ///   a sync journal's writer stopped before the put was durable.
+    /// * [`Error::BatchTooLarge`] for more samples than the capacity,
+    ///   [`Error::InvalidBirth`] for a birth of 0, [`Error::MissingKey`] for a sample
+    ///   without a dataset key, and [`Error::DuplicateId`] for an id repeated in the batch
+    ///   or already stored or being put.
+    /// * [`Error::InvalidMetadata`] for a `policy_version` that is not a non-negative
+    ///   integer, or (when an RPC has an age bound) a `created_ts` that is not a finite
+    ///   number; [`Error::FutureVersion`] for a version newer than the current one.
+    /// * [`Error::OverBudget`] for a batch holding more tensor bytes than the whole byte
+    ///   budget ([`BufferConfig::max_bytes`](crate::BufferConfig::max_bytes)).
+    /// * [`Error::Full`] under [`Overflow::Reject`] when the batch does not fit now, with
+    ///   the samples handed back.
+    /// * [`Error::Storage`] when a sync journal fails to write the put, or when the put
+    ///   waits for room under the memory budget and spilling to the spill store fails.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while waiting for room (or for the log's backlog), the put has claimed
+    /// nothing: its queue ticket is removed and nothing is stored. Once its slots are
+    /// claimed with a sync journal, the journal's callback finishes the put when the record
+    /// is durable, so a dropped put may still be stored (check with [`Self::contains`]).
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         self.put_batch_with_aux(samples, Vec::new()).await
     }
@@ -241,8 +203,22 @@ impl SequenceBuffer {
     }
 
     /// Stores `samples` if there is room now (and no earlier putter is waiting, and a
-    /// persistent buffer's log is not behind), else returns [`Error::Full`] with nothing
-    /// changed. Validation as in [`Self::put_batch`].
+    /// persistent buffer's log is not behind), without waiting for room. Validation as in
+    /// [`Self::put_batch`].
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::put_batch`], except that it never waits: [`Error::Full`] when too few
+    /// slots are free (or an earlier putter waits for them, or the batch does not fit under
+    /// the byte or memory budget), and [`Error::Backlog`] when a persistent buffer's log is
+    /// behind. Both hand the samples back, with nothing changed.
+    ///
+    /// # Cancel safety
+    ///
+    /// It claims and, without a sync journal, stores at its first poll, with no await.
+    /// With one, a future dropped while waiting for the log leaves the put to the journal's
+    /// callback: it is stored once its record is durable (its slots given back if the
+    /// write fails).
     pub async fn try_put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
         let Some(prepared) = shared.prepare(samples)? else {
@@ -326,111 +302,6 @@ enum Claim {
 }
 
 impl Shared {
-    /// Checks that the buffer is open and everything that does not depend on its contents,
-    /// and assigns default births. Runs without the lock. `None` for an empty batch.
-    fn prepare(&self, mut samples: Vec<Sample>) -> Result<Option<Prepared>> {
-        self.check_open()?;
-        let n = samples.len();
-        if n == 0 {
-            return Ok(None);
-        }
-        let checked = self.validate(&samples).and_then(|keys| {
-            let mut fresh = Vec::new();
-            for (i, s) in samples.iter().enumerate() {
-                if let Some(f) = freshness_of(s, self.ages)? {
-                    fresh.resize(i, Freshness::default());
-                    fresh.push(f);
-                }
-            }
-            if !fresh.is_empty() {
-                fresh.resize(samples.len(), Freshness::default());
-            }
-            Ok((keys, fresh))
-        });
-        let (keys, fresh) = match checked {
-            Ok(checked) => checked,
-            Err(e) => {
-                self.lock().rejected += n as u64;
-                tracing::debug!(error = %e, "put rejected");
-                return Err(e);
-            }
-        };
-        let unset = samples.iter().filter(|s| s.birth.is_none()).count() as u64;
-        if unset > 0 {
-            let births = next_births(unset)..;
-            for (birth, s) in births.zip(samples.iter_mut().filter(|s| s.birth.is_none())) {
-                s.birth = Some(birth);
-            }
-        }
-        let births = samples.iter().map(|s| s.birth.unwrap_or(1)).collect();
-        let bytes: Vec<u64> = match self.max_bytes {
-            Some(_) => samples.iter().map(Sample::payload_bytes).collect(),
-            None => Vec::new(),
-        };
-        let resident: Vec<u64> = match self.memory_budget {
-            Some(_) => samples.iter().map(spillable_bytes).collect(),
-            None => Vec::new(),
-        };
-        if let Some(max) = self.max_bytes {
-            let total = bytes.iter().sum();
-            if total > max {
-                self.lock().rejected += n as u64;
-                return Err(Error::OverBudget { bytes: total, max });
-            }
-        }
-        let samples = samples.into_iter().map(Arc::new).collect();
-        Ok(Some(Prepared {
-            samples,
-            births,
-            keys,
-            fresh,
-            bytes,
-            resident,
-            aux: Vec::new(),
-        }))
-    }
-
-    /// Validates the batch on its own; returns each sample's graph keys.
-    fn validate(&self, samples: &[Sample]) -> Result<Vec<KeySet>> {
-        let capacity = self.capacity;
-        if samples.len() > capacity {
-            return Err(Error::BatchTooLarge {
-                len: samples.len(),
-                capacity,
-            });
-        }
-        let dataset = self.graph.dataset_keys();
-        let mut seen: HashMap<&SampleId, usize, BuildHasherDefault<PrehashedId>> =
-            HashMap::with_capacity_and_hasher(samples.len(), Default::default());
-        let mut keys = Vec::with_capacity(samples.len());
-        for (index, s) in samples.iter().enumerate() {
-            if s.birth == Some(0) {
-                return Err(Error::InvalidBirth {
-                    id: s.id.to_string(),
-                    index,
-                });
-            }
-            let have = self.graph.key_set(s.keys());
-            if !have.contains_all(dataset) {
-                let missing = dataset.ids().find(|&k| !have.contains(k)).unwrap_or(0);
-                return Err(Error::MissingKey {
-                    id: s.id.to_string(),
-                    index,
-                    key: self.graph.key_name(missing).to_owned(),
-                });
-            }
-            if let Some(first) = seen.insert(&s.id, index) {
-                return Err(Error::DuplicateId {
-                    id: s.id.to_string(),
-                    index,
-                    conflict: format!("also at batch position {first}"),
-                });
-            }
-            keys.push(have);
-        }
-        Ok(keys)
-    }
-
     /// One claim attempt: fails on close or on an id already in the buffer, waits when the
     /// slots are not there (or an earlier putter is), else claims and reserves the ids.
     fn try_claim(

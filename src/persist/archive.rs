@@ -70,6 +70,14 @@ impl ArchiveWriter {
 
     /// Writes `samples`, one Parquet file per partition, and returns the paths written
     /// (relative to the store). Writing the same samples again rewrites the same files.
+    ///
+    /// # Errors
+    ///
+    /// Files of partitions written before the error stay.
+    ///
+    /// * [`Error::Arrow`] for `environment` metadata that is not a string or
+    ///   `policy_version` metadata that is not an integer, and as [`Self::record_batch`].
+    /// * [`Error::Storage`] when a file fails to encode as Parquet or to be written.
     pub async fn write(&self, samples: &[ArchivedSample]) -> Result<Vec<String>> {
         let mut partitions: BTreeMap<String, Vec<&ArchivedSample>> = BTreeMap::new();
         for s in samples {
@@ -89,8 +97,12 @@ impl ArchiveWriter {
     }
 
     /// The rows of one archive file as a `RecordBatch`: the samples' columns without the
-    /// partition keys, plus `read_by` and `reason`. Fails on a field or metadata key named
-    /// `read_by` or `reason`, or a field named like a partition key.
+    /// partition keys, plus `read_by` and `reason`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Arrow`] for a field or metadata key named `read_by` or `reason`, a field
+    /// named like a partition key, or samples [`to_record_batch`] refuses.
     pub fn record_batch(rows: &[ArchivedSample]) -> Result<RecordBatch> {
         let refs: Vec<&ArchivedSample> = rows.iter().collect();
         record_batch_of(&refs)
@@ -108,7 +120,12 @@ impl ArchiveWriter {
     }
 
     /// Reads the whole archive back (for recovery checks and tests; analysis tools read the
-    /// files directly). Fails with the path of the first file that does not decode.
+    /// files directly).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when listing or reading the store fails, and, naming its path,
+    /// for the first file that does not decode as an archive file.
     pub async fn read_all(&self) -> Result<Vec<ArchivedSample>> {
         let mut out = Vec::new();
         for path in self.store.list("archive").await? {

@@ -77,8 +77,11 @@ impl fmt::Debug for Archiver {
 }
 
 impl Archiver {
-    /// Starts the writing task on the current tokio runtime ([`Error::NoRuntime`] outside
-    /// one).
+    /// Starts the writing task on the current tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NoRuntime`] outside a tokio runtime.
     pub fn start(writer: ArchiveWriter, options: ArchiveOptions) -> Result<Self> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime {
             what: "the archiver",
@@ -88,8 +91,20 @@ impl Archiver {
         Ok(Self { tx })
     }
 
-    /// Writes every sample handed over so far, and returns the error of the last failed
-    /// write since the previous flush, if any.
+    /// Writes every sample handed over so far.
+    ///
+    /// # Errors
+    ///
+    /// The error of this write or of the last failed write since the previous flush:
+    /// [`Error::Storage`], or [`Error::Arrow`] for samples that cannot be archived (they are
+    /// dropped, the rest kept for the next write). [`Error::Closed`] when the task has
+    /// stopped (its runtime shut down, say).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops only the wait: once polled, the task still writes every
+    /// sample handed over, but the error it would have returned is lost (the next flush
+    /// does not report it).
     pub async fn flush(&self) -> Result<()> {
         let (reply, done) = oneshot::channel();
         self.tx.send(Msg::Flush(reply)).map_err(|_| Error::Closed)?;

@@ -7,27 +7,29 @@
 //! wal/<seq>.log                  group commits of log records (see `log.rs`)
 //! segments/seg-<hash>.parquet    checkpointed samples (see `checkpoint.rs`)
 //! manifest/<number>.json         the current checkpoint: segments and where the log resumes
-//! spill/<id>.parquet             payloads spilled under a memory budget (see `spill.rs`)
+//! spill/<id>.parquet             payloads spilled under a memory budget (see `spill/`)
 //! archive/environment=<e>/policy_version=<v>/part-<hash>.parquet   consumed samples
 //! ```
 //!
 //! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
 //!   talks to `object_store`; `local_read.rs`: its ranged reads on local disk;
 //!   `buffer_pool.rs`: the reused buffers they (and decompressed spill pages) go into.
-//! * `codec.rs`: the binary encoding of records and samples; `log.rs`: log group files.
+//! * `codec/`: the binary encoding of samples and tensors (`mod.rs`) and of log records
+//!   (`record.rs`); `log.rs`: log group files.
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
 //!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
-//! * `spill.rs`: the Parquet spill segments of a buffer with a memory budget;
-//!   `spill_layout.rs`: where their plain chunks sit (8-byte aligned values);
-//!   `spill_read.rs`: reading their rows back; `spill_pages.rs`: decoding the pages this
-//!   crate writes without Parquet's reader; `spill_value.rs`: the padded values.
+//! * `spill/`: the Parquet spill segments of a buffer with a memory budget (the buffer's
+//!   `SpillStore`): `encode.rs` writes them, `layout.rs` places their plain chunks (8-byte
+//!   aligned values), `read.rs` reads rows back, `pages.rs` decodes the pages this crate
+//!   writes without Parquet's reader, `value.rs` pads values; `config.rs` wires a spill
+//!   store into [`BufferConfig`](crate::BufferConfig) and `SequenceBuffer::with_config`.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
 //!
-//! The buffer defines the `Journal` and `FreedSink` traits this module implements and never
-//! imports it.
+//! The buffer defines the `Journal`, `FreedSink` and `SpillStore` traits this module
+//! implements, and never imports it.
 
 mod archive;
 mod archiver;

@@ -91,7 +91,8 @@ impl PersistOptions {
     }
 
     /// Tensor bytes of puts not yet on storage above which `put_batch` waits (and
-    /// `try_put_batch` returns `Full`): what a store that falls behind may cost in memory.
+    /// `try_put_batch` returns
+    /// [`Error::Backlog`](crate::Error::Backlog)): what a store that falls behind may cost in memory.
     pub fn max_backlog(mut self, bytes: u64) -> Self {
         self.max_backlog = bytes.max(1);
         self
@@ -113,9 +114,24 @@ impl SequenceBuffer {
     ///
     /// Everything durable before a crash comes back: samples with their fields, amends,
     /// births and the reads each RPC has left; leases held at the crash come back released.
-    /// Fails with [`Error::Corrupt`] naming a damaged file (unless
-    /// [`RecoveryMode::Lenient`]), and with [`Error::Incompatible`] when the stored data
-    /// needs an RPC or key that `rpcs` no longer has, or more slots than `capacity`.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::Storage`] when the store cannot be opened, read or written (recovery,
+    ///   the checkpoint written after it, clearing orphaned spill segments).
+    /// * [`Error::Corrupt`] naming a damaged file (unless [`RecoveryMode::Lenient`] skips
+    ///   it), or for a recovered sample that does not decode.
+    /// * [`Error::Incompatible`] when the stored data needs an RPC or key that `rpcs` no
+    ///   longer has, or more slots than `capacity`.
+    /// * The configuration errors of [`SequenceBuffer::new`] ([`Error::InvalidCapacity`],
+    ///   [`Error::DuplicateRpc`], [`Error::CyclicGraph`], ...).
+    /// * [`Error::NoRuntime`] when the log writer or the archiver finds no tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves no buffer and no log writer, and the store as consistent
+    /// as after a crash (a checkpoint counts once its manifest is written): opening it again
+    /// recovers the same contents.
     ///
     /// ```
     /// use rollout_buffer::{persist::PersistOptions, RpcDef, Sample, SequenceBuffer};
@@ -146,6 +162,15 @@ impl SequenceBuffer {
 
     /// [`Self::open`] on a [`Store`] already opened, with a full configuration (external
     /// keys; a freed-sample sink of its own replaces the archiver).
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::open`] (the configuration errors including
+    /// [`Error::ExternalKeyProduced`] for an external key an RPC outputs).
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::open`].
     pub async fn open_in(
         store: Store,
         mut config: BufferConfig,

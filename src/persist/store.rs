@@ -129,6 +129,12 @@ impl Store {
     /// * `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`: the cloud
     ///   stores (and S3-compatible servers through `AWS_ENDPOINT_URL`), configured from the
     ///   environment.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] for an unsupported scheme, a `file://` URL that is not absolute,
+    /// a cloud URL without a bucket, a local directory that cannot be created, or a cloud
+    /// store whose configuration from the environment is refused.
     pub fn open(url: &str) -> Result<Self> {
         let err = |e: std::io::Error| storage_err(url, "", e);
         let store_err = |e: object_store::Error| storage_err(url, "", e);
@@ -250,6 +256,10 @@ impl Store {
 
     /// Writes `bytes` at `rel`, replacing what was there (atomically: readers see the old
     /// or the new object, never part of one).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the store refuses or fails the write.
     pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
         self.inner
             .put(&self.path(rel), PutPayload::from(bytes))
@@ -260,6 +270,11 @@ impl Store {
 
     /// Writes `bytes` at `rel` only if nothing is there; `false` when something was (the
     /// commit point of a manifest).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the store fails the write for any other reason than an
+    /// object already there.
     pub async fn put_if_absent(&self, rel: &str, bytes: Bytes) -> Result<bool> {
         let opts = PutOptions {
             mode: PutMode::Create,
@@ -277,6 +292,10 @@ impl Store {
     }
 
     /// The object at `rel`, or `None` if there is none.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the read fails for any other reason than a missing object.
     pub async fn get(&self, rel: &str) -> Result<Option<Bytes>> {
         let found = match self.inner.get(&self.path(rel)).await {
             Ok(found) => found,
@@ -326,6 +345,10 @@ impl Store {
 
     /// Every object under `rel_prefix` (recursively), as paths relative to the store,
     /// sorted.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when listing fails.
     pub async fn list(&self, rel_prefix: &str) -> Result<Vec<String>> {
         let prefix = self.path(rel_prefix);
         let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
@@ -341,6 +364,10 @@ impl Store {
     }
 
     /// Deletes the object at `rel`; deleting a missing object is not an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the store refuses or fails the delete.
     pub async fn delete(&self, rel: &str) -> Result<()> {
         match self.inner.delete(&self.path(rel)).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),

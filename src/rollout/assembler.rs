@@ -242,7 +242,12 @@ impl GroupAssembler {
         self.pending.values().flat_map(|p| p.rollouts.iter())
     }
 
-    /// Adds one rollout arriving at `now`. Fails only on a malformed record.
+    /// Adds one rollout arriving at `now`.
+    ///
+    /// # Errors
+    ///
+    /// Only for a malformed record: [`Error::InvalidRollout`](crate::Error::InvalidRollout),
+    /// as [`RolloutRecord::validate`] reports it, with nothing changed.
     pub fn add(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
         record.validate()?;
         self.counters.received += 1;

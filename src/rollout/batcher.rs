@@ -99,6 +99,19 @@ impl GroupBatch {
 
     /// The trainer is done with the batch: its groups' reads are used, and the groups the
     /// hooks rejected leave their buffers (archived as filtered).
+    ///
+    /// # Errors
+    ///
+    /// Every commit and discard is tried; the first error is returned: a commit's (see
+    /// [`Batch::commit`]: [`Error::MissingOutput`], [`Error::LeaseExpired`], and with a
+    /// sync journal [`Error::Storage`] or [`Error::Closed`]) or a discard's
+    /// ([`Error::LeaseExpired`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Groups are committed one after another. Dropping the future keeps the commits done
+    /// (and one a sync journal is writing) and releases the leases not yet committed or
+    /// discarded: those groups, rejected ones included, are redelivered.
     pub async fn complete(self) -> Result<()> {
         let mut first_error = None;
         for lease in self.packed {
@@ -130,7 +143,12 @@ struct Taken {
 }
 
 impl Batcher {
-    /// A batcher over `sources`. Fails on no sources or a negative or non-finite fraction.
+    /// A batcher over `sources`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidPacking`] for no sources, a negative or non-finite fraction, or
+    /// fractions that sum to 0.
     pub fn new(sources: Vec<Source>, config: BatcherConfig) -> Result<Self> {
         let bad = |detail: String| Error::InvalidPacking { detail };
         if sources.is_empty() {
@@ -149,6 +167,24 @@ impl Batcher {
     }
 
     /// Leases, processes and packs the next batch.
+    ///
+    /// # Errors
+    ///
+    /// Every group leased so far is given back (redelivered) on an error.
+    ///
+    /// * A source's get errors (see [`SequenceBuffer::get_batch_for_rpc`]):
+    ///   [`Error::Closed`], [`Error::UnknownRpc`], and under a memory budget
+    ///   [`Error::Storage`] or [`Error::Corrupt`]. A source that times out is a shortfall,
+    ///   not an error.
+    /// * [`Error::InvalidPacking`] when a source's RPC leases more than one group at once,
+    ///   or the packer's settings are invalid (see [`Packer::pack`]).
+    /// * [`Error::InvalidRollout`] for a leased sample that is not a well-formed group (see
+    ///   [`TrainGroup::read`]).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future gives back every group it had leased (redeliveries, as for a
+    /// dropped [`Batch`]); nothing is used or discarded.
     pub async fn next_batch(&self) -> Result<GroupBatch> {
         let packer = &self.config.packer;
         let s = packer.seq_len;

@@ -158,6 +158,13 @@ impl SealedGroup {
     }
 
     /// The group as one buffer sample (see the module docs for the layout).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::RaggedLengths`](crate::Error::RaggedLengths) when the members'
+    /// `token_versions` hold, in total, another number of entries than their output tokens
+    /// (records [`RolloutRecord::validate`] refuses; the assembler seals only validated
+    /// ones).
     pub fn to_sample(&self) -> Result<Sample> {
         let rs = &self.rollouts;
         let out_lengths: Vec<usize> = rs.iter().map(|r| r.output_tokens.len()).collect();

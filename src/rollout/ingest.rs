@@ -104,6 +104,18 @@ impl GroupIngest {
     /// Starts ingestion into `buf`, adding back the rollouts pending in its durable state
     /// and spawning the task that seals groups at their timeout (needs a tokio runtime with
     /// the time driver). The task stops when the last clone is dropped.
+    ///
+    /// # Errors
+    ///
+    /// The error storing a group that the pending rollouts complete (as in [`Self::add`]);
+    /// `start` stops at the first one. Unreadable or invalid pending rollouts are skipped
+    /// with a warning.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future starts no task. Groups whose put was claimed are stored (as in
+    /// [`Self::add`]); the rest stay pending in the buffer's log, added back by the next
+    /// `start`.
     pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
         let remember_groups = config.remember;
         let mut markers: Vec<(u64, String)> = buf
@@ -156,8 +168,24 @@ impl GroupIngest {
     /// Adds one rollout. A rollout that completes its group stores the group before this
     /// returns; a pending one is durable when this returns (under `Durability::Sync`).
     /// Duplicates, rejected versions and capped replicas are counted and change nothing.
-    /// Fails on a malformed record, or with the buffer's error if the completed group is
-    /// refused (its pending rollouts are then forgotten).
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::InvalidRollout`] for a malformed record (see
+    ///   [`RolloutRecord::validate`]), with nothing changed.
+    /// * With a sync journal, [`Error::Storage`] when a log write (the pending rollout, or
+    ///   the forgetting of a group's members) fails, and [`Error::Closed`] when the
+    ///   journal's writer stopped.
+    /// * The buffer's error when it refuses the completed group (see
+    ///   [`SequenceBuffer::put_batch`]; a group id already stored counts as a duplicate
+    ///   group instead). Its pending rollouts are then forgotten.
+    ///
+    /// # Cancel safety
+    ///
+    /// The rollout enters the assembler at the first poll and its pending entry is logged
+    /// whether or not the future is still polled. If it completes a group, a future dropped
+    /// before the group's put is claimed leaves the group unstored, its rollouts pending in
+    /// the log only (added back by the next [`Self::start`]).
     pub async fn add(&self, record: RolloutRecord) -> Result<Added> {
         let shared = &self.shared;
         let uid = record.rollout_uid.clone();
@@ -204,6 +232,18 @@ impl GroupIngest {
 
     /// Seals and stores every group whose timeout passed by `now` (the background task
     /// does this on its own; tests and callers driving time may call it).
+    ///
+    /// # Errors
+    ///
+    /// With a sync journal, [`Error::Storage`] or [`Error::Closed`] when forgetting the
+    /// rollouts of groups dropped unsealed fails to be logged; otherwise the first error
+    /// storing a group (as in [`Self::add`]), after every due group was tried.
+    ///
+    /// # Cancel safety
+    ///
+    /// The due groups leave the assembler at the first poll. A future dropped before a
+    /// group's put is claimed leaves that group unstored, its rollouts pending in the log
+    /// only (added back by the next [`Self::start`]).
     pub async fn seal_due(&self, now: Instant) -> Result<()> {
         let due = self.shared.state.lock().assembler.seal_due(now);
         let forget: Vec<AuxWrite> = due

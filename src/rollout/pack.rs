@@ -135,7 +135,11 @@ impl Packer {
         }
     }
 
-    /// Packs `groups` (see the module docs). Fails only on a zero `seq_len` or row count.
+    /// Packs `groups` (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// Only [`Error::InvalidPacking`], for a `seq_len` of 0 or a fixed row count of 0.
     pub fn pack(&self, groups: &[TrainGroup]) -> Result<Packed> {
         let s = self.seq_len;
         let bad = |detail: &str| Error::InvalidPacking {

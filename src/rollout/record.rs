@@ -94,6 +94,12 @@ impl RolloutRecord {
     }
 
     /// Checks the per-token arrays against the output length; names the rollout.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidRollout`] for an empty `rollout_uid`, `logprobs`, `token_versions`
+    /// or `ref_logprobs` of another length than `output_tokens`, or a `policy_version` or
+    /// token version past `i64::MAX`.
     pub fn validate(&self) -> Result<()> {
         let bad = |detail: String| Error::InvalidRollout {
             uid: self.rollout_uid.clone(),

@@ -82,6 +82,12 @@ pub struct TrainGroup {
 impl TrainGroup {
     /// Reads a group sample's fields (`get`) and metadata (`meta`); `id` names it in
     /// errors.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidRollout`] (with `id` as its uid) when a field of the group layout is
+    /// missing or of another type, a member lacks one of its sequences or its reward, or a
+    /// member's logprobs and output tokens differ in length.
     pub fn read<'a>(
         id: &str,
         get: impl Fn(&str) -> Option<&'a Tensor>,
@@ -166,6 +172,11 @@ impl TrainGroup {
     }
 
     /// Reads a stored group sample.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::read`]: [`Error::InvalidRollout`] for a sample that does not hold a
+    /// well-formed group.
     pub fn from_sample(sample: &Sample) -> Result<Self> {
         Self::read(
             sample.id().as_str(),

@@ -29,7 +29,10 @@
 //! * When a spilled sample is freed, its rows die; a segment with no live row is deleted.
 //!
 //! Files: `load.rs` (loads for gets and read-ahead), `spiller.rs` (the spill task),
-//! `handover.rs` (freed spilled samples, segment deletes).
+//! `handover.rs` (freed spilled samples, segment deletes). This folder is the buffer's
+//! side of spilling, over the [`SpillStore`] trait; the storage side (how a segment is laid
+//! out, written and read back) is `persist/spill/`, and `docs/spill.md` is the design of
+//! both with its measurements.
 //!
 //! # Locking
 //!

@@ -9,6 +9,10 @@
 //! for: ranged GETs, never the whole file. The footer of every segment written here is
 //! kept in memory, so a read costs no footer round trip; a segment written by an earlier
 //! process has its footer fetched on first use.
+//!
+//! This folder is the storage side of spilling; the buffer's side (what spills when, loads,
+//! read-ahead, hand-over of freed samples) is `buffer/spill/`, and `docs/spill.md` is the
+//! design of both with its measurements.
 
 mod encode;
 mod layout;
