@@ -15,6 +15,18 @@ pub(crate) const MAX_KEYS: usize = 64;
 /// Most RPCs in one buffer (a slot's lease bits are one `u64`).
 pub(crate) const MAX_RPCS: usize = 64;
 
+/// The indexes of the bits set in `bits`, lowest first: one step per set bit, never 64.
+fn set_bits(mut bits: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        if bits == 0 {
+            return None;
+        }
+        let i = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        Some(i)
+    })
+}
+
 /// A set of interned key ids, one bit per key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
 pub(crate) struct KeySet(pub(crate) u64);
@@ -39,15 +51,7 @@ impl KeySet {
     }
 
     pub(crate) fn ids(self) -> impl Iterator<Item = usize> {
-        let mut bits = self.0;
-        std::iter::from_fn(move || {
-            if bits == 0 {
-                return None;
-            }
-            let id = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            Some(id)
-        })
+        set_bits(self.0)
     }
 }
 
@@ -99,15 +103,7 @@ impl RpcSet {
 
     /// The RPC indexes in the set, in increasing order.
     pub(crate) fn iter(self) -> impl Iterator<Item = usize> {
-        let mut bits = self.0;
-        std::iter::from_fn(move || {
-            if bits == 0 {
-                return None;
-            }
-            let r = bits.trailing_zeros() as usize;
-            bits &= bits - 1;
-            Some(r)
-        })
+        set_bits(self.0)
     }
 }
 
@@ -379,6 +375,21 @@ fn selection_problem(selection: &Selection) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rpc_sets_hold_exactly_their_members() {
+        let a: RpcSet = [0, 5, 63].into_iter().collect();
+        assert_eq!(a.iter().collect::<Vec<_>>(), vec![0, 5, 63]);
+        assert!(a.contains(63) && !a.contains(1) && !a.contains(64));
+        let b = RpcSet::one(5).union(RpcSet::one(7));
+        assert_eq!(a.difference(b).iter().collect::<Vec<_>>(), vec![0, 63]);
+        let mut c = a;
+        c.remove(0);
+        c.insert(2);
+        assert_eq!(c.iter().collect::<Vec<_>>(), vec![2, 5, 63]);
+        assert!(RpcSet::EMPTY.is_empty() && RpcSet::EMPTY.iter().next().is_none());
+        assert_eq!(KeySet(0b1010).ids().collect::<Vec<_>>(), vec![1, 3]);
+    }
 
     fn ppo() -> Vec<RpcDef> {
         vec![
