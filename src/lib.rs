@@ -74,7 +74,7 @@ pub use error::{Error, ErrorSource, Result, StorageKind, Unstored};
 pub use exit::ExitReason;
 pub use rpc_defs::{RpcDef, Selection};
 pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
-pub use tensor::{DType, Element, Tensor, TensorData};
+pub use tensor::{DType, Element, SharedBytes, Tensor, TensorData};
 
 #[doc = include_str!("../docs/architecture.md")]
 pub mod implementation {}

@@ -62,7 +62,7 @@ fn view(r: &mut Reader<'_>, owner: &SharedBytes, start: usize) -> Result<Option<
     let first = start + r.position();
     r.bytes(n * size)?;
     let lengths = take_lengths(r)?;
-    Ok(Tensor::borrowed(
+    Ok(Tensor::from_shared_bytes(
         dtype,
         shape,
         lengths,

@@ -6,6 +6,13 @@
 //! (AReaL's `seqlens`). Cloning a tensor never copies its data, which is what lets a batch
 //! be a consistent snapshot while later amends replace fields.
 
+mod bytes;
+
+#[cfg(test)]
+pub(crate) use bytes::aligned_bytes;
+use bytes::BorrowedTensor;
+pub use bytes::SharedBytes;
+
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use ndarray::{ArcArray, Array, ArrayViewD, Dimension, IxDyn};
@@ -186,58 +193,6 @@ enum Repr {
     Borrowed(Arc<BorrowedTensor>),
 }
 
-/// Bytes a [`Tensor`] can view without copying them (a decoded page, a file read).
-pub(crate) type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
-
-/// An array viewing `owner`'s bytes `range`: `shape` values of `dtype`, little-endian and
-/// aligned for it (checked when made).
-struct BorrowedTensor {
-    dtype: DType,
-    shape: Vec<usize>,
-    lengths: Option<Vec<usize>>,
-    owner: SharedBytes,
-    range: std::ops::Range<usize>,
-}
-
-impl BorrowedTensor {
-    fn bytes(&self) -> &[u8] {
-        (*self.owner)
-            .as_ref()
-            .get(self.range.clone())
-            .unwrap_or(&[])
-    }
-
-    /// The values as `T`, if `T` is this tensor's element type.
-    fn values<T: Element>(&self) -> Option<&[T]> {
-        if T::DTYPE != self.dtype {
-            return None;
-        }
-        T::cast(self.bytes())
-    }
-
-    /// An owned copy of the values.
-    fn owned<T: Element>(&self) -> ArcArray<T, IxDyn> {
-        self.values::<T>()
-            .and_then(|v| Array::from_shape_vec(IxDyn(&self.shape), v.to_vec()).ok())
-            // Unreachable: the dtype, length and alignment were checked when it was made.
-            .map_or_else(
-                || ArcArray::from_vec(Vec::new()).into_dyn(),
-                Array::into_shared,
-            )
-    }
-}
-
-impl std::fmt::Debug for BorrowedTensor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BorrowedTensor")
-            .field("dtype", &self.dtype)
-            .field("shape", &self.shape)
-            .field("lengths", &self.lengths)
-            .field("bytes", &self.range.len())
-            .finish()
-    }
-}
-
 #[derive(Debug)]
 struct ArrayTensor {
     data: TensorData,
@@ -272,48 +227,6 @@ impl From<&str> for Tensor {
 }
 
 impl Tensor {
-    /// A tensor viewing `owner`'s bytes `range` as little-endian values of `dtype` with
-    /// `shape` (at least one dimension), without copying them. `None` unless `dtype` is a
-    /// plain number type, the host is little-endian, the bytes are exactly the values and
-    /// aligned for them, and `lengths` (if any) add up to the first dimension.
-    #[cfg_attr(not(feature = "persist"), allow(dead_code))]
-    pub(crate) fn borrowed(
-        dtype: DType,
-        shape: Vec<usize>,
-        lengths: Option<Vec<usize>>,
-        owner: SharedBytes,
-        range: std::ops::Range<usize>,
-    ) -> Option<Self> {
-        let n = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
-        let rows = *shape.first()?;
-        if let Some(l) = &lengths {
-            let sum = l.iter().try_fold(0usize, |acc, &x| acc.checked_add(x));
-            if sum != Some(rows) {
-                return None;
-            }
-        }
-        let b = BorrowedTensor {
-            dtype,
-            shape,
-            lengths,
-            owner,
-            range,
-        };
-        let fits = match dtype {
-            DType::I32 => b.values::<i32>().map(<[_]>::len),
-            DType::I64 => b.values::<i64>().map(<[_]>::len),
-            DType::F32 => b.values::<f32>().map(<[_]>::len),
-            DType::F64 => b.values::<f64>().map(<[_]>::len),
-            DType::U8 => b.values::<u8>().map(<[_]>::len),
-            DType::Bool | DType::Str => None,
-        };
-        (fits == Some(n) && b.bytes().len() == b.range.len()).then(|| Self {
-            repr: Repr::Borrowed(Arc::new(b)),
-        })
-    }
-
     fn from_parts(data: TensorData, lengths: Option<Vec<usize>>) -> Self {
         Self {
             repr: Repr::Array(Arc::new(ArrayTensor { data, lengths })),
@@ -515,82 +428,10 @@ impl Tensor {
     }
 }
 
-/// `bytes` (zero-padded to whole words) in an 8-byte aligned buffer, as a decoded page
-/// would hold them: for tests of tensors viewing shared bytes.
-#[cfg(test)]
-pub(crate) fn aligned_bytes(bytes: &[u8]) -> SharedBytes {
-    struct Words(Vec<u64>);
-    impl AsRef<[u8]> for Words {
-        fn as_ref(&self) -> &[u8] {
-            bytemuck::cast_slice(&self.0)
-        }
-    }
-    let words = bytes
-        .chunks(8)
-        .map(|c| {
-            let mut word = [0u8; 8];
-            word[..c.len()].copy_from_slice(c);
-            u64::from_le_bytes(word)
-        })
-        .collect();
-    Arc::new(Words(words))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use ndarray::array;
-
-    /// `i32` 0..12 little-endian, 8-byte aligned.
-    fn words() -> SharedBytes {
-        let ints: Vec<i32> = (0..12).collect();
-        aligned_bytes(bytemuck::cast_slice(&ints))
-    }
-
-    #[test]
-    fn borrowed_tensors_behave_as_owned_ones() {
-        if cfg!(target_endian = "big") {
-            assert!(Tensor::borrowed(DType::I32, vec![12], None, words(), 0..48).is_none());
-            return;
-        }
-        let t = Tensor::borrowed(DType::I32, vec![3, 4], None, words(), 0..48).expect("view");
-        let owned = Tensor::from(Array::from_shape_vec((3, 4), (0..12).collect()).expect("shape"));
-        assert_eq!(t, owned);
-        assert_eq!(
-            (t.dtype(), t.shape(), t.nbytes()),
-            (DType::I32, &[3, 4][..], 48)
-        );
-        assert_eq!(t.array::<i32>().map(|a| a[[2, 1]]), Some(9));
-        assert!(t.array::<f32>().is_none());
-        assert_eq!(t.to_data(), owned.to_data());
-        assert_eq!(t.scalar_value::<i32>(), None);
-        // Ragged: sequences, and re-packing with other lengths.
-        let r =
-            Tensor::borrowed(DType::I32, vec![6], Some(vec![2, 4]), words(), 8..32).expect("view");
-        let second = r
-            .sequence::<i32>(1)
-            .map(|s| s.iter().copied().collect::<Vec<_>>());
-        assert_eq!(second, Some(vec![4, 5, 6, 7]));
-        assert_eq!(r.sequence::<i32>(2), None);
-        let repacked = Tensor::ragged(r.clone(), vec![3, 3]).expect("ragged");
-        assert_eq!(repacked.lengths(), Some(&[3, 3][..]));
-        assert_eq!(repacked.array::<i32>(), r.array::<i32>());
-    }
-
-    #[test]
-    fn borrowed_tensors_are_refused_unless_they_fit() {
-        let make = |dtype, shape: Vec<usize>, lengths, range| {
-            Tensor::borrowed(dtype, shape, lengths, words(), range)
-        };
-        // Wrong length, misaligned, out of range, bools, zero dimensions, bad lengths.
-        assert!(make(DType::I32, vec![5], None, 0..24).is_none());
-        assert!(make(DType::I32, vec![2], None, 2..10).is_none());
-        assert!(make(DType::I32, vec![20], None, 0..80).is_none());
-        assert!(make(DType::Bool, vec![8], None, 0..8).is_none());
-        assert!(make(DType::I32, vec![], None, 0..4).is_none());
-        assert!(make(DType::I32, vec![4], Some(vec![1, 2]), 0..16).is_none());
-        assert!(make(DType::I64, vec![6], None, 0..48).is_some() || cfg!(target_endian = "big"));
-    }
 
     #[test]
     fn dtypes_and_shapes() {
