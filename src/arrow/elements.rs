@@ -5,7 +5,7 @@ use crate::tensor::{DType, Element};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type, UInt8Type};
 use arrow_array::{Array, ArrayRef, BooleanArray, PrimitiveArray, StringArray};
-use arrow_buffer::{BooleanBuffer, NullBuffer, ScalarBuffer};
+use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow_schema::DataType;
 
 /// A tensor element type with an Arrow counterpart.
@@ -20,6 +20,11 @@ pub(crate) trait ArrowElement: Element + Default {
     /// Bytes of text in `values` (saturating), which a utf8 array's 32-bit offsets bound.
     fn text_bytes(_values: &[Self]) -> usize {
         0
+    }
+    /// A flat array over `bytes` (little-endian values) without copying them, when this is
+    /// a plain number type and the bytes are aligned for it; `None` otherwise.
+    fn view_array(_bytes: bytes::Bytes) -> Option<ArrayRef> {
+        None
     }
 }
 
@@ -44,6 +49,17 @@ macro_rules! primitive {
             fn read(array: &dyn Array, lo: usize, hi: usize) -> Option<Vec<Self>> {
                 let a = array.as_primitive_opt::<$arrow>()?;
                 no_nulls_in(a, lo, hi).then(|| a.values()[lo..hi].to_vec())
+            }
+            fn view_array(bytes: bytes::Bytes) -> Option<ArrayRef> {
+                let size = std::mem::size_of::<Self>();
+                let aligned = bytes.as_ptr().align_offset(std::mem::align_of::<Self>()) == 0;
+                if cfg!(target_endian = "big") || !aligned || bytes.len() % size != 0 {
+                    return None;
+                }
+                let n = bytes.len() / size;
+                // Checked above: aligned and whole values, so `ScalarBuffer::new` accepts it.
+                let values = ScalarBuffer::new(Buffer::from(bytes), 0, n);
+                Some(Arc::new(PrimitiveArray::<$arrow>::new(values, None)))
             }
         }
     };

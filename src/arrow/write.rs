@@ -5,7 +5,8 @@ use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
-use crate::tensor::Tensor;
+use crate::tensor::{SharedBytes, Tensor};
+use std::ops::Range;
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int64Array, ListArray, RecordBatch, StringArray,
     UInt64Array,
@@ -92,6 +93,15 @@ pub fn to_record_batch(samples: &[Sample]) -> Result<RecordBatch> {
         .map_err(|e| arrow_err("<batch>", &e.to_string()))
 }
 
+/// `owner`'s bytes `range`, for a zero-copy Arrow buffer.
+struct OwnerRange(SharedBytes, Range<usize>);
+
+impl AsRef<[u8]> for OwnerRange {
+    fn as_ref(&self) -> &[u8] {
+        (*self.0).as_ref().get(self.1.clone()).unwrap_or(&[])
+    }
+}
+
 /// Arrow's 32-bit offsets bound every list level and string column.
 const MAX_LIST_ENTRIES: usize = i32::MAX as usize;
 
@@ -145,6 +155,14 @@ fn nested<T: ArrowElement>(
     ragged: bool,
 ) -> Result<ArrayRef> {
     let depth = ndim + usize::from(ragged);
+    // Every sample's values in one run of one buffer (a batch of rows put as a column):
+    // the values array views that buffer instead of copying it.
+    let present: Option<Vec<&Tensor>> = tensors.iter().copied().collect();
+    let shared = match present {
+        Some(present) if depth > 0 => Tensor::shared_run(&present),
+        _ => None,
+    }
+    .and_then(|(owner, range)| T::view_array(bytes::Bytes::from_owner(OwnerRange(owner, range))));
     let mut values: Vec<T> = Vec::new();
     let mut levels: Vec<Vec<usize>> = vec![Vec::new(); depth];
     let mut valid: Vec<bool> = Vec::with_capacity(tensors.len());
@@ -165,6 +183,7 @@ fn nested<T: ArrowElement>(
         };
         valid.push(true);
         match array.as_slice() {
+            _ if shared.is_some() => {}
             // Contiguous, row-major: one copy (memcpy for numbers).
             Some(flat) => values.extend_from_slice(flat),
             None => values.extend(array.iter().cloned()),
@@ -201,7 +220,10 @@ fn nested<T: ArrowElement>(
     if depth == 0 {
         return Ok(T::to_array(values, nulls));
     }
-    let mut child = T::to_array(values, None);
+    let mut child = match shared {
+        Some(view) => view,
+        None => T::to_array(values, None),
+    };
     let mut data_type = T::data_type();
     let mut nulls = nulls;
     for (level, lengths) in levels.into_iter().enumerate().rev() {
