@@ -82,3 +82,18 @@ async fn external_keys_are_not_required_at_put() {
         Err(Error::MissingKey { .. })
     ));
 }
+
+#[test]
+fn the_buffer_names_every_key_of_its_graph() {
+    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
+            .rpc(RpcDef::new("train", 1).inputs(["tokens", "score"]))
+            .external_keys(["score"]),
+    )
+    .expect("valid");
+    let mut keys: Vec<&str> = buf.keys().collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["prompt", "score", "tokens"]);
+}

@@ -449,6 +449,13 @@ impl SequenceBuffer {
         self.shared.capacity
     }
 
+    /// Every data key the buffer's RPCs name (their inputs and outputs) and its external
+    /// keys: the fields a sample may usefully carry. A put may carry others; no RPC reads
+    /// them.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.shared.graph.key_names()
+    }
+
     /// Number of samples stored (put and not yet freed).
     pub fn len(&self) -> usize {
         let inner = self.shared.inner.lock();

@@ -329,6 +329,11 @@ impl RpcGraph {
         self.keys.iter().position(|k| &**k == name)
     }
 
+    /// Every key the graph names (RPC inputs and outputs, external keys), in id order.
+    pub(crate) fn key_names(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(|k| &**k)
+    }
+
     pub(crate) fn key_name(&self, id: usize) -> &str {
         self.keys.get(id).map_or("?", |k| k)
     }
