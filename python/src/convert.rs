@@ -1,15 +1,14 @@
-//! Values between Python and the crate: numpy arrays (through the array interface), lists
-//! of arrays as ragged tensors, scalars, strings and metadata; samples and patches as dicts.
-//! The only file of the bindings with `unsafe`.
+//! Values between Python and the crate, one sample at a time (the convenient, slow path;
+//! `columns.rs` is the columnar one): samples and patches as dicts of numpy arrays
+//! (through `arrays.rs`), lists of arrays as ragged tensors, scalars, strings and metadata.
 
-use crate::errors::{py_err, BufferError};
-use ndarray::{ArrayD, IxDyn};
+use crate::arrays::{as_numpy, sequence_to_numpy, tensor_from_numpy, tensor_to_numpy};
+use crate::errors::py_err;
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
-use rollout_buffer::{MetaValue, Patch, Sample, SlotHandle, Tensor, TensorData};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+use rollout_buffer::{MetaValue, Patch, Sample, SlotHandle, Tensor};
 
 /// A ragged field: `values` holds several sequences back to back, `lengths` their lengths.
 #[pyclass(module = "rollout_buffer._native")]
@@ -23,90 +22,6 @@ impl Ragged {
     #[new]
     fn new(values: Py<PyAny>, lengths: Vec<usize>) -> Self {
         Self { values, lengths }
-    }
-}
-
-/// Copies `n` elements of `T` from `ptr` (alignment not assumed).
-///
-/// # Safety
-/// `ptr` must point to `n * size_of::<T>()` readable bytes holding valid `T`s, kept alive
-/// for the call.
-pub(crate) unsafe fn copy_elements<T: Copy>(ptr: usize, n: usize) -> Vec<T> {
-    let src = ptr as *const T;
-    (0..n)
-        .map(|i| unsafe { std::ptr::read_unaligned(src.add(i)) })
-        .collect()
-}
-
-/// A numpy (or any `__array_interface__`) array as a tensor, copied once. `None` when the
-/// object is not an array.
-pub(crate) fn array_from_interface(obj: &Bound<'_, PyAny>) -> Option<PyResult<Tensor>> {
-    let iface = obj.getattr(intern!(obj.py(), "__array_interface__")).ok()?;
-    Some((|| {
-        let get = |k: &str| {
-            iface
-                .get_item(k)
-                .map_err(|_| PyValueError::new_err(format!("__array_interface__ lacks `{k}`")))
-        };
-        let typestr: String = get("typestr")?.extract()?;
-        let shape: Vec<usize> = get("shape")?.extract()?;
-        let (ptr, _read_only): (usize, bool) = get("data")?.extract()?;
-        let strides = iface.get_item("strides").ok();
-        if strides.is_some_and(|s| !s.is_none()) {
-            return Err(PyValueError::new_err(
-                "array is not C-contiguous (numpy.ascontiguousarray it first)",
-            ));
-        }
-        let n: usize = shape.iter().product();
-        if n > 0 && ptr == 0 {
-            return Err(PyValueError::new_err("array without data"));
-        }
-        let dims = IxDyn(&shape);
-        let shaped = |e: ndarray::ShapeError| PyValueError::new_err(format!("array shape: {e}"));
-        // SAFETY: numpy guarantees `n` elements of `typestr` at `ptr` for a C-contiguous
-        // array; `obj` (and so its data) stays alive and the GIL is held while copying.
-        let tensor = unsafe {
-            match typestr.as_str() {
-                "<i4" => Tensor::from(
-                    ArrayD::from_shape_vec(dims, copy_elements::<i32>(ptr, n)).map_err(shaped)?,
-                ),
-                "<i8" => Tensor::from(
-                    ArrayD::from_shape_vec(dims, copy_elements::<i64>(ptr, n)).map_err(shaped)?,
-                ),
-                "<f4" => Tensor::from(
-                    ArrayD::from_shape_vec(dims, copy_elements::<f32>(ptr, n)).map_err(shaped)?,
-                ),
-                "<f8" => Tensor::from(
-                    ArrayD::from_shape_vec(dims, copy_elements::<f64>(ptr, n)).map_err(shaped)?,
-                ),
-                "|u1" => Tensor::from(
-                    ArrayD::from_shape_vec(dims, copy_elements::<u8>(ptr, n)).map_err(shaped)?,
-                ),
-                "|b1" => {
-                    let bytes = copy_elements::<u8>(ptr, n);
-                    let bools: Vec<bool> = bytes.into_iter().map(|b| b != 0).collect();
-                    Tensor::from(ArrayD::from_shape_vec(dims, bools).map_err(shaped)?)
-                }
-                other => {
-                    return Err(PyValueError::new_err(format!(
-                        "unsupported array dtype `{other}`: use int32, int64, float32, \
-                         float64, uint8 or bool"
-                    )))
-                }
-            }
-        };
-        Ok(tensor)
-    })())
-}
-
-/// `obj` as a C-contiguous numpy array when it is an array (lists and scalars as they are).
-pub(crate) fn contiguous<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    if obj.hasattr("__array_interface__")? {
-        obj.py()
-            .import("numpy")?
-            .call_method1("ascontiguousarray", (obj,))
-    } else {
-        Ok(obj.clone())
     }
 }
 
@@ -133,17 +48,24 @@ pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
             return Ok(Tensor::from(strings));
         }
     }
-    array_from_interface(obj).unwrap_or_else(|| {
-        Err(PyValueError::new_err(format!(
-            "unsupported field value of type {}: use a numpy array of int32, int64, \
-                 float32, float64, uint8 or bool, a Python scalar, a string, a list of \
-                 strings, or Ragged",
-            obj.get_type()
-                .name()
-                .map(|n| n.to_string())
-                .unwrap_or_default()
-        )))
-    })
+    if let Some(array) = as_numpy(obj) {
+        return tensor_from_numpy(array, "field");
+    }
+    if obj.hasattr(intern!(obj.py(), "__array_interface__"))? {
+        // Another array type (a memoryview, a torch CPU tensor): through numpy, once.
+        let array = obj.py().import("numpy")?.call_method1("asarray", (obj,))?;
+        if let Some(array) = as_numpy(&array) {
+            return tensor_from_numpy(array, "field");
+        }
+    }
+    Err(PyValueError::new_err(format!(
+        "unsupported field value of type {}: use a numpy array of int32, int64, float32, \
+         float64, uint8 or bool, a Python scalar, a string, a list of strings, or Ragged",
+        obj.get_type()
+            .name()
+            .map(|n| n.to_string())
+            .unwrap_or_default()
+    )))
 }
 
 pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>) -> PyResult<MetaValue> {
@@ -220,48 +142,14 @@ pub(crate) fn handles_from_py(pairs: Vec<(u32, u32)>) -> Vec<SlotHandle> {
         .collect()
 }
 
-/// Little-endian bytes of a numeric array, for `numpy.frombuffer`.
-fn le_bytes<T: Copy, const N: usize>(
-    a: &ndarray::ArcArray<T, IxDyn>,
-    to: fn(T) -> [u8; N],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(a.len() * N);
-    for &v in a.iter() {
-        out.extend_from_slice(&to(v));
-    }
-    out
-}
-
-/// A field as Python: numpy arrays for numeric data, Python scalars for scalars, lists of
-/// str for strings, a list of arrays for a ragged field.
+/// A field as Python: a read-only numpy array viewing the tensor's memory for numeric
+/// data, a Python scalar for a scalar, `str` or a list of `str` for strings, a list of
+/// views (one per sequence) for a ragged field.
 pub(crate) fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     if let Some(lengths) = t.lengths() {
         let parts = PyList::empty(py);
         for i in 0..lengths.len() {
-            let part = match t.dtype() {
-                rollout_buffer::DType::I32 => {
-                    t.sequence::<i32>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                rollout_buffer::DType::I64 => {
-                    t.sequence::<i64>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                rollout_buffer::DType::F32 => {
-                    t.sequence::<f32>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                rollout_buffer::DType::F64 => {
-                    t.sequence::<f64>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                rollout_buffer::DType::Bool => {
-                    t.sequence::<bool>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                rollout_buffer::DType::U8 => {
-                    t.sequence::<u8>(i).map(|a| Tensor::from(a.to_owned()))
-                }
-                _ => t.sequence::<String>(i).map(|a| Tensor::from(a.to_owned())),
-            };
-            if let Some(part) = part {
-                parts.append(tensor_to_py(py, &part)?)?;
-            }
+            parts.append(sequence_to_numpy(py, t, i)?)?;
         }
         return Ok(parts.into_any());
     }
@@ -288,27 +176,7 @@ pub(crate) fn tensor_to_py<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'
             return Ok(PyString::new(py, s).into_any());
         }
     }
-    let (bytes, dtype) = match t.to_data() {
-        TensorData::I32(a) => (le_bytes(&a, i32::to_le_bytes), "<i4"),
-        TensorData::I64(a) => (le_bytes(&a, i64::to_le_bytes), "<i8"),
-        TensorData::F32(a) => (le_bytes(&a, f32::to_le_bytes), "<f4"),
-        TensorData::F64(a) => (le_bytes(&a, f64::to_le_bytes), "<f8"),
-        TensorData::U8(a) => (a.iter().copied().collect(), "u1"),
-        TensorData::Bool(a) => (a.iter().map(|&b| u8::from(b)).collect(), "?"),
-        TensorData::Str(a) => {
-            let list = PyList::new(py, a.iter().cloned())?;
-            return Ok(list.into_any());
-        }
-        _ => return Err(BufferError::new_err("unsupported tensor type")),
-    };
-    // Looked up once per process, not once per field.
-    static FROMBUFFER: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let frombuffer = FROMBUFFER.import(py, "numpy", "frombuffer")?;
-    let array = frombuffer.call1((PyBytes::new(py, &bytes), dtype))?;
-    if t.shape().len() == 1 {
-        return Ok(array);
-    }
-    array.call_method1(intern!(py, "reshape"), (PyTuple::new(py, t.shape())?,))
+    tensor_to_numpy(py, t)
 }
 
 /// A sample (only the fields a batch shows) as a dict.

@@ -6,6 +6,7 @@
 //! Numeric arrays cross by numpy's array interface into one owned copy on the way in, and
 //! one `bytes` object (wrapped by `numpy.frombuffer`, no further copy) on the way out.
 
+mod arrays;
 mod batch;
 mod buffer;
 mod convert;
@@ -27,6 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyBatch>()?;
     m.add_class::<PyRpc>()?;
     m.add_class::<Ragged>()?;
+    m.add_class::<arrays::TensorMemory>()?;
     m.add_class::<rollout::PyIngest>()?;
     m.add_class::<rollout::PyBatcher>()?;
     m.add_class::<rollout::PyTrainBatch>()?;

@@ -27,7 +27,7 @@ where
     if v.is_none() {
         return Ok(None);
     }
-    let t = crate::convert::tensor_from_py(&crate::convert::contiguous(&v)?)?;
+    let t = crate::convert::tensor_from_py(&v)?;
     t.array::<T>()
         .map(|a| Some(a.iter().copied().collect()))
         .ok_or_else(|| PyValueError::new_err(format!("rollout field `{key}` has the wrong dtype")))

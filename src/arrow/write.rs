@@ -6,13 +6,13 @@ use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
 use crate::tensor::{SharedBytes, Tensor};
-use std::ops::Range;
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int64Array, ListArray, RecordBatch, StringArray,
     UInt64Array,
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Schema};
+use std::ops::Range;
 
 /// One row per sample: `id`, `birth`, a column per field name and per metadata key.
 ///

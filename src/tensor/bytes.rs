@@ -160,8 +160,8 @@ impl Tensor {
         })
     }
 
-    /// The values' bytes, without copying: little-endian numbers (`bool` as one byte, 0 or
-    /// 1) in row-major order. `None` for strings, for an array not laid out contiguously
+    /// The values' bytes, without copying: little-endian numbers (a `bool` as one byte, 0
+    /// or 1), in row-major order. `None` for strings, for an array not laid out contiguously
     /// in row-major order, and on big-endian hosts.
     pub fn as_bytes(&self) -> Option<&[u8]> {
         if cfg!(target_endian = "big") {
@@ -191,23 +191,49 @@ impl Tensor {
 
     /// The tensor's slices along its first axis, as tensors that share its memory (no copy
     /// for numbers; strings and booleans share the array too). A column of `n` samples'
-    /// fields, copied once, becomes `n` fields this way. `None` for a 0-dimensional or a
-    /// ragged tensor.
+    /// fields, copied once, becomes `n` fields this way: a `[n, k]` column gives `[k]`
+    /// rows, a `[n]` column scalars. `None` for a 0-dimensional or a ragged tensor.
     pub fn rows(&self) -> Option<Vec<Tensor>> {
+        let n = *self.shape().first()?;
+        let parts = self.split(&vec![1; n])?;
+        // Each part is `[1, ...rest]`: drop the leading 1.
+        parts.iter().map(Tensor::squeeze_first).collect()
+    }
+
+    /// The tensor cut along its first axis into consecutive parts of `lengths[i]` rows
+    /// (`[lengths[i], ...rest]` each), sharing its memory as [`Self::rows`] does: a
+    /// variable-length column (values and offsets) becomes its samples' fields this way.
+    /// `None` for a 0-dimensional or ragged tensor, or lengths that do not add up to the
+    /// first dimension.
+    pub fn split(&self, lengths: &[usize]) -> Option<Vec<Tensor>> {
         if self.lengths().is_some() {
             return None;
         }
         let (&n, rest) = self.shape().split_first()?;
-        if let Some(rows) = self.byte_rows(n, rest) {
-            return Some(rows);
+        let total = lengths
+            .iter()
+            .try_fold(0usize, |acc, &l| acc.checked_add(l))?;
+        if total != n {
+            return None;
+        }
+        if let Some(parts) = self.byte_parts(lengths, rest) {
+            return Some(parts);
         }
         let data = self.to_data();
         macro_rules! split {
-            ($a:expr) => {
-                (0..n)
-                    .map(|i| Tensor::from($a.clone().index_axis_move(Axis(0), i)))
+            ($a:expr) => {{
+                let mut start = 0;
+                lengths
+                    .iter()
+                    .map(|&len| {
+                        let part = $a
+                            .clone()
+                            .slice_axis_move(Axis(0), (start..start + len).into());
+                        start += len;
+                        Tensor::from(part)
+                    })
                     .collect()
-            };
+            }};
         }
         Some(match data {
             TensorData::I32(a) => split!(a),
@@ -220,8 +246,8 @@ impl Tensor {
         })
     }
 
-    /// [`Self::rows`] for numbers: views of one owner's byte ranges.
-    fn byte_rows(&self, n: usize, rest: &[usize]) -> Option<Vec<Tensor>> {
+    /// [`Self::split`] for numbers: views of one owner's byte ranges.
+    fn byte_parts(&self, lengths: &[usize], rest: &[usize]) -> Option<Vec<Tensor>> {
         let dtype = self.dtype();
         let (owner, range) = match &self.repr {
             Repr::Borrowed(b) => (SharedBytes::clone(&b.owner), b.range.clone()),
@@ -231,31 +257,65 @@ impl Tensor {
             }
             Repr::Scalar(_) => return None,
         };
-        let row_bytes = if n == 0 { 0 } else { range.len() / n };
-        (0..n)
-            .map(|i| {
-                let start = range.start + i * row_bytes;
-                let mut shape = Vec::with_capacity(rest.len().max(1));
+        let n: usize = lengths.iter().sum();
+        let row_bytes = range.len().checked_div(n).unwrap_or(0);
+        let mut start = range.start;
+        lengths
+            .iter()
+            .map(|&len| {
+                let mut shape = Vec::with_capacity(rest.len() + 1);
+                shape.push(len);
                 shape.extend_from_slice(rest);
-                if rest.is_empty() {
-                    // A row of a 1-d column is one value: a 1-element view (tensors over
-                    // bytes have at least one dimension), reshaped to a scalar below.
-                    shape.push(1);
-                }
-                let row = Tensor::from_shared_bytes(
+                let end = start + len * row_bytes;
+                let part = Tensor::from_shared_bytes(
                     dtype,
                     shape,
                     None,
                     SharedBytes::clone(&owner),
-                    start..start + row_bytes,
-                )?;
-                Some(if rest.is_empty() {
-                    row.first_value()?
-                } else {
-                    row
-                })
+                    start..end,
+                );
+                start = end;
+                part
             })
             .collect()
+    }
+
+    /// A `[1, ...rest]` tensor as `rest` (a scalar for `[1]`), sharing its memory.
+    fn squeeze_first(&self) -> Option<Tensor> {
+        let (&1, rest) = self.shape().split_first()? else {
+            return None;
+        };
+        if rest.is_empty() {
+            return self.first_value().or_else(|| {
+                let strings = self.array::<String>()?;
+                strings.iter().next().cloned().map(Tensor::scalar)
+            });
+        }
+        match &self.repr {
+            Repr::Borrowed(b) => Tensor::from_shared_bytes(
+                b.dtype,
+                rest.to_vec(),
+                None,
+                SharedBytes::clone(&b.owner),
+                b.range.clone(),
+            ),
+            _ => {
+                macro_rules! squeeze {
+                    ($a:expr) => {
+                        Tensor::from($a.index_axis_move(Axis(0), 0))
+                    };
+                }
+                Some(match self.to_data() {
+                    TensorData::I32(a) => squeeze!(a),
+                    TensorData::I64(a) => squeeze!(a),
+                    TensorData::F32(a) => squeeze!(a),
+                    TensorData::F64(a) => squeeze!(a),
+                    TensorData::Bool(a) => squeeze!(a),
+                    TensorData::U8(a) => squeeze!(a),
+                    TensorData::Str(a) => squeeze!(a),
+                })
+            }
+        }
     }
 
     /// The single value of a one-element numeric tensor, as an inline scalar.
@@ -481,7 +541,9 @@ mod tests {
         let rows = col.rows().expect("rows");
         assert_eq!(rows.len(), 4);
         assert_eq!(
-            rows[2].array::<f32>().map(|a| a.iter().copied().collect::<Vec<_>>()),
+            rows[2]
+                .array::<f32>()
+                .map(|a| a.iter().copied().collect::<Vec<_>>()),
             Some(vec![6.0, 7.0, 8.0])
         );
         let base = col.as_bytes().expect("bytes").as_ptr();
@@ -519,7 +581,9 @@ mod tests {
         let flags = Tensor::from(ndarray::array![[true, false], [false, true]]);
         let rows = flags.rows().expect("rows");
         assert_eq!(
-            rows[1].array::<bool>().map(|a| a.iter().copied().collect::<Vec<_>>()),
+            rows[1]
+                .array::<bool>()
+                .map(|a| a.iter().copied().collect::<Vec<_>>()),
             Some(vec![false, true])
         );
         assert_eq!(Tensor::stack(&[&rows[0], &rows[1]]), Some(flags));
@@ -533,6 +597,35 @@ mod tests {
         assert!(Tensor::from(3i32).rows().is_none(), "a scalar has no rows");
         let ragged = Tensor::ragged(vec![1i32, 2, 3], vec![1, 2]).expect("ragged");
         assert!(ragged.rows().is_none());
+    }
+
+    #[test]
+    fn split_cuts_variable_lengths_and_concat_joins_them_back() {
+        let values = Tensor::copy_from_bytes(
+            DType::I32,
+            vec![6],
+            &(0i32..6).flat_map(i32::to_le_bytes).collect::<Vec<u8>>(),
+        );
+        let Some(values) = values else {
+            return; // big-endian host: no byte views
+        };
+        let parts = values.split(&[2, 0, 4]).expect("split");
+        assert_eq!(
+            parts.iter().map(|p| p.shape()[0]).collect::<Vec<_>>(),
+            vec![2, 0, 4]
+        );
+        assert_eq!(parts[2], Tensor::from(vec![2i32, 3, 4, 5]));
+        let refs: Vec<&Tensor> = parts.iter().collect();
+        let (joined, lengths) = Tensor::concat(&refs).expect("concat");
+        assert_eq!(lengths, vec![2, 0, 4]);
+        assert_eq!(
+            joined.as_bytes().map(|b| b.as_ptr()),
+            values.as_bytes().map(|b| b.as_ptr())
+        );
+        assert!(values.split(&[2, 2]).is_none(), "lengths must add up");
+        let words = Tensor::from(vec!["a".to_string(), "b".into(), "c".into()]);
+        let parts = words.split(&[1, 2]).expect("split");
+        assert_eq!(parts[1], Tensor::from(vec!["b".to_string(), "c".into()]));
     }
 
     #[test]

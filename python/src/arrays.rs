@@ -1,0 +1,172 @@
+//! numpy arrays and tensors, through rust-numpy.
+//!
+//! | numpy | tensor | in | out |
+//! | --- | --- | --- | --- |
+//! | `int32`, `int64`, `float32`, `float64`, `uint8` (native byte order) | the same | one copy, into an aligned buffer | a read-only view, no copy |
+//! | `bool` | `Bool` | one copy | a read-only view, no copy |
+//! | `str_` / `object` holding str | `Str` | one string each | a list of `str` |
+//! | other dtypes (`float16`, big-endian, complex, ...) | refused: `ValueError` naming the field | | |
+//!
+//! In: a non-contiguous array is copied once into C order (the copy that snapshots it
+//! anyway). Out: a view's base is a small [`TensorMemory`] holding the tensor's shared
+//! memory, so the array stays valid after its batch is committed, the slot reused and the
+//! buffer dropped, and nothing is copied. One of the two files of the bindings with
+//! `unsafe` (the other is `arrow.rs`).
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+use numpy::prelude::*;
+use numpy::{Element as NpElement, PyArray, PyArrayDescr, PyArrayDyn, PyUntypedArray};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyList;
+use rollout_buffer::{DType, Element, Tensor};
+
+/// The memory a numpy view of a tensor reads: the array's base object. The tensor's data
+/// is immutable and shared (`Arc`), so holding a clone keeps it alive and unchanged.
+#[pyclass(module = "rollout_buffer._native", frozen)]
+pub(crate) struct TensorMemory {
+    tensor: Tensor,
+}
+
+/// The tensor element type of a numpy dtype, if this package stores it.
+fn dtype_of(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    let is = |other: Bound<'_, PyArrayDescr>| descr.is_equiv_to(&other);
+    [
+        (PyArrayDescr::of::<i32>(py), DType::I32),
+        (PyArrayDescr::of::<i64>(py), DType::I64),
+        (PyArrayDescr::of::<f32>(py), DType::F32),
+        (PyArrayDescr::of::<f64>(py), DType::F64),
+        (PyArrayDescr::of::<u8>(py), DType::U8),
+        (PyArrayDescr::of::<bool>(py), DType::Bool),
+    ]
+    .into_iter()
+    .find_map(|(d, t)| is(d).then_some(t))
+}
+
+/// `array` as one tensor of the same shape, copied once. `what` names the value in errors
+/// (`field "x"`, `column "x"`).
+pub(crate) fn tensor_from_numpy(array: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Tensor> {
+    let py = array.py();
+    let descr = array.dtype();
+    let shape = array.shape().to_vec();
+    match dtype_of(py, &descr) {
+        Some(DType::I32) => numbers::<i32>(array, DType::I32, shape),
+        Some(DType::I64) => numbers::<i64>(array, DType::I64, shape),
+        Some(DType::F32) => numbers::<f32>(array, DType::F32, shape),
+        Some(DType::F64) => numbers::<f64>(array, DType::F64, shape),
+        Some(DType::U8) => numbers::<u8>(array, DType::U8, shape),
+        Some(DType::Bool) => {
+            let a = array.cast::<PyArrayDyn<bool>>()?.readonly();
+            Ok(Tensor::from(a.as_array().to_owned()))
+        }
+        _ if matches!(descr.kind(), b'U' | b'O') => {
+            let flat: Vec<String> = array
+                .call_method0("ravel")?
+                .call_method0("tolist")?
+                .extract()
+                .map_err(|_| {
+                    PyValueError::new_err(format!("{what}: an object array must hold str"))
+                })?;
+            let values = ArrayD::from_shape_vec(IxDyn(&shape), flat)
+                .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+            Ok(Tensor::from(values))
+        }
+        _ => Err(PyValueError::new_err(format!(
+            "{what}: unsupported dtype {}: use int32, int64, float32, float64, uint8 or \
+             bool (native byte order), or str",
+            descr.str().map(|s| s.to_string()).unwrap_or_default()
+        ))),
+    }
+}
+
+/// A numeric array as a tensor over one aligned copy of its bytes (C order).
+fn numbers<T: NpElement + bytemuck::Pod>(
+    array: &Bound<'_, PyUntypedArray>,
+    dtype: DType,
+    shape: Vec<usize>,
+) -> PyResult<Tensor> {
+    let a = array.cast::<PyArrayDyn<T>>()?.readonly();
+    let copy;
+    let values: &[T] = match a.as_slice() {
+        Ok(values) => values,
+        // Not C-contiguous (a slice, a transpose): one copy into C order.
+        Err(_) => {
+            copy = a.as_array().iter().copied().collect::<Vec<T>>();
+            &copy
+        }
+    };
+    Tensor::copy_from_bytes(dtype, shape, bytemuck::cast_slice(values))
+        .ok_or_else(|| PyValueError::new_err("array bytes do not fit its shape"))
+}
+
+/// A tensor as Python: a read-only numpy array viewing its memory (strings as `str` or a
+/// list of them). Ragged tensors are the caller's business (see `convert.rs`).
+pub(crate) fn tensor_to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
+    if t.dtype() == DType::Str {
+        let strings: Vec<String> = t
+            .array::<String>()
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default();
+        return Ok(PyList::new(py, strings)?.into_any());
+    }
+    let memory = Bound::new(py, TensorMemory { tensor: t.clone() })?;
+    let held = &memory.get().tensor;
+    match t.dtype() {
+        DType::I32 => view(held.array::<i32>(), &memory),
+        DType::I64 => view(held.array::<i64>(), &memory),
+        DType::F32 => view(held.array::<f32>(), &memory),
+        DType::F64 => view(held.array::<f64>(), &memory),
+        DType::U8 => view(held.array::<u8>(), &memory),
+        DType::Bool => view(held.array::<bool>(), &memory),
+        _ => Err(PyValueError::new_err("string tensors have no numpy view")),
+    }
+}
+
+/// Sequence `i` of a ragged tensor as a read-only view of its memory.
+pub(crate) fn sequence_to_numpy<'py>(
+    py: Python<'py>,
+    t: &Tensor,
+    i: usize,
+) -> PyResult<Bound<'py, PyAny>> {
+    let memory = Bound::new(py, TensorMemory { tensor: t.clone() })?;
+    let held = &memory.get().tensor;
+    match t.dtype() {
+        DType::I32 => view(held.sequence::<i32>(i), &memory),
+        DType::I64 => view(held.sequence::<i64>(i), &memory),
+        DType::F32 => view(held.sequence::<f32>(i), &memory),
+        DType::F64 => view(held.sequence::<f64>(i), &memory),
+        DType::U8 => view(held.sequence::<u8>(i), &memory),
+        DType::Bool => view(held.sequence::<bool>(i), &memory),
+        _ => {
+            let strings: Vec<String> = held
+                .sequence::<String>(i)
+                .map(|a| a.iter().cloned().collect())
+                .unwrap_or_default();
+            Ok(PyList::new(py, strings)?.into_any())
+        }
+    }
+}
+
+/// `array` (which points into `memory`'s tensor) as a read-only numpy array whose base is
+/// `memory`.
+fn view<'py, T: Element + NpElement>(
+    array: Option<ArrayViewD<'_, T>>,
+    memory: &Bound<'py, TensorMemory>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let array = array.ok_or_else(|| PyValueError::new_err("tensor has no values to view"))?;
+    // SAFETY: `array` views memory owned by the tensor inside `memory` (an `Arc`'d array,
+    // shared bytes, or the inline scalar stored in the frozen pyclass, which never moves).
+    // Tensors are immutable, and `memory` becomes the numpy array's base, so the memory
+    // lives and stays unchanged as long as the numpy array does.
+    let numpy = unsafe { PyArray::borrow_from_array(&array, memory.clone().into_any()) };
+    // Read-only: the buffer's samples are immutable, and others may share this memory.
+    let readonly = numpy.readwrite().make_nonwriteable();
+    Ok(readonly.as_any().clone())
+}
+
+/// Whether `obj` is a numpy array (of any dtype).
+pub(crate) fn as_numpy<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+) -> Option<&'a Bound<'py, PyUntypedArray>> {
+    obj.cast::<PyUntypedArray>().ok()
+}
