@@ -1,10 +1,12 @@
 //! `Batch`: a leased batch, its samples as dicts, and its completion.
 
+use crate::arrow::{export_array, export_schema, export_stream};
+use crate::columns::{batch_columns, Columns, Role};
 use crate::convert::{patches_from_py, view_to_py};
 use crate::errors::{py_err, BufferError};
 use crate::runtime::block;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyCapsule, PyDict, PyList, PyTuple};
 use std::sync::Mutex;
 
 /// Samples leased to one RPC.
@@ -14,6 +16,28 @@ pub(crate) struct PyBatch {
 }
 
 impl PyBatch {
+    /// Output columns as one patch per sample, checked against the batch's size.
+    fn output_patches(&self, columns: &Bound<'_, PyAny>) -> PyResult<Vec<rollout_buffer::Patch>> {
+        let n = self.with(|b| Ok(b.len()))?;
+        Ok(Columns::read(columns, None, None, Role::Patch, &[], Some(n))?.into_patches())
+    }
+
+    /// Runs `f` on the batch, unless it was finished.
+    fn with<T>(&self, f: impl FnOnce(&rollout_buffer::Batch) -> PyResult<T>) -> PyResult<T> {
+        let guard = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
+        let batch = guard
+            .as_ref()
+            .ok_or_else(|| BufferError::new_err("this batch was already finished"))?;
+        f(batch)
+    }
+
+    fn record_batch(&self) -> PyResult<arrow_array::RecordBatch> {
+        self.with(|b| b.to_record_batch().map_err(py_err))
+    }
+
     fn take(&self) -> PyResult<rollout_buffer::Batch> {
         self.inner
             .lock()
@@ -99,6 +123,80 @@ impl PyBatch {
     fn commit_blocking(&self, py: Python<'_>) -> PyResult<()> {
         let batch = self.take()?;
         block(py, batch.commit())
+    }
+
+    /// The batch's fields as columns: per field, one numpy array of shape `[n, ...]` when
+    /// every sample's field has one shape, else `(values, offsets)` (sample `i` is
+    /// `values[offsets[i]:offsets[i+1]]`); strings as lists, ragged fields as one list of
+    /// arrays per sample. Numbers are read-only views of the buffer's memory when the
+    /// samples are adjacent rows of one put (a batch of one `put_columns`, in order), else
+    /// one copy; the arrays stay valid after the batch is finished.
+    fn columns<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.with(|b| batch_columns(py, b))
+    }
+
+    /// The batch as a `pyarrow.RecordBatch` (ids, births, fields, metadata; numbers view
+    /// the buffer's memory where the samples are adjacent rows of one put). Needs pyarrow;
+    /// polars and DuckDB read the batch itself (`__arrow_c_stream__`).
+    fn to_arrow<'py>(slf: Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let pyarrow = py.import("pyarrow").map_err(|_| {
+            pyo3::exceptions::PyImportError::new_err(
+                "Batch.to_arrow() needs pyarrow; polars, DuckDB and other Arrow readers take \
+                 the Batch itself (it implements __arrow_c_stream__)",
+            )
+        })?;
+        pyarrow.call_method1("record_batch", (slf,))
+    }
+
+    /// The Arrow PyCapsule protocol: the batch's schema.
+    fn __arrow_c_schema__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
+        export_schema(py, &self.record_batch()?)
+    }
+
+    /// The Arrow PyCapsule protocol: the batch as one struct array. `requested_schema` is
+    /// not applied (the protocol lets a producer ignore it).
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_array__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let _ = requested_schema;
+        export_array(py, &self.record_batch()?)
+    }
+
+    /// The Arrow PyCapsule protocol: the batch as a one-batch stream. `requested_schema`
+    /// is not applied (the protocol lets a producer ignore it).
+    #[pyo3(signature = (requested_schema=None))]
+    fn __arrow_c_stream__<'py>(
+        &self,
+        py: Python<'py>,
+        requested_schema: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyCapsule>> {
+        let _ = requested_schema;
+        export_stream(py, self.record_batch()?)
+    }
+
+    /// Writes the outputs given as columns (one row per sample, in batch order; see
+    /// `Buffer.put_columns` for the column forms) and uses one read of each sample.
+    fn complete_columns<'py>(
+        &self,
+        py: Python<'py>,
+        columns: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let patches = self.output_patches(&columns)?;
+        let batch = self.take()?;
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            batch.complete(patches).await.map_err(py_err)
+        })
+    }
+
+    /// Blocking `complete_columns`.
+    fn complete_columns_blocking(&self, py: Python<'_>, columns: Bound<'_, PyAny>) -> PyResult<()> {
+        let patches = self.output_patches(&columns)?;
+        let batch = self.take()?;
+        block(py, batch.complete(patches))
     }
 
     /// Gives the samples back unused (they are redelivered).

@@ -2,6 +2,7 @@
 //! blocking calls.
 
 use crate::batch::PyBatch;
+use crate::columns::{Columns, Role};
 use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
 use crate::rpc::PyRpc;
@@ -12,6 +13,32 @@ use pyo3::types::PyDict;
 use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// Handles as `(slot, generation)` pairs for Python.
+fn pairs(handles: &[rollout_buffer::SlotHandle]) -> Vec<(u32, u32)> {
+    handles.iter().map(|h| (h.slot(), h.generation())).collect()
+}
+
+impl PyBuffer_ {
+    fn column_samples(
+        &self,
+        columns: &Bound<'_, PyAny>,
+        ids: Option<&Bound<'_, PyAny>>,
+        meta: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<rollout_buffer::Sample>> {
+        let keys: Vec<&str> = self.buf.keys().collect();
+        Ok(Columns::read(columns, ids, meta, Role::Put, &keys, None)?.into_samples())
+    }
+
+    fn column_patches(
+        &self,
+        columns: &Bound<'_, PyAny>,
+        rows: usize,
+    ) -> PyResult<Vec<rollout_buffer::Patch>> {
+        let keys: Vec<&str> = self.buf.keys().collect();
+        Ok(Columns::read(columns, None, None, Role::Patch, &keys, Some(rows))?.into_patches())
+    }
+}
 
 /// The async sequence buffer (see the Rust `SequenceBuffer`).
 #[pyclass(module = "rollout_buffer._native", name = "Buffer")]
@@ -115,6 +142,68 @@ impl PyBuffer_ {
         patches: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let patches = patches_from_py(&patches)?;
+        let handles = handles_from_py(handles);
+        block(py, self.buf.amend_batch(&handles, patches))
+    }
+
+    /// Stores samples given as columns, one row per sample (numpy arrays `[n, ...]`,
+    /// `(values, offsets)`, lists of arrays or of str, or anything exporting Arrow), with
+    /// ids from `ids` or an `id` column and metadata from `meta` (a dict of columns, or
+    /// names of columns); resolves to one `(slot, generation)` per sample. All or nothing.
+    #[pyo3(signature = (columns, ids=None, meta=None))]
+    fn put_columns<'py>(
+        &self,
+        py: Python<'py>,
+        columns: Bound<'py, PyAny>,
+        ids: Option<Bound<'py, PyAny>>,
+        meta: Option<Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
+        let buf = self.buf.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            let handles = buf.put_batch(samples).await.map_err(py_err)?;
+            Ok(pairs(&handles))
+        })
+    }
+
+    /// Blocking `put_columns`.
+    #[pyo3(signature = (columns, ids=None, meta=None))]
+    fn put_columns_blocking(
+        &self,
+        py: Python<'_>,
+        columns: Bound<'_, PyAny>,
+        ids: Option<Bound<'_, PyAny>>,
+        meta: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<Vec<(u32, u32)>> {
+        let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
+        let handles = block(py, self.buf.put_batch(samples))?;
+        Ok(pairs(&handles))
+    }
+
+    /// Adds or replaces fields given as columns, one row per handle (`(slot,
+    /// generation)` pairs from `put_batch`, `put_columns` or `Batch.handles()`).
+    fn amend_columns<'py>(
+        &self,
+        py: Python<'py>,
+        handles: Vec<(u32, u32)>,
+        columns: Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let patches = self.column_patches(&columns, handles.len())?;
+        let handles = handles_from_py(handles);
+        let buf = self.buf.clone();
+        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+            buf.amend_batch(&handles, patches).await.map_err(py_err)
+        })
+    }
+
+    /// Blocking `amend_columns`.
+    fn amend_columns_blocking(
+        &self,
+        py: Python<'_>,
+        handles: Vec<(u32, u32)>,
+        columns: Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let patches = self.column_patches(&columns, handles.len())?;
         let handles = handles_from_py(handles);
         block(py, self.buf.amend_batch(&handles, patches))
     }

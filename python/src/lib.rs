@@ -7,8 +7,10 @@
 //! one `bytes` object (wrapped by `numpy.frombuffer`, no further copy) on the way out.
 
 mod arrays;
+mod arrow;
 mod batch;
 mod buffer;
+mod columns;
 mod convert;
 mod errors;
 mod rollout;

@@ -191,6 +191,55 @@ impl PyIngest {
 #[pyclass(module = "rollout_buffer._native", name = "TrainBatch")]
 pub(crate) struct PyTrainBatch {
     inner: Mutex<Option<GroupBatch>>,
+    /// The packed `[B, S]` arrays, moved out of the batch once (no copy) and viewed by
+    /// every `arrays()` call.
+    arrays: Vec<(&'static str, Tensor)>,
+    efficiency: f64,
+}
+
+impl PyTrainBatch {
+    fn new(mut batch: GroupBatch) -> Self {
+        let t = &mut batch.batch;
+        let efficiency = t.efficiency();
+        let mut arrays = vec![
+            (
+                "input_ids",
+                Tensor::from(std::mem::take(&mut t.input_ids).into_dyn()),
+            ),
+            (
+                "position_ids",
+                Tensor::from(std::mem::take(&mut t.position_ids).into_dyn()),
+            ),
+            (
+                "segment_ids",
+                Tensor::from(std::mem::take(&mut t.segment_ids).into_dyn()),
+            ),
+            (
+                "loss_mask",
+                Tensor::from(std::mem::take(&mut t.loss_mask).into_dyn()),
+            ),
+            (
+                "advantages",
+                Tensor::from(std::mem::take(&mut t.advantages).into_dyn()),
+            ),
+            (
+                "behavior_logprobs",
+                Tensor::from(std::mem::take(&mut t.behavior_logprobs).into_dyn()),
+            ),
+            (
+                "policy_versions",
+                Tensor::from(std::mem::take(&mut t.policy_versions).into_dyn()),
+            ),
+        ];
+        if let Some(r) = t.ref_logprobs.take() {
+            arrays.push(("ref_logprobs", Tensor::from(r.into_dyn())));
+        }
+        Self {
+            inner: Mutex::new(Some(batch)),
+            arrays,
+            efficiency,
+        }
+    }
 }
 
 #[pymethods]
@@ -206,35 +255,13 @@ impl PyTrainBatch {
         let b = guard
             .as_ref()
             .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
-        let t = &b.batch;
         let d = PyDict::new(py);
-        let put = |name: &str, tensor: Tensor| -> PyResult<()> {
-            d.set_item(name, tensor_to_py(py, &tensor)?)
-        };
-        put("input_ids", Tensor::from(t.input_ids.clone().into_dyn()))?;
-        put(
-            "position_ids",
-            Tensor::from(t.position_ids.clone().into_dyn()),
-        )?;
-        put(
-            "segment_ids",
-            Tensor::from(t.segment_ids.clone().into_dyn()),
-        )?;
-        put("loss_mask", Tensor::from(t.loss_mask.clone().into_dyn()))?;
-        put("advantages", Tensor::from(t.advantages.clone().into_dyn()))?;
-        put(
-            "behavior_logprobs",
-            Tensor::from(t.behavior_logprobs.clone().into_dyn()),
-        )?;
-        put(
-            "policy_versions",
-            Tensor::from(t.policy_versions.clone().into_dyn()),
-        )?;
-        if let Some(r) = &t.ref_logprobs {
-            put("ref_logprobs", Tensor::from(r.clone().into_dyn()))?;
+        for (name, tensor) in &self.arrays {
+            // Read-only views of the packed arrays: every call, no copy.
+            d.set_item(*name, tensor_to_py(py, tensor)?)?;
         }
-        d.set_item("group_ids", t.group_ids.clone())?;
-        d.set_item("efficiency", t.efficiency())?;
+        d.set_item("group_ids", b.batch.group_ids.clone())?;
+        d.set_item("efficiency", self.efficiency)?;
         d.set_item("short", b.short)?;
         Ok(d)
     }
@@ -313,9 +340,7 @@ impl PyBatcher {
         let batcher = Arc::clone(&self.batcher);
         pyo3_async_runtimes::tokio::future_into_py(py, async move {
             let batch = batcher.next_batch().await.map_err(py_err)?;
-            Ok(PyTrainBatch {
-                inner: Mutex::new(Some(batch)),
-            })
+            Ok(PyTrainBatch::new(batch))
         })
     }
 }

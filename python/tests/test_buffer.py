@@ -163,6 +163,12 @@ def test_rollouts_are_grouped_then_packed_for_training():
         # Each group: outputs of 6 + 7 + 8 + 9 = 30 tokens under the loss mask.
         assert int(arrays["loss_mask"].sum()) == 30 * groups
         assert int((arrays["segment_ids"] > 0).sum()) == (4 * 8 + 30) * groups
+        # Read-only views of the packed arrays: the same memory on every call, no copy.
+        again = batch.arrays()
+        for name in ("input_ids", "advantages", "loss_mask"):
+            a, b = arrays[name], again[name]
+            assert a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            assert not a.flags.writeable and not a.flags.owndata
         await batch.complete()
         return len(buf), groups
 

@@ -1,11 +1,20 @@
 """rollout-buffer for Python: the buffer between rollout generation and training in
 asynchronous RL for language models.
 
-Samples are dicts: ``{"id": ..., "birth": int (optional), "meta": {...} (optional),
-field: value, ...}`` where a value is a numpy array (int32, int64, float32, float64, uint8,
-bool), a Python scalar, a string, a list of strings, or a list of numpy arrays (a ragged
-field: several sequences). Batches give fields back as numpy arrays (a ragged field as a
-list of arrays).
+Data crosses as columns (the fast path): ``Buffer.put_columns`` takes a dict of numpy
+arrays (one row per sample; a variable-length field as ``(values, offsets)``) or anything
+exporting Arrow (a pyarrow Table or RecordBatch, a polars DataFrame), and
+``Batch.columns()`` / ``Batch.to_arrow()`` give a batch back as numpy arrays that view the
+buffer's memory, or as Arrow (the batch itself implements ``__arrow_c_stream__``, so
+polars and DuckDB read it directly). ``Batch.complete_columns`` and
+``Buffer.amend_columns`` write outputs the same way.
+
+Samples as dicts are the convenient path for small calls, at a few microseconds per
+sample: ``{"id": ..., "birth": int (optional), "meta": {...} (optional), field: value,
+...}`` where a value is a numpy array (int32, int64, float32, float64, uint8, bool), a
+Python scalar, a string, a list of strings, or a list of numpy arrays (a ragged field:
+several sequences). Batches give fields back as read-only numpy views (a ragged field as
+a list of them).
 
 Every waiting call has an awaitable form (driven by the library's tokio runtime, not a
 thread per call) and a ``*_blocking`` twin that releases the GIL and honours Ctrl-C.
@@ -113,6 +122,36 @@ class Buffer:
     def put_batch_blocking(self, samples: Iterable[dict]) -> list:
         """Blocking :meth:`put_batch`."""
         return self._native.put_batch_blocking([_prepare_dict(s) for s in samples])
+
+    async def put_columns(self, columns: Any, ids: Any = None, meta: Any = None) -> list:
+        """Stores one sample per row of ``columns``, waiting for room; returns one
+        ``(slot, generation)`` per sample. All or nothing.
+
+        ``columns`` is a dict of columns or an object exporting Arrow (a pyarrow Table or
+        RecordBatch, a polars DataFrame). A column is a numpy array ``[n, ...]`` (copied
+        once; sample ``i`` gets row ``i``), ``(values, offsets)`` for a variable-length
+        field (sample ``i`` gets ``values[offsets[i]:offsets[i+1]]``), or a list of ``n``
+        arrays or strings. Ids come from ``ids`` or an ``id`` column (str or int),
+        births from an optional ``birth`` column, and metadata from ``meta``: a dict of
+        columns (int, float, bool or str), or the names of columns of ``columns`` to store
+        as metadata. Any problem (unequal lengths, an unsupported dtype, bad offsets,
+        missing or repeated ids, a column no RPC declares) is a ``ValueError`` naming the
+        column and row, with nothing stored.
+        """
+        return await self._native.put_columns(columns, ids, meta)
+
+    def put_columns_blocking(self, columns: Any, ids: Any = None, meta: Any = None) -> list:
+        """Blocking :meth:`put_columns`."""
+        return self._native.put_columns_blocking(columns, ids, meta)
+
+    async def amend_columns(self, handles: Iterable[tuple], columns: Any) -> None:
+        """Adds or replaces fields given as columns, one row per handle (see
+        :meth:`put_columns` for the column forms)."""
+        await self._native.amend_columns(list(handles), columns)
+
+    def amend_columns_blocking(self, handles: Iterable[tuple], columns: Any) -> None:
+        """Blocking :meth:`amend_columns`."""
+        self._native.amend_columns_blocking(list(handles), columns)
 
     async def get_batch_for_rpc(self, rpc: str, timeout: Optional[float] = None) -> Batch:
         """Waits for and leases a batch for ``rpc``; ``timeout`` (s) raises ``Timeout``."""

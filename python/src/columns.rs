@@ -1,0 +1,765 @@
+//! The columnar data plane: many samples per call, no Python object per sample.
+//!
+//! In (`put_columns`, `Batch.complete_columns`, `amend_columns`), one row per sample:
+//!
+//! | column | becomes |
+//! | --- | --- |
+//! | numpy array `[n, ...]` | each sample's `[...]` field (a scalar for `[n]`); the array is copied once, into one buffer its rows view |
+//! | `(values, offsets)` | sample `i` gets `values[offsets[i]:offsets[i+1]]` (a variable-length field), same single copy |
+//! | list of `n` arrays | one array per sample (copied one by one) |
+//! | list of `n` str | a string per sample |
+//! | anything exporting Arrow | the same, column by column: numbers, `bool`, strings, fixed-size and variable-size lists of them; other nestings through the crate's Arrow layout |
+//!
+//! Every check happens before anything is stored, and a failed one is a `ValueError` naming
+//! the column (and the row, where one is at fault): unequal lengths, unsupported dtypes,
+//! bad offsets, nulls, missing or repeated ids, columns no RPC declares.
+//!
+//! Out (`Batch.columns()`): one numpy array per field, `[n, ...]` when every sample's field
+//! has one shape, else `(values, offsets)`; numbers view the buffer's memory when the
+//! batch's fields are adjacent rows of one put (the common case: a batch of what one
+//! `put_columns` stored, in order), else are copied once. Strings come as lists, ragged
+//! fields as one list of sequence views per sample.
+
+use crate::arrays::{as_numpy, tensor_from_numpy, tensor_to_numpy};
+use crate::convert::meta_from_py;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int32Type, Int64Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use numpy::{PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use rollout_buffer::{DType, FieldKey, MetaValue, Patch, Sample, SampleId, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Columns read from Python, checked and cut into rows.
+pub(crate) struct Columns {
+    /// Rows (samples).
+    pub(crate) n: usize,
+    /// Field name, then one tensor per row.
+    fields: Vec<(FieldKey, Vec<Tensor>)>,
+    /// Metadata key, then one value per row.
+    meta: Vec<(String, Vec<MetaValue>)>,
+    ids: Option<Vec<SampleId>>,
+    births: Option<Vec<u64>>,
+}
+
+/// What the columns are for: a put needs ids, outputs and patches do not.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Put,
+    Patch,
+}
+
+fn bad(msg: String) -> PyErr {
+    PyValueError::new_err(msg)
+}
+
+impl Columns {
+    /// Reads `obj` (a dict of columns or an Arrow exporter), with ids from `ids` or an
+    /// `id` column and metadata from `meta` (a dict of columns, or names of columns of
+    /// `obj`). `keys` are the names fields may have; `rows`, when given, the number of
+    /// rows expected (a batch's size).
+    pub(crate) fn read(
+        obj: &Bound<'_, PyAny>,
+        ids: Option<&Bound<'_, PyAny>>,
+        meta: Option<&Bound<'_, PyAny>>,
+        role: Role,
+        keys: &[&str],
+        rows: Option<usize>,
+    ) -> PyResult<Self> {
+        let mut cols = Columns {
+            n: 0,
+            fields: Vec::new(),
+            meta: Vec::new(),
+            ids: None,
+            births: None,
+        };
+        let mut lengths: Vec<(String, usize)> = Vec::new();
+        let meta_names: Vec<String> = match meta {
+            Some(m) if !m.is_instance_of::<PyDict>() => m
+                .extract()
+                .map_err(|_| bad("meta: a dict of columns, or a list of column names".into()))?,
+            _ => Vec::new(),
+        };
+        let mut id_column: Option<Vec<SampleId>> = None;
+        if let Some(batches) = crate::arrow::import_batches(obj) {
+            let batch = concat_batches(batches?)?;
+            for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+                let name = field.name().as_str();
+                let column = column.as_ref();
+                lengths.push((format!("column {name:?}"), column.len()));
+                match name {
+                    "id" if role == Role::Put => id_column = Some(arrow_ids(column)?),
+                    "birth" if role == Role::Put => cols.births = Some(arrow_births(column)?),
+                    _ if meta_names.iter().any(|m| m == name) => {
+                        cols.meta.push((name.to_owned(), arrow_meta(name, column)?));
+                    }
+                    _ => {
+                        check_key(name, keys)?;
+                        let rows = arrow_rows(name, field, column, &batch)?;
+                        cols.fields
+                            .push((FieldKey::from(Arc::<str>::from(name)), rows));
+                    }
+                }
+            }
+        } else {
+            let dict = obj.cast::<PyDict>().map_err(|_| {
+                bad("columns: a dict of columns, or an object exporting Arrow \
+                     (__arrow_c_stream__ / __arrow_c_array__)"
+                    .into())
+            })?;
+            for (k, v) in dict.iter() {
+                let name: String = k
+                    .extract()
+                    .map_err(|_| bad("columns: names must be str".into()))?;
+                match name.as_str() {
+                    "id" if role == Role::Put => {
+                        let ids = py_ids(&v)?;
+                        lengths.push(("column \"id\"".into(), ids.len()));
+                        id_column = Some(ids);
+                    }
+                    "birth" if role == Role::Put => {
+                        let births: Vec<u64> = numpy_list(&v)?
+                            .extract()
+                            .map_err(|_| bad("column \"birth\": non-negative ints".into()))?;
+                        lengths.push(("column \"birth\"".into(), births.len()));
+                        cols.births = Some(births);
+                    }
+                    _ if meta_names.contains(&name) => {
+                        let values = py_meta(&name, &v)?;
+                        lengths.push((format!("column {name:?}"), values.len()));
+                        cols.meta.push((name, values));
+                    }
+                    _ => {
+                        check_key(&name, keys)?;
+                        let rows = py_rows(&name, &v)?;
+                        lengths.push((format!("column {name:?}"), rows.len()));
+                        cols.fields.push((FieldKey::from(name), rows));
+                    }
+                }
+            }
+        }
+        if let Some(m) = meta.filter(|m| m.is_instance_of::<PyDict>()) {
+            for (k, v) in m.cast::<PyDict>()?.iter() {
+                let name: String = k
+                    .extract()
+                    .map_err(|_| bad("meta: names must be str".into()))?;
+                let values = py_meta(&name, &v)?;
+                lengths.push((format!("meta {name:?}"), values.len()));
+                cols.meta.push((name, values));
+            }
+        }
+        if role == Role::Put {
+            let ids = match (ids, id_column) {
+                (Some(ids), _) => {
+                    let ids = py_ids(ids)?;
+                    lengths.push(("ids".into(), ids.len()));
+                    ids
+                }
+                (None, Some(ids)) => ids,
+                (None, None) => {
+                    return Err(bad(
+                        "no ids: pass ids=... or an \"id\" column (one per sample)".into(),
+                    ))
+                }
+            };
+            check_unique(&ids)?;
+            cols.ids = Some(ids);
+        }
+        cols.n = check_lengths(&lengths, rows)?;
+        Ok(cols)
+    }
+
+    /// The rows as samples (a put).
+    pub(crate) fn into_samples(self) -> Vec<Sample> {
+        let mut births = self.births.map(Vec::into_iter);
+        let mut fields: Vec<_> = self
+            .fields
+            .into_iter()
+            .map(|(k, rows)| (k, rows.into_iter()))
+            .collect();
+        let mut meta: Vec<_> = self
+            .meta
+            .into_iter()
+            .map(|(k, values)| (k, values.into_iter()))
+            .collect();
+        let ids = self.ids.unwrap_or_default();
+        ids.into_iter()
+            .map(|id| {
+                let mut s = Sample::new(id);
+                if let Some(b) = births.as_mut().and_then(Iterator::next) {
+                    s = s.birth(b);
+                }
+                for (k, rows) in &mut fields {
+                    if let Some(t) = rows.next() {
+                        s = s.with(k.clone(), t);
+                    }
+                }
+                for (k, values) in &mut meta {
+                    if let Some(v) = values.next() {
+                        s = s.meta(k, v);
+                    }
+                }
+                s
+            })
+            .collect()
+    }
+
+    /// The rows as patches (outputs of a batch, amends).
+    pub(crate) fn into_patches(self) -> Vec<Patch> {
+        let mut fields: Vec<_> = self
+            .fields
+            .into_iter()
+            .map(|(k, rows)| (k, rows.into_iter()))
+            .collect();
+        (0..self.n)
+            .map(|_| {
+                let mut p = Patch::new();
+                for (k, rows) in &mut fields {
+                    if let Some(t) = rows.next() {
+                        p = p.with(k.clone(), t);
+                    }
+                }
+                p
+            })
+            .collect()
+    }
+}
+
+/// Every length equal (and equal to `rows`, when given); the common length.
+fn check_lengths(lengths: &[(String, usize)], rows: Option<usize>) -> PyResult<usize> {
+    let Some((first, n)) = lengths.first() else {
+        return Ok(rows.unwrap_or(0));
+    };
+    if let Some(rows) = rows.filter(|r| r != n) {
+        return Err(bad(format!(
+            "{first} has {n} rows, but the batch has {rows} samples"
+        )));
+    }
+    for (label, len) in &lengths[1..] {
+        if len != n {
+            return Err(bad(format!("{label} has {len} rows, but {first} has {n}")));
+        }
+    }
+    Ok(*n)
+}
+
+fn check_key(name: &str, keys: &[&str]) -> PyResult<()> {
+    if keys.is_empty() || keys.contains(&name) {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "column {name:?} is not a key of any RPC (declared: {}); pass it in meta= if it is \
+         metadata, or declare it as an RPC input, output or external key",
+        keys.join(", ")
+    )))
+}
+
+fn check_unique(ids: &[SampleId]) -> PyResult<()> {
+    let mut seen: HashMap<&str, usize> = HashMap::with_capacity(ids.len());
+    for (row, id) in ids.iter().enumerate() {
+        if let Some(first) = seen.insert(id.as_str(), row) {
+            return Err(bad(format!(
+                "ids: {:?} appears at rows {first} and {row}",
+                id.as_str()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `obj` as a list (numpy arrays through `tolist`).
+fn numpy_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    if as_numpy(obj).is_some() {
+        obj.call_method0("tolist")
+    } else {
+        Ok(obj.clone())
+    }
+}
+
+fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
+    let list = numpy_list(obj)?;
+    let items = list
+        .try_iter()
+        .map_err(|_| bad("ids: a sequence of str or int".into()))?;
+    items
+        .enumerate()
+        .map(|(row, item)| {
+            let item = item?;
+            if let Ok(n) = item.extract::<u64>() {
+                Ok(SampleId::from(n))
+            } else if let Ok(s) = item.cast::<PyString>() {
+                Ok(SampleId::from(s.extract::<String>()?))
+            } else {
+                Err(bad(format!(
+                    "ids: row {row} is neither str nor a non-negative int"
+                )))
+            }
+        })
+        .collect()
+}
+
+fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
+    let list = numpy_list(obj)?;
+    let items = list.try_iter().map_err(|_| {
+        bad(format!(
+            "meta {name:?}: a sequence of int, float, str or bool"
+        ))
+    })?;
+    items
+        .enumerate()
+        .map(|(row, item)| {
+            meta_from_py(&item?).map_err(|e| bad(format!("meta {name:?}, row {row}: {e}")))
+        })
+        .collect()
+}
+
+/// One Python column as one tensor per row.
+fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
+    let what = format!("column {name:?}");
+    if let Ok(pair) = obj.cast::<PyTuple>() {
+        if pair.len() == 2 {
+            return offsets_rows(&what, &pair.get_item(0)?, &pair.get_item(1)?);
+        }
+    }
+    if let Ok(list) = obj.cast::<PyList>() {
+        if list.iter().all(|v| v.is_instance_of::<PyString>()) {
+            return list
+                .iter()
+                .map(|v| Ok(Tensor::scalar(v.extract::<String>()?)))
+                .collect();
+        }
+        if list.iter().all(|v| as_numpy(&v).is_some()) {
+            return list
+                .iter()
+                .enumerate()
+                .map(|(row, v)| {
+                    let array = as_numpy(&v).ok_or_else(|| bad(format!("{what}, row {row}")))?;
+                    tensor_from_numpy(array, &format!("{what}, row {row}"))
+                })
+                .collect();
+        }
+    }
+    let array = match as_numpy(obj) {
+        Some(a) => a.clone(),
+        None => obj
+            .py()
+            .import("numpy")?
+            .call_method1("asarray", (obj,))?
+            .cast_into()
+            .map_err(|_| bad(format!("{what}: not an array")))?,
+    };
+    if array.ndim() == 0 {
+        return Err(bad(format!(
+            "{what} is a single value: a column needs one row per sample"
+        )));
+    }
+    let tensor = tensor_from_numpy(&array, &what)?;
+    tensor.rows().ok_or_else(|| {
+        bad(format!(
+            "{what} is a single value: a column needs one row per sample"
+        ))
+    })
+}
+
+/// A `(values, offsets)` column: row `i` is `values[offsets[i]:offsets[i + 1]]`.
+fn offsets_rows(
+    what: &str,
+    values: &Bound<'_, PyAny>,
+    offsets: &Bound<'_, PyAny>,
+) -> PyResult<Vec<Tensor>> {
+    let np = values.py().import("numpy")?;
+    let values = np.call_method1("asarray", (values,))?;
+    let values =
+        as_numpy(&values).ok_or_else(|| bad(format!("{what}: values are not an array")))?;
+    let values = tensor_from_numpy(values, what)?;
+    let offsets: Vec<i64> = np
+        .call_method1("asarray", (offsets,))?
+        .call_method0("tolist")?
+        .extract()
+        .map_err(|_| bad(format!("{what}: offsets must be integers")))?;
+    let total = values.shape().first().copied().unwrap_or(0);
+    let lengths = lengths_of(what, &offsets, total)?;
+    values
+        .split(&lengths)
+        .ok_or_else(|| bad(format!("{what}: values do not split by these offsets")))
+}
+
+/// Row lengths from `offsets` (n + 1 of them, from 0, never decreasing, ending at
+/// `total`).
+fn lengths_of(what: &str, offsets: &[i64], total: usize) -> PyResult<Vec<usize>> {
+    if offsets.first() != Some(&0) {
+        return Err(bad(format!("{what}: offsets must start at 0")));
+    }
+    let mut lengths = Vec::with_capacity(offsets.len().saturating_sub(1));
+    for (row, w) in offsets.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(bad(format!(
+                "{what}: offsets decrease at row {row} ({} then {})",
+                w[0], w[1]
+            )));
+        }
+        lengths.push((w[1] - w[0]) as usize);
+    }
+    if offsets.last().copied().map(|o| o as usize) != Some(total) {
+        return Err(bad(format!(
+            "{what}: the last offset must be the number of values, {total}"
+        )));
+    }
+    Ok(lengths)
+}
+
+fn concat_batches(batches: Vec<RecordBatch>) -> PyResult<RecordBatch> {
+    match batches.len() {
+        0 => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+        1 => Ok(batches
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty())))),
+        _ => {
+            let schema = batches[0].schema();
+            let mut columns = Vec::with_capacity(schema.fields().len());
+            for i in 0..schema.fields().len() {
+                let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
+                columns.push(concat_arrays(&parts)?);
+            }
+            RecordBatch::try_new(schema, columns).map_err(|e| bad(format!("Arrow: {e}")))
+        }
+    }
+}
+
+/// Arrays of one type back to back (a stream of several batches).
+fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
+    let data: Vec<arrow_data::ArrayData> = parts.iter().map(|a| a.to_data()).collect();
+    let refs: Vec<&arrow_data::ArrayData> = data.iter().collect();
+    let total = refs.iter().map(|d| d.len()).sum();
+    let mut mutable = arrow_data::transform::MutableArrayData::new(refs, false, total);
+    for (i, d) in data.iter().enumerate() {
+        mutable
+            .try_extend(i, 0, d.len())
+            .map_err(|e| bad(format!("Arrow: {e}")))?;
+    }
+    Ok(arrow_array::make_array(mutable.freeze()))
+}
+
+fn arrow_ids(column: &dyn Array) -> PyResult<Vec<SampleId>> {
+    if column.null_count() > 0 {
+        return Err(bad("column \"id\" has nulls".into()));
+    }
+    if let Some(s) = column.as_string_opt::<i32>() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    if let Some(s) = column.as_string_opt::<i64>() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    if let Some(s) = column.as_string_view_opt() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    let ints: Option<Vec<u64>> = match column.data_type() {
+        DataType::Int64 => column
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        DataType::Int32 => column
+            .as_primitive::<Int32Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
+        DataType::UInt32 => Some(
+            column
+                .as_primitive::<UInt32Type>()
+                .values()
+                .iter()
+                .map(|&v| u64::from(v))
+                .collect(),
+        ),
+        _ => None,
+    };
+    ints.map(|v| v.into_iter().map(SampleId::from).collect())
+        .ok_or_else(|| bad("column \"id\": str or non-negative int".into()))
+}
+
+fn arrow_births(column: &dyn Array) -> PyResult<Vec<u64>> {
+    let births: Option<Vec<u64>> = match column.data_type() {
+        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
+        DataType::Int64 => column
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        _ => None,
+    };
+    births
+        .filter(|_| column.null_count() == 0)
+        .ok_or_else(|| bad("column \"birth\": non-negative ints, no nulls".into()))
+}
+
+fn arrow_meta(name: &str, column: &dyn Array) -> PyResult<Vec<MetaValue>> {
+    if column.null_count() > 0 {
+        return Err(bad(format!("meta {name:?} has nulls")));
+    }
+    let values: Option<Vec<MetaValue>> = match column.data_type() {
+        DataType::Int64 => Some(
+            column
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Int(v))
+                .collect(),
+        ),
+        DataType::Int32 => Some(
+            column
+                .as_primitive::<Int32Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Int(i64::from(v)))
+                .collect(),
+        ),
+        DataType::Float64 => Some(
+            column
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Float(v))
+                .collect(),
+        ),
+        DataType::Float32 => Some(
+            column
+                .as_primitive::<Float32Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Float(f64::from(v)))
+                .collect(),
+        ),
+        DataType::Boolean => Some(
+            column
+                .as_boolean()
+                .iter()
+                .flatten()
+                .map(MetaValue::Bool)
+                .collect(),
+        ),
+        DataType::Utf8 => Some(
+            column
+                .as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(|s| MetaValue::Str(s.to_owned()))
+                .collect(),
+        ),
+        DataType::LargeUtf8 => Some(
+            column
+                .as_string::<i64>()
+                .iter()
+                .flatten()
+                .map(|s| MetaValue::Str(s.to_owned()))
+                .collect(),
+        ),
+        _ => None,
+    };
+    values.ok_or_else(|| {
+        bad(format!(
+            "meta {name:?}: {} is not int, float, bool or str",
+            column.data_type()
+        ))
+    })
+}
+
+/// One Arrow column as one tensor per row.
+fn arrow_rows(
+    name: &str,
+    field: &Field,
+    column: &dyn Array,
+    batch: &RecordBatch,
+) -> PyResult<Vec<Tensor>> {
+    let what = format!("column {name:?}");
+    if let Some(row) = (0..column.len()).find(|&i| column.is_null(i)) {
+        return Err(bad(format!(
+            "{what}: null at row {row} (every sample needs a value)"
+        )));
+    }
+    let n = column.len();
+    if let Some(values) = flat_values(column) {
+        let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+        return values.rows().ok_or_else(|| bad(format!("{what}: no rows")));
+    }
+    match column.data_type() {
+        DataType::FixedSizeList(_, k) => {
+            let list = column.as_fixed_size_list();
+            let child = list
+                .values()
+                .slice(list.offset() * *k as usize, n * *k as usize);
+            if let Some(values) = flat_values(child.as_ref()) {
+                let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+                return values
+                    .split(&vec![*k as usize; n])
+                    .ok_or_else(|| bad(format!("{what}: values do not split")));
+            }
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (offsets, child): (Vec<i64>, _) = match column.data_type() {
+                DataType::List(_) => {
+                    let l = column.as_list::<i32>();
+                    (
+                        l.offsets().iter().map(|&o| i64::from(o)).collect(),
+                        l.values().clone(),
+                    )
+                }
+                _ => {
+                    let l = column.as_list::<i64>();
+                    (l.offsets().to_vec(), l.values().clone())
+                }
+            };
+            let start = offsets.first().copied().unwrap_or(0);
+            let end = offsets.last().copied().unwrap_or(0);
+            let child = child.slice(start as usize, (end - start) as usize);
+            if let Some(values) = flat_values(child.as_ref()) {
+                let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+                let rebased: Vec<i64> = offsets.iter().map(|o| o - start).collect();
+                let total = values.shape().first().copied().unwrap_or(0);
+                let lengths = lengths_of(&what, &rebased, total)?;
+                return values
+                    .split(&lengths)
+                    .ok_or_else(|| bad(format!("{what}: values do not split")));
+            }
+        }
+        _ => {}
+    }
+    // Anything else (deeper nesting, the crate's own layout with its field metadata):
+    // through the crate's Arrow reader, on this column alone.
+    let ids: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let schema = Schema::new(vec![Field::new("id", DataType::Utf8, false), field.clone()]);
+    let single = RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(arrow_array::StringArray::from(ids)),
+            batch
+                .column_by_name(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: missing")))?,
+        ],
+    )
+    .map_err(|e| bad(format!("{what}: {e}")))?;
+    let samples = rollout_buffer::arrow::from_record_batch(&single)
+        .map_err(|e| bad(format!("{what}: {e}")))?;
+    samples
+        .iter()
+        .enumerate()
+        .map(|(row, s)| {
+            s.get(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: no value at row {row}")))
+        })
+        .collect()
+}
+
+/// A flat Arrow array of numbers, booleans or strings as one `[len]` tensor (numbers
+/// copied once); `None` for other types.
+fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
+    fn numbers<T: ArrowPrimitiveType>(array: &dyn Array, dtype: DType) -> Result<Tensor, String>
+    where
+        T::Native: bytemuck::Pod,
+    {
+        if array.null_count() > 0 {
+            return Err("nulls inside a value".into());
+        }
+        let values = array.as_primitive::<T>().values();
+        Tensor::copy_from_bytes(dtype, vec![values.len()], bytemuck::cast_slice(values))
+            .ok_or_else(|| "values do not fit".to_string())
+    }
+    Some(match array.data_type() {
+        DataType::Int32 => numbers::<Int32Type>(array, DType::I32),
+        DataType::Int64 => numbers::<Int64Type>(array, DType::I64),
+        DataType::Float32 => numbers::<Float32Type>(array, DType::F32),
+        DataType::Float64 => numbers::<Float64Type>(array, DType::F64),
+        DataType::UInt8 => numbers::<UInt8Type>(array, DType::U8),
+        DataType::Boolean => {
+            let values: Vec<bool> = array
+                .as_boolean()
+                .iter()
+                .map(|v| v.unwrap_or(false))
+                .collect();
+            Ok(Tensor::from(values))
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let values: Vec<String> = match array.data_type() {
+                DataType::Utf8 => array
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+                DataType::LargeUtf8 => array
+                    .as_string::<i64>()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+                _ => array
+                    .as_string_view()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+            };
+            Ok(Tensor::from(values))
+        }
+        _ => return None,
+    })
+}
+
+/// A batch's fields as columns (see the module docs).
+pub(crate) fn batch_columns<'py>(
+    py: Python<'py>,
+    batch: &rollout_buffer::Batch,
+) -> PyResult<Bound<'py, PyDict>> {
+    let out = PyDict::new(py);
+    let Some(first) = batch.sample(0) else {
+        return Ok(out);
+    };
+    for name in first.keys() {
+        let tensors: Option<Vec<&Tensor>> = batch.samples().map(|s| s.get(name)).collect();
+        let Some(tensors) = tensors else {
+            continue; // not every sample holds it (never an RPC input)
+        };
+        out.set_item(name, column_to_py(py, &tensors)?)?;
+    }
+    Ok(out)
+}
+
+fn column_to_py<'py>(py: Python<'py>, tensors: &[&Tensor]) -> PyResult<Bound<'py, PyAny>> {
+    let ragged = tensors.iter().any(|t| t.lengths().is_some());
+    if ragged || tensors.iter().any(|t| t.dtype() == DType::Str) {
+        let rows = PyList::empty(py);
+        for t in tensors {
+            rows.append(crate::convert::tensor_to_py(py, t)?)?;
+        }
+        return Ok(rows.into_any());
+    }
+    if let Some(stacked) = Tensor::stack(tensors) {
+        return tensor_to_numpy(py, &stacked);
+    }
+    let (values, lengths) = Tensor::concat(tensors)
+        .ok_or_else(|| bad("a field whose samples differ in type or inner shape".into()))?;
+    let mut offsets = Vec::with_capacity(lengths.len() + 1);
+    let mut at = 0i64;
+    offsets.push(at);
+    for l in lengths {
+        at += l as i64;
+        offsets.push(at);
+    }
+    let offsets = numpy::PyArray1::from_vec(py, offsets);
+    let offsets = offsets.readwrite().make_nonwriteable();
+    Ok(PyTuple::new(
+        py,
+        [tensor_to_numpy(py, &values)?, offsets.as_any().clone()],
+    )?
+    .into_any())
+}

@@ -1,0 +1,255 @@
+"""The columnar data plane: puts of columns (numpy and Arrow), batches as numpy columns
+that view the buffer's memory and as Arrow for pyarrow, polars and DuckDB, outputs and
+amends as columns, bad input refused whole, and many asyncio tasks mixing both APIs."""
+
+import asyncio
+import gc
+
+import duckdb
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pytest
+
+import rollout_buffer as rb
+
+NUMERIC = [np.int32, np.int64, np.float32, np.float64, np.uint8, np.bool_]
+
+
+def column_of(dtype, n, k):
+    if dtype is np.bool_:
+        return np.arange(n * k).reshape(n, k) % 3 == 0
+    return np.arange(n * k, dtype=dtype).reshape(n, k)
+
+
+def ptr(a):
+    return a.__array_interface__["data"][0]
+
+
+def one_rpc(n=4, inputs=("x",), outputs=(), capacity=16, **kw):
+    return rb.Buffer(capacity, [rb.Rpc("train", n, inputs=list(inputs), outputs=list(outputs))], **kw)
+
+
+@pytest.mark.parametrize("dtype", NUMERIC)
+def test_every_dtype_round_trips_through_columns_arrow_and_dicts(dtype):
+    x = column_of(dtype, 4, 3)
+    ids = [f"s{i}" for i in range(4)]
+    # Columns in, columns out.
+    buf = one_rpc()
+    buf.put_columns_blocking({"x": x}, ids=ids)
+    batch = buf.get_batch_for_rpc_blocking("train")
+    got = batch.columns()["x"]
+    assert got.dtype == x.dtype and got.shape == x.shape
+    np.testing.assert_array_equal(got, x)
+    # ... and as Arrow.
+    table = batch.to_arrow()
+    assert table.column("id").to_pylist() == ids
+    assert [np.array(v, dtype=dtype).tolist() for v in table.column("x").to_pylist()] == x.tolist()
+    batch.commit_blocking()
+    # Arrow in (a pyarrow Table), columns out.
+    buf = one_rpc()
+    arrow_in = pa.table({"id": ids, "x": pa.array(list(x), type=pa.list_(pa.from_numpy_dtype(x.dtype)))})
+    buf.put_columns_blocking(arrow_in)
+    np.testing.assert_array_equal(buf.get_batch_for_rpc_blocking("train").columns()["x"], x)
+    # Dicts in, columns out, and the other way round.
+    buf = one_rpc()
+    buf.put_batch_blocking([{"id": i, "x": row} for i, row in zip(ids, x)])
+    batch = buf.get_batch_for_rpc_blocking("train")
+    np.testing.assert_array_equal(batch.columns()["x"], x)
+    batch.commit_blocking()
+    buf.put_columns_blocking({"x": x}, ids=ids)
+    rows = buf.get_batch_for_rpc_blocking("train").samples()
+    for row, want in zip(rows, x):
+        np.testing.assert_array_equal(row["x"], want)
+
+
+def test_scalars_strings_metadata_and_births():
+    buf = one_rpc(inputs=("reward", "text"))
+    buf.put_columns_blocking(
+        {"id": np.arange(4), "birth": [4, 3, 2, 1], "reward": np.array([0.5, 1, 0, 2]),
+         "text": ["a", "bb", "ccc", ""]},
+        meta={"environment": ["math"] * 4, "policy_version": np.array([1, 1, 2, 2])},
+    )
+    batch = buf.get_batch_for_rpc_blocking("train")  # Fifo: oldest birth first
+    cols = batch.columns()
+    assert cols["text"] == ["", "ccc", "bb", "a"]
+    np.testing.assert_array_equal(cols["reward"], [2, 0, 1, 0.5])
+    table = batch.to_arrow()
+    assert table.column("id").to_pylist() == ["3", "2", "1", "0"]
+    assert table.column("policy_version").to_pylist() == [2, 2, 1, 1]
+    assert table.column("environment").to_pylist() == ["math"] * 4
+    assert [s["meta"]["policy_version"] for s in batch.samples()] == [2, 2, 1, 1]
+
+
+def test_variable_length_fields_as_values_and_offsets():
+    buf = one_rpc(inputs=("tokens",))
+    values = np.arange(10, dtype=np.int32)
+    offsets = np.array([0, 3, 3, 7, 10])
+    buf.put_columns_blocking({"tokens": (values, offsets)}, ids=["a", "b", "c", "d"])
+    batch = buf.get_batch_for_rpc_blocking("train")
+    got_values, got_offsets = batch.columns()["tokens"]
+    np.testing.assert_array_equal(got_values, values)
+    np.testing.assert_array_equal(got_offsets, offsets)
+    assert [list(s["tokens"]) for s in batch.samples()] == [[0, 1, 2], [], [3, 4, 5, 6], [7, 8, 9]]
+    batch.commit_blocking()
+    # A list of arrays is the per-sample form of the same field.
+    buf.put_columns_blocking({"tokens": [np.array([1], np.int32), np.array([2, 3], np.int32),
+                                         np.array([], np.int32), np.array([4], np.int32)]},
+                             ids=["e", "f", "g", "h"])
+    batch = buf.get_batch_for_rpc_blocking("train")
+    vals, offs = batch.columns()["tokens"]
+    assert vals.tolist() == [1, 2, 3, 4] and offs.tolist() == [0, 1, 3, 3, 4]
+    batch.commit_blocking()
+    # Ragged fields from Arrow list columns (polars exports large lists and strings).
+    df = pl.DataFrame({"id": ["p", "q", "r", "s"], "tokens": [[1], [2, 3], [], [4, 5, 6]]},
+                      schema={"id": pl.String, "tokens": pl.List(pl.Int32)})
+    buf.put_columns_blocking(df)
+    vals, offs = buf.get_batch_for_rpc_blocking("train").columns()["tokens"]
+    assert vals.tolist() == [1, 2, 3, 4, 5, 6] and offs.tolist() == [0, 1, 3, 3, 6]
+
+
+def test_columns_view_the_buffers_memory_and_outlive_everything():
+    buf = one_rpc(n=8, capacity=8)
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    buf.put_columns_blocking({"x": x}, ids=[f"a{i}" for i in range(8)])
+    batch = buf.get_batch_for_rpc_blocking("train")
+    col = batch.columns()["x"]
+    rows = [s["x"] for s in batch.samples()]
+    # The column is one view over the stored rows: no copy on the way out.
+    assert ptr(col) == ptr(rows[0])
+    assert all(ptr(r) == ptr(col) + i * 256 * 4 for i, r in enumerate(rows))
+    assert not col.flags.writeable and not col.flags.owndata
+    arrow = batch.to_arrow()
+    arrow_ptr = arrow.column("x").values.buffers()[1].address
+    assert arrow_ptr == ptr(col), "Arrow's values buffer is the same memory"
+    # Commit, reuse every slot with other data, drop the buffer: the views stay valid.
+    batch.commit_blocking()
+    buf.put_columns_blocking({"x": np.zeros((8, 256), np.float32)}, ids=[f"b{i}" for i in range(8)])
+    buf.get_batch_for_rpc_blocking("train").commit_blocking()
+    del batch, buf
+    gc.collect()
+    np.testing.assert_array_equal(col, x)
+    np.testing.assert_array_equal(rows[5], x[5])
+    assert arrow.column("x").to_pylist()[7] == pytest.approx(x[7].tolist())
+
+
+def test_polars_and_duckdb_read_batches_directly():
+    buf = one_rpc(inputs=("x", "reward"))
+    x = np.arange(12, dtype=np.int64).reshape(4, 3)
+    buf.put_columns_blocking({"x": x, "reward": np.array([0.0, 1.0, 0.5, 0.25])},
+                             ids=["a", "b", "c", "d"])
+    batch = buf.get_batch_for_rpc_blocking("train")
+    via_polars = pl.from_arrow(batch.to_arrow())
+    assert via_polars["reward"].to_list() == [0.0, 1.0, 0.5, 0.25]
+    assert via_polars["x"].to_list()[2] == [6, 7, 8]
+    # Without pyarrow in between: the batch exports an Arrow stream itself.
+    direct = pl.DataFrame(batch)
+    assert direct["id"].to_list() == ["a", "b", "c", "d"]
+    rel = duckdb.sql("select id, reward, x[1] as first from batch order by id")
+    assert rel.fetchall() == [("a", 0.0, 0), ("b", 1.0, 3), ("c", 0.5, 6), ("d", 0.25, 9)]
+    arrow_table = batch.to_arrow()
+    assert duckdb.sql("select sum(reward) from arrow_table").fetchall()[0][0] == pytest.approx(1.75)
+
+
+def test_outputs_and_amends_as_columns():
+    buf = rb.Buffer(8, [
+        rb.Rpc("gen", 4, inputs=["prompt"], outputs=["tokens", "logp"]),
+        rb.Rpc("train", 4, inputs=["tokens", "logp", "score"]),
+    ], external_keys=["score"])
+    handles = buf.put_columns_blocking({"prompt": np.ones((4, 2), np.int32)}, ids=list("abcd"))
+    gen = buf.get_batch_for_rpc_blocking("gen")
+    gen.complete_columns_blocking({
+        "tokens": (np.arange(6, dtype=np.int32), np.array([0, 1, 2, 4, 6])),
+        "logp": np.full((4, 1), -0.5, np.float32),
+    })
+    buf.amend_columns_blocking(handles, {"score": np.array([1.0, 2.0, 3.0, 4.0])})
+    train = buf.get_batch_for_rpc_blocking("train")
+    cols = train.columns()
+    vals, offs = cols["tokens"]
+    assert vals.tolist() == [0, 1, 2, 3, 4, 5] and offs.tolist() == [0, 1, 2, 4, 6]
+    np.testing.assert_array_equal(cols["score"], [1.0, 2.0, 3.0, 4.0])
+    assert cols["logp"].shape == (4, 1)
+
+
+def test_non_contiguous_columns_are_copied_once():
+    buf = one_rpc()
+    base = np.arange(40, dtype=np.float64).reshape(8, 5)
+    buf.put_columns_blocking({"x": base[::2, 1:4]}, ids=list("abcd"))
+    np.testing.assert_array_equal(buf.get_batch_for_rpc_blocking("train").columns()["x"], base[::2, 1:4])
+
+
+@pytest.mark.parametrize("columns, kwargs, message", [
+    ({"x": np.zeros((4, 2)), "y": np.zeros((3, 2))}, {"ids": list("abcd")}, r'column "y" has 3 rows'),
+    ({"x": np.zeros((4, 2), np.float16)}, {"ids": list("abcd")}, r'column "x": unsupported dtype float16'),
+    ({"x": np.zeros((4, 2))}, {}, r"no ids"),
+    ({"x": np.zeros((4, 2))}, {"ids": ["a", "b", "a", "c"]}, r'ids: "a" appears at rows 0 and 2'),
+    ({"x": np.zeros((4, 2)), "extra": np.zeros(4)}, {"ids": list("abcd")}, r'column "extra" is not a key'),
+    ({"x": (np.zeros(5), np.array([0, 2, 1, 5, 5]))}, {"ids": list("abcd")}, r'offsets decrease at row 1'),
+    ({"x": (np.zeros(5), np.array([0, 2, 3, 4, 6]))}, {"ids": list("abcd")}, r"last offset must be the number of values, 5"),
+    ({"x": np.float64(3.0)}, {"ids": ["a"]}, r"single value"),
+    ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"v": [1, 2, 3]}}, r'meta "v"'),
+])
+def test_bad_columns_raise_value_errors_and_store_nothing(columns, kwargs, message):
+    buf = one_rpc(inputs=("x", "y"))
+    with pytest.raises(ValueError, match=message):
+        buf.put_columns_blocking(columns, **kwargs)
+    assert len(buf) == 0
+    assert buf.stats()["put"] == 0
+
+
+def test_bad_outputs_and_amends_change_nothing():
+    buf = rb.Buffer(8, [
+        rb.Rpc("gen", 2, inputs=["prompt"], outputs=["tokens"]),
+        rb.Rpc("train", 2, inputs=["tokens"]),
+    ])
+    handles = buf.put_columns_blocking({"prompt": np.ones((2, 1), np.int32)}, ids=["a", "b"])
+    gen = buf.get_batch_for_rpc_blocking("gen")
+    with pytest.raises(ValueError, match=r'column "tokens" has 3 rows, but the batch has 2'):
+        gen.complete_columns_blocking({"tokens": np.ones((3, 1), np.int32)})
+    with pytest.raises(ValueError, match=r'column "other" is not a key'):
+        buf.amend_columns_blocking(handles, {"other": np.ones(2)})
+    # The batch is still held, whole: completing it properly works.
+    gen.complete_columns_blocking({"tokens": np.ones((2, 4), np.int32)})
+    assert buf.get_batch_for_rpc_blocking("train").columns()["tokens"].shape == (2, 4)
+
+
+def test_fifty_asyncio_tasks_mixing_columnar_and_dict_calls():
+    async def main():
+        buf = rb.Buffer(64, [
+            rb.Rpc("gen", 4, inputs=["prompt"], outputs=["tokens"]),
+            rb.Rpc("train", 4, inputs=["prompt", "tokens"]),
+        ])
+        trained = []
+
+        async def producer(p):
+            for i in range(4):
+                ids = [f"{p}-{i}-{j}" for j in range(4)]
+                if (p + i) % 2:
+                    await buf.put_columns({"prompt": np.full((4, 2), p, np.int32)}, ids=ids)
+                else:
+                    await buf.put_batch([{"id": k, "prompt": np.full(2, p, np.int32)} for k in ids])
+
+        async def generator(g):
+            for i in range(32):
+                batch = await buf.get_batch_for_rpc("gen")
+                prompts = batch.columns()["prompt"]
+                if i % 2:
+                    await batch.complete_columns({"tokens": prompts * 10})
+                else:
+                    await batch.complete([{"tokens": p * 10} for p in prompts])
+
+        async def trainer(t):
+            for _ in range(32):
+                batch = await buf.get_batch_for_rpc("train")
+                cols = batch.columns()
+                np.testing.assert_array_equal(cols["tokens"], cols["prompt"] * 10)
+                trained.extend(batch.to_arrow().column("id").to_pylist())
+                await batch.commit()
+
+        tasks = [producer(p) for p in range(40)] + [generator(g) for g in range(5)]
+        tasks += [trainer(t) for t in range(5)]
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=60)
+        assert sorted(trained) == sorted(f"{p}-{i}-{j}" for p in range(40) for i in range(4) for j in range(4))
+        assert len(buf) == 0
+
+    asyncio.run(main())
