@@ -1,5 +1,7 @@
 //! The Python benchmark's workload (`python/bench/pipeline_4kb.py`) in Rust: put 64
-//! samples of 4 KB (1,024 f32), get them for one RPC, read one field, commit; samples/s.
+//! samples of 4 KB (1,024 f32), get them for one RPC, read one field, commit; samples/s,
+//! printed as one JSON line (`{"api": "rust", "samples_per_s": ...}`), which the Python
+//! benchmark reads to report its ratios.
 //!
 //! Usage: `cargo run --release --example pipeline_4kb -- [seconds]`.
 
@@ -34,9 +36,7 @@ async fn main() -> rollout_buffer::Result<()> {
         start += N;
         done += N;
     }
-    println!(
-        "rust: {:.0} samples/s",
-        done as f64 / t0.elapsed().as_secs_f64()
-    );
+    let rate = done as f64 / t0.elapsed().as_secs_f64();
+    println!("{{\"api\": \"rust\", \"samples_per_s\": {rate:.0}}}");
     Ok(())
 }

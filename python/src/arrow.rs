@@ -81,7 +81,19 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RecordBatch>> {
     // for the call.
     let reader =
         unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
-    reader.map(|b| b.map_err(arrow_err)).collect()
+    reader
+        .map(|b| b.map_err(arrow_err).and_then(validated))
+        .collect()
+}
+
+/// `batch`, once every column is checked whole (offsets in bounds, buffers long enough):
+/// arrays from another library are data, and a malformed one must be an error here, never
+/// a panic or a read out of bounds later.
+fn validated(batch: RecordBatch) -> PyResult<RecordBatch> {
+    for column in batch.columns() {
+        column.to_data().validate_full().map_err(arrow_err)?;
+    }
+    Ok(batch)
 }
 
 fn import_array(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
@@ -104,11 +116,18 @@ fn import_array(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
         from_ffi(array, schema)
     }
     .map_err(arrow_err)?;
+    data.validate_full().map_err(arrow_err)?;
+    if !matches!(data.data_type(), arrow_schema::DataType::Struct(_)) {
+        return Err(PyValueError::new_err(format!(
+            "Arrow: __arrow_c_array__ gave a {} array, not a struct of columns",
+            data.data_type()
+        )));
+    }
     let array = StructArray::from(data);
     if array.null_count() > 0 {
         return Err(PyValueError::new_err(
             "Arrow: the struct array has null rows",
         ));
     }
-    Ok(RecordBatch::from(array))
+    validated(RecordBatch::from(array))
 }

@@ -4,7 +4,7 @@ use crate::arrow::{export_array, export_schema, export_stream};
 use crate::columns::{batch_columns, Columns, Role};
 use crate::convert::{patches_from_py, view_to_py};
 use crate::errors::{py_err, BufferError};
-use crate::runtime::block;
+use crate::runtime::{awaitable, block};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyDict, PyList, PyTuple};
 use std::sync::Mutex;
@@ -99,17 +99,16 @@ impl PyBatch {
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = patches_from_py(&outputs)?;
         let batch = self.take()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            batch.complete(patches).await.map_err(py_err)
-        })
+        awaitable(
+            py,
+            async move { batch.complete(patches).await.map_err(py_err) },
+        )
     }
 
     /// Uses one read of each sample without outputs.
     fn commit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batch = self.take()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            batch.commit().await.map_err(py_err)
-        })
+        awaitable(py, async move { batch.commit().await.map_err(py_err) })
     }
 
     /// Blocking `complete`.
@@ -187,9 +186,10 @@ impl PyBatch {
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = self.output_patches(&columns)?;
         let batch = self.take()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            batch.complete(patches).await.map_err(py_err)
-        })
+        awaitable(
+            py,
+            async move { batch.complete(patches).await.map_err(py_err) },
+        )
     }
 
     /// Blocking `complete_columns`.

@@ -6,7 +6,7 @@ use crate::columns::{Columns, Role};
 use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
 use crate::rpc::PyRpc;
-use crate::runtime::{block, seconds};
+use crate::runtime::{awaitable, block, seconds};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -109,7 +109,7 @@ impl PyBuffer_ {
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = samples_from_py(&samples)?;
         let buf = self.buf.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let handles = buf.put_batch(samples).await.map_err(py_err)?;
             Ok(handles
                 .iter()
@@ -129,7 +129,7 @@ impl PyBuffer_ {
         let patches = patches_from_py(&patches)?;
         let handles = handles_from_py(handles);
         let buf = self.buf.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             buf.amend_batch(&handles, patches).await.map_err(py_err)
         })
     }
@@ -160,7 +160,7 @@ impl PyBuffer_ {
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
         let buf = self.buf.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let handles = buf.put_batch(samples).await.map_err(py_err)?;
             Ok(pairs(&handles))
         })
@@ -191,7 +191,7 @@ impl PyBuffer_ {
         let patches = self.column_patches(&columns, handles.len())?;
         let handles = handles_from_py(handles);
         let buf = self.buf.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             buf.amend_batch(&handles, patches).await.map_err(py_err)
         })
     }
@@ -229,7 +229,7 @@ impl PyBuffer_ {
     ) -> PyResult<Bound<'py, PyAny>> {
         let buf = self.buf.clone();
         let timeout = timeout.map(seconds).transpose()?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let batch = match timeout {
                 Some(t) => buf.get_batch_for_rpc_timeout(&rpc, t).await,
                 None => buf.get_batch_for_rpc(&rpc).await,

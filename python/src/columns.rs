@@ -283,6 +283,20 @@ fn numpy_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 }
 
 fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
+    // Integer ids in a numpy array: read in place, no Python int per id.
+    if let Ok(ints) = obj.cast::<numpy::PyArray1<i64>>() {
+        let ints = ints.readonly();
+        let ints = ints.as_array();
+        return ints
+            .iter()
+            .enumerate()
+            .map(|(row, &v)| {
+                u64::try_from(v)
+                    .map(SampleId::from)
+                    .map_err(|_| bad(format!("ids: row {row} is negative")))
+            })
+            .collect();
+    }
     let list = numpy_list(obj)?;
     let items = list
         .try_iter()

@@ -3,8 +3,15 @@
 //!
 //! Awaitables run on the crate's tokio runtime (`pyo3-async-runtimes`), not a thread per
 //! call; blocking twins release the GIL while they wait and check for Ctrl-C every 100 ms.
-//! Numeric arrays cross by numpy's array interface into one owned copy on the way in, and
-//! one `bytes` object (wrapped by `numpy.frombuffer`, no further copy) on the way out.
+//!
+//! Data crosses as columns (`columns.rs`): numpy arrays through rust-numpy (`arrays.rs`:
+//! one copy in, read-only views of the buffer's memory out) and Arrow through arrow-rs's C
+//! Data Interface behind the PyCapsule protocol (`arrow.rs`). Dicts per sample
+//! (`convert.rs`) remain the convenient path for small calls.
+//!
+//! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
+//! block with its `SAFETY` reason), `columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
+//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer).
 
 mod arrays;
 mod arrow;
@@ -31,6 +38,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PyRpc>()?;
     m.add_class::<Ragged>()?;
     m.add_class::<arrays::TensorMemory>()?;
+    m.add_class::<runtime::Ready>()?;
     m.add_class::<rollout::PyIngest>()?;
     m.add_class::<rollout::PyBatcher>()?;
     m.add_class::<rollout::PyTrainBatch>()?;

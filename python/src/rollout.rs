@@ -4,7 +4,7 @@
 use crate::buffer::PyBuffer_;
 use crate::convert::tensor_to_py;
 use crate::errors::{py_err, BufferError};
-use crate::runtime::block;
+use crate::runtime::{awaitable, block};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyFloat, PyInt, PyString};
@@ -152,7 +152,7 @@ impl PyIngest {
     ) -> PyResult<Bound<'py, PyAny>> {
         let record = rollout_from_py(&rollout)?;
         let ingest = self.ingest.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let added = ingest.add(record).await.map_err(py_err)?;
             Ok(outcome(&added))
         })
@@ -274,9 +274,7 @@ impl PyTrainBatch {
             .map_err(|_| BufferError::new_err("lock poisoned"))?
             .take()
             .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            batch.complete().await.map_err(py_err)
-        })
+        awaitable(py, async move { batch.complete().await.map_err(py_err) })
     }
 }
 
@@ -338,7 +336,7 @@ impl PyBatcher {
     /// The next packed batch.
     fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let batcher = Arc::clone(&self.batcher);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        awaitable(py, async move {
             let batch = batcher.next_batch().await.map_err(py_err)?;
             Ok(PyTrainBatch::new(batch))
         })

@@ -123,16 +123,6 @@ def test_a_persistent_buffer_comes_back(tmp_path):
     again.flush()
 
 
-def test_the_readme_example_runs(tmp_path, capsys):
-    from pathlib import Path
-
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    code = readme.split("```python\n", 1)[1].split("```", 1)[0]
-    code = code.replace("file:///tmp/rb-demo", f"file://{tmp_path}")
-    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
-    assert "array([7, 8, 9], dtype=int32)" in capsys.readouterr().out
-
-
 def test_rollouts_are_grouped_then_packed_for_training():
     async def main():
         buf = rb.Buffer(64, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS, selection="lifo")])
@@ -185,6 +175,11 @@ def test_cancelling_an_awaited_get_leaves_nothing_behind():
         await buf.put_batch([{"id": "a", "prompt": np.array([1], np.int32)}])
         batch = await buf.get_batch_for_rpc("gen", timeout=1)
         assert [s["id"] for s in batch.samples()] == ["a"]
+        # The cancellation reaches the runtime's task a thread hop after asyncio sees it;
+        # within a bound, the cancelled getter has left the waiters.
+        deadline = asyncio.get_running_loop().time() + 2
+        while buf.stats()["rpcs"]["gen"]["waiting"] and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
         assert buf.stats()["rpcs"]["gen"]["waiting"] == 0
 
     asyncio.run(main())

@@ -253,3 +253,16 @@ def test_fifty_asyncio_tasks_mixing_columnar_and_dict_calls():
         assert len(buf) == 0
 
     asyncio.run(main())
+
+
+def test_columnar_puts_are_durable(tmp_path):
+    store = f"file://{tmp_path}"
+    x = np.arange(24, dtype=np.float32).reshape(4, 6)
+    buf = one_rpc(store=store)
+    buf.put_columns_blocking({"x": x, "id": ["a", "b", "c", "d"]})
+    buf.flush()
+    buf.close()
+    del buf
+    reopened = one_rpc(store=store)
+    assert len(reopened) == 4
+    np.testing.assert_array_equal(reopened.get_batch_for_rpc_blocking("train").columns()["x"], x)

@@ -16,6 +16,10 @@ class Ragged:
     """A ragged field: ``values`` holds the sequences back to back."""
     def __init__(self, values: Any, lengths: Sequence[int]) -> None: ...
 
+class Ready:
+    """An awaitable whose result is already there (a call that finished at once)."""
+    def __await__(self) -> Any: ...
+
 class TensorMemory:
     """The memory a numpy view of a stored field reads (the view's ``base``)."""
 
