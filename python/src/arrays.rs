@@ -28,28 +28,29 @@ pub(crate) struct TensorMemory {
     tensor: Tensor,
 }
 
-/// The tensor element type of a numpy dtype, if this package stores it.
-fn dtype_of(py: Python<'_>, descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
-    let is = |other: Bound<'_, PyArrayDescr>| descr.is_equiv_to(&other);
-    [
-        (PyArrayDescr::of::<i32>(py), DType::I32),
-        (PyArrayDescr::of::<i64>(py), DType::I64),
-        (PyArrayDescr::of::<f32>(py), DType::F32),
-        (PyArrayDescr::of::<f64>(py), DType::F64),
-        (PyArrayDescr::of::<u8>(py), DType::U8),
-        (PyArrayDescr::of::<bool>(py), DType::Bool),
-    ]
-    .into_iter()
-    .find_map(|(d, t)| is(d).then_some(t))
+/// The tensor element type of a numpy dtype, if this package stores it: read off the
+/// dtype's kind, size and byte order (no dtype objects made per call).
+fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
+    if descr.is_native_byteorder() == Some(false) {
+        return None;
+    }
+    Some(match (descr.kind(), descr.itemsize()) {
+        (b'i', 4) => DType::I32,
+        (b'i', 8) => DType::I64,
+        (b'f', 4) => DType::F32,
+        (b'f', 8) => DType::F64,
+        (b'u', 1) => DType::U8,
+        (b'b', 1) => DType::Bool,
+        _ => return None,
+    })
 }
 
 /// `array` as one tensor of the same shape, copied once. `what` names the value in errors
 /// (`field "x"`, `column "x"`).
 pub(crate) fn tensor_from_numpy(array: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Tensor> {
-    let py = array.py();
     let descr = array.dtype();
     let shape = array.shape().to_vec();
-    match dtype_of(py, &descr) {
+    match dtype_of(&descr) {
         Some(DType::I32) => numbers::<i32>(array, DType::I32, shape),
         Some(DType::I64) => numbers::<i64>(array, DType::I64, shape),
         Some(DType::F32) => numbers::<f32>(array, DType::F32, shape),

@@ -85,13 +85,24 @@ impl AsRef<[u8]> for Words {
 }
 
 /// A copy of `parts`' bytes, back to back, in one 8-byte aligned buffer.
-fn aligned_copy<'a>(parts: impl Iterator<Item = &'a [u8]>, len: usize) -> SharedBytes {
+///
+/// The allocator hands out blocks aligned to at least 16 bytes in practice, so a plain
+/// byte vector filled by `extend_from_slice` (a `memcpy`, with nothing zeroed first)
+/// nearly always is one; only if it is not does the copy go again into words.
+fn aligned_copy<'a>(parts: impl Iterator<Item = &'a [u8]> + Clone, len: usize) -> SharedBytes {
+    let mut bytes: Vec<u8> = Vec::with_capacity(len);
+    for part in parts.clone() {
+        bytes.extend_from_slice(part);
+    }
+    if bytes.as_ptr().align_offset(8) == 0 {
+        return Arc::new(bytes);
+    }
     let mut words = vec![0u64; len.div_ceil(8)];
-    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
     let mut at = 0;
     for part in parts {
-        if let Some(dst) = bytes.get_mut(at..at + part.len()) {
-            dst.copy_from_slice(part);
+        if let Some(d) = dst.get_mut(at..at + part.len()) {
+            d.copy_from_slice(part);
         }
         at += part.len();
     }
@@ -194,10 +205,74 @@ impl Tensor {
     /// fields, copied once, becomes `n` fields this way: a `[n, k]` column gives `[k]`
     /// rows, a `[n]` column scalars. `None` for a 0-dimensional or a ragged tensor.
     pub fn rows(&self) -> Option<Vec<Tensor>> {
-        let n = *self.shape().first()?;
+        if self.lengths().is_some() {
+            return None;
+        }
+        let (&n, rest) = self.shape().split_first()?;
+        if rest.is_empty() {
+            // One value per row: inline scalars (strings as 0-d arrays), no allocation
+            // for numbers.
+            return self.scalars();
+        }
+        if let Some(rows) = self.byte_rows(n, rest) {
+            return Some(rows);
+        }
         let parts = self.split(&vec![1; n])?;
-        // Each part is `[1, ...rest]`: drop the leading 1.
         parts.iter().map(Tensor::squeeze_first).collect()
+    }
+
+    /// The values of a 1-d tensor, one scalar tensor each.
+    fn scalars(&self) -> Option<Vec<Tensor>> {
+        macro_rules! each {
+            ($t:ty) => {
+                self.array::<$t>()?
+                    .iter()
+                    .cloned()
+                    .map(Tensor::scalar)
+                    .collect()
+            };
+        }
+        Some(match self.dtype() {
+            DType::I32 => each!(i32),
+            DType::I64 => each!(i64),
+            DType::F32 => each!(f32),
+            DType::F64 => each!(f64),
+            DType::U8 => each!(u8),
+            DType::Bool => each!(bool),
+            DType::Str => each!(String),
+        })
+    }
+
+    /// [`Self::rows`] of numbers: `[...rest]` views of one owner's byte ranges.
+    fn byte_rows(&self, n: usize, rest: &[usize]) -> Option<Vec<Tensor>> {
+        let dtype = self.dtype();
+        let (owner, range) = self.byte_owner()?;
+        let row_bytes = range.len().checked_div(n).unwrap_or(0);
+        (0..n)
+            .map(|i| {
+                let start = range.start + i * row_bytes;
+                Tensor::from_shared_bytes(
+                    dtype,
+                    rest.to_vec(),
+                    None,
+                    SharedBytes::clone(&owner),
+                    start..start + row_bytes,
+                )
+            })
+            .collect()
+    }
+
+    /// The owner and range of this tensor's bytes, for views of parts of it: its own owner
+    /// when it already views one, else itself (kept alive) when its bytes are contiguous.
+    fn byte_owner(&self) -> Option<(SharedBytes, Range<usize>)> {
+        match &self.repr {
+            Repr::Borrowed(b) => Some((SharedBytes::clone(&b.owner), b.range.clone())),
+            Repr::Array(_) => {
+                let len = self.as_bytes()?.len();
+                Some((Arc::new(TensorBytes(self.clone())) as SharedBytes, 0..len))
+            }
+            Repr::Scalar(_) => None,
+        }
     }
 
     /// The tensor cut along its first axis into consecutive parts of `lengths[i]` rows
@@ -249,14 +324,7 @@ impl Tensor {
     /// [`Self::split`] for numbers: views of one owner's byte ranges.
     fn byte_parts(&self, lengths: &[usize], rest: &[usize]) -> Option<Vec<Tensor>> {
         let dtype = self.dtype();
-        let (owner, range) = match &self.repr {
-            Repr::Borrowed(b) => (SharedBytes::clone(&b.owner), b.range.clone()),
-            Repr::Array(_) => {
-                let len = self.as_bytes()?.len();
-                (Arc::new(TensorBytes(self.clone())) as SharedBytes, 0..len)
-            }
-            Repr::Scalar(_) => return None,
-        };
+        let (owner, range) = self.byte_owner()?;
         let n: usize = lengths.iter().sum();
         let row_bytes = range.len().checked_div(n).unwrap_or(0);
         let mut start = range.start;
