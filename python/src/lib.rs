@@ -10,11 +10,12 @@
 //! (`convert.rs`) remain the convenient path for small calls.
 //!
 //! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
-//! block with its `SAFETY` reason), `columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
+//! block with its `SAFETY` reason), `columns.rs` and `arrow_columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
 //! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer).
 
 mod arrays;
 mod arrow;
+mod arrow_columns;
 mod batch;
 mod buffer;
 mod columns;

@@ -7,6 +7,7 @@
 //! be a consistent snapshot while later amends replace fields.
 
 mod bytes;
+mod rows;
 
 #[cfg(test)]
 pub(crate) use bytes::aligned_bytes;

@@ -1,0 +1,316 @@
+//! Columns from Arrow: the record batches an Arrow exporter hands over (`arrow.rs`), as
+//! one tensor per row for each column. Numbers, booleans and strings, and fixed-size and
+//! variable-size lists of them, are read directly, each column copied once; anything else
+//! (deeper nesting, the crate's own layout) goes through the crate's Arrow reader.
+
+use crate::columns::{bad, lengths_of};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{
+    Float32Type, Float64Type, Int32Type, Int64Type, UInt32Type, UInt64Type, UInt8Type,
+};
+use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
+use arrow_schema::{DataType, Field, Schema};
+use pyo3::prelude::*;
+use rollout_buffer::{DType, MetaValue, SampleId, Tensor};
+use std::sync::Arc;
+
+pub(crate) fn concat_batches(batches: Vec<RecordBatch>) -> PyResult<RecordBatch> {
+    match batches.len() {
+        0 => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+        1 => Ok(batches
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty())))),
+        _ => {
+            let schema = batches[0].schema();
+            let mut columns = Vec::with_capacity(schema.fields().len());
+            for i in 0..schema.fields().len() {
+                let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(i).as_ref()).collect();
+                columns.push(concat_arrays(&parts)?);
+            }
+            RecordBatch::try_new(schema, columns).map_err(|e| bad(format!("Arrow: {e}")))
+        }
+    }
+}
+
+/// Arrays of one type back to back (a stream of several batches).
+fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
+    let data: Vec<arrow_data::ArrayData> = parts.iter().map(|a| a.to_data()).collect();
+    let refs: Vec<&arrow_data::ArrayData> = data.iter().collect();
+    let total = refs.iter().map(|d| d.len()).sum();
+    let mut mutable = arrow_data::transform::MutableArrayData::new(refs, false, total);
+    for (i, d) in data.iter().enumerate() {
+        mutable
+            .try_extend(i, 0, d.len())
+            .map_err(|e| bad(format!("Arrow: {e}")))?;
+    }
+    Ok(arrow_array::make_array(mutable.freeze()))
+}
+
+pub(crate) fn arrow_ids(column: &dyn Array) -> PyResult<Vec<SampleId>> {
+    if column.null_count() > 0 {
+        return Err(bad("column \"id\" has nulls".into()));
+    }
+    if let Some(s) = column.as_string_opt::<i32>() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    if let Some(s) = column.as_string_opt::<i64>() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    if let Some(s) = column.as_string_view_opt() {
+        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    }
+    let ints: Option<Vec<u64>> = match column.data_type() {
+        DataType::Int64 => column
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        DataType::Int32 => column
+            .as_primitive::<Int32Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
+        DataType::UInt32 => Some(
+            column
+                .as_primitive::<UInt32Type>()
+                .values()
+                .iter()
+                .map(|&v| u64::from(v))
+                .collect(),
+        ),
+        _ => None,
+    };
+    ints.map(|v| v.into_iter().map(SampleId::from).collect())
+        .ok_or_else(|| bad("column \"id\": str or non-negative int".into()))
+}
+
+pub(crate) fn arrow_births(column: &dyn Array) -> PyResult<Vec<u64>> {
+    let births: Option<Vec<u64>> = match column.data_type() {
+        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
+        DataType::Int64 => column
+            .as_primitive::<Int64Type>()
+            .values()
+            .iter()
+            .map(|&v| u64::try_from(v).ok())
+            .collect(),
+        _ => None,
+    };
+    births
+        .filter(|_| column.null_count() == 0)
+        .ok_or_else(|| bad("column \"birth\": non-negative ints, no nulls".into()))
+}
+
+pub(crate) fn arrow_meta(name: &str, column: &dyn Array) -> PyResult<Vec<MetaValue>> {
+    if column.null_count() > 0 {
+        return Err(bad(format!("meta {name:?} has nulls")));
+    }
+    let values: Option<Vec<MetaValue>> = match column.data_type() {
+        DataType::Int64 => Some(
+            column
+                .as_primitive::<Int64Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Int(v))
+                .collect(),
+        ),
+        DataType::Int32 => Some(
+            column
+                .as_primitive::<Int32Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Int(i64::from(v)))
+                .collect(),
+        ),
+        DataType::Float64 => Some(
+            column
+                .as_primitive::<Float64Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Float(v))
+                .collect(),
+        ),
+        DataType::Float32 => Some(
+            column
+                .as_primitive::<Float32Type>()
+                .values()
+                .iter()
+                .map(|&v| MetaValue::Float(f64::from(v)))
+                .collect(),
+        ),
+        DataType::Boolean => Some(
+            column
+                .as_boolean()
+                .iter()
+                .flatten()
+                .map(MetaValue::Bool)
+                .collect(),
+        ),
+        DataType::Utf8 => Some(
+            column
+                .as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(|s| MetaValue::Str(s.to_owned()))
+                .collect(),
+        ),
+        DataType::LargeUtf8 => Some(
+            column
+                .as_string::<i64>()
+                .iter()
+                .flatten()
+                .map(|s| MetaValue::Str(s.to_owned()))
+                .collect(),
+        ),
+        _ => None,
+    };
+    values.ok_or_else(|| {
+        bad(format!(
+            "meta {name:?}: {} is not int, float, bool or str",
+            column.data_type()
+        ))
+    })
+}
+
+/// One Arrow column as one tensor per row.
+pub(crate) fn arrow_rows(
+    name: &str,
+    field: &Field,
+    column: &dyn Array,
+    batch: &RecordBatch,
+) -> PyResult<Vec<Tensor>> {
+    let what = format!("column {name:?}");
+    if let Some(row) = (0..column.len()).find(|&i| column.is_null(i)) {
+        return Err(bad(format!(
+            "{what}: null at row {row} (every sample needs a value)"
+        )));
+    }
+    let n = column.len();
+    if let Some(values) = flat_values(column) {
+        let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+        return values.rows().ok_or_else(|| bad(format!("{what}: no rows")));
+    }
+    match column.data_type() {
+        DataType::FixedSizeList(_, k) => {
+            let list = column.as_fixed_size_list();
+            let child = list
+                .values()
+                .slice(list.offset() * *k as usize, n * *k as usize);
+            if let Some(values) = flat_values(child.as_ref()) {
+                let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+                return values
+                    .split(&vec![*k as usize; n])
+                    .ok_or_else(|| bad(format!("{what}: values do not split")));
+            }
+        }
+        DataType::List(_) | DataType::LargeList(_) => {
+            let (offsets, child): (Vec<i64>, _) = match column.data_type() {
+                DataType::List(_) => {
+                    let l = column.as_list::<i32>();
+                    (
+                        l.offsets().iter().map(|&o| i64::from(o)).collect(),
+                        l.values().clone(),
+                    )
+                }
+                _ => {
+                    let l = column.as_list::<i64>();
+                    (l.offsets().to_vec(), l.values().clone())
+                }
+            };
+            let start = offsets.first().copied().unwrap_or(0);
+            let end = offsets.last().copied().unwrap_or(0);
+            let child = child.slice(start as usize, (end - start) as usize);
+            if let Some(values) = flat_values(child.as_ref()) {
+                let values = values.map_err(|e| bad(format!("{what}: {e}")))?;
+                let rebased: Vec<i64> = offsets.iter().map(|o| o - start).collect();
+                let total = values.shape().first().copied().unwrap_or(0);
+                let lengths = lengths_of(&what, &rebased, total)?;
+                return values
+                    .split(&lengths)
+                    .ok_or_else(|| bad(format!("{what}: values do not split")));
+            }
+        }
+        _ => {}
+    }
+    // Anything else (deeper nesting, the crate's own layout with its field metadata):
+    // through the crate's Arrow reader, on this column alone.
+    let ids: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let schema = Schema::new(vec![Field::new("id", DataType::Utf8, false), field.clone()]);
+    let single = RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(arrow_array::StringArray::from(ids)),
+            batch
+                .column_by_name(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: missing")))?,
+        ],
+    )
+    .map_err(|e| bad(format!("{what}: {e}")))?;
+    let samples = rollout_buffer::arrow::from_record_batch(&single)
+        .map_err(|e| bad(format!("{what}: {e}")))?;
+    samples
+        .iter()
+        .enumerate()
+        .map(|(row, s)| {
+            s.get(name)
+                .cloned()
+                .ok_or_else(|| bad(format!("{what}: no value at row {row}")))
+        })
+        .collect()
+}
+
+/// A flat Arrow array of numbers, booleans or strings as one `[len]` tensor (numbers
+/// copied once); `None` for other types.
+fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
+    fn numbers<T: ArrowPrimitiveType>(array: &dyn Array, dtype: DType) -> Result<Tensor, String>
+    where
+        T::Native: bytemuck::Pod,
+    {
+        if array.null_count() > 0 {
+            return Err("nulls inside a value".into());
+        }
+        let values = array.as_primitive::<T>().values();
+        Tensor::copy_from_bytes(dtype, vec![values.len()], bytemuck::cast_slice(values))
+            .ok_or_else(|| "values do not fit".to_string())
+    }
+    Some(match array.data_type() {
+        DataType::Int32 => numbers::<Int32Type>(array, DType::I32),
+        DataType::Int64 => numbers::<Int64Type>(array, DType::I64),
+        DataType::Float32 => numbers::<Float32Type>(array, DType::F32),
+        DataType::Float64 => numbers::<Float64Type>(array, DType::F64),
+        DataType::UInt8 => numbers::<UInt8Type>(array, DType::U8),
+        DataType::Boolean => {
+            let values: Vec<bool> = array
+                .as_boolean()
+                .iter()
+                .map(|v| v.unwrap_or(false))
+                .collect();
+            Ok(Tensor::from(values))
+        }
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            let values: Vec<String> = match array.data_type() {
+                DataType::Utf8 => array
+                    .as_string::<i32>()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+                DataType::LargeUtf8 => array
+                    .as_string::<i64>()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+                _ => array
+                    .as_string_view()
+                    .iter()
+                    .map(|s| s.unwrap_or("").to_owned())
+                    .collect(),
+            };
+            Ok(Tensor::from(values))
+        }
+        _ => return None,
+    })
+}
