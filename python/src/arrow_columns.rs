@@ -47,59 +47,53 @@ fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
     Ok(arrow_array::make_array(mutable.freeze()))
 }
 
+/// The values of a primitive column, each through `f`.
+fn mapped<T: ArrowPrimitiveType, U>(column: &dyn Array, f: impl Fn(T::Native) -> U) -> Vec<U> {
+    column
+        .as_primitive::<T>()
+        .values()
+        .iter()
+        .map(|&v| f(v))
+        .collect()
+}
+
+/// The strings of a utf8 column of any width, `None` for other types.
+fn strings(column: &dyn Array) -> Option<Vec<String>> {
+    let owned = |s: Option<&str>| s.unwrap_or("").to_owned();
+    Some(match column.data_type() {
+        DataType::Utf8 => column.as_string::<i32>().iter().map(owned).collect(),
+        DataType::LargeUtf8 => column.as_string::<i64>().iter().map(owned).collect(),
+        DataType::Utf8View => column.as_string_view().iter().map(owned).collect(),
+        _ => return None,
+    })
+}
+
+/// A column of non-negative integers, `None` for other types or negative values.
+fn unsigned(column: &dyn Array) -> Option<Vec<u64>> {
+    let signed = |v: Vec<Option<u64>>| v.into_iter().collect::<Option<Vec<u64>>>();
+    match column.data_type() {
+        DataType::UInt64 => Some(mapped::<UInt64Type, _>(column, |v| v)),
+        DataType::UInt32 => Some(mapped::<UInt32Type, _>(column, u64::from)),
+        DataType::Int64 => signed(mapped::<Int64Type, _>(column, |v| u64::try_from(v).ok())),
+        DataType::Int32 => signed(mapped::<Int32Type, _>(column, |v| u64::try_from(v).ok())),
+        _ => None,
+    }
+}
+
 pub(crate) fn arrow_ids(column: &dyn Array) -> PyResult<Vec<SampleId>> {
     if column.null_count() > 0 {
         return Err(bad("column \"id\" has nulls".into()));
     }
-    if let Some(s) = column.as_string_opt::<i32>() {
-        return Ok(s.iter().flatten().map(SampleId::from).collect());
+    if let Some(s) = strings(column) {
+        return Ok(s.into_iter().map(SampleId::from).collect());
     }
-    if let Some(s) = column.as_string_opt::<i64>() {
-        return Ok(s.iter().flatten().map(SampleId::from).collect());
-    }
-    if let Some(s) = column.as_string_view_opt() {
-        return Ok(s.iter().flatten().map(SampleId::from).collect());
-    }
-    let ints: Option<Vec<u64>> = match column.data_type() {
-        DataType::Int64 => column
-            .as_primitive::<Int64Type>()
-            .values()
-            .iter()
-            .map(|&v| u64::try_from(v).ok())
-            .collect(),
-        DataType::Int32 => column
-            .as_primitive::<Int32Type>()
-            .values()
-            .iter()
-            .map(|&v| u64::try_from(v).ok())
-            .collect(),
-        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
-        DataType::UInt32 => Some(
-            column
-                .as_primitive::<UInt32Type>()
-                .values()
-                .iter()
-                .map(|&v| u64::from(v))
-                .collect(),
-        ),
-        _ => None,
-    };
-    ints.map(|v| v.into_iter().map(SampleId::from).collect())
+    unsigned(column)
+        .map(|v| v.into_iter().map(SampleId::from).collect())
         .ok_or_else(|| bad("column \"id\": str or non-negative int".into()))
 }
 
 pub(crate) fn arrow_births(column: &dyn Array) -> PyResult<Vec<u64>> {
-    let births: Option<Vec<u64>> = match column.data_type() {
-        DataType::UInt64 => Some(column.as_primitive::<UInt64Type>().values().to_vec()),
-        DataType::Int64 => column
-            .as_primitive::<Int64Type>()
-            .values()
-            .iter()
-            .map(|&v| u64::try_from(v).ok())
-            .collect(),
-        _ => None,
-    };
-    births
+    unsigned(column)
         .filter(|_| column.null_count() == 0)
         .ok_or_else(|| bad("column \"birth\": non-negative ints, no nulls".into()))
 }
@@ -108,39 +102,13 @@ pub(crate) fn arrow_meta(name: &str, column: &dyn Array) -> PyResult<Vec<MetaVal
     if column.null_count() > 0 {
         return Err(bad(format!("meta {name:?} has nulls")));
     }
-    let values: Option<Vec<MetaValue>> = match column.data_type() {
-        DataType::Int64 => Some(
-            column
-                .as_primitive::<Int64Type>()
-                .values()
-                .iter()
-                .map(|&v| MetaValue::Int(v))
-                .collect(),
-        ),
-        DataType::Int32 => Some(
-            column
-                .as_primitive::<Int32Type>()
-                .values()
-                .iter()
-                .map(|&v| MetaValue::Int(i64::from(v)))
-                .collect(),
-        ),
-        DataType::Float64 => Some(
-            column
-                .as_primitive::<Float64Type>()
-                .values()
-                .iter()
-                .map(|&v| MetaValue::Float(v))
-                .collect(),
-        ),
-        DataType::Float32 => Some(
-            column
-                .as_primitive::<Float32Type>()
-                .values()
-                .iter()
-                .map(|&v| MetaValue::Float(f64::from(v)))
-                .collect(),
-        ),
+    let values = match column.data_type() {
+        DataType::Int64 => Some(mapped::<Int64Type, _>(column, MetaValue::Int)),
+        DataType::Int32 => Some(mapped::<Int32Type, _>(column, |v| MetaValue::Int(v.into()))),
+        DataType::Float64 => Some(mapped::<Float64Type, _>(column, MetaValue::Float)),
+        DataType::Float32 => Some(mapped::<Float32Type, _>(column, |v| {
+            MetaValue::Float(v.into())
+        })),
         DataType::Boolean => Some(
             column
                 .as_boolean()
@@ -149,23 +117,7 @@ pub(crate) fn arrow_meta(name: &str, column: &dyn Array) -> PyResult<Vec<MetaVal
                 .map(MetaValue::Bool)
                 .collect(),
         ),
-        DataType::Utf8 => Some(
-            column
-                .as_string::<i32>()
-                .iter()
-                .flatten()
-                .map(|s| MetaValue::Str(s.to_owned()))
-                .collect(),
-        ),
-        DataType::LargeUtf8 => Some(
-            column
-                .as_string::<i64>()
-                .iter()
-                .flatten()
-                .map(|s| MetaValue::Str(s.to_owned()))
-                .collect(),
-        ),
-        _ => None,
+        _ => strings(column).map(|s| s.into_iter().map(MetaValue::Str).collect()),
     };
     values.ok_or_else(|| {
         bad(format!(
@@ -292,24 +244,7 @@ fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
             Ok(Tensor::from(values))
         }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
-            let values: Vec<String> = match array.data_type() {
-                DataType::Utf8 => array
-                    .as_string::<i32>()
-                    .iter()
-                    .map(|s| s.unwrap_or("").to_owned())
-                    .collect(),
-                DataType::LargeUtf8 => array
-                    .as_string::<i64>()
-                    .iter()
-                    .map(|s| s.unwrap_or("").to_owned())
-                    .collect(),
-                _ => array
-                    .as_string_view()
-                    .iter()
-                    .map(|s| s.unwrap_or("").to_owned())
-                    .collect(),
-            };
-            Ok(Tensor::from(values))
+            Ok(Tensor::from(strings(array).unwrap_or_default()))
         }
         _ => return None,
     })
