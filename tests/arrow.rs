@@ -285,15 +285,18 @@ fn rows_of_one_column_become_an_arrow_column_without_a_copy() {
         return;
     }
     let column = Tensor::from(
-        ArrayD::from_shape_vec(IxDyn(&[4, 3]), (0..12).map(|i| i as f32).collect())
-            .expect("shape"),
+        ArrayD::from_shape_vec(IxDyn(&[4, 3]), (0..12).map(|i| i as f32).collect()).expect("shape"),
     );
     let base = column.as_bytes().expect("contiguous").as_ptr();
     let rows = column.rows().expect("rows");
     let samples: Vec<Sample> = rows
         .into_iter()
         .enumerate()
-        .map(|(i, row)| Sample::new(format!("s{i}")).birth(1 + i as u64).with("x", row))
+        .map(|(i, row)| {
+            Sample::new(format!("s{i}"))
+                .birth(1 + i as u64)
+                .with("x", row)
+        })
         .collect();
     let batch = assert_round_trip(&samples);
     let list = batch
@@ -301,7 +304,11 @@ fn rows_of_one_column_become_an_arrow_column_without_a_copy() {
         .and_then(|c| c.as_any().downcast_ref::<ListArray>())
         .expect("list column");
     let values = list.values().to_data();
-    assert_eq!(values.buffers()[0].as_ptr(), base, "the values view the column's memory");
+    assert_eq!(
+        values.buffers()[0].as_ptr(),
+        base,
+        "the values view the column's memory"
+    );
     // Out of order, the same samples are copied into a new values buffer, and still right.
     let reversed: Vec<Sample> = samples.iter().rev().cloned().collect();
     let batch = assert_round_trip(&reversed);
