@@ -79,6 +79,18 @@ def test_scalars_strings_metadata_and_births():
     assert table.column("policy_version").to_pylist() == [2, 2, 1, 1]
     assert table.column("environment").to_pylist() == ["math"] * 4
     assert [s["meta"]["policy_version"] for s in batch.samples()] == [2, 2, 1, 1]
+    batch.commit_blocking()
+    # The same through Arrow: int ids, births, strings, and metadata named by column.
+    buf.put_columns_blocking(
+        pa.table({"id": pa.array([10, 11, 12, 13], pa.int64()), "birth": pa.array([1, 2, 3, 4], pa.uint64()),
+                  "reward": [0.5, 1.0, 0.0, 2.0], "text": ["a", "bb", "ccc", ""],
+                  "environment": pa.array(["code"] * 4, pa.large_string())}),
+        meta=["environment"],
+    )
+    batch = buf.get_batch_for_rpc_blocking("train")
+    assert batch.columns()["text"] == ["a", "bb", "ccc", ""]
+    assert [s["id"] for s in batch.samples()] == ["10", "11", "12", "13"]
+    assert {s["meta"]["environment"] for s in batch.samples()} == {"code"}
 
 
 def test_variable_length_fields_as_values_and_offsets():
