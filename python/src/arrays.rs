@@ -7,8 +7,10 @@
 //! | `str_` / `object` holding str | `Str` | one string each | a list of `str` |
 //! | other dtypes (`float16`, big-endian, complex, ...) | refused: `ValueError` naming the field | | |
 //!
-//! In: a non-contiguous array is copied once into C order (the copy that snapshots it
-//! anyway). Out: a view's base is a small [`TensorMemory`] holding the tensor's shared
+//! In: an array that is not C-contiguous and aligned (Fortran order, a slice, a
+//! transpose, a misaligned buffer) is first copied into one that is by numpy; then its
+//! bytes are copied once. Booleans are read through their bytes (non-zero is true), never
+//! as Rust `bool` directly. Out: a view's base is a small [`TensorMemory`] holding the tensor's shared
 //! memory, so the array stays valid after its batch is committed, the slot reused and the
 //! buffer dropped, and nothing is copied. One of the two files of the bindings with
 //! `unsafe` (the other is `arrow.rs`).
@@ -50,52 +52,79 @@ fn dtype_of(descr: &Bound<'_, PyArrayDescr>) -> Option<DType> {
 pub(crate) fn tensor_from_numpy(array: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Tensor> {
     let descr = array.dtype();
     let shape = array.shape().to_vec();
-    match dtype_of(&descr) {
-        Some(DType::I32) => numbers::<i32>(array, DType::I32, shape),
-        Some(DType::I64) => numbers::<i64>(array, DType::I64, shape),
-        Some(DType::F32) => numbers::<f32>(array, DType::F32, shape),
-        Some(DType::F64) => numbers::<f64>(array, DType::F64, shape),
-        Some(DType::U8) => numbers::<u8>(array, DType::U8, shape),
-        Some(DType::Bool) => {
-            let a = array.cast::<PyArrayDyn<bool>>()?.readonly();
-            Ok(Tensor::from(a.as_array().to_owned()))
-        }
-        _ if matches!(descr.kind(), b'U' | b'O') => {
-            let flat: Vec<String> = array
-                .call_method0("ravel")?
-                .call_method0("tolist")?
-                .extract()
-                .map_err(|_| {
-                    PyValueError::new_err(format!("{what}: an object array must hold str"))
-                })?;
-            let values = ArrayD::from_shape_vec(IxDyn(&shape), flat)
-                .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
-            Ok(Tensor::from(values))
-        }
-        _ => Err(PyValueError::new_err(format!(
+    let dtype = dtype_of(&descr);
+    if dtype.is_none() && !matches!(descr.kind(), b'U' | b'O') {
+        return Err(PyValueError::new_err(format!(
             "{what}: unsupported dtype {}: use int32, int64, float32, float64, uint8 or \
              bool (native byte order), or str",
             descr.str().map(|s| s.to_string()).unwrap_or_default()
-        ))),
+        )));
+    }
+    let Some(dtype) = dtype else {
+        let flat: Vec<String> = array
+            .call_method0("ravel")?
+            .call_method0("tolist")?
+            .extract()
+            .map_err(|_| PyValueError::new_err(format!("{what}: an object array must hold str")))?;
+        let values = ArrayD::from_shape_vec(IxDyn(&shape), flat)
+            .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+        return Ok(Tensor::from(values));
+    };
+    // Read only C-ordered, aligned memory: anything else (Fortran order, a slice, a
+    // transpose, a misaligned buffer) is first copied into it by numpy, once.
+    let array = c_ordered(array)?;
+    match dtype {
+        DType::I32 => numbers::<i32>(&array, dtype, shape),
+        DType::I64 => numbers::<i64>(&array, dtype, shape),
+        DType::F32 => numbers::<f32>(&array, dtype, shape),
+        DType::F64 => numbers::<f64>(&array, dtype, shape),
+        DType::U8 => numbers::<u8>(&array, dtype, shape),
+        _ => {
+            // Booleans through their bytes: any non-zero byte is true (numpy's bool is one
+            // byte, and a view of other bytes may hold values other than 0 and 1).
+            let bytes = array.call_method1("view", ("uint8",))?;
+            let bytes = bytes.cast::<PyArrayDyn<u8>>()?.readonly();
+            let values: Vec<bool> = bytes.as_slice()?.iter().map(|&b| b != 0).collect();
+            let values = ArrayD::from_shape_vec(IxDyn(&shape), values)
+                .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
+            Ok(Tensor::from(values))
+        }
     }
 }
 
-/// A numeric array as a tensor over one aligned copy of its bytes (C order).
-fn numbers<T: NpElement + bytemuck::Pod>(
+/// `array` itself when it is C-contiguous and aligned, else a copy that is.
+fn c_ordered<'py>(array: &Bound<'py, PyUntypedArray>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    let aligned: bool = array.getattr("flags")?.getattr("aligned")?.extract()?;
+    if array.is_c_contiguous() && aligned {
+        return Ok(array.clone());
+    }
+    let copy = array
+        .py()
+        .import("numpy")?
+        .call_method1("require", (array, py_none(array.py()), "CA"))?;
+    Ok(copy.cast_into::<PyUntypedArray>()?)
+}
+
+fn py_none(py: Python<'_>) -> Bound<'_, PyAny> {
+    py.None().into_bound(py)
+}
+
+/// A C-ordered, aligned numeric array as a tensor over one aligned copy of its bytes (a
+/// scalar for a 0-d array).
+fn numbers<T: NpElement + Element + bytemuck::Pod>(
     array: &Bound<'_, PyUntypedArray>,
     dtype: DType,
     shape: Vec<usize>,
 ) -> PyResult<Tensor> {
     let a = array.cast::<PyArrayDyn<T>>()?.readonly();
-    let copy;
-    let values: &[T] = match a.as_slice() {
-        Ok(values) => values,
-        // Not C-contiguous (a slice, a transpose): one copy into C order.
-        Err(_) => {
-            copy = a.as_array().iter().copied().collect::<Vec<T>>();
-            &copy
-        }
-    };
+    let values = a.as_slice()?;
+    if shape.is_empty() {
+        let value = values
+            .first()
+            .copied()
+            .ok_or_else(|| PyValueError::new_err("a 0-d array without a value"))?;
+        return Ok(Tensor::scalar(value));
+    }
     Tensor::copy_from_bytes(dtype, shape, bytemuck::cast_slice(values))
         .ok_or_else(|| PyValueError::new_err("array bytes do not fit its shape"))
 }

@@ -81,9 +81,18 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RecordBatch>> {
     // for the call.
     let reader =
         unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
-    reader
-        .map(|b| b.map_err(arrow_err).and_then(validated))
-        .collect()
+    // arrow-rs builds each batch from the imported arrays before `validated` can look at
+    // them, and a malformed array can make that panic: an error here, never a crash.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reader
+            .map(|b| b.map_err(arrow_err).and_then(validated))
+            .collect()
+    }))
+    .unwrap_or_else(|_| {
+        Err(PyValueError::new_err(
+            "Arrow: the stream holds a malformed array",
+        ))
+    })
 }
 
 /// `batch`, once every column is checked whole (offsets in bounds, buffers long enough):

@@ -38,7 +38,8 @@ fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
     let data: Vec<arrow_data::ArrayData> = parts.iter().map(|a| a.to_data()).collect();
     let refs: Vec<&arrow_data::ArrayData> = data.iter().collect();
     let total = refs.iter().map(|d| d.len()).sum();
-    let mut mutable = arrow_data::transform::MutableArrayData::new(refs, false, total);
+    let mut mutable = arrow_data::transform::MutableArrayData::try_new(refs, false, total)
+        .map_err(|e| bad(format!("Arrow: {e}")))?;
     for (i, d) in data.iter().enumerate() {
         mutable
             .try_extend(i, 0, d.len())
@@ -218,13 +219,13 @@ pub(crate) fn arrow_rows(
 /// A flat Arrow array of numbers, booleans or strings as one `[len]` tensor (numbers
 /// copied once); `None` for other types.
 fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
+    if array.null_count() > 0 {
+        return Some(Err("nulls inside a value".into()));
+    }
     fn numbers<T: ArrowPrimitiveType>(array: &dyn Array, dtype: DType) -> Result<Tensor, String>
     where
         T::Native: bytemuck::Pod,
     {
-        if array.null_count() > 0 {
-            return Err("nulls inside a value".into());
-        }
         let values = array.as_primitive::<T>().values();
         Tensor::copy_from_bytes(dtype, vec![values.len()], bytemuck::cast_slice(values))
             .ok_or_else(|| "values do not fit".to_string())

@@ -17,9 +17,40 @@ pub(crate) struct PyBatch {
 
 impl PyBatch {
     /// Output columns as one patch per sample, checked against the batch's size.
+    /// Checked against the RPC's declared outputs before the batch is touched: a rejected
+    /// call leaves the batch held, to complete properly.
     fn output_patches(&self, columns: &Bound<'_, PyAny>) -> PyResult<Vec<rollout_buffer::Patch>> {
-        let n = self.with(|b| Ok(b.len()))?;
-        Ok(Columns::read(columns, None, None, Role::Patch, &[], Some(n))?.into_patches())
+        let (n, outputs) = self.with(|b| {
+            Ok((
+                b.len(),
+                b.output_keys()
+                    .iter()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>(),
+            ))
+        })?;
+        let keys: Vec<&str> = outputs.iter().map(String::as_str).collect();
+        Ok(Columns::read(columns, None, None, Role::Patch, &keys, Some(n))?.into_patches())
+    }
+
+    /// Dict outputs as patches, checked against the RPC's declared outputs first (as
+    /// `output_patches`).
+    fn dict_patches(&self, outputs: &[Bound<'_, PyAny>]) -> PyResult<Vec<rollout_buffer::Patch>> {
+        let patches = patches_from_py(outputs)?;
+        self.with(|b| {
+            let declared = b.output_keys();
+            for (row, p) in patches.iter().enumerate() {
+                if let Some(key) = p.keys().find(|k| !declared.contains(k)) {
+                    return Err(pyo3::exceptions::PyValueError::new_err(format!(
+                        "output {row}: RPC `{}` does not declare output `{key}` (declared: {})",
+                        b.rpc_name(),
+                        declared.join(", ")
+                    )));
+                }
+            }
+            Ok(())
+        })?;
+        Ok(patches)
     }
 
     /// Runs `f` on the batch, unless it was finished.
@@ -97,7 +128,7 @@ impl PyBatch {
         py: Python<'py>,
         outputs: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let patches = patches_from_py(&outputs)?;
+        let patches = self.dict_patches(&outputs)?;
         let batch = self.take()?;
         awaitable(
             py,
@@ -113,7 +144,7 @@ impl PyBatch {
 
     /// Blocking `complete`.
     fn complete_blocking(&self, py: Python<'_>, outputs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
-        let patches = patches_from_py(&outputs)?;
+        let patches = self.dict_patches(&outputs)?;
         let batch = self.take()?;
         block(py, batch.complete(patches))
     }

@@ -84,14 +84,27 @@ impl Columns {
         let mut id_column: Option<Vec<SampleId>> = None;
         if let Some(batches) = crate::arrow::import_batches(obj) {
             let batch = concat_batches(batches?)?;
-            for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+            let schema = batch.schema();
+            let mut seen = std::collections::HashSet::new();
+            for (field, column) in schema.fields().iter().zip(batch.columns()) {
                 let name = field.name().as_str();
+                if !seen.insert(name) {
+                    return Err(bad(format!("column {name:?} appears twice")));
+                }
                 let column = column.as_ref();
+                // Columns `Batch.to_arrow()` marks as metadata, or a container's own.
+                let marked = field
+                    .metadata()
+                    .get("rollout_buffer.role")
+                    .map(String::as_str);
+                if marked == Some("archive") {
+                    continue;
+                }
                 lengths.push((format!("column {name:?}"), column.len()));
                 match name {
                     "id" if role == Role::Put => id_column = Some(arrow_ids(column)?),
                     "birth" if role == Role::Put => cols.births = Some(arrow_births(column)?),
-                    _ if meta_names.iter().any(|m| m == name) => {
+                    _ if marked == Some("meta") || meta_names.iter().any(|m| m == name) => {
                         cols.meta.push((name.to_owned(), arrow_meta(name, column)?));
                     }
                     _ => {
@@ -139,11 +152,21 @@ impl Columns {
                 }
             }
         }
+        for name in &meta_names {
+            if !cols.meta.iter().any(|(m, _)| m == name) {
+                return Err(bad(format!("meta: no column named {name:?}")));
+            }
+        }
         if let Some(m) = meta.filter(|m| m.is_instance_of::<PyDict>()) {
             for (k, v) in m.cast::<PyDict>()?.iter() {
                 let name: String = k
                     .extract()
                     .map_err(|_| bad("meta: names must be str".into()))?;
+                if cols.fields.iter().any(|(f, _)| f.as_str() == name) {
+                    return Err(bad(format!(
+                        "meta {name:?} is also a column of fields: one name, one role"
+                    )));
+                }
                 let values = py_meta(&name, &v)?;
                 lengths.push((format!("meta {name:?}"), values.len()));
                 cols.meta.push((name, values));

@@ -37,7 +37,9 @@ pub(crate) fn block<T: Send>(
     py: Python<'_>,
     fut: impl Future<Output = rollout_buffer::Result<T>> + Send,
 ) -> PyResult<T> {
-    let mut fut = match poll_once(Box::pin(fut)) {
+    // The first poll does the call's work (a put's preparation, say): without the GIL, so
+    // other Python threads run meanwhile.
+    let mut fut = match py.detach(|| poll_once(Box::pin(fut))) {
         Ok(result) => return result.map_err(py_err),
         Err(pending) => pending,
     };
@@ -63,12 +65,15 @@ pub(crate) fn awaitable<'py, T>(
 where
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
-    match poll_once(Box::pin(fut)) {
+    // The event loop first: without one, fail before anything is done (a sync journal
+    // would otherwise finish a change whose caller was told it failed).
+    let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+    match py.detach(|| poll_once(Box::pin(fut))) {
         Ok(result) => {
             let value = result.and_then(|v| v.into_py_any(py));
             Ok(Bound::new(py, Ready { value: Some(value) })?.into_any())
         }
-        Err(pending) => pyo3_async_runtimes::tokio::future_into_py(py, pending),
+        Err(pending) => pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, pending),
     }
 }
 

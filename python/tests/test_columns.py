@@ -278,3 +278,56 @@ def test_columnar_puts_are_durable(tmp_path):
     reopened = one_rpc(store=store)
     assert len(reopened) == 4
     np.testing.assert_array_equal(reopened.get_batch_for_rpc_blocking("train").columns()["x"], x)
+
+
+def test_any_memory_layout_reads_in_logical_order():
+    buf = one_rpc(inputs=("x", "flags"))
+    logical = np.arange(12, dtype=np.float64).reshape(4, 3)
+    fortran = np.asfortranarray(logical)
+    misaligned = np.frombuffer(b"\0" + logical.tobytes(), np.float64, offset=1).reshape(4, 3)
+    odd_bools = np.array([[0, 2], [1, 0], [255, 1], [0, 0]], np.uint8).view(np.bool_)
+    for i, x in enumerate([fortran, misaligned, logical.T.copy().T]):
+        buf.put_columns_blocking({"x": x, "flags": odd_bools}, ids=[f"{i}-{j}" for j in range(4)])
+        batch = buf.get_batch_for_rpc_blocking("train")
+        cols = batch.columns()
+        np.testing.assert_array_equal(cols["x"], logical)
+        assert cols["flags"].tolist() == [[False, True], [True, False], [True, True], [False, False]]
+        batch.commit_blocking()
+
+
+def test_numpy_scalars_are_fields():
+    buf = one_rpc(n=1, inputs=("a", "b", "c"))
+    buf.put_batch_blocking([{"id": "s", "a": np.float32(1.5), "b": np.int64(7), "c": np.array(2.0)}])
+    s = buf.get_batch_for_rpc_blocking("train").samples()[0]
+    assert (s["a"], s["b"], s["c"]) == (1.5, 7, 2.0)
+
+
+def test_a_rejected_output_keeps_the_batch_whole():
+    buf = rb.Buffer(8, [
+        rb.Rpc("gen", 2, inputs=["prompt"], outputs=["tokens"]),
+        rb.Rpc("train", 2, inputs=["tokens"]),
+    ])
+    buf.put_columns_blocking({"prompt": np.ones((2, 1), np.int32)}, ids=["a", "b"])
+    gen = buf.get_batch_for_rpc_blocking("gen")
+    frame = pa.table({"id": ["a", "b"], "tokens": [[1], [2]]})
+    with pytest.raises(ValueError, match=r'column "id" is not a key'):
+        gen.complete_columns_blocking(frame)
+    with pytest.raises(ValueError, match=r"does not declare output `score`"):
+        gen.complete_blocking([{"tokens": np.ones(1, np.int32), "score": 1.0}] * 2)
+    gen.complete_columns_blocking(frame.drop_columns(["id"]))
+    assert buf.get_batch_for_rpc_blocking("train").columns()["tokens"].tolist() == [[1], [2]]
+
+
+def test_a_batch_exported_to_arrow_puts_back_as_it_was():
+    src = one_rpc(inputs=("x",))
+    src.put_columns_blocking({"x": np.arange(8, dtype=np.int32).reshape(4, 2)}, ids=list("abcd"),
+                             meta={"environment": ["m"] * 4})
+    table = src.get_batch_for_rpc_blocking("train").to_arrow()
+    dst = one_rpc(inputs=("x",))
+    dst.put_columns_blocking(table)  # ids, births and the metadata column come back as such
+    back = dst.get_batch_for_rpc_blocking("train")
+    assert [s["id"] for s in back.samples()] == list("abcd")
+    assert {s["meta"]["environment"] for s in back.samples()} == {"m"}
+    np.testing.assert_array_equal(back.columns()["x"], np.arange(8).reshape(4, 2))
+    with pytest.raises(ValueError, match=r'meta: no column named "missing"'):
+        dst.put_columns_blocking(pa.table({"id": ["z"], "x": [[1, 2]]}), meta=["missing"])

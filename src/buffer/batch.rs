@@ -163,6 +163,16 @@ impl Batch {
             .map_or("?", |r| &r.name)
     }
 
+    /// The keys the RPC declares as outputs: the only keys `complete` accepts.
+    pub fn output_keys(&self) -> Vec<&str> {
+        let graph = &self.shared.graph;
+        graph
+            .rpcs()
+            .get(self.rpc)
+            .map(|r| r.outputs.ids().map(|id| graph.key_name(id)).collect())
+            .unwrap_or_default()
+    }
+
     /// When the buffer will release this lease, if the RPC has a lease timeout.
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
