@@ -163,7 +163,18 @@ impl Shared {
             let mut notified = pin!(self.handover.done.notified());
             notified.as_mut().enable();
             if *self.handover.pending.lock() == 0 {
-                return;
+                // A segment retired while something other than a read held it (a batch
+                // keeping loaded fields for the sink) has no read left to sweep it when
+                // that holder goes: sweep here, and wait for those deletes too.
+                let store = self.lock().spill.as_ref().map(|s| Arc::clone(&s.store));
+                let Some(store) = store else {
+                    return;
+                };
+                self.sweep_retired(&store);
+                if *self.handover.pending.lock() == 0 {
+                    return;
+                }
+                continue;
             }
             notified.await;
         }
