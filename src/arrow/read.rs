@@ -1,10 +1,11 @@
 //! An Arrow `RecordBatch` back to samples (see the module docs for the layout).
 
-use super::elements::{dtype_of, with_element, ArrowElement};
+use super::elements::{dtype_of, ArrowElement};
 use super::write::arrow_err;
 use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
 use crate::error::Result;
 use crate::sample::{FieldKey, MetaValue, Sample};
+use crate::tensor::with_element;
 use crate::tensor::{DType, Tensor};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float64Type, Int64Type, UInt64Type};

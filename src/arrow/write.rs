@@ -1,10 +1,11 @@
 //! Samples to an Arrow `RecordBatch` (see the module docs for the layout).
 
-use super::elements::{with_element, ArrowElement};
+use super::elements::ArrowElement;
 use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
+use crate::tensor::with_element;
 use crate::tensor::{SharedBytes, Tensor};
 use arrow_array::{
     ArrayRef, BooleanArray, Float64Array, Int64Array, ListArray, RecordBatch, StringArray,

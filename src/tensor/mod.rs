@@ -6,6 +6,45 @@
 //! (AReaL's `seqlens`). Cloning a tensor never copies its data, which is what lets a batch
 //! be a consistent snapshot while later amends replace fields.
 
+/// Runs `$body` with `$t` bound to the element type of `$dtype` (every `DType`): the one
+/// dispatch from a runtime element type to code generic over it.
+macro_rules! with_element {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        match $dtype {
+            $crate::tensor::DType::I32 => {
+                type $t = i32;
+                $body
+            }
+            $crate::tensor::DType::I64 => {
+                type $t = i64;
+                $body
+            }
+            $crate::tensor::DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            $crate::tensor::DType::F64 => {
+                type $t = f64;
+                $body
+            }
+            $crate::tensor::DType::Bool => {
+                type $t = bool;
+                $body
+            }
+            $crate::tensor::DType::U8 => {
+                type $t = u8;
+                $body
+            }
+            $crate::tensor::DType::Str => {
+                type $t = String;
+                $body
+            }
+        }
+    };
+}
+#[cfg_attr(not(feature = "arrow"), allow(unused_imports))] // the Arrow conversions use it too
+pub(crate) use with_element;
+
 mod bytes;
 mod rows;
 

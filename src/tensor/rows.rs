@@ -38,24 +38,12 @@ impl Tensor {
 
     /// The values of a 1-d tensor, one scalar tensor each.
     fn scalars(&self) -> Option<Vec<Tensor>> {
-        macro_rules! each {
-            ($t:ty) => {
-                self.array::<$t>()?
-                    .iter()
-                    .cloned()
-                    .map(Tensor::scalar)
-                    .collect()
-            };
-        }
-        Some(match self.dtype() {
-            DType::I32 => each!(i32),
-            DType::I64 => each!(i64),
-            DType::F32 => each!(f32),
-            DType::F64 => each!(f64),
-            DType::U8 => each!(u8),
-            DType::Bool => each!(bool),
-            DType::Str => each!(String),
-        })
+        Some(with_element!(self.dtype(), T => self
+            .array::<T>()?
+            .iter()
+            .cloned()
+            .map(Tensor::scalar)
+            .collect()))
     }
 
     /// [`Self::rows`] of numbers: `[...rest]` views of one owner's byte ranges.
@@ -302,24 +290,13 @@ impl Tensor {
                 return Self::from_shared_bytes(dtype, shape, None, owner, 0..len);
             }
         }
-        macro_rules! gather {
-            ($t:ty) => {{
-                let mut values: Vec<$t> = Vec::new();
-                for p in parts {
-                    values.extend(p.array::<$t>()?.iter().cloned());
-                }
-                Tensor::from(Array::from_shape_vec(IxDyn(&shape), values).ok()?)
-            }};
-        }
-        Some(match dtype {
-            DType::I32 => gather!(i32),
-            DType::I64 => gather!(i64),
-            DType::F32 => gather!(f32),
-            DType::F64 => gather!(f64),
-            DType::U8 => gather!(u8),
-            DType::Bool => gather!(bool),
-            DType::Str => gather!(String),
-        })
+        Some(with_element!(dtype, T => {
+            let mut values: Vec<T> = Vec::new();
+            for p in parts {
+                values.extend(p.array::<T>()?.iter().cloned());
+            }
+            Tensor::from(Array::from_shape_vec(IxDyn(&shape), values).ok()?)
+        }))
     }
 }
 
