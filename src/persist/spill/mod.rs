@@ -161,7 +161,13 @@ impl SpillStore for ParquetSpill {
             let mut attempt = 1;
             loop {
                 let path = segment_path(id);
-                if store.put_if_absent(&path, bytes.clone()).await? {
+                // An object already there holding these bytes is this write's own: a put
+                // that landed but whose reply was lost, retried by the client and refused
+                // as a taken name (the log's writes treat theirs the same way). Taking a
+                // new name then would leave it behind, needed by no one.
+                if store.put_if_absent(&path, bytes.clone()).await?
+                    || store.get(&path).await?.is_some_and(|old| old == bytes)
+                {
                     footers.lock().insert(id, footer);
                     return Ok(Arc::new(Segment { id, path, rows: n }));
                 }

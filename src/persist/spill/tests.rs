@@ -310,9 +310,31 @@ fn writes_never_replace_a_segment() {
     });
 }
 
-/// An in-memory store where every name a create-only put asks for is taken.
+/// A put that landed but was reported as a taken name (its reply lost, the retry refused)
+/// is the write's own segment: no second name is taken and nothing is left behind.
+#[test]
+fn a_write_whose_reply_was_lost_keeps_its_segment() {
+    runtime().block_on(async {
+        let inner = Arc::new(AlwaysTaken(Default::default(), true));
+        let store = Store::from_object_store(Arc::clone(&inner) as _, "");
+        let spill = ParquetSpill::new(store.clone());
+        let first = spill.next.load(Ordering::Relaxed);
+        let segment = spill.write(vec![row(1)]).await.expect("write");
+        assert_eq!(segment.id, first, "the landed name is kept");
+        assert_eq!(
+            store.list(SPILL_DIR).await.expect("list"),
+            vec![segment_path(first)]
+        );
+        let keys = vec![FieldKey::from("tokens"), FieldKey::from("logp")];
+        let got = spill.read(segment, vec![0], keys).await.expect("read");
+        assert_eq!(got, vec![row(1)]);
+    });
+}
+
+/// An in-memory store where every name a create-only put asks for is taken; with `lands`,
+/// the put lands first (what a client sees when it retries a put whose reply was lost).
 #[derive(Debug, Default)]
-struct AlwaysTaken(object_store::memory::InMemory);
+struct AlwaysTaken(object_store::memory::InMemory, bool);
 
 impl std::fmt::Display for AlwaysTaken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -329,6 +351,11 @@ impl object_store::ObjectStore for AlwaysTaken {
         opts: object_store::PutOptions,
     ) -> object_store::Result<object_store::PutResult> {
         if opts.mode == object_store::PutMode::Create {
+            if self.1 {
+                self.0
+                    .put_opts(location, payload, object_store::PutOptions::default())
+                    .await?;
+            }
             return Err(object_store::Error::AlreadyExists {
                 path: location.to_string(),
                 source: "taken".into(),
