@@ -1,0 +1,378 @@
+"""Spec 000's ``ReplayBuffer``: grouped rollouts on Parquet with durable leases, acks and a
+step -> batch map. One instance is single-threaded (as a Ray actor, ``max_concurrency=1``).
+
+What is durable when a call returns: every lease (``sample_groups`` / ``next_batch``),
+ack and score, and every group a batch drew (groups are written before the lease that
+names them). Sealed groups not drawn yet are written within ``flush_interval_s`` (or at
+``flush_rows`` staged rows, ``tick``, ``flush`` and ``close``); unsealed aggregators are in
+memory only, as the spec allows. Evictions are logged with the next durable write.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Callable, Iterable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from . import storage
+from .control import Control
+from .groups import Aggregator, Chunk, Group, group_id, oldest_version, rows_by_chunk
+from .records import records_to_table
+from .serve import Serving
+from .stats import Stats
+
+# Control objects between snapshots.
+SNAPSHOT_EVERY = 256
+
+
+class ReplayBufferClosed(RuntimeError):
+    """A call on a closed :class:`ReplayBuffer`."""
+
+
+class ReplayBuffer(Serving):
+    """See the module docs and ``docs/scale.md``. ``grouping`` is ``"strict"`` (a group is
+    environment, example and policy version) or ``"mixed"`` (environment and example, any
+    versions). ``numeric_versions`` (default) requires integer policy versions, which the
+    lag controls and recency weighting need. ``clock`` (default ``time.time``) is what
+    leases, seal timeouts and retention read."""
+
+    def __init__(
+        self,
+        root_path: str,
+        *,
+        compression: str = "zstd",
+        capacity_groups: int = 50_000,
+        target_group_size: int = 8,
+        min_group_size: int = 2,
+        seal_timeout_s: float = 30.0,
+        max_per_replica: Optional[int] = None,
+        accept_policy_versions: Optional[Iterable[Any]] = None,
+        grouping: str = "strict",
+        max_uses_per_group: Optional[int] = None,
+        lease_timeout_s: float = 600.0,
+        retention_ttl_s: Optional[float] = None,
+        max_groups_per_version: Optional[int] = None,
+        numeric_versions: bool = True,
+        flush_rows: int = 16_384,
+        flush_interval_s: float = 5.0,
+        durable: bool = True,
+        clock: Optional[Callable[[], float]] = None,
+    ) -> None:
+        if grouping not in ("strict", "mixed"):
+            raise ValueError(f"grouping must be 'strict' or 'mixed', not {grouping!r}")
+        for name, v in (("capacity_groups", capacity_groups), ("target_group_size", target_group_size)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, not {v}")
+        if not 1 <= min_group_size <= target_group_size:
+            raise ValueError(f"min_group_size must be in 1..target_group_size, not {min_group_size}")
+        self.root_path = root_path
+        self.compression = compression
+        self.capacity = capacity_groups
+        self.target_size = target_group_size
+        self.min_size = min_group_size
+        self.seal_timeout_s = seal_timeout_s
+        self.max_per_replica = max_per_replica
+        self.accept = None if accept_policy_versions is None else {str(v) for v in accept_policy_versions}
+        self.mixed = grouping == "mixed"
+        self.max_uses = max_uses_per_group
+        self.lease_timeout_s = lease_timeout_s
+        self.retention_ttl_s = retention_ttl_s
+        self.max_per_version = max_groups_per_version
+        self.numeric = numeric_versions
+        self.flush_rows = flush_rows
+        self.flush_interval_s = flush_interval_s
+        self.clock = clock or time.time
+        self._store = storage.Store(root_path, durable)
+        self._log = storage.ControlLog(self._store)
+        # Names of files this process writes: unique per run, ordered within it.
+        self._run = f"{time.time_ns():x}-{uuid.uuid4().hex[:6]}"
+        self._files = 0
+        self._closed = False
+        self._pending: dict = {}  # aggregation key -> Aggregator, oldest first
+        self._live: dict = {}  # group id -> Group, in seal order
+        self._staged: list = []  # sealed groups not written yet
+        self._staged_since: Optional[float] = None
+        self._known: set = set()  # every group id ever sealed here or on storage
+        self._seen_uids: set = set()
+        self._scores: dict = {}  # group id -> {uid: {"scores": {}, "flags": {}}}
+        self._lazy: list = []  # control events applied, to log with the next write
+        self._highest_version: Optional[int] = None
+        self.stats_ = Stats()
+        snap, events = self._log.load()
+        self._control = Control.restore(snap, events)
+        self.rebuild_indexes()
+
+    # ---- ingest -------------------------------------------------------------------
+
+    def add_rollout(self, r: Any) -> str:
+        """Adds one rollout; returns its outcome (see :meth:`add_rollouts`)."""
+        return self.add_rollouts([r])[0]
+
+    def add_rollouts(self, rs: Iterable[Any]) -> list:
+        """Adds rollouts (``RolloutRecord`` or dicts of its fields); returns each one's
+        outcome: ``"pending"``, ``"sealed"`` (it completed a group), ``"duplicate"``,
+        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``.
+
+        All or none: a bad record (missing environment or example id, a non-integer
+        version with ``numeric_versions``, per-token arrays of different lengths, a NaN
+        reward, a negative token count, ...) raises ``ValueError`` naming the field and the
+        record's uid, and none of the call's records is taken.
+        """
+        self._check_open()
+        table, recs = records_to_table(rs, self.numeric)
+        now = self.clock()
+        chunk = Chunk(table)
+        env = table.column("environment").to_pylist()
+        ex = table.column("example_id").to_pylist()
+        pv = table.column("rollout_policy_version").to_pylist()
+        seg = table.column("segment_idx").to_pylist()
+        uid = table.column("rollout_uid").to_pylist()
+        rep = table.column("replica_id").to_pylist()
+        out = []
+        for i in range(len(recs)):
+            out.append(self._add(chunk, i, env[i], ex[i], pv[i], seg[i], uid[i], rep[i], now))
+        self.stats_.received(len(recs), now)
+        self._housekeeping(now)
+        return out
+
+    def _add(self, chunk, i, env, ex, pv, seg, uid, rep, now) -> str:
+        if self.accept is not None and pv not in self.accept:
+            self.stats_.count("version_rejected")
+            return "version_rejected"
+        if uid in self._seen_uids:
+            self.stats_.count("duplicates")
+            return "duplicate"
+        key = (env, ex, seg) if self.mixed else (env, ex, seg, pv)
+        agg = self._pending.get(key)
+        if agg is None:
+            agg = self._pending[key] = Aggregator(now)
+        if self.max_per_replica is not None and agg.by_replica[rep] >= self.max_per_replica:
+            self.stats_.count("replica_capped")
+            return "replica_capped"
+        self._seen_uids.add(uid)
+        agg.uids.append(uid)
+        agg.rows.append((chunk, i))
+        agg.by_replica[rep] += 1
+        agg.versions.add(pv)
+        n = self._version_num(pv)
+        if n is not None and (self._highest_version is None or n > self._highest_version):
+            self._highest_version = n
+        if len(agg.uids) >= self.target_size:
+            return self._seal(key, agg, now)
+        return "pending"
+
+    def _version_num(self, pv: str) -> Optional[int]:
+        try:
+            return int(pv)
+        except ValueError:
+            return None
+
+    def _seal(self, key: tuple, agg: Aggregator, now: float) -> str:
+        del self._pending[key]
+        env, ex, seg = key[0], key[1], key[2]
+        versions = sorted(agg.versions)
+        pv = oldest_version(versions)
+        gid = group_id(env, ex, "mixed" if self.mixed else pv, seg, agg.uids)
+        if gid in self._known:
+            self.stats_.count("duplicate_groups")
+            return "duplicate_group"
+        self._known.add(gid)
+        g = Group(
+            gid, env, ex, pv, versions, seg, list(agg.uids), sorted(agg.by_replica), now,
+            agg.created_ts, rows_by_chunk(agg.rows), written=False,
+        )
+        self._live[gid] = g
+        self._staged.append(g)
+        if self._staged_since is None:
+            self._staged_since = now
+        self.stats_.sealed(now, (now - agg.created_ts) * 1000.0)
+        self._enforce_caps(g)
+        return "sealed"
+
+    def tick(self) -> None:
+        """Housekeeping: seals timed-out groups (at least ``min_group_size``), returns
+        expired leases, applies retention, writes staged groups that waited
+        ``flush_interval_s`` and logs evictions."""
+        self._check_open()
+        now = self.clock()
+        self._housekeeping(now)
+        self._write_control([])
+
+    def _housekeeping(self, now: float) -> None:
+        for key, agg in list(self._pending.items()):
+            if now - agg.created_ts < self.seal_timeout_s:
+                break  # oldest first: the rest are younger
+            if len(agg.uids) >= self.min_size:
+                self._seal(key, agg, now)
+        self._expire_leases(now)
+        self._retention(now)
+        staged_rows = sum(len(g.uids) for g in self._staged)
+        if self._staged and (
+            staged_rows >= self.flush_rows or now - self._staged_since >= self.flush_interval_s
+        ):
+            self._write_staged()
+
+    # ---- capacity and retention ----------------------------------------------------
+
+    def _evict(self, gids: list, reason: str) -> None:
+        if not gids:
+            return
+        e = {"e": "exit", "g": gids, "r": reason}
+        self._control.apply(e)
+        self._lazy.append(e)
+        for gid in gids:
+            self._live.pop(gid, None)
+            self._scores.pop(gid, None)
+        self.stats_.count(reason, len(gids))
+
+    def _enforce_caps(self, newest: Group) -> None:
+        leased = self._control.leased
+        if self.max_per_version is not None:
+            same = [
+                g.id for g in self._live.values()
+                if g.environment == newest.environment and g.policy_version == newest.policy_version
+            ]
+            over = len(same) - self.max_per_version
+            if over > 0:
+                self._evict([gid for gid in same if gid not in leased][:over], "evicted")
+        over = len(self._live) - self.capacity
+        if over > 0:
+            victims = []
+            for gid in self._live:
+                if len(victims) == over:
+                    break
+                if gid not in leased:
+                    victims.append(gid)
+            self._evict(victims, "evicted")
+
+    def _retention(self, now: float) -> None:
+        if self.retention_ttl_s is None:
+            return
+        leased = self._control.leased
+        old = []
+        for gid, g in self._live.items():
+            if now - g.sealed_ts < self.retention_ttl_s:
+                break
+            if gid not in leased:
+                old.append(gid)
+        self._evict(old, "retention")
+
+    def _expire_leases(self, now: float) -> None:
+        expired = [b for b, ts in self._control.open.items() if now - ts >= self.lease_timeout_s]
+        if expired:
+            self._commit([{"e": "expire", "b": b} for b in expired])
+            self.stats_.count("leases_expired", len(expired))
+
+    # ---- durability ----------------------------------------------------------------
+
+    def _write_staged(self) -> None:
+        """Writes every staged group: one data file (and manifest) per partition."""
+        if not self._staged:
+            return
+        parts: dict = {}
+        for g in self._staged:
+            parts.setdefault((g.environment, g.policy_version, g.segment_idx), []).append(g)
+        for groups in parts.values():
+            table = pa.concat_tables([g.table(self._read_file) for g in groups])
+            self._files += 1
+            storage.write_groups(
+                self._store,
+                f"{self._run}-{self._files:06d}",
+                table,
+                [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts) for g in groups],
+                self.compression,
+            )
+            for g in groups:
+                g.written = True
+        self.stats_.count("groups_written", len(self._staged))
+        self._staged = []
+        self._staged_since = None
+
+    def _commit(self, events: list) -> None:
+        """Logs ``events`` (after the lazy ones), then applies them."""
+        self._write_control(events)
+        for e in events:
+            self._control.apply(e)
+        if self._log.since_snapshot >= SNAPSHOT_EVERY:
+            self._log.snapshot(self._control.snapshot())
+
+    def _write_control(self, events: list) -> None:
+        """Logs the lazy events (already applied) and ``events`` (not yet) in one object."""
+        batch = self._lazy + events
+        if not batch:
+            return
+        self._log.append(batch)
+        self._lazy = []
+
+    def _read_file(self, rel: str) -> pa.Table:
+        return storage.read_data_file(self._store, rel)
+
+    def flush(self) -> None:
+        """Writes every sealed group and every logged change."""
+        self._check_open()
+        self._write_staged()
+        self._write_control([])
+
+    def close(self) -> None:
+        """Flushes, snapshots the control state and releases the buffer; any later call
+        raises :class:`ReplayBufferClosed`."""
+        if self._closed:
+            return
+        self.flush()
+        self._log.snapshot(self._control.snapshot())
+        self._closed = True
+        self._live.clear()
+        self._pending.clear()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ReplayBufferClosed(f"the replay buffer at {self.root_path!r} is closed")
+
+    def rebuild_indexes(self) -> None:
+        """Rebuilds the sealed groups from storage (manifests; data files without one are
+        scanned) and the scores sidecar; the control state decides which are live and
+        which are leased. Staged groups are written first; aggregators are kept."""
+        self._check_open()
+        self._write_staged()
+        files: dict = {}
+        live: dict = {}
+        for h in sorted(storage.scan_groups(self._store), key=lambda h: (h["sealed_ts"], h["group_id"])):
+            gid = h["group_id"]
+            self._known.add(gid)
+            self._seen_uids.update(h["uids"])
+            if gid in self._control.exited or gid in live:
+                continue
+            chunk = self._live[gid].parts if gid in self._live else None
+            if chunk is None:
+                c = files.setdefault(h["file"], Chunk(file=h["file"]))
+                chunk = [(c, np.arange(h["row"], h["row"] + h["num_rollouts"]))]
+            g = Group(
+                gid, h["environment"], h["example_id"], h["policy_version"], [], h["segment_idx"],
+                list(h["uids"]), [], h["sealed_ts"], h.get("first_ts", h["sealed_ts"]), chunk, True,
+            )
+            live[gid] = g
+            n = g.version_num
+            if n is not None and (self._highest_version is None or n > self._highest_version):
+                self._highest_version = n
+        self._live = live
+        self._scores = {}
+        for gid, uid, scores, flags, _ in storage.read_scores(self._store):
+            if gid in live:
+                self._apply_scores(gid, [uid] if uid else live[gid].uids, scores, flags)
+
+    # ---- drawing -------------------------------------------------------------------
+
+    def set_policy_version(self, v: int) -> None:
+        """The trainer's current version (lag is measured from the higher of this and
+        the highest version seen)."""
+        self._check_open()
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise ValueError(f"policy version must be an int, not {v!r}")
+        self._commit([{"e": "version", "v": int(v)}])
+
+    def current_version(self) -> Optional[int]:
+        vs = [v for v in (self._control.version, self._highest_version) if v is not None]
+        return max(vs) if vs else None

@@ -1,0 +1,349 @@
+"""The trainer's and the verifier's side of :class:`ReplayBuffer`: drawing batches, acks,
+the step -> batch map, reading groups back, scores and stats. A mixin over the buffer's
+state (``buffer.py`` owns ingest, capacity and durability).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import numpy as np
+import pyarrow as pa
+
+from .draw import recency_weights, round_robin, window
+from .records import RolloutGroup, SampledBatch, table_to_records
+
+_STATUSES = ("ok", "failed")
+
+
+class Serving:
+    """Mixed into ``ReplayBuffer``; see its docs."""
+
+    def sample_groups(
+        self,
+        n: int,
+        *,
+        seed: int = 0,
+        start_offset: int = 0,
+        prefer_policy_versions: Optional[Iterable[Any]] = None,
+        max_policy_lag: Optional[int] = None,
+        recent_n_versions: Optional[int] = None,
+        recency_weighting: str = "uniform",
+        on_policy_fraction: Optional[float] = None,
+        require_flags: Optional[dict] = None,
+        _step: Optional[int] = None,
+    ) -> SampledBatch:
+        """Draws up to ``n`` ready, unleased groups and leases them to a new batch.
+
+        Redelivered groups (a failed ack, an expired lease) come first, in the order they
+        came back; the rest follow the seeded round-robin over examples (``draw.py``),
+        positions ``start_offset .. start_offset + n``, wrapping. Filters: versions within
+        ``max_policy_lag`` of the current one, or among the ``recent_n_versions`` newest;
+        ``require_flags`` (every rollout of the group flagged so by a verifier). Order:
+        ``prefer_policy_versions`` first; ``on_policy_fraction`` of the batch from the
+        current version; ``recency_weighting`` (``uniform``, ``linear``, ``exp``) weights
+        the shuffle by lag. The batch's groups are written before its lease is logged.
+        """
+        self._check_open()
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ValueError(f"n must be an int >= 0, not {n!r}")
+        now = self.clock()
+        self._housekeeping(now)
+        ready, current = self._ready(
+            max_policy_lag, recent_n_versions, recency_weighting, on_policy_fraction, require_flags
+        )
+        ready_ids = {g.id for g in ready}
+        first = [self._live[gid] for gid in self._control.redeliver if gid in ready_ids]
+        picked = first[:n]
+        first_ids = {g.id for g in first}
+        rest = [g for g in ready if g.id not in first_ids]
+        want = n - len(picked)
+        if want > 0 and on_policy_fraction is not None and current is not None:
+            on = [g for g in rest if g.version_num == current]
+            k = min(len(on), int(round(want * on_policy_fraction)))
+            took = window(self._order(on, seed, recency_weighting, current), start_offset, k)
+            picked += took
+            ids = {g.id for g in took}
+            rest = [g for g in rest if g.id not in ids]
+            want -= len(took)
+        if want > 0 and prefer_policy_versions is not None:
+            prefer = {str(v) for v in prefer_policy_versions}
+            head = [g for g in rest if g.policy_version in prefer]
+            tail = [g for g in rest if g.policy_version not in prefer]
+            order = self._order(head, seed, recency_weighting, current) + self._order(
+                tail, seed, recency_weighting, current
+            )
+            picked += window(order, start_offset, want)
+        elif want > 0:
+            picked += window(self._order(rest, seed, recency_weighting, current), start_offset, want)
+        return self._lease(picked, now, current, _step)
+
+    def ready_count(self, **filters: Any) -> int:
+        """How many groups ``sample_groups`` with these filters could draw now."""
+        self._check_open()
+        self._housekeeping(self.clock())
+        filters.pop("prefer_policy_versions", None)
+        return len(self._ready(**filters)[0])
+
+    def _ready(
+        self,
+        max_policy_lag: Optional[int] = None,
+        recent_n_versions: Optional[int] = None,
+        recency_weighting: str = "uniform",
+        on_policy_fraction: Optional[float] = None,
+        require_flags: Optional[dict] = None,
+    ) -> tuple:
+        """The unleased groups that pass the filters, and the current version."""
+        if on_policy_fraction is not None and not 0.0 <= on_policy_fraction <= 1.0:
+            raise ValueError(f"on_policy_fraction must be in [0, 1], not {on_policy_fraction}")
+        recency_weights(np.zeros(0), recency_weighting)  # checks the name
+        current = self.current_version()
+        lag_used = (
+            max_policy_lag is not None
+            or recent_n_versions is not None
+            or recency_weighting != "uniform"
+            or on_policy_fraction is not None
+        )
+        leased = self._control.leased
+        ready = [g for g in self._live.values() if g.id not in leased]
+        if lag_used:
+            bad = next((g for g in self._live.values() if g.version_num is None), None)
+            if bad is not None:
+                raise ValueError(
+                    f"rollout {bad.uids[0]!r} (group {bad.id!r}): field 'policy_version' is"
+                    f" {bad.policy_version!r}, not an integer: the lag controls need integer"
+                    " versions"
+                )
+        if max_policy_lag is not None and current is not None:
+            ready = [g for g in ready if current - g.version_num <= max_policy_lag]
+        if recent_n_versions is not None:
+            keep = set(sorted({g.version_num for g in ready}, reverse=True)[:recent_n_versions])
+            ready = [g for g in ready if g.version_num in keep]
+        if require_flags:
+            ready = [g for g in ready if self._flags_hold(g, require_flags)]
+        return ready, current
+
+    def recorded_batch(self, step: int) -> Optional[SampledBatch]:
+        """The batch recorded for ``step``, if any."""
+        self._check_open()
+        bid = self._control.steps.get(int(step))
+        if bid is None:
+            return None
+        b = self._control.batches[bid]
+        return SampledBatch(bid, list(b["g"]), b["ts"], int(step))
+
+    def _order(self, groups: list, seed: int, mode: str, current: Optional[int]) -> list:
+        if not groups:
+            return []
+        gh = np.fromiter((g.group_hash for g in groups), np.uint64, len(groups))
+        eh = np.fromiter((g.example_hash for g in groups), np.uint64, len(groups))
+        weights = None
+        if mode != "uniform":
+            lags = np.fromiter(
+                ((current or 0) - (g.version_num or 0) for g in groups), np.int64, len(groups)
+            )
+            weights = recency_weights(lags, mode)
+        return [groups[i] for i in round_robin(gh, eh, seed, weights)]
+
+    def _lease(self, picked: list, now: float, current: Optional[int], step: Optional[int]) -> SampledBatch:
+        if any(not g.written for g in picked):
+            self._write_staged()
+        bid = self._control.next_batch_id()
+        gids = [g.id for g in picked]
+        self._commit([{"e": "lease", "b": bid, "g": gids, "ts": now, "step": step}])
+        for g in picked:
+            lag = None if current is None or g.version_num is None else current - g.version_num
+            self.stats_.drawn(lag)
+        self.stats_.count("batches")
+        return SampledBatch(bid, gids, now, step)
+
+    def next_batch(self, step: int, n_groups: int, **kwargs: Any) -> SampledBatch:
+        """The batch of training step ``step``: the same one every time the step is
+        asked for, also after a crash (the map is durable); a new step draws
+        ``n_groups`` with ``sample_groups(**kwargs)`` (``seed`` defaults to ``step``). A
+        step whose draw found nothing ready is not recorded, so asking again draws again."""
+        self._check_open()
+        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+            raise ValueError(f"step must be an int, not {step!r}")
+        recorded = self.recorded_batch(int(step))
+        if recorded is not None:
+            return recorded
+        kwargs.setdefault("seed", int(step))
+        return self.sample_groups(n_groups, _step=int(step), **kwargs)
+
+    def ack(self, batch_id: str, status: str = "ok") -> None:
+        """Settles a batch: ``"ok"`` counts a use of each group (a group reaching
+        ``max_uses_per_group`` is consumed); ``"failed"`` returns them uncounted, first in
+        the next draw. Acking again with the same status does nothing; an unknown batch id
+        is a ``KeyError`` naming it; another status for a settled batch is a
+        ``ValueError``."""
+        self._check_open()
+        if status not in _STATUSES:
+            raise ValueError(f"status must be 'ok' or 'failed', not {status!r}")
+        b = self._control.batches.get(batch_id)
+        if b is None:
+            raise KeyError(f"unknown batch id {batch_id!r}")
+        was = b["s"]
+        if was == status or (was == "expired" and status == "failed"):
+            return
+        if was in _STATUSES:
+            raise ValueError(f"batch {batch_id!r} was already acked {was!r}, not {status!r}")
+        events = [{"e": "ack", "b": batch_id, "s": status}]
+        self.stats_.count("acks_ok" if status == "ok" else "acks_failed")
+        if status == "ok" and self.max_uses is not None:
+            uses = self._control.uses
+            done = [g for g in b["g"] if g in self._live and uses[g] + 1 >= self.max_uses]
+            if done:
+                events.append({"e": "exit", "g": done, "r": "consumed"})
+        self._commit(events)
+        for e in events[1:]:
+            for gid in e["g"]:
+                self._live.pop(gid, None)
+                self._scores.pop(gid, None)
+            self.stats_.count("consumed", len(e["g"]))
+
+    # ---- reading groups ------------------------------------------------------------
+
+    def get_groups(self, group_ids: Iterable[str], as_arrow: bool = False) -> Any:
+        """The groups, in the order asked: ``RolloutGroup`` records, or one Arrow table
+        (the dataset's schema, each group's rows together) with ``as_arrow=True``. A group
+        not in the buffer (never sealed, evicted, consumed) is a ``KeyError`` naming it
+        and why."""
+        self._check_open()
+        groups = []
+        for gid in group_ids:
+            g = self._live.get(gid)
+            if g is None:
+                why = self._control.exited.get(gid)
+                raise KeyError(f"group {gid!r} is not in the buffer" + (f" ({why})" if why else ""))
+            groups.append(g)
+        tables = [g.table(self._read_file) for g in groups]
+        if as_arrow:
+            if not tables:
+                from .records import SCHEMA
+
+                return SCHEMA.empty_table()
+            return pa.concat_tables(tables)
+        return [self._group_record(g, t) for g, t in zip(groups, tables)]
+
+    def get_batch(self, batch_id: str, as_arrow: bool = True) -> Any:
+        """:meth:`get_groups` of a batch's groups."""
+        self._check_open()
+        b = self._control.batches.get(batch_id)
+        if b is None:
+            raise KeyError(f"unknown batch id {batch_id!r}")
+        return self.get_groups(b["g"], as_arrow=as_arrow)
+
+    def _group_record(self, g: Any, table: pa.Table) -> RolloutGroup:
+        meta = {
+            "num_rollouts": len(g.uids),
+            "uids": sorted(g.uids),
+            "replicas": list(g.replicas),
+            "policy_versions": list(g.versions) or [g.policy_version],
+            "uses": self._control.uses.get(g.id, 0),
+        }
+        sc = self._scores.get(g.id)
+        if sc:
+            meta["scores"] = {u: dict(v["scores"]) for u, v in sc.items()}
+            meta["flags"] = {u: dict(v["flags"]) for u, v in sc.items()}
+        return RolloutGroup(
+            id=g.id,
+            environment=g.environment,
+            example_id=g.example_id,
+            policy_version=g.policy_version,
+            rollouts=table_to_records(table),
+            sealed_ts=g.sealed_ts,
+            metadata=meta,
+            segment_idx=g.segment_idx,
+        )
+
+    # ---- scores --------------------------------------------------------------------
+
+    def upsert_scores(
+        self,
+        group_id: str,
+        scores: dict,
+        flags: Optional[dict] = None,
+        rollout_uid: Optional[str] = None,
+    ) -> None:
+        """Scores every rollout of a group, or one (``rollout_uid``), into the sidecar
+        dataset: merged over earlier scores, durable when this returns, visible to
+        ``require_flags`` and in ``metadata["scores"]``. An unknown group or uid is a
+        ``KeyError``; a non-finite score or a non-bool flag a ``ValueError``; then nothing
+        is written."""
+        self._check_open()
+        g = self._live.get(group_id)
+        if g is None:
+            why = self._control.exited.get(group_id)
+            raise KeyError(f"group {group_id!r} is not in the buffer" + (f" ({why})" if why else ""))
+        if rollout_uid is not None and rollout_uid not in g.uids:
+            raise KeyError(f"group {group_id!r} has no rollout {rollout_uid!r}")
+        clean = {}
+        for k, v in dict(scores).items():
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+                raise ValueError(f"group {group_id!r}: score {k!r} must be a str -> number, not {v!r}")
+            if not math.isfinite(float(v)):
+                raise ValueError(f"group {group_id!r}: score {k!r} is {v}: not finite")
+            clean[k] = float(v)
+        clean_flags = {}
+        for k, v in dict(flags or {}).items():
+            if not isinstance(k, str) or not isinstance(v, (bool, np.bool_)):
+                raise ValueError(f"group {group_id!r}: flag {k!r} must be a str -> bool, not {v!r}")
+            clean_flags[k] = bool(v)
+        uids = [rollout_uid] if rollout_uid is not None else list(g.uids)
+        from . import storage
+
+        self._files += 1
+        storage.write_scores(
+            self._store,
+            f"{self._run}-{self._files:06d}",
+            [(group_id, u, clean, clean_flags) for u in uids],
+        )
+        if group_id not in self._scores:
+            self.stats_.verified((self.clock() - g.sealed_ts) * 1000.0)
+        self._apply_scores(group_id, uids, clean, clean_flags)
+
+    def _apply_scores(self, gid: str, uids: list, scores: dict, flags: dict) -> None:
+        per = self._scores.setdefault(gid, {})
+        for u in uids:
+            entry = per.setdefault(u, {"scores": {}, "flags": {}})
+            entry["scores"].update(scores)
+            entry["flags"].update(flags)
+
+    def _flags_hold(self, g: Any, required: dict) -> bool:
+        sc = self._scores.get(g.id)
+        if not sc:
+            return False
+        for u in g.uids:
+            f = sc.get(u, {}).get("flags", {})
+            if any(f.get(k) != v for k, v in required.items()):
+                return False
+        return True
+
+    # ---- stats ---------------------------------------------------------------------
+
+    def stats(self) -> dict:
+        """Counts, rates and the spec's observability figures: ``policy_lag_histogram``,
+        ``ready_by_policy_version``, ``seal_time_ms_p50/p99``, ``generator_queue_len``
+        (rollouts in unsealed groups), ``verifier_latency_ms`` (seal to first score)."""
+        self._check_open()
+        now = self.clock()
+        leased = self._control.leased
+        ready: dict = {}
+        for g in self._live.values():
+            if g.id not in leased:
+                ready[g.policy_version] = ready.get(g.policy_version, 0) + 1
+        return self.stats_.report(
+            now,
+            groups_live=len(self._live),
+            groups_ready=sum(ready.values()),
+            groups_leased=len(leased),
+            groups_staged=len(self._staged),
+            batches_open=len(self._control.open),
+            redelivery_queue=len(self._control.redeliver),
+            ready_by_policy_version=ready,
+            generator_queue_len=sum(len(a.uids) for a in self._pending.values()),
+            pending_groups=len(self._pending),
+            policy_version=self.current_version(),
+        )

@@ -1,0 +1,209 @@
+"""Replay buffers as Ray actors: one (:func:`remote`) or one per shard
+(:class:`ShardedReplayBuffer`).
+
+Each shard is a :class:`ReplayBuffer` actor on its own folder under the root, restarted by
+Ray after a crash (``max_restarts=-1``) and recovering from that folder. The sharded front
+is a plain object holding the shard handles, so it pickles into producer and trainer
+tasks: producers write to their shard directly, the trainer draws across shards
+deterministically (``sample_groups`` asks every shard for its ready count, splits ``n``
+round-robin from ``seed % shards``, and draws each part on its shard with the same seed and
+offset), and payloads go from the shards to the trainer as Ray object refs
+(:meth:`ShardedReplayBuffer.batch_refs`): only ids travel through the front.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Optional
+
+from .buffer import ReplayBuffer
+from .draw import stable_hash
+from .records import SampledBatch
+
+_ACTOR = None
+
+
+def _actor_class():
+    global _ACTOR
+    if _ACTOR is None:
+        import ray
+
+        _ACTOR = ray.remote(ReplayBuffer)
+    return _ACTOR
+
+
+def remote(root_path: str, *, ray_options: Optional[dict] = None, **kwargs: Any):
+    """A :class:`ReplayBuffer` actor on ``root_path``, restarted by Ray on failure (and
+    then recovered from storage). ``ray_options`` go to ``.options()``; the defaults are
+    ``max_concurrency=1``, ``max_restarts=-1`` and ``max_task_retries=-1`` (a call cut by
+    a crash is retried on the restarted actor: acks, ``add_rollouts`` and ``next_batch``
+    are safe to retry; a retried ``sample_groups`` may leave one more leased batch, which
+    expires after ``lease_timeout_s``)."""
+    opts = {"max_concurrency": 1, "max_restarts": -1, "max_task_retries": -1}
+    opts.update(ray_options or {})
+    return _actor_class().options(**opts).remote(root_path, **kwargs)
+
+
+def _join(root: str, name: str) -> str:
+    return f"{root.rstrip('/')}/{name}"
+
+
+class ShardedReplayBuffer:
+    """Shards of a replay buffer on Ray. ``by="environment"``: ``shards`` lists the
+    environments, one shard each (spec 000's "one replay buffer per env type"); a record
+    of another environment is a ``ValueError``. ``by="hash"``: ``shards`` is a count, and
+    a record goes to the shard of the hash of its environment and example id (so a
+    group's rollouts always meet). Other keyword arguments go to every shard's
+    :class:`ReplayBuffer`."""
+
+    def __init__(
+        self,
+        root_path: str,
+        shards: Any,
+        *,
+        by: str = "environment",
+        ray_options: Optional[dict] = None,
+        **buffer_kwargs: Any,
+    ) -> None:
+        if by == "environment":
+            self.keys = [str(s) for s in shards]
+            if not self.keys or len(set(self.keys)) != len(self.keys):
+                raise ValueError(f"shards must be distinct environment names, not {shards!r}")
+            names = [f"shard=env-{k}" for k in self.keys]
+        elif by == "hash":
+            if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+                raise ValueError(f"with by='hash', shards is a count >= 1, not {shards!r}")
+            self.keys = list(range(shards))
+            names = [f"shard={i}" for i in self.keys]
+        else:
+            raise ValueError(f"by must be 'environment' or 'hash', not {by!r}")
+        self.by = by
+        self.root_path = root_path
+        self.handles = [
+            remote(_join(root_path, name), ray_options=ray_options, **buffer_kwargs) for name in names
+        ]
+        self._index = {k: i for i, k in enumerate(self.keys)}
+
+    def shard_of(self, environment: str, example_id: str = "") -> int:
+        """The shard a record of this environment (and example) goes to."""
+        if self.by == "environment":
+            i = self._index.get(environment)
+            if i is None:
+                raise ValueError(f"no shard for environment {environment!r} (shards: {self.keys})")
+            return i
+        return stable_hash(f"{environment}\0{example_id}") % len(self.handles)
+
+    def add_rollouts_refs(self, records: Iterable[Any]) -> list:
+        """Routes records to their shards, one call per shard; returns ``(positions,
+        ObjectRef)`` pairs (``positions``: where the shard's records were in the input)."""
+        parts: dict = {}
+        for i, r in enumerate(records):
+            env = r["environment"] if isinstance(r, dict) else r.environment
+            ex = r["example_id"] if isinstance(r, dict) else r.example_id
+            parts.setdefault(self.shard_of(env, ex), ([], []))
+            parts[self.shard_of(env, ex)][0].append(i)
+            parts[self.shard_of(env, ex)][1].append(r)
+        return [(pos, self.handles[s].add_rollouts.remote(rs)) for s, (pos, rs) in parts.items()]
+
+    def add_rollouts(self, records: Iterable[Any]) -> list:
+        """:meth:`add_rollouts_refs`, waited for: each record's outcome, in input order."""
+        import ray
+
+        records = list(records)
+        out: list = [None] * len(records)
+        pairs = self.add_rollouts_refs(records)
+        for (pos, _), outcomes in zip(pairs, ray.get([ref for _, ref in pairs])):
+            for p, o in zip(pos, outcomes):
+                out[p] = o
+        return out
+
+    def _allocate(self, n: int, seed: int, filters: dict) -> list:
+        import ray
+
+        counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
+        quota = [0] * len(counts)
+        left = n
+        i = seed % len(counts)
+        while left > 0 and any(q < c for q, c in zip(quota, counts)):
+            if quota[i] < counts[i]:
+                quota[i] += 1
+                left -= 1
+            i = (i + 1) % len(counts)
+        return quota
+
+    def sample_groups(self, n: int, *, seed: int = 0, start_offset: int = 0, **kwargs: Any) -> SampledBatch:
+        """Draws up to ``n`` groups across shards (see the module docs); the batch id
+        names each shard's part."""
+        import ray
+
+        quota = self._allocate(n, seed, kwargs)
+        refs = [
+            (i, self.handles[i].sample_groups.remote(q, seed=seed, start_offset=start_offset, **kwargs))
+            for i, q in enumerate(quota)
+            if q > 0
+        ]
+        return _combine([(i, b) for (i, _), b in zip(refs, ray.get([r for _, r in refs]))], None)
+
+    def next_batch(self, step: int, n_groups: int, **kwargs: Any) -> SampledBatch:
+        """The batch of ``step`` across shards: the recorded one if any shard has the step,
+        else a new draw (each shard records its part)."""
+        import ray
+
+        recorded = ray.get([h.recorded_batch.remote(step) for h in self.handles])
+        if any(b is not None for b in recorded):
+            return _combine([(i, b) for i, b in enumerate(recorded) if b is not None], step)
+        seed = kwargs.pop("seed", step)
+        quota = self._allocate(n_groups, seed, kwargs)
+        refs = [
+            (i, self.handles[i].next_batch.remote(step, q, seed=seed, **kwargs))
+            for i, q in enumerate(quota)
+            if q > 0
+        ]
+        return _combine([(i, b) for (i, _), b in zip(refs, ray.get([r for _, r in refs]))], step)
+
+    def _parts(self, batch_id: str) -> list:
+        parts = []
+        for piece in batch_id.split("|") if batch_id else []:
+            shard, sep, bid = piece.partition(":")
+            if not sep or not shard.isdigit() or int(shard) >= len(self.handles):
+                raise KeyError(f"unknown batch id {batch_id!r}")
+            parts.append((int(shard), bid))
+        return parts
+
+    def ack(self, batch_id: str, status: str = "ok") -> None:
+        """Acks every shard's part of a batch."""
+        import ray
+
+        ray.get([self.handles[s].ack.remote(bid, status) for s, bid in self._parts(batch_id)])
+
+    def batch_refs(self, batch: Any) -> list:
+        """Object refs to the batch's Arrow tables, one per shard part: the trainer's
+        ``ray.get`` fetches them from the shards, not through the front."""
+        bid = batch.batch_id if isinstance(batch, SampledBatch) else batch
+        return [self.handles[s].get_batch.remote(b, as_arrow=True) for s, b in self._parts(bid)]
+
+    def stats(self) -> list:
+        """Every shard's ``stats()``."""
+        import ray
+
+        return ray.get([h.stats.remote() for h in self.handles])
+
+    def flush(self) -> None:
+        import ray
+
+        ray.get([h.flush.remote() for h in self.handles])
+
+    def close(self) -> None:
+        import ray
+
+        ray.get([h.close.remote() for h in self.handles])
+
+
+def _combine(parts: list, step: Optional[int]) -> SampledBatch:
+    parts = [(i, b) for i, b in parts if b is not None and b.group_ids]
+    return SampledBatch(
+        batch_id="|".join(f"{i}:{b.batch_id}" for i, b in parts),
+        group_ids=[g for _, b in parts for g in b.group_ids],
+        ts=max((b.ts for _, b in parts), default=time.time()),
+        step=step,
+    )

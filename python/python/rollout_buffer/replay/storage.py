@@ -1,0 +1,305 @@
+"""Where a replay buffer keeps things, under its ``root_path`` (a local path, ``file://``,
+``s3://`` or ``gs://``: anything ``pyarrow.fs`` opens):
+
+- ``rollouts/environment=E/policy_version=V/segment_idx=S/part-<run>-<n>.parquet``: the
+  sealed groups, append-only, hive-partitioned (DuckDB's ``read_parquet(...,
+  hive_partitioning=true)`` and ``pyarrow.dataset`` read it as it is). Each data file has
+  a ``_manifest-<run>-<n>.jsonl`` beside it (the leading ``_`` keeps it out of
+  ``pyarrow.dataset`` scans), one line per group (id, rows, uids, seal time);
+  a data file whose manifest is missing (a crash between the two writes) is scanned.
+- ``scores/part-<run>-<n>.parquet``: the verifier sidecar, keyed by ``(group_id,
+  rollout_uid)``; later rows win.
+- ``control/``: leases, acks, the step -> batch map, exits, the policy version: a log of
+  numbered JSON objects and, now and then, a snapshot that replaces the log before it.
+
+Every object is written whole and never rewritten, so the layout works the same on a local
+disk (written to a temporary name, fsynced and renamed) and on object stores (one put).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+import urllib.parse
+from typing import Any, Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from .records import FILE_SCHEMA, PARTITION_COLUMNS, SCHEMA
+
+ROLLOUTS = "rollouts"
+SCORES = "scores"
+CONTROL = "control"
+
+SCORES_SCHEMA = pa.schema(
+    [
+        ("group_id", pa.string()),
+        ("rollout_uid", pa.string()),
+        ("scores", pa.map_(pa.string(), pa.float64())),
+        ("flags", pa.map_(pa.string(), pa.bool_())),
+        ("ts", pa.float64()),
+    ]
+)
+
+
+class Store:
+    """Whole-object reads and writes under one root."""
+
+    def __init__(self, root_path: str, durable: bool = True) -> None:
+        if "://" in root_path and not root_path.startswith("file://"):
+            self.fs, self.root = pafs.FileSystem.from_uri(root_path)
+            self.local = False
+        else:
+            path = root_path[len("file://") :] if root_path.startswith("file://") else root_path
+            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(path)
+            self.local = True
+            os.makedirs(self.root, exist_ok=True)
+        self.url = root_path
+        self.durable = durable
+
+    def path(self, rel: str) -> str:
+        return f"{self.root.rstrip('/')}/{rel}"
+
+    def put(self, rel: str, data: bytes) -> None:
+        """Writes ``rel`` whole: readers see all of it or nothing."""
+        full = self.path(rel)
+        if self.local:
+            directory = os.path.dirname(full)
+            os.makedirs(directory, exist_ok=True)
+            base = os.path.basename(full)
+            # Hidden (dataset scans skip it) and never listed: see `list`.
+            tmp = os.path.join(directory, f".{base}.tmp-{os.getpid()}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                if self.durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            os.replace(tmp, full)
+            if self.durable:
+                fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            return
+        with self.fs.open_output_stream(full) as f:
+            f.write(data)
+
+    def get(self, rel: str) -> bytes:
+        with self.fs.open_input_stream(self.path(rel)) as f:
+            return f.read()
+
+    def list(self, rel_dir: str, recursive: bool = False) -> list[str]:
+        """Paths (relative to the root) of the files under ``rel_dir``, sorted."""
+        sel = pafs.FileSelector(self.path(rel_dir), allow_not_found=True, recursive=recursive)
+        root = self.root.rstrip("/") + "/"
+        out = [
+            info.path[len(root) :] if info.path.startswith(root) else info.path
+            for info in self.fs.get_file_info(sel)
+            if info.type == pafs.FileType.File and ".tmp-" not in info.path
+        ]
+        return sorted(out)
+
+    def delete(self, rel: str) -> None:
+        try:
+            self.fs.delete_file(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+
+def _part(value: Any) -> str:
+    return urllib.parse.quote(str(value), safe="")
+
+
+def partition_dir(environment: str, policy_version: str, segment_idx: int) -> str:
+    return (
+        f"{ROLLOUTS}/environment={_part(environment)}/policy_version={_part(policy_version)}"
+        f"/segment_idx={int(segment_idx)}"
+    )
+
+
+def partition_values(rel_path: str) -> dict:
+    """The partition columns named in a data file's path."""
+    out = {}
+    for piece in rel_path.split("/"):
+        name, sep, value = piece.partition("=")
+        if sep and name in PARTITION_COLUMNS:
+            out[name] = urllib.parse.unquote(value)
+    out["segment_idx"] = int(out.get("segment_idx", 0))
+    return out
+
+
+def write_groups(store: Store, name: str, table: pa.Table, groups: list, compression: str) -> list:
+    """Writes one partition's groups: ``table`` holds their rows, each group's contiguous
+    and in ``groups`` order (``groups``: ``(group_id, example_id, uids, sealed_ts,
+    first_ts)``). Data first, then the manifest; returns the manifest's entries."""
+    first = table.slice(0, 1).to_pylist()[0]
+    directory = partition_dir(first["environment"], first["policy_version"], first["segment_idx"])
+    data_rel = f"{directory}/part-{name}.parquet"
+    buf = io.BytesIO()
+    pq.write_table(table.select(FILE_SCHEMA.names), buf, compression=compression)
+    store.put(data_rel, buf.getvalue())
+    entries, row = [], 0
+    for gid, example_id, uids, sealed_ts, first_ts in groups:
+        entries.append(
+            {
+                "group_id": gid,
+                "example_id": example_id,
+                "sealed_ts": sealed_ts,
+                "first_ts": first_ts,
+                "num_rollouts": len(uids),
+                "row": row,
+                "uids": list(uids),
+                "rel_paths": [data_rel],
+            }
+        )
+        row += len(uids)
+    lines = "".join(json.dumps(e) + "\n" for e in entries)
+    store.put(f"{directory}/_manifest-{name}.jsonl", lines.encode())
+    return entries
+
+
+def read_data_file(store: Store, rel: str) -> pa.Table:
+    """A data file as a table in the full schema (partition columns from its path)."""
+    t = pq.read_table(io.BytesIO(store.get(rel)), schema=FILE_SCHEMA)
+    values = partition_values(rel)
+    n = t.num_rows
+    cols = {}
+    for f in SCHEMA:
+        if f.name in PARTITION_COLUMNS:
+            cols[f.name] = pa.array([values[f.name]] * n, f.type)
+        else:
+            cols[f.name] = t.column(f.name)
+    return pa.table(cols, schema=SCHEMA)
+
+
+def scan_groups(store: Store) -> Iterator[dict]:
+    """Every group header on storage: from manifests, and by reading the data files that
+    have none."""
+    files = store.list(ROLLOUTS, recursive=True)
+    manifests = {f for f in files if f.endswith(".jsonl") and "/_manifest-" in f}
+    for rel in files:
+        if not rel.endswith(".parquet"):
+            continue
+        directory, base = rel.rsplit("/", 1)
+        name = base[len("part-") : -len(".parquet")]
+        manifest = f"{directory}/_manifest-{name}.jsonl"
+        values = partition_values(rel)
+        if manifest in manifests:
+            for line in store.get(manifest).decode().splitlines():
+                if line.strip():
+                    yield {**json.loads(line), **values, "file": rel}
+            continue
+        yield from _scan_file(store, rel, values)
+
+
+def _scan_file(store: Store, rel: str, values: dict) -> Iterator[dict]:
+    t = pq.read_table(
+        io.BytesIO(store.get(rel)),
+        columns=["group_id", "example_id", "rollout_uid", "sealed_ts", "created_ts"],
+    ).to_pydict()
+    row = 0
+    n = len(t["group_id"])
+    while row < n:
+        gid = t["group_id"][row]
+        end = row
+        while end < n and t["group_id"][end] == gid:
+            end += 1
+        yield {
+            "group_id": gid,
+            "example_id": t["example_id"][row],
+            "sealed_ts": t["sealed_ts"][row],
+            "first_ts": min(t["created_ts"][row:end]),
+            "num_rollouts": end - row,
+            "row": row,
+            "uids": t["rollout_uid"][row:end],
+            "rel_paths": [rel],
+            **values,
+            "file": rel,
+        }
+        row = end
+
+
+def write_scores(store: Store, name: str, rows: list) -> None:
+    """One sidecar file: ``rows`` of ``(group_id, rollout_uid, scores, flags)``."""
+    now = time.time()
+    table = pa.table(
+        {
+            "group_id": [r[0] for r in rows],
+            "rollout_uid": [r[1] for r in rows],
+            "scores": [list(r[2].items()) for r in rows],
+            "flags": [list(r[3].items()) for r in rows],
+            "ts": [now] * len(rows),
+        },
+        schema=SCORES_SCHEMA,
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    store.put(f"{SCORES}/part-{name}.parquet", buf.getvalue())
+
+
+def read_scores(store: Store) -> Iterator[tuple]:
+    """Every sidecar row, in write order: ``(group_id, rollout_uid, scores, flags, ts)``."""
+    for rel in store.list(SCORES):
+        if not rel.endswith(".parquet"):
+            continue
+        t = pq.read_table(io.BytesIO(store.get(rel))).to_pydict()
+        for g, u, s, f, ts in zip(t["group_id"], t["rollout_uid"], t["scores"], t["flags"], t["ts"]):
+            yield g, u, dict(s or []), dict(f or []), ts
+
+
+class ControlLog:
+    """Numbered JSON objects under ``control/``: ``log-<seq>.json`` (a list of events) and
+    ``snapshot-<seq>.json`` (the whole state as of event object ``seq``)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.next_seq = 1
+        self.since_snapshot = 0
+
+    def load(self) -> tuple[Optional[dict], list]:
+        """The latest snapshot (or None) and the events logged after it, in order."""
+        files = self.store.list(CONTROL)
+        snaps = sorted((_seq(f), f) for f in files if "/snapshot-" in f)
+        logs = sorted((_seq(f), f) for f in files if "/log-" in f)
+        snapshot, base = None, 0
+        if snaps:
+            base, rel = snaps[-1]
+            snapshot = json.loads(self.store.get(rel))
+        events = []
+        for seq, rel in logs:
+            if seq > base:
+                events.extend(json.loads(self.store.get(rel)))
+        top = max([base] + [s for s, _ in logs])
+        self.next_seq = top + 1
+        self.since_snapshot = sum(1 for s, _ in logs if s > base)
+        return snapshot, events
+
+    def append(self, events: list) -> None:
+        if not events:
+            return
+        seq = self.next_seq
+        self.store.put(f"{CONTROL}/log-{seq:012d}.json", json.dumps(events).encode())
+        self.next_seq += 1
+        self.since_snapshot += 1
+
+    def snapshot(self, state: dict) -> None:
+        """Writes ``state`` as of everything appended so far, then deletes what it
+        replaces."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self.store.put(f"{CONTROL}/snapshot-{seq:012d}.json", json.dumps(state).encode())
+        for rel in self.store.list(CONTROL):
+            if _seq(rel) < seq:
+                self.store.delete(rel)
+        self.since_snapshot = 0
+
+
+def _seq(rel: str) -> int:
+    base = rel.rsplit("/", 1)[-1]
+    digits = base.split("-", 1)[-1].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else -1

@@ -1,0 +1,421 @@
+"""Spec 000's replay buffer in-process: the spec's test list (dedupe, timeout sealing,
+strict vs mixed with round-robin fairness, determinism across a restart, recovery,
+capacity never evicting un-acked groups) plus acks, leases, scores and bad input.
+
+Time is a fake clock the tests move, so nothing waits."""
+
+import json
+import math
+
+import duckdb
+import numpy as np
+import pyarrow.dataset as ds
+import pytest
+
+from rollout_buffer.replay import (
+    ReplayBuffer,
+    ReplayBufferClosed,
+    RolloutGroup,
+    RolloutRecord,
+    SampledBatch,
+)
+
+
+class Clock:
+    def __init__(self, t=1_000.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def rec(env="math", ex="q0", pv="1", uid=None, i=0, replica="r0", n=4, **kw):
+    return RolloutRecord(
+        environment=env,
+        example_id=ex,
+        policy_version=pv,
+        replica_id=replica,
+        rollout_uid=uid or f"{env}-{ex}-{pv}-{i}",
+        reward=float(i),
+        output_tokens=np.arange(n, dtype=np.int32) + i,
+        logprobs=np.full(n, -0.5, np.float32),
+        **kw,
+    )
+
+
+def group_of(env="math", ex="q0", pv="1", size=4, start=0, **kw):
+    return [rec(env, ex, pv, i=start + i, **kw) for i in range(size)]
+
+
+def open_buffer(tmp_path, clock=None, **kw):
+    kw.setdefault("target_group_size", 4)
+    kw.setdefault("min_group_size", 2)
+    kw.setdefault("durable", False)
+    return ReplayBuffer(str(tmp_path / "replay"), clock=clock or Clock(), **kw)
+
+
+def test_a_group_seals_at_target_size_and_comes_back_whole(tmp_path):
+    buf = open_buffer(tmp_path)
+    out = buf.add_rollouts(group_of(size=4))
+    assert out == ["pending"] * 3 + ["sealed"]
+    batch = buf.sample_groups(4, seed=1)
+    assert isinstance(batch, SampledBatch) and len(batch.group_ids) == 1
+    [g] = buf.get_groups(batch.group_ids)
+    assert isinstance(g, RolloutGroup)
+    assert (g.environment, g.example_id, g.policy_version) == ("math", "q0", "1")
+    assert sorted(r.rollout_uid for r in g.rollouts) == [f"math-q0-1-{i}" for i in range(4)]
+    by_uid = {r.rollout_uid: r for r in g.rollouts}
+    np.testing.assert_array_equal(by_uid["math-q0-1-2"].output_tokens, np.arange(4) + 2)
+    assert by_uid["math-q0-1-2"].reward == 2.0
+    table = buf.get_groups(batch.group_ids, as_arrow=True)
+    assert table.num_rows == 4 and set(table.column("group_id").to_pylist()) == {g.id}
+
+
+def test_dedupe_of_rollouts_and_of_groups(tmp_path):
+    buf = open_buffer(tmp_path)
+    first = group_of(size=3)
+    assert buf.add_rollouts(first) == ["pending"] * 3
+    assert buf.add_rollouts([first[0], first[1]]) == ["duplicate", "duplicate"]
+    assert buf.add_rollout(rec(i=3)) == "sealed"
+    assert buf.add_rollouts(group_of(size=4)) == ["duplicate"] * 4
+    s = buf.stats()
+    assert (s["duplicates"], s["groups_sealed"], s["groups_live"]) == (6, 1, 1)
+    buf.close()
+    # Written once, whatever was resent.
+    again = open_buffer(tmp_path)
+    assert again.add_rollouts(group_of(size=4)) == ["duplicate"] * 4
+    again.flush()
+    rows = ds.dataset(str(tmp_path / "replay" / "rollouts"), partitioning="hive").count_rows()
+    assert rows == 4
+
+
+def test_timeout_sealing_needs_min_group_size(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, seal_timeout_s=30.0)
+    buf.add_rollouts(group_of(ex="a", size=2) + group_of(ex="b", size=1))
+    clock.t += 29.0
+    buf.tick()
+    assert buf.stats()["groups_sealed"] == 0
+    clock.t += 1.0
+    buf.tick()
+    s = buf.stats()
+    assert s["groups_sealed"] == 1, "a (2 >= min 2) seals, b (1) waits"
+    assert s["generator_queue_len"] == 1
+    assert s["seal_time_ms_p50"] == pytest.approx(30_000.0)
+
+
+def test_max_per_replica_and_accepted_versions(tmp_path):
+    buf = open_buffer(tmp_path, max_per_replica=2, accept_policy_versions=["1"])
+    out = buf.add_rollouts(group_of(size=3, replica="only") + [rec(pv="2", i=9)])
+    assert out == ["pending", "pending", "replica_capped", "version_rejected"]
+
+
+def test_strict_groups_split_by_version_mixed_groups_do_not(tmp_path):
+    rollouts = group_of(pv="1", size=2) + group_of(pv="2", size=2, start=2)
+    strict = open_buffer(tmp_path / "s")
+    strict.add_rollouts(rollouts)
+    assert strict.stats()["groups_sealed"] == 0
+    mixed = open_buffer(tmp_path / "m", grouping="mixed")
+    assert mixed.add_rollouts(rollouts)[-1] == "sealed"
+    [g] = mixed.get_groups(mixed.sample_groups(1).group_ids)
+    assert g.policy_version == "1", "a mixed group's version is its oldest member's"
+    assert g.metadata["policy_versions"] == ["1", "2"]
+    assert sorted(r.policy_version for r in g.rollouts) == ["1", "1", "2", "2"]
+
+
+def test_round_robin_does_not_let_one_example_crowd_out_the_others(tmp_path):
+    buf = open_buffer(tmp_path, target_group_size=2, min_group_size=1)
+    # Example "hot" has 10 groups; "a", "b", "c" one each.
+    for k in range(10):
+        buf.add_rollouts(group_of(ex="hot", pv=str(k + 1), size=2))
+    for ex in "abc":
+        buf.add_rollouts(group_of(ex=ex, size=2))
+    for seed in range(5):
+        batch = buf.sample_groups(4, seed=seed)
+        examples = sorted(g.example_id for g in buf.get_groups(batch.group_ids))
+        assert examples == ["a", "b", "c", "hot"], (seed, examples)
+        buf.ack(batch.batch_id, "failed")
+        # Failed groups come first next time: drain them with a throwaway draw.
+        buf.ack(buf.sample_groups(4, seed=seed).batch_id, "ok")
+
+
+def fill(buf, examples=6, versions=3):
+    for v in range(1, versions + 1):
+        for e in range(examples):
+            buf.add_rollouts(group_of(ex=f"q{e}", pv=str(v)))
+
+
+def test_same_seed_and_offset_give_the_same_batch_also_after_a_restart(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf)
+    first = buf.sample_groups(5, seed=7, start_offset=3)
+    buf.ack(first.batch_id, "failed")
+    buf.ack(buf.sample_groups(5, seed=0).batch_id, "failed")  # back in the pool
+    # Same ready set (the redelivery queue is drained by one draw of everything).
+    buf.ack(buf.sample_groups(100).batch_id, "ok")
+    again = buf.sample_groups(5, seed=7, start_offset=3)
+    assert again.group_ids == first.group_ids
+    other = buf.sample_groups(5, seed=8, start_offset=3)
+    assert set(other.group_ids).isdisjoint(again.group_ids), "leased groups are not drawn"
+    buf.ack(again.batch_id, "ok")
+    buf.ack(other.batch_id, "ok")
+    buf.close()
+    restarted = open_buffer(tmp_path)
+    assert restarted.sample_groups(5, seed=7, start_offset=3).group_ids == first.group_ids
+    # Offsets walk the same order.
+    full = restarted.sample_groups(0, seed=7)
+    assert full.group_ids == []
+
+
+def test_recovery_gives_the_ready_groups_from_before(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf, examples=4, versions=2)
+    buf.add_rollouts(group_of(ex="unsealed", size=2))
+    leased = buf.sample_groups(3, seed=1)
+    before = buf.stats()
+    ready_before = before["ready_by_policy_version"]
+    buf.flush()
+    # A crash: the object is dropped without close().
+    del buf
+    after = open_buffer(tmp_path)
+    s = after.stats()
+    assert s["ready_by_policy_version"] == ready_before
+    assert s["groups_leased"] == 3 and s["generator_queue_len"] == 0
+    after.ack(leased.batch_id, "ok")
+    assert after.stats()["groups_ready"] == before["groups_live"]
+
+
+def test_capacity_evicts_the_oldest_unleased_never_a_leased_group(tmp_path):
+    buf = open_buffer(tmp_path, capacity_groups=4)
+    buf.add_rollouts(group_of(ex="old0"))
+    buf.add_rollouts(group_of(ex="old1"))
+    held = buf.sample_groups(2, seed=0)  # both old groups leased
+    for e in range(4):
+        buf.add_rollouts(group_of(ex=f"new{e}"))
+    s = buf.stats()
+    assert s["groups_live"] == 4 and s["evicted"] == 2
+    live = buf.get_groups(held.group_ids)
+    assert {g.example_id for g in live} == {"old0", "old1"}
+    evicted = [gid for gid, why in buf._control.exited.items() if why == "evicted"]
+    assert len(evicted) == 2
+    with pytest.raises(KeyError, match="evicted"):
+        buf.get_groups(evicted[:1])
+    buf.close()
+    # Evictions are durable: a restart does not bring them back.
+    again = open_buffer(tmp_path, capacity_groups=4)
+    assert again.stats()["groups_live"] == 4
+
+
+def test_acks_count_uses_failed_and_expired_leases_redeliver_first(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, max_uses_per_group=2, lease_timeout_s=60.0)
+    fill(buf, examples=4, versions=1)
+    b1 = buf.sample_groups(2, seed=3)
+    buf.ack(b1.batch_id, "failed")
+    buf.ack(b1.batch_id, "failed")  # a retry: nothing changes
+    with pytest.raises(ValueError, match="already acked 'failed'"):
+        buf.ack(b1.batch_id, "ok")
+    b2 = buf.sample_groups(2, seed=99)
+    assert b2.group_ids == b1.group_ids, "failed groups come first"
+    clock.t += 61.0
+    b3 = buf.sample_groups(2, seed=5)
+    assert b3.group_ids == b1.group_ids, "an expired lease comes back first"
+    assert buf.stats()["leases_expired"] == 1
+    buf.ack(b3.batch_id, "ok")
+    b4 = buf.next_batch(0, 4)
+    buf.ack(b4.batch_id, "ok")
+    assert buf.stats()["consumed"] == 2, "the two groups used twice are consumed"
+    with pytest.raises(KeyError, match="unknown batch id 'nope'"):
+        buf.ack("nope")
+    with pytest.raises(ValueError, match="status"):
+        buf.ack(b4.batch_id, "maybe")
+
+
+def test_next_batch_returns_the_same_batch_for_a_step_after_a_crash(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf)
+    b = buf.next_batch(10, 4)
+    assert b.step == 10 and len(b.group_ids) == 4
+    assert buf.next_batch(10, 4).group_ids == b.group_ids
+    del buf  # crash before the ack
+    again = open_buffer(tmp_path)
+    same = again.next_batch(10, 4)
+    assert (same.batch_id, same.group_ids) == (b.batch_id, b.group_ids)
+    assert again.get_groups(same.group_ids)[0].id == b.group_ids[0]
+    again.ack(same.batch_id, "ok")
+    assert again.next_batch(11, 4).group_ids != b.group_ids
+
+
+def test_a_lease_survives_a_crash_and_expires_after_it(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, lease_timeout_s=100.0, max_uses_per_group=1)
+    fill(buf, examples=3, versions=1)
+    acked = buf.sample_groups(1, seed=0)
+    pending = buf.sample_groups(1, seed=0)
+    buf.ack(acked.batch_id, "ok")
+    del buf
+    again = open_buffer(tmp_path, clock, lease_timeout_s=100.0, max_uses_per_group=1)
+    assert again.stats()["groups_leased"] == 1
+    clock.t += 101.0
+    back = again.sample_groups(3, seed=1)
+    assert back.group_ids[0] == pending.group_ids[0]
+    assert acked.group_ids[0] not in back.group_ids, "an acked group is never redelivered"
+    again.ack(acked.batch_id, "ok")  # acked before the crash: still a no-op
+
+
+def test_scores_go_to_a_sidecar_filter_draws_and_survive_a_restart(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock)
+    fill(buf, examples=3, versions=1)
+    gids = [g for g in buf._live]
+    clock.t += 2.0
+    buf.upsert_scores(gids[0], {"correct": 1.0}, flags={"verified": True})
+    buf.upsert_scores(gids[1], {"correct": 0.0}, flags={"verified": False})
+    buf.upsert_scores(gids[1], {"len": 3}, rollout_uid="math-q1-1-0")
+    with pytest.raises(KeyError, match="not in the buffer"):
+        buf.upsert_scores("g-unknown", {"x": 1.0})
+    with pytest.raises(ValueError, match="not finite"):
+        buf.upsert_scores(gids[2], {"x": math.nan})
+    with pytest.raises(KeyError, match="no rollout"):
+        buf.upsert_scores(gids[2], {"x": 1.0}, rollout_uid="other")
+    assert buf.stats()["verifier_latency_ms"]["p50"] == pytest.approx(2000.0)
+    only = buf.sample_groups(3, require_flags={"verified": True})
+    assert only.group_ids == [gids[0]]
+    buf.ack(only.batch_id, "failed")
+    buf.close()
+    again = open_buffer(tmp_path, clock)
+    [g0, g1] = again.get_groups(gids[:2])
+    assert len(g0.metadata["scores"]) == 4
+    assert all(v == {"correct": 1.0} for v in g0.metadata["scores"].values())
+    assert all(f == {"verified": True} for f in g0.metadata["flags"].values())
+    assert g1.metadata["scores"]["math-q1-1-0"] == {"correct": 0.0, "len": 3.0}
+    assert again.sample_groups(3, require_flags={"verified": True}).group_ids == [gids[0]]
+    # The sidecar is a plain Parquet dataset keyed by (group_id, rollout_uid).
+    rows = duckdb.sql(
+        f"select group_id, rollout_uid from read_parquet('{tmp_path}/replay/scores/*.parquet')"
+    ).fetchall()
+    assert (gids[1], "math-q1-1-0") in rows
+
+
+def test_policy_lag_controls_and_stats(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf, examples=2, versions=5)
+    buf.set_policy_version(5)
+    near = buf.sample_groups(10, max_policy_lag=1)
+    assert {g.policy_version for g in buf.get_groups(near.group_ids)} == {"4", "5"}
+    buf.ack(near.batch_id, "ok")
+    recent = buf.sample_groups(10, recent_n_versions=1, seed=2)
+    assert {g.policy_version for g in buf.get_groups(recent.group_ids)} == {"5"}
+    buf.ack(recent.batch_id, "ok")
+    mix = buf.sample_groups(4, on_policy_fraction=0.5, seed=3)
+    versions = [g.policy_version for g in buf.get_groups(mix.group_ids)]
+    assert versions[:2] == ["5", "5"]
+    buf.ack(mix.batch_id, "ok")
+    pref = buf.sample_groups(2, prefer_policy_versions=["2"], seed=1)
+    assert [g.policy_version for g in buf.get_groups(pref.group_ids)] == ["2", "2"]
+    s = buf.stats()
+    assert s["policy_lag_histogram"][0] >= 4 and s["policy_lag_histogram"][3] == 2
+    assert sum(s["ready_by_policy_version"].values()) == s["groups_ready"] == 8
+    assert s["groups_leased"] == 2
+    assert s["policy_version"] == 5
+
+
+def test_recency_weighting_prefers_recent_versions(tmp_path):
+    buf = open_buffer(tmp_path, target_group_size=1, min_group_size=1)
+    for v in range(1, 11):
+        for e in range(20):
+            buf.add_rollouts([rec(ex=f"q{e}", pv=str(v))])
+    lags = {"uniform": [], "exp": []}
+    for mode in lags:
+        for seed in range(20):
+            b = buf.sample_groups(10, seed=seed, recency_weighting=mode)
+            lags[mode] += [10 - int(g.policy_version) for g in buf.get_groups(b.group_ids)]
+            buf.ack(b.batch_id, "failed")
+            buf.ack(buf.sample_groups(10).batch_id, "ok")  # drain the redelivery
+    assert np.mean(lags["exp"]) < np.mean(lags["uniform"]) / 2
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(environment=""), "environment"),
+        (dict(example_id=None), "example_id"),
+        (dict(policy_version="v1"), "policy_version"),
+        (dict(logprobs=np.zeros(3, np.float32)), "logprobs"),
+        (dict(reward=math.nan), "reward"),
+        (dict(token_count=-1), "token_count"),
+    ],
+)
+def test_bad_input_names_field_and_uid_and_takes_nothing(tmp_path, bad, field):
+    buf = open_buffer(tmp_path)
+    good = group_of(size=3)
+    fields = {**rec(i=7).__dict__, **bad, "rollout_uid": "the-bad-one"}
+    with pytest.raises(ValueError, match=f"'the-bad-one'.*'{field}'"):
+        buf.add_rollouts(good + [RolloutRecord(**fields)])
+    s = buf.stats()
+    assert (s["received"], s["generator_queue_len"]) == (0, 0), "none of the call is taken"
+    assert buf.add_rollouts(good) == ["pending"] * 3
+
+
+def test_non_integer_versions_work_until_a_lag_control_is_asked_for(tmp_path):
+    buf = open_buffer(tmp_path, numeric_versions=False)
+    buf.add_rollouts(group_of(pv="ckpt-a"))
+    assert len(buf.sample_groups(1).group_ids) == 1
+    with pytest.raises(ValueError, match="'policy_version'.*integer"):
+        buf.sample_groups(1, max_policy_lag=2)
+
+
+def test_close_flushes_and_later_calls_raise(tmp_path):
+    buf = open_buffer(tmp_path)
+    buf.add_rollouts(group_of())
+    buf.close()
+    with pytest.raises(ReplayBufferClosed):
+        buf.sample_groups(1)
+    with pytest.raises(ReplayBufferClosed):
+        buf.add_rollouts(group_of(ex="x"))
+
+
+def test_the_dataset_is_hive_partitioned_with_manifests(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf, examples=2, versions=2)
+    buf.flush()
+    root = tmp_path / "replay" / "rollouts"
+    parts = sorted(p.relative_to(root).parent.as_posix() for p in root.rglob("*.parquet"))
+    assert parts == [
+        "environment=math/policy_version=1/segment_idx=0",
+        "environment=math/policy_version=2/segment_idx=0",
+    ]
+    manifests = list(root.rglob("_manifest-*.jsonl"))
+    entries = [json.loads(line) for m in manifests for line in m.read_text().splitlines()]
+    assert sorted(e["group_id"] for e in entries) == sorted(buf._live)
+    n = duckdb.sql(
+        f"select count(*), count(distinct group_id) from read_parquet('{root}/**/*.parquet',"
+        " hive_partitioning=true) where environment = 'math'"
+    ).fetchall()[0]
+    assert n == (16, 4)
+
+
+def test_rebuild_scans_a_data_file_whose_manifest_is_missing(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf, examples=3, versions=1)
+    buf.close()
+    for m in (tmp_path / "replay" / "rollouts").rglob("_manifest-*.jsonl"):
+        m.unlink()
+    again = open_buffer(tmp_path)
+    assert again.stats()["groups_ready"] == 3
+    groups = again.get_groups(list(again._live))
+    assert all(len(g.rollouts) == 4 for g in groups)
+
+
+def test_retention_by_ttl_and_by_version_cap(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, retention_ttl_s=100.0, max_groups_per_version=2)
+    for e in range(3):
+        buf.add_rollouts(group_of(ex=f"q{e}", pv="1"))
+    assert buf.stats()["groups_live"] == 2, "the version cap keeps the newest two"
+    held = buf.sample_groups(1)
+    clock.t += 101.0
+    buf.tick()
+    s = buf.stats()
+    assert (s["groups_live"], s["retention"]) == (1, 1), "the leased group stays"
+    assert buf.get_groups(held.group_ids)[0].id == held.group_ids[0]

@@ -1,0 +1,154 @@
+"""The replay buffer as Ray actors on a local cluster: an actor killed mid-lease and
+restarted by Ray on its folder, and two shards with one killed; producers are Ray tasks
+writing to their shard directly, and the trainer's payloads come from the shards as object
+refs.
+
+The actors' clock is the wall clock plus an offset the test writes to a file, so a lease
+expires when the test says, without waiting."""
+
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from rollout_buffer.replay import RolloutRecord, ShardedReplayBuffer, remote  # noqa: E402
+
+GROUP = 4
+
+
+class FileClock:
+    """``time.time()`` plus the number in ``path`` (0 while there is none)."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __call__(self):
+        try:
+            with open(self.path) as f:
+                return time.time() + float(f.read())
+        except FileNotFoundError:
+            return time.time()
+
+    def jump(self, seconds):
+        with open(self.path, "w") as f:
+            f.write(str(seconds))
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Actors and tasks unpickle this module's classes and functions by value: the
+    # workers cannot import the test module.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def records(env, examples, producer, version=1):
+    return [
+        RolloutRecord(
+            environment=env,
+            example_id=f"q{e}",
+            policy_version=str(version),
+            replica_id=f"p{producer}",
+            rollout_uid=f"{env}-{e}-{producer}",
+            reward=float(producer % 2),
+            output_tokens=np.full(16, e, np.int32),
+            logprobs=np.full(16, -0.5, np.float32),
+        )
+        for e in range(examples)
+    ]
+
+
+def pid_of(actor):
+    return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
+
+
+@ray.remote
+def produce(target, env, examples, producer):
+    """A producer: writes rollout `producer` of every example, straight to its shard."""
+    rs = records(env, examples, producer)
+    if isinstance(target, ShardedReplayBuffer):
+        return target.add_rollouts(rs)
+    return ray.get(target.add_rollouts.remote(rs))
+
+
+def test_an_actor_killed_mid_lease_comes_back_with_its_leases(cluster, tmp_path):
+    clock = FileClock(str(tmp_path / "offset"))
+    actor = remote(
+        str(tmp_path / "replay"), target_group_size=GROUP, lease_timeout_s=60.0,
+        max_uses_per_group=1, clock=clock, durable=True,
+    )
+    ray.get([produce.remote(actor, "math", 6, p) for p in range(GROUP)])
+    acked = ray.get(actor.next_batch.remote(0, 2))
+    held = ray.get(actor.next_batch.remote(1, 2))
+    ray.get(actor.ack.remote(acked.batch_id, "ok"))
+    assert len(acked.group_ids) == len(held.group_ids) == 2
+    assert ray.get(actor.stats.remote())["groups_live"] == 4, "6 groups, 2 consumed"
+
+    before = pid_of(actor)
+    ray.kill(actor, no_restart=False)
+    # Ray restarts it (max_restarts=-1) on the same folder; the first call waits for it.
+    same = ray.get(actor.next_batch.remote(1, 2))
+    assert pid_of(actor) != before, "a new process, recovered from storage"
+    assert (same.batch_id, same.group_ids) == (held.batch_id, held.group_ids)
+    ray.get(actor.ack.remote(acked.batch_id, "ok"))  # acked before the kill: a no-op
+    s = ray.get(actor.stats.remote())
+    assert (s["groups_live"], s["groups_leased"]) == (4, 2)
+    fresh = ray.get(actor.sample_groups.remote(10, seed=3))
+    assert set(fresh.group_ids).isdisjoint(held.group_ids + acked.group_ids)
+    ray.get(actor.ack.remote(fresh.batch_id, "failed"))
+
+    clock.jump(61.0)
+    back = ray.get(actor.sample_groups.remote(10, seed=3))
+    # Redelivered first, in the order they came back: the failed batch, then the lease
+    # that expired.
+    assert back.group_ids == fresh.group_ids + held.group_ids
+    assert not set(acked.group_ids) & set(back.group_ids), "an acked group never returns"
+    tables = ray.get(actor.get_batch.remote(back.batch_id))
+    assert isinstance(tables, pa.Table) and tables.num_rows == len(back.group_ids) * GROUP
+
+
+def test_two_shards_one_killed(cluster, tmp_path):
+    front = ShardedReplayBuffer(
+        str(tmp_path / "replay"), ["math", "code"], target_group_size=GROUP,
+        lease_timeout_s=600.0, max_uses_per_group=1,
+    )
+    outs = ray.get(
+        [produce.remote(front, env, 5, p) for env in ("math", "code") for p in range(GROUP)]
+    )
+    assert sum(o.count("sealed") for o in outs) == 10
+    with pytest.raises(ValueError, match="no shard for environment 'chess'"):
+        front.add_rollouts(records("chess", 1, 0))
+
+    first = front.next_batch(0, 6, seed=11)
+    assert len(first.group_ids) == 6
+    # The split is deterministic: the same seed over the same ready counts.
+    tables = ray.get(front.batch_refs(first))
+    assert sum(t.num_rows for t in tables) == 6 * GROUP
+    envs = {e for t in tables for e in t.column("environment").to_pylist()}
+    assert envs == {"math", "code"}, "both shards served"
+
+    code = front.handles[front.shard_of("code")]
+    before = pid_of(code)
+    ray.kill(code, no_restart=False)
+    again = front.next_batch(0, 6, seed=11)
+    assert pid_of(code) != before
+    assert (again.batch_id, again.group_ids) == (first.batch_id, first.group_ids)
+    front.ack(first.batch_id, "ok")
+    front.ack(first.batch_id, "ok")  # a retry
+    rest = front.sample_groups(10, seed=1)
+    assert len(rest.group_ids) == 4 and not set(rest.group_ids) & set(first.group_ids)
+    front.ack(rest.batch_id, "ok")
+    stats = front.stats()
+    assert sum(s["groups_live"] for s in stats) == 0
+    with pytest.raises(KeyError):
+        front.ack("9:b-0000000001")
+    front.close()
