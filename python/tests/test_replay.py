@@ -419,3 +419,57 @@ def test_retention_by_ttl_and_by_version_cap(tmp_path):
     s = buf.stats()
     assert (s["groups_live"], s["retention"]) == (1, 1), "the leased group stays"
     assert buf.get_groups(held.group_ids)[0].id == held.group_ids[0]
+
+
+def test_rollouts_as_columns_are_the_same_as_records(tmp_path):
+    import pyarrow as pa
+
+    n = 4
+    columns = {
+        "environment": ["math"] * n,
+        "example_id": ["q0"] * n,
+        "policy_version": [3] * n,  # ints become version strings
+        "rollout_uid": [f"c{i}" for i in range(n)],
+        "reward": [0.0, 1.0, 0.0, 1.0],
+        "output_tokens": [np.arange(5, dtype=np.int32) + i for i in range(n)],
+        "logprobs": [np.zeros(5, np.float32) for _ in range(n)],
+    }
+    buf = open_buffer(tmp_path)
+    assert buf.add_rollouts(columns)[-1] == "sealed"
+    [g] = buf.get_groups(buf.sample_groups(1).group_ids)
+    assert g.policy_version == "3"
+    r = {x.rollout_uid: x for x in g.rollouts}["c2"]
+    np.testing.assert_array_equal(r.output_tokens, np.arange(5) + 2)
+    assert r.token_count == 5 and r.replica_id == "unknown"
+    # An Arrow table takes the same path.
+    table = pa.table({**columns, "example_id": ["q1"] * n, "rollout_uid": [f"t{i}" for i in range(n)],
+                      "output_tokens": pa.array([list(range(5))] * n, pa.list_(pa.int32())),
+                      "logprobs": pa.array([[0.0] * 5] * n, pa.list_(pa.float32()))})
+    assert buf.add_rollouts(table)[-1] == "sealed"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"reward": [0.0, math.inf]}, "'c1'.*'reward'.*not finite"),
+        ({"policy_version": ["1", "v2"]}, "'c1'.*'policy_version'"),
+        ({"example_id": ["q", None]}, "'c1'.*'example_id'"),
+        ({"logprobs": [np.zeros(2, np.float32), np.zeros(3, np.float32)]}, "'c1'.*'logprobs'.*length"),
+        ({"colour": ["red", "blue"]}, "column 'colour' is not a RolloutRecord field"),
+    ],
+)
+def test_bad_columns_are_named_and_nothing_is_taken(tmp_path, change, message):
+    columns = {
+        "environment": ["math"] * 2,
+        "example_id": ["q"] * 2,
+        "policy_version": ["1", "1"],
+        "rollout_uid": ["c0", "c1"],
+        "reward": [0.0, 1.0],
+        "output_tokens": [np.zeros(2, np.int32)] * 2,
+        "logprobs": [np.zeros(2, np.float32)] * 2,
+        **change,
+    }
+    buf = open_buffer(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        buf.add_rollouts(columns)
+    assert buf.stats()["received"] == 0

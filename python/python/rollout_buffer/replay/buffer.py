@@ -10,8 +10,10 @@ memory only, as the spec allows. Evictions are logged with the next durable writ
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional
 
 import numpy as np
@@ -19,10 +21,21 @@ import pyarrow as pa
 
 from . import storage
 from .control import Control
-from .groups import Aggregator, Chunk, Group, group_id, oldest_version, rows_by_chunk
-from .records import records_to_table
+from .groups import (
+    Aggregator,
+    Chunk,
+    Group,
+    group_id,
+    materialize,
+    oldest_version,
+    rows_by_chunk,
+    version_number,
+)
+from .records import columns_to_table, records_to_table
 from .serve import Serving
 from .stats import Stats
+
+log = logging.getLogger(__name__)
 
 # Control objects between snapshots.
 SNAPSHOT_EVERY = 256
@@ -93,7 +106,10 @@ class ReplayBuffer(Serving):
         self._closed = False
         self._pending: dict = {}  # aggregation key -> Aggregator, oldest first
         self._live: dict = {}  # group id -> Group, in seal order
-        self._staged: list = []  # sealed groups not written yet
+        self._staged: list = []  # sealed groups not handed to the writer yet
+        self._staged_rows = 0
+        self._inflight: list = []  # (future, groups) of writes in the writer thread
+        self._pool: Optional[ThreadPoolExecutor] = None
         self._staged_since: Optional[float] = None
         self._known: set = set()  # every group id ever sealed here or on storage
         self._seen_uids: set = set()
@@ -111,10 +127,14 @@ class ReplayBuffer(Serving):
         """Adds one rollout; returns its outcome (see :meth:`add_rollouts`)."""
         return self.add_rollouts([r])[0]
 
-    def add_rollouts(self, rs: Iterable[Any]) -> list:
-        """Adds rollouts (``RolloutRecord`` or dicts of its fields); returns each one's
-        outcome: ``"pending"``, ``"sealed"`` (it completed a group), ``"duplicate"``,
-        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``.
+    def add_rollouts(self, rs: Any) -> list:
+        """Adds rollouts; returns each one's outcome: ``"pending"``, ``"sealed"`` (it
+        completed a group), ``"duplicate"``, ``"version_rejected"``, ``"replica_capped"``
+        or ``"duplicate_group"``.
+
+        ``rs`` is a list of ``RolloutRecord`` (or dicts of its fields), or the same as
+        columns: a pyarrow Table or RecordBatch, or a dict of columns (per-token fields as
+        Arrow list columns or lists of arrays), which is the fast path across processes.
 
         All or none: a bad record (missing environment or example id, a non-integer
         version with ``numeric_versions``, per-token arrays of different lengths, a NaN
@@ -122,20 +142,27 @@ class ReplayBuffer(Serving):
         record's uid, and none of the call's records is taken.
         """
         self._check_open()
-        table, recs = records_to_table(rs, self.numeric)
+        started = time.perf_counter()
         now = self.clock()
+        if isinstance(rs, (pa.Table, pa.RecordBatch, dict)):
+            table = columns_to_table(rs, self.numeric, now)
+        else:
+            table = records_to_table(rs, self.numeric)[0]
         chunk = Chunk(table)
-        env = table.column("environment").to_pylist()
-        ex = table.column("example_id").to_pylist()
-        pv = table.column("rollout_policy_version").to_pylist()
-        seg = table.column("segment_idx").to_pylist()
-        uid = table.column("rollout_uid").to_pylist()
-        rep = table.column("replica_id").to_pylist()
-        out = []
-        for i in range(len(recs)):
-            out.append(self._add(chunk, i, env[i], ex[i], pv[i], seg[i], uid[i], rep[i], now))
-        self.stats_.received(len(recs), now)
+        columns = [
+            table.column(name).to_pylist()
+            for name in ("environment", "example_id", "rollout_policy_version", "segment_idx",
+                         "rollout_uid", "replica_id")
+        ]
+        add = self._add
+        out = [add(chunk, i, *row, now) for i, row in enumerate(zip(*columns))]
+        for pv in set(columns[2]):
+            n = version_number(pv)
+            if n is not None and (self._highest_version is None or n > self._highest_version):
+                self._highest_version = n
+        self.stats_.received(table.num_rows, now)
         self._housekeeping(now)
+        self.stats_.add_call(time.perf_counter() - started)
         return out
 
     def _add(self, chunk, i, env, ex, pv, seg, uid, rep, now) -> str:
@@ -157,18 +184,9 @@ class ReplayBuffer(Serving):
         agg.rows.append((chunk, i))
         agg.by_replica[rep] += 1
         agg.versions.add(pv)
-        n = self._version_num(pv)
-        if n is not None and (self._highest_version is None or n > self._highest_version):
-            self._highest_version = n
         if len(agg.uids) >= self.target_size:
             return self._seal(key, agg, now)
         return "pending"
-
-    def _version_num(self, pv: str) -> Optional[int]:
-        try:
-            return int(pv)
-        except ValueError:
-            return None
 
     def _seal(self, key: tuple, agg: Aggregator, now: float) -> str:
         del self._pending[key]
@@ -186,6 +204,7 @@ class ReplayBuffer(Serving):
         )
         self._live[gid] = g
         self._staged.append(g)
+        self._staged_rows += g.size
         if self._staged_since is None:
             self._staged_since = now
         self.stats_.sealed(now, (now - agg.created_ts) * 1000.0)
@@ -209,11 +228,12 @@ class ReplayBuffer(Serving):
                 self._seal(key, agg, now)
         self._expire_leases(now)
         self._retention(now)
-        staged_rows = sum(len(g.uids) for g in self._staged)
         if self._staged and (
-            staged_rows >= self.flush_rows or now - self._staged_since >= self.flush_interval_s
+            self._staged_rows >= self.flush_rows
+            or now - self._staged_since >= self.flush_interval_s
         ):
             self._write_staged()
+        self._reap(wait=False, raise_errors=False)
 
     # ---- capacity and retention ----------------------------------------------------
 
@@ -269,27 +289,73 @@ class ReplayBuffer(Serving):
     # ---- durability ----------------------------------------------------------------
 
     def _write_staged(self) -> None:
-        """Writes every staged group: one data file (and manifest) per partition."""
+        """Hands every staged group to the writer thread: one data file (and manifest) per
+        partition. Parquet encoding and compression run there, beside the next calls;
+        :meth:`_reap` waits for them where durability is needed."""
         if not self._staged:
             return
         parts: dict = {}
         for g in self._staged:
             parts.setdefault((g.environment, g.policy_version, g.segment_idx), []).append(g)
         for groups in parts.values():
-            table = pa.concat_tables([g.table(self._read_file) for g in groups])
             self._files += 1
-            storage.write_groups(
-                self._store,
-                f"{self._run}-{self._files:06d}",
-                table,
-                [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts) for g in groups],
-                self.compression,
+            future = self._writer().submit(
+                self._write_part, groups, f"{self._run}-{self._files:06d}"
             )
+            self._inflight.append((future, groups))
+        self._staged = []
+        self._staged_rows = 0
+        self._staged_since = None
+
+    def _write_part(self, groups: list, name: str) -> None:
+        """In the writer thread: gathers the groups' rows and writes them. Reads only what
+        a sealed group never changes (its rows' chunks, its header)."""
+        storage.write_groups(
+            self._store,
+            name,
+            materialize(groups, self._read_file),
+            [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts) for g in groups],
+            self.compression,
+        )
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="replay-writer")
+        return self._pool
+
+    def _reap(self, wait: bool, raise_errors: bool = True) -> None:
+        """Marks the groups of finished writes as written (all writes, waiting, with
+        ``wait``). A failed write puts its groups back in the stage (the next write tries
+        them again) and raises its error, or logs it without ``raise_errors``."""
+        failed = None
+        still = []
+        for future, groups in self._inflight:
+            if not wait and not future.done():
+                still.append((future, groups))
+                continue
+            try:
+                future.result()
+            except Exception as e:  # noqa: BLE001 - re-raised below, after re-staging
+                failed = failed or e
+                self._staged.extend(groups)
+                self._staged_rows += sum(g.size for g in groups)
+                if self._staged_since is None:
+                    self._staged_since = self.clock()
+                continue
             for g in groups:
                 g.written = True
-        self.stats_.count("groups_written", len(self._staged))
-        self._staged = []
-        self._staged_since = None
+            self.stats_.count("groups_written", len(groups))
+        self._inflight = still
+        if failed is not None:
+            if raise_errors:
+                raise failed
+            log.warning("replay data write failed (retried with the next write): %s", failed)
+
+    def _durable(self, groups: list) -> None:
+        """Returns once ``groups`` are on storage."""
+        if any(not g.written for g in groups):
+            self._write_staged()
+            self._reap(wait=True)
 
     def _commit(self, events: list) -> None:
         """Logs ``events`` (after the lazy ones), then applies them."""
@@ -314,6 +380,7 @@ class ReplayBuffer(Serving):
         """Writes every sealed group and every logged change."""
         self._check_open()
         self._write_staged()
+        self._reap(wait=True)
         self._write_control([])
 
     def close(self) -> None:
@@ -324,6 +391,8 @@ class ReplayBuffer(Serving):
         self.flush()
         self._log.snapshot(self._control.snapshot())
         self._closed = True
+        if self._pool is not None:
+            self._pool.shutdown()
         self._live.clear()
         self._pending.clear()
 
@@ -337,6 +406,7 @@ class ReplayBuffer(Serving):
         which are leased. Staged groups are written first; aggregators are kept."""
         self._check_open()
         self._write_staged()
+        self._reap(wait=True)
         files: dict = {}
         live: dict = {}
         for h in sorted(storage.scan_groups(self._store), key=lambda h: (h["sealed_ts"], h["group_id"])):

@@ -97,24 +97,44 @@ class Group:
         self.group_hash = stable_hash(gid)
         self.example_hash = stable_hash(f"{environment}\0{example_id}")
 
-    def table(self, read_file) -> pa.Table:
-        """The group's rows, in the dataset's schema, with its id, version and seal time."""
-        pieces = [chunk.table(read_file).take(pa.array(rows)) for chunk, rows in self.parts]
-        t = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        n = t.num_rows
-        t = t.set_column(
-            SCHEMA.get_field_index("group_id"), "group_id", pa.array([self.id] * n, pa.string())
-        )
-        t = t.set_column(
-            SCHEMA.get_field_index("policy_version"),
-            "policy_version",
-            pa.array([self.policy_version] * n, pa.string()),
-        )
-        return t.set_column(
-            SCHEMA.get_field_index("sealed_ts"),
-            "sealed_ts",
-            pa.array([self.sealed_ts] * n, pa.float64()),
-        )
+    @property
+    def size(self) -> int:
+        return len(self.uids)
+
+
+def materialize(groups: list, read_file) -> pa.Table:
+    """The rows of ``groups``, each group's together and in order, in the dataset's
+    schema with each group's id, version and seal time: one ``take`` over the chunks
+    they are in (zero-copy concatenated), not one per group."""
+    if not groups:
+        return SCHEMA.empty_table()
+    chunks: dict = {}
+    for g in groups:
+        for chunk, _ in g.parts:
+            chunks.setdefault(id(chunk), chunk)
+    tables = [c.table(read_file) for c in chunks.values()]
+    base = dict(zip(chunks, np.cumsum([0] + [t.num_rows for t in tables[:-1]])))
+    rows = np.concatenate([base[id(chunk)] + r for g in groups for chunk, r in g.parts])
+    source = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+    t = source.take(pa.array(rows))
+    sizes = [g.size for g in groups]
+
+    def repeat(values, dtype):
+        return pa.array(np.repeat(np.array(values, dtype=object), sizes), dtype)
+
+    t = t.set_column(
+        SCHEMA.get_field_index("group_id"), "group_id", repeat([g.id for g in groups], pa.string())
+    )
+    t = t.set_column(
+        SCHEMA.get_field_index("policy_version"),
+        "policy_version",
+        repeat([g.policy_version for g in groups], pa.string()),
+    )
+    return t.set_column(
+        SCHEMA.get_field_index("sealed_ts"),
+        "sealed_ts",
+        pa.array(np.repeat(np.array([g.sealed_ts for g in groups], np.float64), sizes)),
+    )
 
 
 def version_number(v: str) -> Optional[int]:

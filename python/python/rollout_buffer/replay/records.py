@@ -16,6 +16,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 @dataclass(frozen=True, eq=False)
@@ -122,17 +123,6 @@ SCHEMA = pa.schema(
 PARTITION_COLUMNS = ("environment", "policy_version", "segment_idx")
 FILE_SCHEMA = pa.schema([f for f in SCHEMA if f.name not in PARTITION_COLUMNS])
 
-_SCALARS = (
-    "environment",
-    "example_id",
-    "replica_id",
-    "rollout_uid",
-    "actor_policy_version",
-    "continuation_of",
-    "prefix_hash",
-)
-
-
 def _bad(field_name: str, uid: str, why: str) -> ValueError:
     return ValueError(f"rollout {uid!r}: field {field_name!r} {why}")
 
@@ -197,10 +187,70 @@ def records_to_table(
 ) -> tuple[pa.Table, list[RolloutRecord]]:
     """Checks every record and returns them as one table (``group_id`` and ``sealed_ts``
     empty) plus the records. Raises ``ValueError`` naming the first bad field and its
-    record's uid; then nothing is taken."""
+    record's uid; then nothing is taken.
+
+    Column by column when every value has its expected type (the common case, a few
+    microseconds a record); a call that does not build that way is checked record by
+    record, to name what is wrong."""
     recs = [_as_record(r, i) for i, r in enumerate(records)]
-    cols: dict[str, list] = {name: [] for name in SCHEMA.names}
-    arrays: dict[str, list] = {name: [] for name in ARRAY_FIELDS}
+    try:
+        table = _columns_of(recs)
+    except (pa.ArrowException, TypeError, ValueError, _SlowPath):
+        table = _checked_one_by_one(recs, numeric_versions)
+    return check_table(table, numeric_versions), recs
+
+
+class _SlowPath(Exception):
+    """A value the column-wise build does not take as it is."""
+
+
+def _columns_of(recs: list) -> pa.Table:
+    def col(name):
+        return [getattr(r, name) for r in recs]
+
+    pv = [str(v) if type(v) is int else v for v in col("policy_version")]
+    apv = [str(v) if type(v) is int else v for v in col("actor_policy_version")]
+    uids = [r.rollout_uid or derived_uid(r) for r in recs]
+    out = {
+        "group_id": pa.nulls(len(recs), pa.string()),
+        "environment": pa.array(col("environment"), pa.string()),
+        "example_id": pa.array(col("example_id"), pa.string()),
+        "policy_version": pa.array(pv, pa.string()),
+        "segment_idx": pa.array(col("segment_idx"), pa.int32()),
+        "rollout_policy_version": pa.array(pv, pa.string()),
+        "replica_id": pa.array(col("replica_id"), pa.string()),
+        "rollout_uid": pa.array(uids, pa.string()),
+        "token_count": pa.array(col("token_count"), pa.int64()),
+        "reward": pa.array(col("reward"), pa.float64()),
+        "actor_policy_version": pa.array(apv, pa.string()),
+        "continuation_of": pa.array(col("continuation_of"), pa.string()),
+        "prefix_hash": pa.array(col("prefix_hash"), pa.string()),
+        "is_last_segment": pa.array(col("is_last_segment"), pa.bool_()),
+        "metadata": pa.array(
+            [None if m is None else json.dumps(m, sort_keys=True) for m in col("metadata")],
+            pa.string(),
+        ),
+        "created_ts": pa.array(col("created_ts"), pa.float64()),
+        "sealed_ts": pa.nulls(len(recs), pa.float64()),
+    }
+    if any(type(v) is bool for v in col("reward")) or any(
+        type(v) is bool for v in col("token_count")
+    ):
+        raise _SlowPath
+    for name, value_type in ARRAY_FIELDS.items():
+        arrays = col(name)
+        want = value_type.to_pandas_dtype()
+        for a in arrays:
+            if a is not None and (type(a) is not np.ndarray or a.dtype != want or a.ndim != 1):
+                raise _SlowPath
+        out[name] = _list_column(arrays, value_type)
+    return pa.table(out, schema=SCHEMA)
+
+
+def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
+    """The record-by-record build: raises on the first bad record, naming it."""
+    cols: dict = {name: [] for name in SCHEMA.names}
+    arrays: dict = {name: [] for name in ARRAY_FIELDS}
     for r in recs:
         uid = r.rollout_uid if isinstance(r.rollout_uid, str) else ""
         uid = uid or derived_uid(r)
@@ -217,53 +267,35 @@ def records_to_table(
             if isinstance(reward, bool) or not isinstance(reward, (int, float, np.number)):
                 raise _bad("reward", uid, f"must be a number, not {reward!r}")
             reward = float(reward)
-            if not math.isfinite(reward):
-                raise _bad("reward", uid, f"is {reward}: not finite")
         per_token = {name: _array(r, name, uid) for name in ARRAY_FIELDS}
-        lengths = {k: len(a) for k, a in per_token.items() if a is not None}
-        if len(set(lengths.values())) > 1:
-            raise _bad(
-                "logprobs" if "logprobs" in lengths else next(iter(lengths)),
-                uid,
-                f"length differs from the other per-token fields: {lengths}",
-            )
         tc = r.token_count
         if isinstance(tc, bool) or not isinstance(tc, (int, np.integer)):
             raise _bad("token_count", uid, f"must be an int, not {tc!r}")
-        if tc < 0:
-            raise _bad("token_count", uid, f"is {tc}: negative")
-        if tc == 0 and "output_tokens" in lengths:
-            tc = lengths["output_tokens"]
         seg = r.segment_idx
-        if isinstance(seg, bool) or not isinstance(seg, (int, np.integer)) or seg < 0:
-            raise _bad("segment_idx", uid, f"must be an int >= 0, not {seg!r}")
+        if isinstance(seg, bool) or not isinstance(seg, (int, np.integer)):
+            raise _bad("segment_idx", uid, f"must be an int, not {seg!r}")
         for name in ("replica_id", "continuation_of", "prefix_hash"):
             v = getattr(r, name)
             if v is not None and not isinstance(v, str):
                 raise _bad(name, uid, f"must be a string, not {v!r}")
+        if not isinstance(r.created_ts, (int, float, np.number)) or isinstance(r.created_ts, bool):
+            raise _bad("created_ts", uid, f"must be a number, not {r.created_ts!r}")
         meta = None
         if r.metadata is not None:
             try:
                 meta = json.dumps(r.metadata, sort_keys=True, default=_json_default)
             except (TypeError, ValueError) as e:
                 raise _bad("metadata", uid, f"is not JSON-serializable: {e}") from None
-        cols["group_id"].append(None)
-        cols["environment"].append(r.environment)
-        cols["example_id"].append(r.example_id)
-        cols["policy_version"].append(pv)
-        cols["rollout_policy_version"].append(pv)
-        cols["segment_idx"].append(int(seg))
-        cols["replica_id"].append(r.replica_id)
-        cols["rollout_uid"].append(uid)
-        cols["token_count"].append(int(tc))
-        cols["reward"].append(reward)
-        cols["actor_policy_version"].append(apv)
-        cols["continuation_of"].append(r.continuation_of)
-        cols["prefix_hash"].append(r.prefix_hash)
-        cols["is_last_segment"].append(bool(r.is_last_segment))
-        cols["metadata"].append(meta)
-        cols["created_ts"].append(float(r.created_ts))
-        cols["sealed_ts"].append(None)
+        for name, v in (
+            ("group_id", None), ("environment", r.environment), ("example_id", r.example_id),
+            ("policy_version", pv), ("segment_idx", int(seg)), ("rollout_policy_version", pv),
+            ("replica_id", r.replica_id), ("rollout_uid", uid), ("token_count", int(tc)),
+            ("reward", reward), ("actor_policy_version", apv),
+            ("continuation_of", r.continuation_of), ("prefix_hash", r.prefix_hash),
+            ("is_last_segment", bool(r.is_last_segment)), ("metadata", meta),
+            ("created_ts", float(r.created_ts)), ("sealed_ts", None),
+        ):
+            cols[name].append(v)
         for name, a in per_token.items():
             arrays[name].append(a)
     out = {}
@@ -272,7 +304,136 @@ def records_to_table(
             out[f.name] = _list_column(arrays[f.name], ARRAY_FIELDS[f.name])
         else:
             out[f.name] = pa.array(cols[f.name], type=f.type)
-    return pa.table(out, schema=SCHEMA), recs
+    return pa.table(out, schema=SCHEMA)
+
+
+def _first(mask: Any) -> Optional[int]:
+    """The first row where a boolean array is true (nulls are false)."""
+    a = np.asarray(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+    hits = np.flatnonzero(a)
+    return int(hits[0]) if len(hits) else None
+
+
+def _min(col: Any) -> Any:
+    return pc.min(col).as_py()
+
+
+def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
+    """Checks rows in the dataset's schema, column by column; returns the table with
+    token counts filled in from ``output_tokens`` where they are 0. Raises ``ValueError``
+    naming the field and the first bad row's uid.
+
+    Each check is one aggregate over the column (a few calls per call, not per row); only
+    a failed one looks for the row to name."""
+    uid = table.column("rollout_uid")
+
+    def fail(i: int, name: str, why: str) -> ValueError:
+        return _bad(name, uid[i].as_py() or f"row {i}", why)
+
+    for name in ("environment", "example_id", "policy_version", "rollout_uid"):
+        col = table.column(name)
+        lengths = pc.utf8_length(col)
+        if col.null_count or (len(col) and _min(lengths) == 0):
+            i = _first(pc.or_kleene(pc.is_null(col), pc.equal(lengths, 0)))
+            raise fail(i, name, f"must be a non-empty string, not {col[i].as_py()!r}")
+    if numeric_versions:
+        pv = table.column("policy_version")
+        ok = pc.match_substring_regex(pv, r"^[+-]?[0-9]+$")
+        if not pc.all(ok).as_py():
+            i = _first(pc.invert(ok))
+            raise fail(
+                i, "policy_version",
+                f"is {pv[i].as_py()!r}: not an integer (this buffer orders versions by number)",
+            )
+    reward = table.column("reward")
+    finite = pc.is_finite(reward)
+    if reward.null_count < len(reward) and not pc.all(finite).as_py():
+        i = _first(pc.invert(finite))
+        raise fail(i, "reward", f"is {reward[i].as_py()}: not finite")
+    for name in ("token_count", "segment_idx"):
+        col = table.column(name)
+        if col.null_count or (len(col) and _min(col) < 0):
+            i = _first(pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
+            raise fail(i, name, f"is {col[i].as_py()}: must be an int >= 0")
+    lengths = {
+        name: pc.list_value_length(table.column(name))
+        for name in ARRAY_FIELDS
+        if table.column(name).null_count < table.num_rows
+    }
+    names = list(lengths)
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            differ = pc.not_equal(lengths[names[a]], lengths[names[b]])
+            if pc.any(differ).as_py():
+                i = _first(differ)
+                shown = {k: v[i].as_py() for k, v in lengths.items() if v[i].is_valid}
+                field_name = "logprobs" if "logprobs" in (names[a], names[b]) else names[b]
+                raise fail(i, field_name, f"length differs from the other per-token fields: {shown}")
+    tc = table.column("token_count")
+    if "output_tokens" not in lengths or (len(tc) and _min(tc) > 0):
+        return table
+    filled = pc.if_else(
+        pc.and_(pc.equal(tc, 0), pc.is_valid(lengths["output_tokens"])),
+        pc.cast(lengths["output_tokens"], pa.int64()),
+        tc,
+    )
+    return table.set_column(SCHEMA.get_field_index("token_count"), "token_count", filled)
+
+
+_DEFAULTS = {
+    "replica_id": "unknown",
+    "segment_idx": 0,
+    "token_count": 0,
+    "is_last_segment": True,
+}
+
+
+def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
+    """Rollouts given as columns: a pyarrow Table or RecordBatch, or a dict of columns,
+    named as :class:`RolloutRecord`'s fields (``environment``, ``example_id`` and
+    ``policy_version`` required). Checked as :func:`check_table` does; a column that is
+    no field, or of a type that does not cast, is a ``ValueError`` naming it."""
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    if isinstance(data, dict):
+        data = pa.table(
+            {
+                k: _list_column(v, ARRAY_FIELDS[k]) if k in ARRAY_FIELDS and isinstance(v, list) else v
+                for k, v in data.items()
+            }
+        )
+    if not isinstance(data, pa.Table):
+        raise ValueError(f"rollouts as columns: a pyarrow Table, RecordBatch or dict, not {type(data).__name__}")
+    n = data.num_rows
+    fields = set(RolloutRecord.__dataclass_fields__)
+    for name in data.column_names:
+        if name not in fields:
+            raise ValueError(f"column {name!r} is not a RolloutRecord field")
+    for name in ("environment", "example_id", "policy_version"):
+        if name not in data.column_names:
+            raise ValueError(f"column {name!r} is missing")
+    out = {}
+    for f in SCHEMA:
+        source = "policy_version" if f.name == "rollout_policy_version" else f.name
+        if source in data.column_names:
+            col = data.column(source)
+            try:
+                out[f.name] = col if col.type == f.type else pc.cast(col, f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise ValueError(f"column {source!r} of type {col.type} is not {f.type}: {e}") from None
+        elif f.name == "created_ts":
+            out[f.name] = pa.array(np.full(n, now))
+        elif f.name in _DEFAULTS:
+            out[f.name] = pa.array([_DEFAULTS[f.name]] * n, f.type)
+        else:
+            out[f.name] = pa.nulls(n, f.type)
+    table = pa.table(out, schema=SCHEMA)
+    uids = table.column("rollout_uid")
+    if uids.null_count:
+        recs = table_to_records(table)
+        filled = [u if u else derived_uid(r) for u, r in zip(uids.to_pylist(), recs)]
+        table = table.set_column(SCHEMA.get_field_index("rollout_uid"), "rollout_uid", pa.array(filled, pa.string()))
+    return check_table(table, numeric_versions)
 
 
 def _json_default(o: Any) -> Any:
@@ -285,15 +446,18 @@ def _json_default(o: Any) -> Any:
 
 def _list_column(items: Sequence[Optional[np.ndarray]], value_type: pa.DataType) -> pa.Array:
     """One list column from per-row arrays (None: a null row), with one copy."""
-    lengths = np.fromiter((0 if a is None else len(a) for a in items), np.int64, len(items))
-    offsets = np.zeros(len(items) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    present = [a for a in items if a is not None]
     dtype = value_type.to_pandas_dtype()
-    values = np.concatenate(present).astype(dtype, copy=False) if present else np.zeros(0, dtype)
-    mask = None
-    if len(present) != len(items):
+    present = [a for a in items if a is not None]
+    if not present:
+        return pa.nulls(len(items), pa.list_(value_type))
+    offsets = np.zeros(len(items) + 1, np.int32)
+    if len(present) == len(items):
+        np.cumsum([len(a) for a in items], out=offsets[1:])
+        mask = None
+    else:
+        np.cumsum([0 if a is None else len(a) for a in items], out=offsets[1:])
         mask = pa.array([a is None for a in items], pa.bool_())
+    values = np.concatenate(present).astype(dtype, copy=False)
     return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, value_type), mask=mask)
 
 

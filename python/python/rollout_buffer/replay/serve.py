@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from .draw import recency_weights, round_robin, window
+from .groups import materialize
 from .records import RolloutGroup, SampledBatch, table_to_records
 
 _STATUSES = ("ok", "failed")
@@ -147,8 +148,7 @@ class Serving:
         return [groups[i] for i in round_robin(gh, eh, seed, weights)]
 
     def _lease(self, picked: list, now: float, current: Optional[int], step: Optional[int]) -> SampledBatch:
-        if any(not g.written for g in picked):
-            self._write_staged()
+        self._durable(picked)
         bid = self._control.next_batch_id()
         gids = [g.id for g in picked]
         self._commit([{"e": "lease", "b": bid, "g": gids, "ts": now, "step": step}])
@@ -218,14 +218,14 @@ class Serving:
                 why = self._control.exited.get(gid)
                 raise KeyError(f"group {gid!r} is not in the buffer" + (f" ({why})" if why else ""))
             groups.append(g)
-        tables = [g.table(self._read_file) for g in groups]
+        table = materialize(groups, self._read_file)
         if as_arrow:
-            if not tables:
-                from .records import SCHEMA
-
-                return SCHEMA.empty_table()
-            return pa.concat_tables(tables)
-        return [self._group_record(g, t) for g, t in zip(groups, tables)]
+            return table
+        out, row = [], 0
+        for g in groups:
+            out.append(self._group_record(g, table.slice(row, g.size)))
+            row += g.size
+        return out
 
     def get_batch(self, batch_id: str, as_arrow: bool = True) -> Any:
         """:meth:`get_groups` of a batch's groups."""

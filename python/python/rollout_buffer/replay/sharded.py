@@ -16,6 +16,8 @@ from __future__ import annotations
 import time
 from typing import Any, Iterable, Optional
 
+import pyarrow as pa
+
 from .buffer import ReplayBuffer
 from .draw import stable_hash
 from .records import SampledBatch
@@ -93,23 +95,43 @@ class ShardedReplayBuffer:
             return i
         return stable_hash(f"{environment}\0{example_id}") % len(self.handles)
 
-    def add_rollouts_refs(self, records: Iterable[Any]) -> list:
-        """Routes records to their shards, one call per shard; returns ``(positions,
-        ObjectRef)`` pairs (``positions``: where the shard's records were in the input)."""
-        parts: dict = {}
+    def add_rollouts_refs(self, records: Any) -> list:
+        """Routes rollouts to their shards, one call per shard; returns ``(positions,
+        ObjectRef)`` pairs (``positions``: where the shard's rollouts were in the input).
+        ``records`` is what :meth:`ReplayBuffer.add_rollouts` takes: records, or columns
+        (a pyarrow Table or RecordBatch, split into one table per shard)."""
+        if isinstance(records, dict):
+            records = pa.table(records)
+        if isinstance(records, (pa.Table, pa.RecordBatch)):
+            envs = records.column("environment").to_pylist()
+            exs = records.column("example_id").to_pylist()
+            parts: dict = {}
+            for i, (env, ex) in enumerate(zip(envs, exs)):
+                parts.setdefault(self.shard_of(env, ex), []).append(i)
+            if len(parts) == 1:
+                [(s, pos)] = parts.items()
+                return [(pos, self.handles[s].add_rollouts.remote(records))]
+            return [
+                (pos, self.handles[s].add_rollouts.remote(records.take(pa.array(pos))))
+                for s, pos in parts.items()
+            ]
+        grouped: dict = {}
         for i, r in enumerate(records):
             env = r["environment"] if isinstance(r, dict) else r.environment
             ex = r["example_id"] if isinstance(r, dict) else r.example_id
-            parts.setdefault(self.shard_of(env, ex), ([], []))
-            parts[self.shard_of(env, ex)][0].append(i)
-            parts[self.shard_of(env, ex)][1].append(r)
-        return [(pos, self.handles[s].add_rollouts.remote(rs)) for s, (pos, rs) in parts.items()]
+            pos, rs = grouped.setdefault(self.shard_of(env, ex), ([], []))
+            pos.append(i)
+            rs.append(r)
+        return [(pos, self.handles[s].add_rollouts.remote(rs)) for s, (pos, rs) in grouped.items()]
 
-    def add_rollouts(self, records: Iterable[Any]) -> list:
-        """:meth:`add_rollouts_refs`, waited for: each record's outcome, in input order."""
+    def add_rollouts(self, records: Any) -> list:
+        """:meth:`add_rollouts_refs`, waited for: each rollout's outcome, in input order."""
         import ray
 
-        records = list(records)
+        if isinstance(records, dict):
+            records = pa.table(records)
+        elif not isinstance(records, (pa.Table, pa.RecordBatch)):
+            records = list(records)
         out: list = [None] * len(records)
         pairs = self.add_rollouts_refs(records)
         for (pos, _), outcomes in zip(pairs, ray.get([ref for _, ref in pairs])):

@@ -28,6 +28,7 @@ class Stats:
         self.lag: collections.Counter = collections.Counter()
         # (ts, rollouts received, groups sealed) per call, for the rates.
         self.events: collections.deque = collections.deque()
+        self.busy = 0.0  # seconds inside add_rollouts
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] += n
@@ -43,6 +44,10 @@ class Stats:
 
     def verified(self, ms: float) -> None:
         self.verify_ms.append(ms)
+
+    def add_call(self, seconds: float) -> None:
+        self.counts["add_calls"] += 1
+        self.busy += seconds
 
     def drawn(self, lag: Optional[int]) -> None:
         self.counts["groups_drawn"] += 1
@@ -61,9 +66,10 @@ class Stats:
             for name in (
                 "received", "duplicates", "version_rejected", "replica_capped", "groups_sealed",
                 "duplicate_groups", "groups_written", "groups_drawn", "batches", "acks_ok",
-                "acks_failed", "leases_expired", "consumed", "evicted", "retention",
+                "acks_failed", "leases_expired", "consumed", "evicted", "retention", "add_calls",
             )
         }
+        out["add_busy_s"] = self.busy
         out.update(state)
         out.update(
             ingest_rollouts_per_s=rollouts / span if span else 0.0,

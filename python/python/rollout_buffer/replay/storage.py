@@ -35,6 +35,11 @@ ROLLOUTS = "rollouts"
 SCORES = "scores"
 CONTROL = "control"
 
+DICTIONARY_COLUMNS = ["group_id", "example_id", "replica_id", "rollout_policy_version", "actor_policy_version"]
+STATISTICS_COLUMNS = [
+    f.name for f in FILE_SCHEMA if not pa.types.is_list(f.type) and f.name != "metadata"
+]
+
 SCORES_SCHEMA = pa.schema(
     [
         ("group_id", pa.string()),
@@ -141,7 +146,15 @@ def write_groups(store: Store, name: str, table: pa.Table, groups: list, compres
     directory = partition_dir(first["environment"], first["policy_version"], first["segment_idx"])
     data_rel = f"{directory}/part-{name}.parquet"
     buf = io.BytesIO()
-    pq.write_table(table.select(FILE_SCHEMA.names), buf, compression=compression)
+    pq.write_table(
+        table.select(FILE_SCHEMA.names),
+        buf,
+        compression=compression,
+        # Dictionaries and min/max statistics on the per-token lists cost 5-9x the write
+        # (measured: 73 MB/s with them, 660 without) and help no reader.
+        use_dictionary=DICTIONARY_COLUMNS,
+        write_statistics=STATISTICS_COLUMNS,
+    )
     store.put(data_rel, buf.getvalue())
     entries, row = [], 0
     for gid, example_id, uids, sealed_ts, first_ts in groups:
