@@ -122,21 +122,26 @@ class NoopShard:
 
 
 @ray.remote(num_cpus=0)
-def noop_producer(shard, p: int, batch: int, gate, seconds: float) -> int:
-    base = as_columns(template(batch))
+def noop_producer(shard, p: int, batch: int, gate, seconds: float, mode: str) -> int:
+    records = template(batch)
+    base = as_columns(records) if mode == "columns" else records
     deadline = ray.get(gate.arrive.remote()) + seconds
     sent, k = 0, 0
     while time.time() < deadline:
-        uids = pa.array([f"p{p}-{k}-{i}" for i in range(batch)])
-        ray.get(shard.add_rollouts.remote(base.set_column(4, "rollout_uid", uids)))
+        uids = [f"p{p}-{k}-{i}" for i in range(batch)]
+        if mode == "columns":
+            rs = base.set_column(4, "rollout_uid", pa.array(uids))
+        else:
+            rs = [dataclasses.replace(r, rollout_uid=u) for r, u in zip(records, uids)]
+        ray.get(shard.add_rollouts.remote(rs))
         sent += batch
         k += 1
     return sent
 
 
-def run_noop(producers: int, seconds: float, batch: int) -> float:
+def run_noop(producers: int, seconds: float, batch: int, mode: str) -> float:
     shard, gate = NoopShard.remote(), Gate.remote()
-    tasks = [noop_producer.remote(shard, p, batch, gate, seconds) for p in range(producers)]
+    tasks = [noop_producer.remote(shard, p, batch, gate, seconds, mode) for p in range(producers)]
     open_gate(gate, producers)
     sent = sum(ray.get(tasks))
     ray.kill(shard)
@@ -205,7 +210,7 @@ def main() -> None:
     try:
         for p in [int(x) for x in args.producers.split(",")]:
             if not args.no_baseline:
-                rate = run_noop(p, args.seconds, args.batch)
+                rate = run_noop(p, args.seconds, args.batch, args.input)
                 print(json.dumps({"shards": 1, "producers": p, "input": args.input,
                                   "actor": "noop", "rollouts_per_s": round(rate, 1),
                                   "cores": cores, "seconds": args.seconds}), flush=True)

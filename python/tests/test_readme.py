@@ -16,8 +16,10 @@ def python_blocks(path):
 @pytest.mark.parametrize("path, index, printed", [
     ("README.md", 0, "(4, 8) [ 0  1  3  6 10] 4"),
     ("docs/python.md", 0, "array([7, 8, 9], dtype=int32)"),
+    ("docs/python.md", 1, "q1 4 1"),
 ])
 def test_documented_examples_run(path, index, printed, tmp_path, capsys):
     code = python_blocks(path)[index].replace("file:///tmp/rb-demo", f"file://{tmp_path}")
+    code = code.replace("/tmp/rb-replay", str(tmp_path / "replay"))
     exec(compile(code, path, "exec"), {"__name__": "__main__"})
     assert printed in capsys.readouterr().out

@@ -14,11 +14,12 @@ durable leases, acks and a step -> batch map, in-process or as Ray actors, one p
 """
 
 from .buffer import ReplayBuffer, ReplayBufferClosed
-from .records import GroupKey, RolloutGroup, RolloutRecord, SampledBatch
+from .records import SCHEMA, GroupKey, RolloutGroup, RolloutRecord, SampledBatch, to_table
 from .sharded import ShardedReplayBuffer, remote
 
 __all__ = [
     "GroupKey",
+    "SCHEMA",
     "ReplayBuffer",
     "ReplayBufferClosed",
     "RolloutGroup",
@@ -26,4 +27,5 @@ __all__ = [
     "SampledBatch",
     "ShardedReplayBuffer",
     "remote",
+    "to_table",
 ]

@@ -204,6 +204,13 @@ class _SlowPath(Exception):
     """A value the column-wise build does not take as it is."""
 
 
+def to_table(records: Iterable[Any], numeric_versions: bool = True) -> pa.Table:
+    """Records as one checked table in the dataset's schema: what a producer sends to
+    ``add_rollouts`` to keep the conversion on its side (the buffer then only checks it).
+    Raises ``ValueError`` as ``add_rollouts`` does."""
+    return records_to_table(records, numeric_versions)[0]
+
+
 def _columns_of(recs: list) -> pa.Table:
     def col(name):
         return [getattr(r, name) for r in recs]
@@ -404,8 +411,11 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         )
     if not isinstance(data, pa.Table):
         raise ValueError(f"rollouts as columns: a pyarrow Table, RecordBatch or dict, not {type(data).__name__}")
+    if data.schema.equals(SCHEMA):
+        # Already the dataset's schema (from `to_table`, or read back): only checked.
+        return check_table(data, numeric_versions)
     n = data.num_rows
-    fields = set(RolloutRecord.__dataclass_fields__)
+    fields = set(RolloutRecord.__dataclass_fields__) | set(SCHEMA.names)
     for name in data.column_names:
         if name not in fields:
             raise ValueError(f"column {name!r} is not a RolloutRecord field")
