@@ -70,7 +70,10 @@ def main() -> None:
         groups = list(buf._staged)
         start = time.perf_counter()
         table = materialize(groups, buf._read_file)
-        meta = [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts) for g in groups]
+        meta = [
+            (g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts, g.versions, g.replicas)
+            for g in groups
+        ]
         storage.write_groups(buf._store, "bench", table, meta, "zstd")
         elapsed = time.perf_counter() - start
         emit("write_rollouts_per_s", table.num_rows / elapsed, "rollouts/s")

@@ -473,3 +473,37 @@ def test_bad_columns_are_named_and_nothing_is_taken(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         buf.add_rollouts(columns)
     assert buf.stats()["received"] == 0
+
+
+def test_a_consumed_group_sent_again_whole_is_refused_by_its_id(tmp_path):
+    buf = open_buffer(tmp_path, max_uses_per_group=1)
+    buf.add_rollouts(group_of())
+    buf.ack(buf.sample_groups(1).batch_id)
+    assert buf.stats()["groups_live"] == 0
+    # Rollout dedupe covers pending and live groups; the whole group again has the same id.
+    assert buf.add_rollouts(group_of())[-1] == "duplicate_group"
+    assert buf.stats()["groups_live"] == 0 and buf.stats()["generator_queue_len"] == 0
+
+
+def test_a_late_ok_ack_does_not_consume_a_group_another_batch_holds(tmp_path):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, max_uses_per_group=1, lease_timeout_s=10.0)
+    buf.add_rollouts(group_of())
+    first = buf.sample_groups(1)
+    clock.t += 11.0
+    second = buf.sample_groups(1)  # the expired group, drawn again
+    assert second.group_ids == first.group_ids
+    buf.ack(first.batch_id, "ok")  # late: counts the use, leaves it to `second`
+    assert buf.get_groups(second.group_ids)[0].metadata["uses"] == 1
+    buf.ack(second.batch_id, "ok")
+    assert buf.stats()["consumed"] == 1 and buf.stats()["groups_live"] == 0
+
+
+def test_a_mixed_group_keeps_its_versions_and_replicas_across_a_restart(tmp_path):
+    buf = open_buffer(tmp_path, grouping="mixed")
+    buf.add_rollouts(group_of(pv="2", size=2) + group_of(pv="5", size=2, start=2, replica="r9"))
+    buf.close()
+    again = open_buffer(tmp_path, grouping="mixed")
+    [g] = again.get_groups(list(again._live))
+    assert (g.policy_version, g.metadata["policy_versions"]) == ("2", ["2", "5"])
+    assert g.metadata["replicas"] == ["r0", "r9"]

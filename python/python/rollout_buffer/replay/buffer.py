@@ -112,11 +112,12 @@ class ReplayBuffer(Serving):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._staged_since: Optional[float] = None
         self._known: set = set()  # every group id ever sealed here or on storage
-        self._seen_uids: set = set()
+        self._seen_uids: set = set()  # uids of pending and live groups
+        self._by_version: dict = {}  # (environment, version) -> live group ids, oldest first
         self._scores: dict = {}  # group id -> {uid: {"scores": {}, "flags": {}}}
         self._lazy: list = []  # control events applied, to log with the next write
         self._highest_version: Optional[int] = None
-        self.stats_ = Stats()
+        self.stats_ = Stats(self.clock())
         snap, events = self._log.load()
         self._control = Control.restore(snap, events)
         self.rebuild_indexes()
@@ -195,6 +196,7 @@ class ReplayBuffer(Serving):
         pv = oldest_version(versions)
         gid = group_id(env, ex, "mixed" if self.mixed else pv, seg, agg.uids)
         if gid in self._known:
+            self._seen_uids.difference_update(agg.uids)
             self.stats_.count("duplicate_groups")
             return "duplicate_group"
         self._known.add(gid)
@@ -202,7 +204,7 @@ class ReplayBuffer(Serving):
             gid, env, ex, pv, versions, seg, list(agg.uids), sorted(agg.by_replica), now,
             agg.created_ts, rows_by_chunk(agg.rows), written=False,
         )
-        self._live[gid] = g
+        self._enter(g)
         self._staged.append(g)
         self._staged_rows += g.size
         if self._staged_since is None:
@@ -221,11 +223,14 @@ class ReplayBuffer(Serving):
         self._write_control([])
 
     def _housekeeping(self, now: float) -> None:
-        for key, agg in list(self._pending.items()):
+        timed_out = []
+        for key, agg in self._pending.items():
             if now - agg.created_ts < self.seal_timeout_s:
                 break  # oldest first: the rest are younger
             if len(agg.uids) >= self.min_size:
-                self._seal(key, agg, now)
+                timed_out.append((key, agg))
+        for key, agg in timed_out:
+            self._seal(key, agg, now)
         self._expire_leases(now)
         self._retention(now)
         if self._staged and (
@@ -237,6 +242,27 @@ class ReplayBuffer(Serving):
 
     # ---- capacity and retention ----------------------------------------------------
 
+    def _enter(self, g: Group) -> None:
+        """A group joins the live set (and its per-version index)."""
+        self._live[g.id] = g
+        self._by_version.setdefault((g.environment, g.policy_version), {})[g.id] = None
+        self._seen_uids.update(g.uids)
+
+    def _leave(self, gid: str) -> None:
+        """A group leaves the live set: its uids may be sent again (rollout dedupe is
+        within pending and live groups, as spec 000 has it; a whole group sent again keeps
+        its id and is refused by the group dedupe)."""
+        g = self._live.pop(gid, None)
+        if g is None:
+            return
+        self._scores.pop(gid, None)
+        same = self._by_version.get((g.environment, g.policy_version))
+        if same is not None:
+            same.pop(gid, None)
+            if not same:
+                del self._by_version[(g.environment, g.policy_version)]
+        self._seen_uids.difference_update(g.uids)
+
     def _evict(self, gids: list, reason: str) -> None:
         if not gids:
             return
@@ -244,29 +270,28 @@ class ReplayBuffer(Serving):
         self._control.apply(e)
         self._lazy.append(e)
         for gid in gids:
-            self._live.pop(gid, None)
-            self._scores.pop(gid, None)
+            self._leave(gid)
         self.stats_.count(reason, len(gids))
 
-    def _enforce_caps(self, newest: Group) -> None:
+    def _oldest_unleased(self, gids: Iterable[str], k: int) -> list:
         leased = self._control.leased
+        out = []
+        for gid in gids:
+            if len(out) == k:
+                break
+            if gid not in leased:
+                out.append(gid)
+        return out
+
+    def _enforce_caps(self, newest: Group) -> None:
         if self.max_per_version is not None:
-            same = [
-                g.id for g in self._live.values()
-                if g.environment == newest.environment and g.policy_version == newest.policy_version
-            ]
+            same = self._by_version.get((newest.environment, newest.policy_version), {})
             over = len(same) - self.max_per_version
             if over > 0:
-                self._evict([gid for gid in same if gid not in leased][:over], "evicted")
+                self._evict(self._oldest_unleased(same, over), "evicted")
         over = len(self._live) - self.capacity
         if over > 0:
-            victims = []
-            for gid in self._live:
-                if len(victims) == over:
-                    break
-                if gid not in leased:
-                    victims.append(gid)
-            self._evict(victims, "evicted")
+            self._evict(self._oldest_unleased(self._live, over), "evicted")
 
     def _retention(self, now: float) -> None:
         if self.retention_ttl_s is None:
@@ -314,7 +339,8 @@ class ReplayBuffer(Serving):
             self._store,
             name,
             materialize(groups, self._read_file),
-            [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts) for g in groups],
+            [(g.id, g.example_id, g.uids, g.sealed_ts, g.first_ts, g.versions, g.replicas)
+             for g in groups],
             self.compression,
         )
 
@@ -408,30 +434,32 @@ class ReplayBuffer(Serving):
         self._write_staged()
         self._reap(wait=True)
         files: dict = {}
-        live: dict = {}
+        kept = self._live
+        self._live, self._by_version = {}, {}
+        self._seen_uids = {u for agg in self._pending.values() for u in agg.uids}
         for h in sorted(storage.scan_groups(self._store), key=lambda h: (h["sealed_ts"], h["group_id"])):
             gid = h["group_id"]
             self._known.add(gid)
-            self._seen_uids.update(h["uids"])
-            if gid in self._control.exited or gid in live:
+            if gid in self._control.exited or gid in self._live:
                 continue
-            chunk = self._live[gid].parts if gid in self._live else None
-            if chunk is None:
+            parts = kept[gid].parts if gid in kept else None
+            if parts is None:
                 c = files.setdefault(h["file"], Chunk(file=h["file"]))
-                chunk = [(c, np.arange(h["row"], h["row"] + h["num_rollouts"]))]
+                parts = [(c, np.arange(h["row"], h["row"] + h["num_rollouts"]))]
             g = Group(
-                gid, h["environment"], h["example_id"], h["policy_version"], [], h["segment_idx"],
-                list(h["uids"]), [], h["sealed_ts"], h.get("first_ts", h["sealed_ts"]), chunk, True,
+                gid, h["environment"], h["example_id"], h["policy_version"],
+                h.get("policy_versions", []), h["segment_idx"], list(h["uids"]),
+                h.get("replicas", []), h["sealed_ts"], h.get("first_ts", h["sealed_ts"]), parts,
+                True,
             )
-            live[gid] = g
+            self._enter(g)
             n = g.version_num
             if n is not None and (self._highest_version is None or n > self._highest_version):
                 self._highest_version = n
-        self._live = live
         self._scores = {}
         for gid, uid, scores, flags, _ in storage.read_scores(self._store):
-            if gid in live:
-                self._apply_scores(gid, [uid] if uid else live[gid].uids, scores, flags)
+            if gid in self._live:
+                self._apply_scores(gid, [uid] if uid else self._live[gid].uids, scores, flags)
 
     # ---- drawing -------------------------------------------------------------------
 

@@ -193,14 +193,20 @@ class Serving:
         self.stats_.count("acks_ok" if status == "ok" else "acks_failed")
         if status == "ok" and self.max_uses is not None:
             uses = self._control.uses
-            done = [g for g in b["g"] if g in self._live and uses[g] + 1 >= self.max_uses]
+            leased = self._control.leased
+            # A group another batch holds now (this one's lease expired and it was drawn
+            # again) is consumed when that batch is acked.
+            done = [
+                g for g in b["g"]
+                if g in self._live and uses[g] + 1 >= self.max_uses
+                and leased.get(g, batch_id) == batch_id
+            ]
             if done:
                 events.append({"e": "exit", "g": done, "r": "consumed"})
         self._commit(events)
         for e in events[1:]:
             for gid in e["g"]:
-                self._live.pop(gid, None)
-                self._scores.pop(gid, None)
+                self._leave(gid)
             self.stats_.count("consumed", len(e["g"]))
 
     # ---- reading groups ------------------------------------------------------------

@@ -23,6 +23,11 @@ from .draw import stable_hash
 from .records import SampledBatch
 
 _ACTOR = None
+# The draw's filters: what decides which groups a shard counts as ready.
+_FILTERS = (
+    "max_policy_lag", "recent_n_versions", "recency_weighting", "on_policy_fraction",
+    "require_flags",
+)
 
 
 def _actor_class():
@@ -139,9 +144,10 @@ class ShardedReplayBuffer:
                 out[p] = o
         return out
 
-    def _allocate(self, n: int, seed: int, filters: dict) -> list:
+    def _allocate(self, n: int, seed: int, kwargs: dict) -> list:
         import ray
 
+        filters = {k: v for k, v in kwargs.items() if k in _FILTERS}
         counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
         quota = [0] * len(counts)
         left = n

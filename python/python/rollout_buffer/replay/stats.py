@@ -21,7 +21,8 @@ def _percentiles(values) -> dict:
 
 
 class Stats:
-    def __init__(self) -> None:
+    def __init__(self, now: float) -> None:
+        self.started = now
         self.counts: collections.Counter = collections.Counter()
         self.seal_ms: collections.deque = collections.deque(maxlen=WINDOW)
         self.verify_ms: collections.deque = collections.deque(maxlen=WINDOW)
@@ -57,7 +58,8 @@ class Stats:
     def report(self, now: float, **state) -> dict:
         while self.events and now - self.events[0][0] > RATE_WINDOW_S:
             self.events.popleft()
-        span = max(now - self.events[0][0], 1e-9) if self.events else 0.0
+        # Over the window, or over the buffer's life while it is younger than that.
+        span = max(min(RATE_WINDOW_S, now - self.started), 1e-3)
         rollouts = sum(e[1] for e in self.events)
         seals = sum(e[2] for e in self.events)
         seal = _percentiles(self.seal_ms)
@@ -72,8 +74,8 @@ class Stats:
         out["add_busy_s"] = self.busy
         out.update(state)
         out.update(
-            ingest_rollouts_per_s=rollouts / span if span else 0.0,
-            seal_groups_per_s=seals / span if span else 0.0,
+            ingest_rollouts_per_s=rollouts / span,
+            seal_groups_per_s=seals / span,
             seal_time_ms_p50=seal["p50"],
             seal_time_ms_p99=seal["p99"],
             verifier_latency_ms=_percentiles(self.verify_ms),

@@ -141,7 +141,8 @@ def partition_values(rel_path: str) -> dict:
 def write_groups(store: Store, name: str, table: pa.Table, groups: list, compression: str) -> list:
     """Writes one partition's groups: ``table`` holds their rows, each group's contiguous
     and in ``groups`` order (``groups``: ``(group_id, example_id, uids, sealed_ts,
-    first_ts)``). Data first, then the manifest; returns the manifest's entries."""
+    first_ts, policy_versions, replicas)``). Data first, then the manifest; returns the
+    manifest's entries."""
     first = table.slice(0, 1).to_pylist()[0]
     directory = partition_dir(first["environment"], first["policy_version"], first["segment_idx"])
     data_rel = f"{directory}/part-{name}.parquet"
@@ -157,7 +158,7 @@ def write_groups(store: Store, name: str, table: pa.Table, groups: list, compres
     )
     store.put(data_rel, buf.getvalue())
     entries, row = [], 0
-    for gid, example_id, uids, sealed_ts, first_ts in groups:
+    for gid, example_id, uids, sealed_ts, first_ts, versions, replicas in groups:
         entries.append(
             {
                 "group_id": gid,
@@ -167,6 +168,8 @@ def write_groups(store: Store, name: str, table: pa.Table, groups: list, compres
                 "num_rollouts": len(uids),
                 "row": row,
                 "uids": list(uids),
+                "policy_versions": list(versions),
+                "replicas": list(replicas),
                 "rel_paths": [data_rel],
             }
         )
@@ -213,7 +216,10 @@ def scan_groups(store: Store) -> Iterator[dict]:
 def _scan_file(store: Store, rel: str, values: dict) -> Iterator[dict]:
     t = pq.read_table(
         io.BytesIO(store.get(rel)),
-        columns=["group_id", "example_id", "rollout_uid", "sealed_ts", "created_ts"],
+        columns=[
+            "group_id", "example_id", "rollout_uid", "sealed_ts", "created_ts",
+            "rollout_policy_version", "replica_id",
+        ],
     ).to_pydict()
     row = 0
     n = len(t["group_id"])
@@ -230,6 +236,8 @@ def _scan_file(store: Store, rel: str, values: dict) -> Iterator[dict]:
             "num_rollouts": end - row,
             "row": row,
             "uids": t["rollout_uid"][row:end],
+            "policy_versions": sorted(set(t["rollout_policy_version"][row:end])),
+            "replicas": sorted(set(t["replica_id"][row:end])),
             "rel_paths": [rel],
             **values,
             "file": rel,
