@@ -85,7 +85,8 @@ def main() -> None:
         def draw(_):
             batches.append(buf.sample_groups(16, seed=len(batches)))
 
-        emit(f"sample_groups_16_us_at_{ready}_ready", per_call(draw, range(50)), "us")
+        draws = min(50, ready // 16)
+        emit(f"sample_groups_16_us_at_{ready}_ready", per_call(draw, range(draws)), "us")
         emit("get_batch_16_groups_us", per_call(lambda b: buf.get_batch(b.batch_id), batches), "us")
         emit("ack_us", per_call(lambda b: buf.ack(b.batch_id, "failed"), batches), "us")
         buf.close()

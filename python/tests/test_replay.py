@@ -507,3 +507,12 @@ def test_a_mixed_group_keeps_its_versions_and_replicas_across_a_restart(tmp_path
     [g] = again.get_groups(list(again._live))
     assert (g.policy_version, g.metadata["policy_versions"]) == ("2", ["2", "5"])
     assert g.metadata["replicas"] == ["r0", "r9"]
+
+
+def test_an_empty_draw_is_a_batch_any_ack_of_which_is_a_no_op(tmp_path):
+    buf = open_buffer(tmp_path)
+    empty = buf.sample_groups(4)
+    assert empty.group_ids == []
+    buf.ack(empty.batch_id, "failed")
+    buf.ack(empty.batch_id, "ok")
+    assert buf.next_batch(3, 4).group_ids == [] and buf.recorded_batch(3) is None

@@ -185,8 +185,8 @@ class Serving:
         if b is None:
             raise KeyError(f"unknown batch id {batch_id!r}")
         was = b["s"]
-        if was == status or (was == "expired" and status == "failed"):
-            return
+        if was == status or (was == "expired" and status == "failed") or not b["g"]:
+            return  # a retry, or an empty batch (nothing to settle)
         if was in _STATUSES:
             raise ValueError(f"batch {batch_id!r} was already acked {was!r}, not {status!r}")
         events = [{"e": "ack", "b": batch_id, "s": status}]
