@@ -1,0 +1,126 @@
+//! Errors as HTTP answers: every failure is a status and a JSON body
+//! `{"success": false, "message": ..., "error": kind}` naming what was wrong, and the
+//! `Json` extractor's rejections (bad JSON, a missing key, an oversized body) become the
+//! same.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// A failed request.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The request is malformed or names something invalid (400, or the rejection's own
+    /// status: 413 for a body over the limit, 415 for another content type).
+    #[error("{message}")]
+    BadRequest {
+        /// The status to answer with.
+        status: StatusCode,
+        /// What was wrong, and where.
+        message: String,
+    },
+    /// No or a wrong bearer token (401).
+    #[error("missing or wrong bearer token")]
+    Unauthorized,
+    /// No such route (404).
+    #[error("no route {0}")]
+    NotFound(String),
+    /// The buffer is full: try again after `retry_after` seconds (503).
+    #[error("the buffer is full; retry after {retry_after} s")]
+    Busy {
+        /// Seconds to wait.
+        retry_after: u64,
+    },
+    /// The buffer failed (storage, closed): 500.
+    #[error(transparent)]
+    Buffer(#[from] rollout_buffer::Error),
+}
+
+impl ApiError {
+    /// A 400 naming the problem.
+    pub fn bad(message: impl Into<String>) -> Self {
+        ApiError::BadRequest {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { status, .. } => *status,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Buffer(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "bad_request",
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::NotFound(_) => "not_found",
+            ApiError::Busy { .. } => "busy",
+            ApiError::Buffer(_) => "buffer",
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() && !matches!(self, ApiError::Busy { .. }) {
+            tracing::warn!(error = %self, "request failed");
+        }
+        let body = json!({"success": false, "message": self.to_string(), "error": self.kind()});
+        let mut response = (status, axum::Json(body)).into_response();
+        match &self {
+            ApiError::Busy { retry_after } => {
+                response
+                    .headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(*retry_after));
+            }
+            ApiError::Unauthorized => {
+                response
+                    .headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        response
+    }
+}
+
+/// `axum::Json` whose rejections answer as [`ApiError`]s.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(ApiJson(v)),
+            Err(rejection) => Err(rejected(rejection)),
+        }
+    }
+}
+
+fn rejected(rejection: JsonRejection) -> ApiError {
+    let status = rejection.status();
+    let message = match &rejection {
+        JsonRejection::JsonDataError(e) => format!("invalid request: {}", e.body_text()),
+        JsonRejection::JsonSyntaxError(e) => format!("malformed JSON: {}", e.body_text()),
+        JsonRejection::MissingJsonContentType(_) => {
+            "the body must be JSON (Content-Type: application/json)".to_owned()
+        }
+        other if status == StatusCode::PAYLOAD_TOO_LARGE => {
+            format!("the body is over the size limit: {}", other.body_text())
+        }
+        other => other.body_text(),
+    };
+    ApiError::BadRequest { status, message }
+}

@@ -1,0 +1,323 @@
+//! The HTTP application: state, routes and handlers.
+//!
+//! Writes go through the buffer's `GroupIngest` (durable per the store's durability before
+//! the answer); reads take one at a time (`reads`), as slime's buffer lock does. The ingest
+//! is swapped whole when `/start_rollout` changes the group settings; its pending rollouts
+//! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
+
+use crate::api_error::{ApiError, ApiJson};
+use crate::slime::{self, Item, Settings};
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{header, Uri};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::PrometheusHandle;
+use rollout_buffer::rollout::{Added, GroupIngest, MetricsTracker};
+use rollout_buffer::SequenceBuffer;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct App {
+    /// The buffer (groups of items).
+    pub buf: SequenceBuffer,
+    ingest: Mutex<GroupIngest>,
+    settings: Mutex<Settings>,
+    start_payload: Mutex<Option<Value>>,
+    /// One read at a time (slime's buffer lock).
+    reads: tokio::sync::Mutex<()>,
+    tracker: tokio::sync::Mutex<MetricsTracker>,
+    environment: String,
+    token: Option<String>,
+    prometheus: PrometheusHandle,
+    write_timeout: Duration,
+    written: AtomicU64,
+    read: AtomicU64,
+}
+
+/// How the application is set up (from the command line).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The environment name items are stored under.
+    pub environment: String,
+    /// The bearer token every call needs, if any.
+    pub token: Option<String>,
+    /// How long a write waits for room before answering 503.
+    pub write_timeout: Duration,
+    /// Largest request body, bytes.
+    pub body_limit: usize,
+}
+
+impl App {
+    /// An application over `buf`, ingesting with `settings`.
+    ///
+    /// # Errors
+    ///
+    /// The ingest's start (adding back pending rollouts).
+    pub async fn new(
+        buf: SequenceBuffer,
+        settings: Settings,
+        options: &Options,
+        prometheus: PrometheusHandle,
+    ) -> rollout_buffer::Result<Arc<Self>> {
+        let ingest = GroupIngest::start(buf.clone(), settings.group_config()).await?;
+        Ok(Arc::new(Self {
+            buf,
+            ingest: Mutex::new(ingest),
+            settings: Mutex::new(settings),
+            start_payload: Mutex::new(None),
+            reads: tokio::sync::Mutex::new(()),
+            tracker: tokio::sync::Mutex::new(MetricsTracker::new(options.environment.clone())),
+            environment: options.environment.clone(),
+            token: options.token.clone(),
+            prometheus,
+            write_timeout: options.write_timeout,
+            written: AtomicU64::new(0),
+            read: AtomicU64::new(0),
+        }))
+    }
+
+    fn ingest(&self) -> GroupIngest {
+        lock(&self.ingest).clone()
+    }
+
+    fn settings(&self) -> Settings {
+        *lock(&self.settings)
+    }
+}
+
+/// A poisoned lock only means a handler panicked while holding it; the value is whole.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The routes (slime's, plus batch writes, metrics and health), behind the token check.
+pub fn router(app: Arc<App>, body_limit: usize) -> Router {
+    Router::new()
+        .route("/", get(health))
+        .route("/buffer/write", post(write))
+        .route("/buffer/write_batch", post(write_batch))
+        .route("/get_rollout_data", post(get_rollout_data))
+        .route("/buffer/read", post(buffer_read))
+        .route("/buffer/stats", get(stats))
+        .route("/start_rollout", post(start_rollout))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
+        .with_state(app)
+}
+
+async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if let Some(token) = &app.token {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(token.as_str()) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(uri: Uri) -> ApiError {
+    ApiError::NotFound(uri.path().to_owned())
+}
+
+async fn health() -> Json<Value> {
+    Json(json!({"success": true, "message": "rollout-buffer is serving"}))
+}
+
+/// slime's `BufferResponse` envelope.
+fn envelope(success: bool, message: impl Into<String>, data: Value, meta_info: Value) -> Json<Value> {
+    Json(json!({
+        "success": success,
+        "message": message.into(),
+        "data": {"data": data, "meta_info": meta_info},
+    }))
+}
+
+fn outcome(added: &Added) -> &'static str {
+    match added {
+        Added::Pending { .. } => "pending",
+        Added::Sealed(_) => "sealed",
+        Added::Duplicate => "duplicate",
+        Added::VersionRejected => "version_rejected",
+        Added::ReplicaCapped => "replica_capped",
+        _ => "duplicate_group",
+    }
+}
+
+/// Adds records, each waiting at most the write timeout for room.
+async fn add_all(
+    app: &App,
+    records: Vec<rollout_buffer::rollout::RolloutRecord>,
+) -> Result<Vec<Value>, ApiError> {
+    let ingest = app.ingest();
+    let mut out = Vec::with_capacity(records.len());
+    for r in records {
+        let uid = r.rollout_uid.clone();
+        let added = tokio::time::timeout(app.write_timeout, ingest.add(r))
+            .await
+            .map_err(|_| ApiError::Busy { retry_after: 1 })??;
+        app.written.fetch_add(1, Ordering::Relaxed);
+        out.push(json!({"uid": uid, "outcome": outcome(&added)}));
+    }
+    metrics::counter!("rollout_buffer_http_items_written_total").increment(out.len() as u64);
+    Ok(out)
+}
+
+async fn write(State(app): State<Arc<App>>, ApiJson(item): ApiJson<Item>) -> Result<Json<Value>, ApiError> {
+    let record = item.into_record(&app.environment)?;
+    let out = add_all(&app, vec![record]).await?;
+    Ok(envelope(true, "write to buffer", Value::Array(out), json!("write to buffer")))
+}
+
+/// Many items in one call: all are checked before any is stored.
+async fn write_batch(
+    State(app): State<Arc<App>>,
+    ApiJson(items): ApiJson<Vec<Item>>,
+) -> Result<Json<Value>, ApiError> {
+    let records = items
+        .into_iter()
+        .map(|i| i.into_record(&app.environment))
+        .collect::<Result<Vec<_>, _>>()?;
+    let n = records.len();
+    let out = add_all(&app, records).await?;
+    Ok(envelope(true, format!("wrote {n} items"), Value::Array(out), json!("write to buffer")))
+}
+
+/// A JSON body that may be empty (slime's consumer posts `{}` or nothing).
+fn lenient<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("malformed JSON: {e}")))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ReadRequest {
+    #[serde(default = "all")]
+    batch_size: i64,
+    #[serde(default)]
+    timeout: Option<f64>,
+    #[serde(default)]
+    wait: Option<bool>,
+}
+
+fn all() -> i64 {
+    -1
+}
+
+async fn get_rollout_data(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: ReadRequest = lenient(&body)?;
+    read_groups(&app, req.batch_size, None).await
+}
+
+async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+    let req: ReadRequest = lenient(&body)?;
+    let wait = match (req.wait.unwrap_or(true), req.timeout) {
+        (false, _) => None,
+        (true, Some(t)) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t.min(3600.0))),
+        (true, Some(t)) => return Err(ApiError::bad(format!("`timeout` must be >= 0, not {t}"))),
+        (true, None) => Some(Duration::from_secs(10)),
+    };
+    read_groups(&app, req.batch_size, wait).await
+}
+
+/// Takes groups for an answer (see [`slime::take`]); with `wait`, waits up to it for a new
+/// group while the answer falls short.
+async fn read_groups(app: &App, batch_size: i64, wait: Option<Duration>) -> Result<Json<Value>, ApiError> {
+    if batch_size == 0 || batch_size < -1 {
+        return Err(ApiError::bad(format!("`batch_size` must be -1 (all) or > 0, not {batch_size}")));
+    }
+    let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    let _one_read = app.reads.lock().await;
+    loop {
+        let taken = slime::take(&app.buf, &app.settings(), batch_size).await?;
+        if !taken.held_back.is_empty() || taken.items.is_empty() {
+            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            // Give the groups back, then wait for one more to be ready (and give it back
+            // too): the next pass takes it with the rest.
+            drop(taken.held_back);
+            if let Some(left) = left.filter(|l| !l.is_zero()) {
+                match app
+                    .buf
+                    .get_batch_for_rpc_timeout(slime::TRAIN_RPC, left)
+                    .await
+                {
+                    Ok(batch) => {
+                        drop(batch);
+                        continue;
+                    }
+                    Err(rollout_buffer::Error::Timeout { .. }) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let message = if batch_size > 0 {
+                format!("Not enough data: fewer than {batch_size} valid items ready")
+            } else {
+                "No data available".to_owned()
+            };
+            return Ok(envelope(false, message, json!([]), Value::Object(taken.meta_info)));
+        }
+        let n = taken.items.len();
+        for lease in taken.answered {
+            lease.commit().await?;
+        }
+        app.read.fetch_add(n as u64, Ordering::Relaxed);
+        metrics::counter!("rollout_buffer_http_items_read_total").increment(n as u64);
+        return Ok(envelope(true, format!("read {n} items"), Value::Array(taken.items), Value::Object(taken.meta_info)));
+    }
+}
+
+async fn stats(State(app): State<Arc<App>>) -> Json<Value> {
+    let s = app.buf.stats();
+    let c = app.ingest().counters();
+    let read = app.read.load(Ordering::Relaxed);
+    let data = json!({
+        "current_size": c.stored_rollouts.saturating_sub(read),
+        "max_size": s.capacity * app.settings().group_size,
+        "total_written": app.written.load(Ordering::Relaxed),
+        "total_read": read,
+        "groups_ready": s.rpcs.iter().map(|r| r.eligible).sum::<usize>(),
+        "groups_leased": s.live_leases,
+        "slots_free": s.empty,
+    });
+    envelope(true, "buffer stats", data, json!("buffer stats"))
+}
+
+async fn start_rollout(
+    State(app): State<Arc<App>>,
+    ApiJson(payload): ApiJson<Map<String, Value>>,
+) -> Result<Json<Value>, ApiError> {
+    let mut next = app.settings();
+    next.apply(&payload)?;
+    if next != app.settings() {
+        // A new ingest with the new grouping; it adds back what was pending.
+        let ingest = GroupIngest::start(app.buf.clone(), next.group_config()).await?;
+        *lock(&app.ingest) = ingest;
+        *lock(&app.settings) = next;
+    }
+    *lock(&app.start_payload) = Some(Value::Object(payload));
+    tracing::info!(?next, "start_rollout");
+    Ok(Json(json!({"success": true, "message": "Rollout started"})))
+}
+
+async fn metrics_text(State(app): State<Arc<App>>) -> impl IntoResponse {
+    crate::metrics::publish(&app.buf, &app.ingest(), &mut *app.tracker.lock().await);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        app.prometheus.render(),
+    )
+}

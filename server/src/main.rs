@@ -1,0 +1,183 @@
+//! `rollout-buffer`: the buffer as an HTTP server speaking slime's rollout-buffer API, on a
+//! durable store.
+//!
+//! ```sh
+//! rollout-buffer serve --store ./run --listen 127.0.0.1:8889 --group-size 8
+//! ```
+//!
+//! The server prints `listening on http://ADDR` once it accepts connections (with
+//! `--listen 127.0.0.1:0` the port is the one the system chose). SIGTERM or Ctrl-C stops
+//! accepting, lets calls in flight finish, flushes the buffer and exits 0.
+
+mod api_error;
+mod app;
+mod metrics;
+mod slime;
+
+use clap::{Parser, Subcommand};
+use rollout_buffer::persist::{Durability, PersistOptions};
+use rollout_buffer::SequenceBuffer;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "rollout-buffer", version, about = "rollout-buffer over HTTP")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serves slime's rollout-buffer API, metrics and health on a store.
+    Serve(Serve),
+}
+
+#[derive(Debug, clap::Args)]
+struct Serve {
+    /// Where the buffer lives: a directory, file://, s3://, gs://, az:// or memory://.
+    #[arg(long)]
+    store: String,
+    /// Address to listen on (loopback by default; port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8889")]
+    listen: SocketAddr,
+    /// Items per group (slime's `num_repeat_per_sample`; `/start_rollout` may change it).
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Seconds without a new item after which a group seals short.
+    #[arg(long, default_value_t = 300.0)]
+    group_timeout: f64,
+    /// Groups the buffer holds; writes past it wait `--write-timeout`, then get 503.
+    #[arg(long, default_value_t = 4096)]
+    capacity: usize,
+    /// `sync` (a write is on storage when answered), `interval:<ms>` or `none`.
+    #[arg(long, default_value = "sync")]
+    durability: String,
+    /// Seconds a write waits for room before answering 503 with Retry-After.
+    #[arg(long, default_value_t = 2.0)]
+    write_timeout: f64,
+    /// Largest request body, bytes (larger ones get 413).
+    #[arg(long, default_value_t = 64 << 20)]
+    body_limit: usize,
+    /// Environment name the items are stored under.
+    #[arg(long, default_value = "slime")]
+    environment: String,
+    /// Every call must carry `Authorization: Bearer <token>`.
+    #[arg(long, env = "ROLLOUT_BUFFER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+fn durability(text: &str) -> Result<Durability, String> {
+    match text {
+        "sync" => Ok(Durability::Sync),
+        "none" => Ok(Durability::None),
+        other => other
+            .strip_prefix("interval:")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+            .ok_or_else(|| format!("--durability must be sync, none or interval:<ms>, not {other:?}")),
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rollout-buffer: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("rollout-buffer: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: Serve) -> Result<(), String> {
+    if args.group_size == 0 {
+        return Err("--group-size must be >= 1".into());
+    }
+    if !(args.write_timeout.is_finite() && args.write_timeout >= 0.0) {
+        return Err("--write-timeout must be >= 0".into());
+    }
+    if !(args.group_timeout.is_finite() && args.group_timeout > 0.0) {
+        return Err("--group-timeout must be > 0".into());
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let options = PersistOptions::default().durability(durability(&args.durability)?);
+    let buf = SequenceBuffer::open(&args.store, args.capacity, slime::rpcs(), options)
+        .await
+        .map_err(|e| format!("cannot open the store {}: {e}", args.store))?;
+    let mut settings = slime::Settings::new(args.group_size);
+    settings.group_timeout_seconds = args.group_timeout;
+    let app_options = app::Options {
+        environment: args.environment.clone(),
+        token: args.token.clone(),
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        body_limit: args.body_limit,
+    };
+    let app = app::App::new(buf.clone(), settings, &app_options, prometheus)
+        .await
+        .map_err(|e| format!("cannot start ingestion: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    // The line tests and scripts wait for; stdout is flushed per line.
+    println!("listening on http://{addr}");
+    tracing::info!(%addr, store = %args.store, "serving");
+    axum::serve(listener, app::router(app, app_options.body_limit))
+        .with_graceful_shutdown(shutdown())
+        .await
+        .map_err(|e| format!("server error: {e}"))?;
+    tracing::info!("stopping: flushing the buffer");
+    buf.flush().await.map_err(|e| format!("flush failed: {e}"))?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "no Ctrl-C handler");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no SIGTERM handler");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,404 @@
+//! slime's rollout-buffer wire format on the library: trajectory items in, groups keyed
+//! by `instance_id` out, through slime's validity, filter, normalization and padding
+//! (`../shared/research/slime_marin_api.md` B.1).
+//!
+//! An item is stored as a rollout of environment `--environment`, example `instance_id`,
+//! uid `uid`, with its `messages` and `extra_info` kept as JSON text in the rollout's
+//! metadata. A read leases ready groups one at a time from the `train` RPC, processes
+//! them, and then either commits them (the answer is sent) or, when the processed items
+//! fall short of `batch_size`, gives the valid ones back: unlike slime, a read that
+//! returns too little drops nothing. Groups that fail validity are archived as filtered.
+
+use crate::api_error::ApiError;
+use rollout_buffer::rollout::{
+    process_groups, Advantage, GroupConfig, GroupHooks, RolloutRecord, TrainGroup, Validity,
+    GROUP_INPUTS,
+};
+use rollout_buffer::{Batch, MetaValue, RpcDef, SequenceBuffer};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use std::time::Duration;
+
+/// The RPC reads lease groups through.
+pub const TRAIN_RPC: &str = "train";
+
+/// The buffer's RPCs: `train`, one group per lease, oldest first (slime reads in arrival
+/// order), with the group layout plus the items' JSON.
+pub fn rpcs() -> Vec<RpcDef> {
+    let mut inputs: Vec<&str> = GROUP_INPUTS.to_vec();
+    inputs.extend(["meta/messages", "meta/extra_info"]);
+    vec![RpcDef::new(TRAIN_RPC, 1)
+        .inputs(inputs)
+        .selection(rollout_buffer::Selection::Fifo)]
+}
+
+/// One trajectory item, as slime's generators POST it.
+#[derive(Debug, Deserialize)]
+pub struct Item {
+    /// The rollout's uid.
+    pub uid: String,
+    /// The group key.
+    pub instance_id: Value,
+    /// The chat (an OpenAI message list).
+    pub messages: Value,
+    /// The reward.
+    pub reward: f64,
+    /// Everything else the generator knows.
+    #[serde(default)]
+    pub extra_info: Value,
+}
+
+impl Item {
+    /// The rollout this item is stored as, or a 400 naming what is wrong.
+    pub fn into_record(self, environment: &str) -> Result<RolloutRecord, ApiError> {
+        if self.uid.is_empty() {
+            return Err(ApiError::bad("item: `uid` is empty"));
+        }
+        let instance_id = match &self.instance_id {
+            Value::String(s) if !s.is_empty() => s.clone(),
+            Value::Number(n) => n.to_string(),
+            other => {
+                return Err(ApiError::bad(format!(
+                    "item {}: `instance_id` must be a non-empty string or a number, not {other}",
+                    self.uid
+                )))
+            }
+        };
+        if !self.messages.is_array() {
+            return Err(ApiError::bad(format!(
+                "item {}: `messages` must be a list",
+                self.uid
+            )));
+        }
+        if !self.reward.is_finite() {
+            return Err(ApiError::bad(format!(
+                "item {}: `reward` is not finite",
+                self.uid
+            )));
+        }
+        let extra = match self.extra_info {
+            Value::Null => Value::Object(Map::new()),
+            v @ Value::Object(_) => v,
+            other => {
+                return Err(ApiError::bad(format!(
+                    "item {}: `extra_info` must be an object, not {other}",
+                    self.uid
+                )))
+            }
+        };
+        let version = extra
+            .get("policy_version")
+            .and_then(Value::as_u64)
+            .unwrap_or(0);
+        let mut r = RolloutRecord::new(environment, instance_id, version, self.uid);
+        r.reward = Some(self.reward);
+        r.created_ts = match extra.get("timestamp") {
+            Some(Value::String(s)) => s.parse().unwrap_or_else(|_| now()),
+            Some(Value::Number(n)) => n.as_f64().unwrap_or_else(now),
+            _ => now(),
+        };
+        r.metadata.insert(
+            "messages".into(),
+            MetaValue::Str(self.messages.to_string()),
+        );
+        r.metadata
+            .insert("extra_info".into(), MetaValue::Str(extra.to_string()));
+        Ok(r)
+    }
+}
+
+fn now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// slime's group settings (`/start_rollout`'s optional fields).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Settings {
+    /// `num_repeat_per_sample`: the group size.
+    pub group_size: usize,
+    /// A group is finished (and may be valid) with this share of the group size.
+    pub min_valid_group_size_ratio: f64,
+    /// Items that must survive the filter, as a share of the group size.
+    pub min_valid_item_size_ratio: f64,
+    /// A group with no new item for this long seals...
+    pub group_timeout_seconds: f64,
+    /// ...if it holds at least this share of the group size.
+    pub min_timeout_group_size_ratio: f64,
+}
+
+impl Settings {
+    /// slime's defaults for a group size.
+    pub fn new(group_size: usize) -> Self {
+        Self {
+            group_size,
+            min_valid_group_size_ratio: 1.0,
+            min_valid_item_size_ratio: 0.7,
+            group_timeout_seconds: 300.0,
+            min_timeout_group_size_ratio: 0.7,
+        }
+    }
+
+    /// slime's `int(group_size * ratio)` (at least 1).
+    fn floor_share(&self, ratio: f64) -> usize {
+        ((self.group_size as f64) * ratio).floor().max(1.0) as usize
+    }
+
+    /// Applies `/start_rollout`'s fields that are present (numbers or numeric strings, as
+    /// slime sends them); a present but unreadable one is a 400 naming it.
+    pub fn apply(&mut self, payload: &Map<String, Value>) -> Result<(), ApiError> {
+        let num = |key: &str| -> Result<Option<f64>, ApiError> {
+            match payload.get(key) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(n)) => Ok(n.as_f64()),
+                Some(Value::String(s)) => s.trim().parse().map(Some).map_err(|_| {
+                    ApiError::bad(format!("`{key}` must be a number, not {s:?}"))
+                }),
+                Some(other) => Err(ApiError::bad(format!(
+                    "`{key}` must be a number, not {other}"
+                ))),
+            }
+        };
+        let mut next = *self;
+        if let Some(g) = num("num_repeat_per_sample")? {
+            if g < 1.0 || g.fract() != 0.0 {
+                return Err(ApiError::bad(format!(
+                    "`num_repeat_per_sample` must be a whole number >= 1, not {g}"
+                )));
+            }
+            next.group_size = g as usize;
+        }
+        for (key, slot) in [
+            ("min_valid_group_size_ratio", &mut next.min_valid_group_size_ratio),
+            ("min_valid_item_size_ratio", &mut next.min_valid_item_size_ratio),
+            ("min_timeout_group_size_ratio", &mut next.min_timeout_group_size_ratio),
+        ] {
+            if let Some(v) = num(key)? {
+                if !(0.0..=1.0).contains(&v) {
+                    return Err(ApiError::bad(format!("`{key}` must be in [0, 1], not {v}")));
+                }
+                *slot = v;
+            }
+        }
+        if let Some(t) = num("group_timeout_seconds")? {
+            if !(t > 0.0 && t.is_finite()) {
+                return Err(ApiError::bad(format!(
+                    "`group_timeout_seconds` must be > 0, not {t}"
+                )));
+            }
+            next.group_timeout_seconds = t;
+        }
+        *self = next;
+        Ok(())
+    }
+
+    /// The ingest's grouping. A group seals once it is finished in slime's sense: at
+    /// `min_valid_group_size_ratio` of the group size (all of it by default). slime
+    /// decides that when a read comes; here the group seals when it gets there. A group
+    /// with no item for `group_timeout_seconds` seals if it holds at least
+    /// `min_timeout_group_size_ratio` of the group size (slime's `len / size >= ratio`).
+    pub fn group_config(&self) -> GroupConfig {
+        let timeout_min =
+            ((self.group_size as f64) * self.min_timeout_group_size_ratio).ceil().max(1.0) as usize;
+        let target = self.floor_share(self.min_valid_group_size_ratio);
+        GroupConfig::new(target).seal_after(
+            Duration::from_secs_f64(self.group_timeout_seconds),
+            timeout_min.min(target),
+        )
+    }
+
+    /// The hooks reads run.
+    pub fn hooks(&self) -> SlimeRatios {
+        SlimeRatios {
+            group_size: self.group_size,
+            min_valid: self.floor_share(self.min_valid_group_size_ratio),
+            min_items: self.floor_share(self.min_valid_item_size_ratio),
+        }
+    }
+}
+
+/// slime's default hooks with its ratios.
+#[derive(Debug, Clone, Copy)]
+pub struct SlimeRatios {
+    group_size: usize,
+    min_valid: usize,
+    min_items: usize,
+}
+
+impl GroupHooks for SlimeRatios {
+    fn group_size(&self) -> usize {
+        self.group_size
+    }
+
+    /// Every stored group is finished (it sealed). One that sealed finished (at least
+    /// `min_valid` items) is valid when its rewards differ; one sealed short by its
+    /// timeout skips that rule, as slime's timeout path does.
+    fn is_valid_group(&self, group: &TrainGroup) -> Validity {
+        let first = group.items.first().map(|i| i.raw_reward);
+        let varied = group.items.iter().any(|i| Some(i.raw_reward) != first);
+        Validity {
+            valid: group.items.len() < self.min_valid || varied,
+            finished: true,
+        }
+    }
+
+    fn min_items(&self) -> usize {
+        self.min_items
+    }
+}
+
+/// What a read took: the answer's items and meta info, and the leases to commit (or to
+/// drop, which gives the groups back).
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The processed items, padded.
+    pub items: Vec<Value>,
+    /// slime's meta info over every group taken, with `finished_groups`.
+    pub meta_info: Map<String, Value>,
+    /// Leases of the groups answered (committed once the answer is ready).
+    pub answered: Vec<Batch>,
+    /// Leases of the groups held back because the read fell short (dropped: given back).
+    pub held_back: Vec<Batch>,
+}
+
+/// Leases every ready group (or until `batch_size` items, when positive), runs the
+/// hooks, and splits the leases: `answered` when the items reach `batch_size` (or any,
+/// with `batch_size <= 0`), else `held_back`. Groups the hooks reject are archived here.
+pub async fn take(
+    buf: &SequenceBuffer,
+    settings: &Settings,
+    batch_size: i64,
+) -> Result<Taken, ApiError> {
+    let hooks = settings.hooks();
+    let mut leases = Vec::new();
+    let mut groups = Vec::new();
+    let mut items_by_uid = std::collections::HashMap::new();
+    let mut instance = Vec::new();
+    let mut valid_items = 0usize;
+    while batch_size <= 0 || valid_items < batch_size as usize {
+        let batch = match buf
+            .get_batch_for_rpc_timeout(TRAIN_RPC, Duration::ZERO)
+            .await
+        {
+            Ok(b) => b,
+            Err(rollout_buffer::Error::Timeout { .. }) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let Some(view) = batch.samples().next() else {
+            continue;
+        };
+        let group = TrainGroup::read(view.id().as_str(), |k| view.get(k), |k| view.get_meta(k))?;
+        let iid = match view.get_meta("example_id") {
+            Some(MetaValue::Str(s)) => s.clone(),
+            _ => String::new(),
+        };
+        let texts = |key: &str| -> Vec<String> {
+            view.get(key)
+                .and_then(|t| t.array::<String>().map(|a| a.iter().cloned().collect()))
+                .unwrap_or_default()
+        };
+        let (messages, extra) = (texts("meta/messages"), texts("meta/extra_info"));
+        for (i, item) in group.items.iter().enumerate() {
+            let parse = |v: Option<&String>| {
+                v.and_then(|s| serde_json::from_str::<Value>(s).ok())
+                    .unwrap_or(Value::Null)
+            };
+            items_by_uid.insert(
+                item.rollout_uid.clone(),
+                (parse(messages.get(i)), parse(extra.get(i)), iid.clone()),
+            );
+        }
+        if hooks.is_valid_group(&group).valid {
+            valid_items += hooks.group_size.max(group.items.len());
+        }
+        instance.push(iid);
+        groups.push(group);
+        leases.push(batch);
+    }
+    let mut meta_info = meta_info(&groups);
+    meta_info.insert("finished_groups".into(), json!(instance));
+    let processed = process_groups(&hooks, &Advantage::None, None, groups);
+    let rejected: std::collections::HashSet<String> = processed
+        .rejected
+        .iter()
+        .flat_map(|(g, _)| g.items.iter().map(|i| i.rollout_uid.clone()))
+        .collect();
+    let mut items = Vec::new();
+    for group in &processed.kept {
+        for item in &group.items {
+            if let Some((messages, extra, iid)) = items_by_uid.get(&item.rollout_uid) {
+                items.push(json!({
+                    "uid": item.rollout_uid,
+                    "instance_id": iid,
+                    "messages": messages,
+                    "reward": item.reward,
+                    "raw_reward": item.raw_reward,
+                    "extra_info": extra,
+                }));
+            }
+        }
+    }
+    let enough = batch_size <= 0 || items.len() >= batch_size as usize;
+    let mut out = Taken {
+        meta_info,
+        ..Taken::default()
+    };
+    for lease in leases {
+        let is_rejected = lease
+            .samples()
+            .next()
+            .and_then(|v| v.get("rollout_uid").and_then(|t| t.array::<String>().map(|a| a.iter().any(|u| rejected.contains(u)))))
+            .unwrap_or(false);
+        if is_rejected {
+            lease.discard_with_reason("invalid_group")?;
+        } else if enough {
+            out.answered.push(lease);
+        } else {
+            out.held_back.push(lease);
+        }
+    }
+    if enough {
+        out.items = items;
+    }
+    Ok(out)
+}
+
+/// slime's `get_group_data_meta_info` over the groups taken (raw rewards; sample std).
+fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
+    let rewards: Vec<f64> = groups
+        .iter()
+        .flat_map(|g| g.items.iter().map(|i| i.raw_reward))
+        .collect();
+    let n = rewards.len();
+    let mut m = Map::new();
+    if n == 0 {
+        for k in [
+            "total_samples", "num_groups", "avg_group_size", "avg_reward", "reward_std",
+            "reward_min", "reward_max",
+        ] {
+            m.insert(k.into(), json!(0));
+        }
+        return m;
+    }
+    let mean = rewards.iter().sum::<f64>() / n as f64;
+    let std = if n > 1 {
+        (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
+    m.insert("total_samples".into(), json!(n));
+    m.insert("num_groups".into(), json!(groups.len()));
+    m.insert("avg_group_size".into(), json!(n as f64 / groups.len() as f64));
+    m.insert("avg_reward".into(), json!(mean));
+    m.insert("reward_std".into(), json!(std));
+    m.insert(
+        "reward_min".into(),
+        json!(rewards.iter().copied().fold(f64::INFINITY, f64::min)),
+    );
+    m.insert(
+        "reward_max".into(),
+        json!(rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
+    );
+    m
+}
