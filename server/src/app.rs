@@ -139,7 +139,12 @@ async fn health() -> Json<Value> {
 }
 
 /// slime's `BufferResponse` envelope.
-fn envelope(success: bool, message: impl Into<String>, data: Value, meta_info: Value) -> Json<Value> {
+fn envelope(
+    success: bool,
+    message: impl Into<String>,
+    data: Value,
+    meta_info: Value,
+) -> Json<Value> {
     Json(json!({
         "success": success,
         "message": message.into(),
@@ -159,17 +164,37 @@ fn outcome(added: &Added) -> &'static str {
 }
 
 /// Adds records, each waiting at most the write timeout for room.
+///
+/// Each add runs in its own task: an add that seals a group must not be cancelled halfway
+/// (the group would leave the ingest's memory and wait in the log for the next start), so
+/// a write that times out answers 503 while its add goes on and lands once a read makes
+/// room; the client's retry is then a duplicate, answered 200. A buffer that is full with
+/// puts already waiting refuses new writes at once.
 async fn add_all(
     app: &App,
     records: Vec<rollout_buffer::rollout::RolloutRecord>,
 ) -> Result<Vec<Value>, ApiError> {
+    let s = app.buf.stats();
+    if s.empty == 0 && s.waiting_putters > 0 {
+        return Err(ApiError::Busy { retry_after: 1 });
+    }
     let ingest = app.ingest();
     let mut out = Vec::with_capacity(records.len());
     for r in records {
         let uid = r.rollout_uid.clone();
-        let added = tokio::time::timeout(app.write_timeout, ingest.add(r))
-            .await
-            .map_err(|_| ApiError::Busy { retry_after: 1 })??;
+        let task = tokio::spawn({
+            let ingest = ingest.clone();
+            async move { ingest.add(r).await }
+        });
+        let added = match tokio::time::timeout(app.write_timeout, task).await {
+            Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
+            Ok(Err(joined)) => {
+                return Err(ApiError::bad(format!(
+                    "the write of {uid} failed: {joined}"
+                )))
+            }
+            Ok(Ok(added)) => added?,
+        };
         app.written.fetch_add(1, Ordering::Relaxed);
         out.push(json!({"uid": uid, "outcome": outcome(&added)}));
     }
@@ -177,10 +202,18 @@ async fn add_all(
     Ok(out)
 }
 
-async fn write(State(app): State<Arc<App>>, ApiJson(item): ApiJson<Item>) -> Result<Json<Value>, ApiError> {
+async fn write(
+    State(app): State<Arc<App>>,
+    ApiJson(item): ApiJson<Item>,
+) -> Result<Json<Value>, ApiError> {
     let record = item.into_record(&app.environment)?;
     let out = add_all(&app, vec![record]).await?;
-    Ok(envelope(true, "write to buffer", Value::Array(out), json!("write to buffer")))
+    Ok(envelope(
+        true,
+        "write to buffer",
+        Value::Array(out),
+        json!("write to buffer"),
+    ))
 }
 
 /// Many items in one call: all are checked before any is stored.
@@ -194,7 +227,12 @@ async fn write_batch(
         .collect::<Result<Vec<_>, _>>()?;
     let n = records.len();
     let out = add_all(&app, records).await?;
-    Ok(envelope(true, format!("wrote {n} items"), Value::Array(out), json!("write to buffer")))
+    Ok(envelope(
+        true,
+        format!("wrote {n} items"),
+        Value::Array(out),
+        json!("write to buffer"),
+    ))
 }
 
 /// A JSON body that may be empty (slime's consumer posts `{}` or nothing).
@@ -219,7 +257,10 @@ fn all() -> i64 {
     -1
 }
 
-async fn get_rollout_data(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn get_rollout_data(
+    State(app): State<Arc<App>>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     read_groups(&app, req.batch_size, None).await
 }
@@ -228,7 +269,9 @@ async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
     let req: ReadRequest = lenient(&body)?;
     let wait = match (req.wait.unwrap_or(true), req.timeout) {
         (false, _) => None,
-        (true, Some(t)) if t.is_finite() && t >= 0.0 => Some(Duration::from_secs_f64(t.min(3600.0))),
+        (true, Some(t)) if t.is_finite() && t >= 0.0 => {
+            Some(Duration::from_secs_f64(t.min(3600.0)))
+        }
         (true, Some(t)) => return Err(ApiError::bad(format!("`timeout` must be >= 0, not {t}"))),
         (true, None) => Some(Duration::from_secs(10)),
     };
@@ -237,9 +280,15 @@ async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Va
 
 /// Takes groups for an answer (see [`slime::take`]); with `wait`, waits up to it for a new
 /// group while the answer falls short.
-async fn read_groups(app: &App, batch_size: i64, wait: Option<Duration>) -> Result<Json<Value>, ApiError> {
+async fn read_groups(
+    app: &App,
+    batch_size: i64,
+    wait: Option<Duration>,
+) -> Result<Json<Value>, ApiError> {
     if batch_size == 0 || batch_size < -1 {
-        return Err(ApiError::bad(format!("`batch_size` must be -1 (all) or > 0, not {batch_size}")));
+        return Err(ApiError::bad(format!(
+            "`batch_size` must be -1 (all) or > 0, not {batch_size}"
+        )));
     }
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     let _one_read = app.reads.lock().await;
@@ -269,7 +318,12 @@ async fn read_groups(app: &App, batch_size: i64, wait: Option<Duration>) -> Resu
             } else {
                 "No data available".to_owned()
             };
-            return Ok(envelope(false, message, json!([]), Value::Object(taken.meta_info)));
+            return Ok(envelope(
+                false,
+                message,
+                json!([]),
+                Value::Object(taken.meta_info),
+            ));
         }
         let n = taken.items.len();
         for lease in taken.answered {
@@ -277,7 +331,12 @@ async fn read_groups(app: &App, batch_size: i64, wait: Option<Duration>) -> Resu
         }
         app.read.fetch_add(n as u64, Ordering::Relaxed);
         metrics::counter!("rollout_buffer_http_items_read_total").increment(n as u64);
-        return Ok(envelope(true, format!("read {n} items"), Value::Array(taken.items), Value::Object(taken.meta_info)));
+        return Ok(envelope(
+            true,
+            format!("read {n} items"),
+            Value::Array(taken.items),
+            Value::Object(taken.meta_info),
+        ));
     }
 }
 

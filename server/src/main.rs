@@ -76,7 +76,9 @@ fn durability(text: &str) -> Result<Durability, String> {
             .strip_prefix("interval:")
             .and_then(|ms| ms.parse::<u64>().ok())
             .map(|ms| Durability::Interval(Duration::from_millis(ms)))
-            .ok_or_else(|| format!("--durability must be sync, none or interval:<ms>, not {other:?}")),
+            .ok_or_else(|| {
+                format!("--durability must be sync, none or interval:<ms>, not {other:?}")
+            }),
     }
 }
 
@@ -89,7 +91,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rollout-buffer: cannot start the runtime: {e}");
@@ -150,7 +155,9 @@ async fn serve(args: Serve) -> Result<(), String> {
         .await
         .map_err(|e| format!("server error: {e}"))?;
     tracing::info!("stopping: flushing the buffer");
-    buf.flush().await.map_err(|e| format!("flush failed: {e}"))?;
+    buf.flush()
+        .await
+        .map_err(|e| format!("flush failed: {e}"))?;
     Ok(())
 }
 

@@ -32,18 +32,24 @@ pub fn publish(buf: &SequenceBuffer, ingest: &GroupIngest, tracker: &mut Metrics
     }
     for rpc in &s.rpcs {
         let label = rpc.name.to_string();
-        metrics::gauge!("rollout_buffer_rpc_eligible", "rpc" => label.clone()).set(rpc.eligible as f64);
+        metrics::gauge!("rollout_buffer_rpc_eligible", "rpc" => label.clone())
+            .set(rpc.eligible as f64);
         metrics::gauge!("rollout_buffer_rpc_leased", "rpc" => label.clone()).set(rpc.leased as f64);
-        metrics::gauge!("rollout_buffer_rpc_waiting", "rpc" => label.clone()).set(rpc.waiting as f64);
+        metrics::gauge!("rollout_buffer_rpc_waiting", "rpc" => label.clone())
+            .set(rpc.waiting as f64);
         metrics::gauge!("rollout_buffer_rpc_reads", "rpc" => label.clone()).set(rpc.reads as f64);
-        metrics::gauge!("rollout_buffer_rpc_redelivered", "rpc" => label).set(rpc.redelivered as f64);
+        metrics::gauge!("rollout_buffer_rpc_redelivered", "rpc" => label)
+            .set(rpc.redelivered as f64);
     }
     let c = ingest.counters();
     for (name, value) in [
         ("rollout_buffer_ingest_stored_groups", c.stored_groups),
         ("rollout_buffer_ingest_duplicate_groups", c.duplicate_groups),
         ("rollout_buffer_ingest_stored_rollouts", c.stored_rollouts),
-        ("rollout_buffer_ingest_recovered_rollouts", c.recovered_rollouts),
+        (
+            "rollout_buffer_ingest_recovered_rollouts",
+            c.recovered_rollouts,
+        ),
     ] {
         metrics::gauge!(name).set(value as f64);
     }

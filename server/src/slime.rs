@@ -97,10 +97,8 @@ impl Item {
             Some(Value::Number(n)) => n.as_f64().unwrap_or_else(now),
             _ => now(),
         };
-        r.metadata.insert(
-            "messages".into(),
-            MetaValue::Str(self.messages.to_string()),
-        );
+        r.metadata
+            .insert("messages".into(), MetaValue::Str(self.messages.to_string()));
         r.metadata
             .insert("extra_info".into(), MetaValue::Str(extra.to_string()));
         Ok(r)
@@ -152,9 +150,11 @@ impl Settings {
             match payload.get(key) {
                 None | Some(Value::Null) => Ok(None),
                 Some(Value::Number(n)) => Ok(n.as_f64()),
-                Some(Value::String(s)) => s.trim().parse().map(Some).map_err(|_| {
-                    ApiError::bad(format!("`{key}` must be a number, not {s:?}"))
-                }),
+                Some(Value::String(s)) => s
+                    .trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| ApiError::bad(format!("`{key}` must be a number, not {s:?}"))),
                 Some(other) => Err(ApiError::bad(format!(
                     "`{key}` must be a number, not {other}"
                 ))),
@@ -170,9 +170,18 @@ impl Settings {
             next.group_size = g as usize;
         }
         for (key, slot) in [
-            ("min_valid_group_size_ratio", &mut next.min_valid_group_size_ratio),
-            ("min_valid_item_size_ratio", &mut next.min_valid_item_size_ratio),
-            ("min_timeout_group_size_ratio", &mut next.min_timeout_group_size_ratio),
+            (
+                "min_valid_group_size_ratio",
+                &mut next.min_valid_group_size_ratio,
+            ),
+            (
+                "min_valid_item_size_ratio",
+                &mut next.min_valid_item_size_ratio,
+            ),
+            (
+                "min_timeout_group_size_ratio",
+                &mut next.min_timeout_group_size_ratio,
+            ),
         ] {
             if let Some(v) = num(key)? {
                 if !(0.0..=1.0).contains(&v) {
@@ -199,8 +208,9 @@ impl Settings {
     /// with no item for `group_timeout_seconds` seals if it holds at least
     /// `min_timeout_group_size_ratio` of the group size (slime's `len / size >= ratio`).
     pub fn group_config(&self) -> GroupConfig {
-        let timeout_min =
-            ((self.group_size as f64) * self.min_timeout_group_size_ratio).ceil().max(1.0) as usize;
+        let timeout_min = ((self.group_size as f64) * self.min_timeout_group_size_ratio)
+            .ceil()
+            .max(1.0) as usize;
         let target = self.floor_share(self.min_valid_group_size_ratio);
         GroupConfig::new(target).seal_after(
             Duration::from_secs_f64(self.group_timeout_seconds),
@@ -348,7 +358,12 @@ pub async fn take(
         let is_rejected = lease
             .samples()
             .next()
-            .and_then(|v| v.get("rollout_uid").and_then(|t| t.array::<String>().map(|a| a.iter().any(|u| rejected.contains(u)))))
+            .and_then(|v| {
+                v.get("rollout_uid").and_then(|t| {
+                    t.array::<String>()
+                        .map(|a| a.iter().any(|u| rejected.contains(u)))
+                })
+            })
             .unwrap_or(false);
         if is_rejected {
             lease.discard_with_reason("invalid_group")?;
@@ -374,8 +389,13 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
     let mut m = Map::new();
     if n == 0 {
         for k in [
-            "total_samples", "num_groups", "avg_group_size", "avg_reward", "reward_std",
-            "reward_min", "reward_max",
+            "total_samples",
+            "num_groups",
+            "avg_group_size",
+            "avg_reward",
+            "reward_std",
+            "reward_min",
+            "reward_max",
         ] {
             m.insert(k.into(), json!(0));
         }
@@ -389,7 +409,10 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
     };
     m.insert("total_samples".into(), json!(n));
     m.insert("num_groups".into(), json!(groups.len()));
-    m.insert("avg_group_size".into(), json!(n as f64 / groups.len() as f64));
+    m.insert(
+        "avg_group_size".into(),
+        json!(n as f64 / groups.len() as f64),
+    );
     m.insert("avg_reward".into(), json!(mean));
     m.insert("reward_std".into(), json!(std));
     m.insert(

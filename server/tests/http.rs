@@ -1,0 +1,363 @@
+//! The server as a real process on an ephemeral loopback port, driven by a real HTTP
+//! client as slime's generators and consumer drive theirs.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running server; killed (SIGKILL) when dropped.
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Server {
+    fn start(store: &PathBuf, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+            .arg("serve")
+            .arg("--store")
+            .arg(store)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server's first line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Server { child, url }
+    }
+
+    /// SIGTERM, then the exit status.
+    fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn store(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rb-server-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// POSTs JSON; the status and the parsed body.
+async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
+    send(
+        client()
+            .post(format!("{}{path}", server.url))
+            .body(body.to_string()),
+    )
+    .await
+}
+
+async fn get(server: &Server, path: &str) -> (u16, Value) {
+    send(client().get(format!("{}{path}", server.url))).await
+}
+
+async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
+    (status, body)
+}
+
+/// slime's trajectory item.
+fn item(uid: &str, instance: &str, reward: f64) -> Value {
+    json!({
+        "uid": uid,
+        "instance_id": instance,
+        "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+        "reward": reward,
+        "extra_info": {"timestamp": "1700000000.5", "finish_reason": "stop"},
+    })
+}
+
+async fn write_group(server: &Server, instance: &str, rewards: &[f64]) {
+    for (i, r) in rewards.iter().enumerate() {
+        let (status, body) = post(
+            server,
+            "/buffer/write",
+            &item(&format!("{instance}-{i}"), instance, *r),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["success"], true);
+    }
+}
+
+fn uids(body: &Value) -> Vec<String> {
+    let mut out: Vec<String> = body["data"]["data"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["uid"].as_str().expect("uid").to_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test]
+async fn slime_generator_and_consumer_round_trip() {
+    let dir = store("round-trip");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    let (status, health) = get(&server, "/").await;
+    assert_eq!((status, health["success"].clone()), (200, json!(true)));
+    write_group(&server, "q-varied", &[0.0, 1.0, 1.0, 0.0]).await;
+    write_group(&server, "q-flat", &[1.0, 1.0, 1.0, 1.0]).await;
+    let (status, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(status, 200);
+    assert_eq!(body["success"], true, "{body}");
+    // The group whose rewards are all equal is finished but invalid: archived, not sent.
+    assert_eq!(
+        uids(&body),
+        ["q-varied-0", "q-varied-1", "q-varied-2", "q-varied-3"]
+    );
+    let meta = &body["data"]["meta_info"];
+    let mut finished: Vec<&str> = meta["finished_groups"]
+        .as_array()
+        .expect("finished_groups")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    finished.sort();
+    assert_eq!(finished, ["q-flat", "q-varied"]);
+    assert_eq!(meta["total_samples"], 8);
+    let first = &body["data"]["data"][0];
+    assert_eq!(first["messages"][1]["content"], "4");
+    assert_eq!(first["extra_info"]["finish_reason"], "stop");
+    // GRPO-normalized rewards: mean 0, raw kept.
+    let rewards: Vec<f64> = body["data"]["data"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["reward"].as_f64().expect("reward"))
+        .collect();
+    assert!(rewards.iter().sum::<f64>().abs() < 1e-6, "{rewards:?}");
+    // Nothing left: slime answers success false.
+    let (_, empty) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(empty["success"], false);
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["total_written"], 8);
+    assert_eq!(stats["data"]["data"]["total_read"], 4);
+}
+
+#[tokio::test]
+async fn a_read_that_falls_short_drops_nothing() {
+    let dir = store("short");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    write_group(&server, "q1", &[0.0, 1.0, 0.0, 1.0]).await;
+    let (_, short) = post(&server, "/get_rollout_data", &json!({"batch_size": 8})).await;
+    assert_eq!(short["success"], false, "{short}");
+    let (_, whole) = post(&server, "/get_rollout_data", &json!({"batch_size": 4})).await;
+    assert_eq!(whole["success"], true, "{whole}");
+    assert_eq!(uids(&whole).len(), 4);
+}
+
+#[tokio::test]
+async fn a_killed_server_restarts_with_every_answered_write() {
+    let dir = store("kill");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    write_group(&server, "q1", &[0.0, 1.0, 0.0, 1.0]).await;
+    write_group(&server, "q2", &[1.0, 0.0]).await; // pending: half a group
+    drop(server); // SIGKILL
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    for (i, r) in [(2, 0.0), (3, 1.0)] {
+        let (status, _) = post(&server, "/buffer/write", &item(&format!("q2-{i}"), "q2", r)).await;
+        assert_eq!(status, 200);
+    }
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(body["success"], true, "{body}");
+    let got = uids(&body);
+    assert_eq!(got.len(), 8, "{got:?}");
+    assert!(
+        got.contains(&"q2-0".to_owned()),
+        "the pending half survived: {got:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_json_errors_and_store_nothing() {
+    let dir = store("bad");
+    let server = Server::start(&dir, &["--group-size", "2", "--body-limit", "2048"]);
+    let url = format!("{}/buffer/write", server.url);
+    let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
+        (client().post(&url).body("{not json"), 400, "malformed JSON"),
+        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": []}).to_string()), 422, "reward"),
+        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": "high"}).to_string()), 422, "reward"),
+        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": "hi", "reward": 1}).to_string()), 400, "messages"),
+        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": 1, "extra_info": {"pad": "x".repeat(4096)}}).to_string()), 413, "limit"),
+        (client().get(format!("{}/no/such/route", server.url)), 404, "/no/such/route"),
+    ];
+    for (req, want, names) in cases {
+        let (status, body) = send(req).await;
+        assert_eq!(status, want, "{body}");
+        assert_eq!(body["success"], false);
+        assert!(
+            body["message"].as_str().expect("message").contains(names),
+            "{body}"
+        );
+    }
+    // A batch with one bad item stores none of it.
+    let batch = json!([item("b0", "q", 1.0), {"uid": "b1", "instance_id": null, "messages": [], "reward": 0}]);
+    let (status, body) = post(&server, "/buffer/write_batch", &batch).await;
+    assert_eq!(status, 400, "{body}");
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["total_written"], 0);
+    // Still serving.
+    let (status, _) = post(
+        &server,
+        "/buffer/write_batch",
+        &json!([item("c0", "q", 1.0), item("c1", "q", 0.0)]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["c0", "c1"]);
+}
+
+#[tokio::test]
+async fn a_token_guards_every_route() {
+    let dir = store("token");
+    let server = Server::start(&dir, &["--token", "s3cret"]);
+    let (status, body) = get(&server, "/buffer/stats").await;
+    assert_eq!(
+        (status, body["error"].clone()),
+        (401, json!("unauthorized"))
+    );
+    let wrong = client().get(format!("{}/", server.url)).bearer_auth("nope");
+    assert_eq!(send(wrong).await.0, 401);
+    let right = client()
+        .get(format!("{}/buffer/stats", server.url))
+        .bearer_auth("s3cret");
+    assert_eq!(send(right).await.0, 200);
+}
+
+#[tokio::test]
+async fn start_rollout_sets_the_group_size_as_slime_sends_it() {
+    let dir = store("start");
+    let server = Server::start(&dir, &["--group-size", "8"]);
+    let payload = json!({"num_repeat_per_sample": "2", "task_type": "math", "num_epoch": "3"});
+    let (status, body) = post(&server, "/start_rollout", &payload).await;
+    assert_eq!(
+        (status, body["message"].clone()),
+        (200, json!("Rollout started"))
+    );
+    write_group(&server, "q", &[0.0, 1.0]).await;
+    let (_, data) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&data), ["q-0", "q-1"]);
+    let (status, _) = post(
+        &server,
+        "/start_rollout",
+        &json!({"min_valid_item_size_ratio": 3}),
+    )
+    .await;
+    assert_eq!(status, 400);
+}
+
+#[tokio::test]
+async fn a_full_buffer_answers_503_with_retry_after() {
+    let dir = store("full");
+    let server = Server::start(
+        &dir,
+        &[
+            "--group-size",
+            "2",
+            "--capacity",
+            "1",
+            "--write-timeout",
+            "0.2",
+        ],
+    );
+    write_group(&server, "q0", &[0.0, 1.0]).await;
+    let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
+    assert_eq!(status, 200, "pending: no room needed yet");
+    // The second item seals q1, which needs the one slot q0 holds.
+    let resp = client()
+        .post(format!("{}/buffer/write", server.url))
+        .header("content-type", "application/json")
+        .body(item("q1-1", "q1", 0.0).to_string())
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(resp.headers()["retry-after"], "1");
+    // Refused at once while that put waits.
+    let (status, _) = post(&server, "/buffer/write", &item("q2-0", "q2", 1.0)).await;
+    assert_eq!(status, 503);
+    // Reading makes room: the waiting put lands, the retried write is a duplicate (200),
+    // and q1 is whole (read with a wait: the put lands in the background).
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["q0-0", "q0-1"]);
+    let (status, body) = post(&server, "/buffer/write", &item("q1-1", "q1", 0.0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["data"][0]["outcome"], "duplicate");
+    let (_, body) = post(
+        &server,
+        "/buffer/read",
+        &json!({"batch_size": 2, "timeout": 10}),
+    )
+    .await;
+    assert_eq!(uids(&body), ["q1-0", "q1-1"]);
+}
+
+#[tokio::test]
+async fn metrics_and_a_graceful_stop() {
+    let dir = store("metrics");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&server, "q", &[0.0, 1.0]).await;
+    let text = client()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(name) && !l.starts_with('#'))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(value("rollout_buffer_http_items_written_total"), 2.0);
+    assert_eq!(value("rollout_buffer_ingest_stored_groups"), 1.0);
+    assert_eq!(value("rollout_buffer_rpc_eligible{rpc=\"train\"}"), 1.0);
+    let status = server.terminate();
+    assert!(status.success(), "{status:?}");
+}
