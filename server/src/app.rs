@@ -179,14 +179,19 @@ async fn add_all(
         return Err(ApiError::Busy { retry_after: 1 });
     }
     let ingest = app.ingest();
-    let mut out = Vec::with_capacity(records.len());
-    for r in records {
-        let uid = r.rollout_uid.clone();
-        let task = tokio::spawn({
+    // Every add at once: with `Sync` durability their log records share writes.
+    let tasks: Vec<_> = records
+        .into_iter()
+        .map(|r| {
+            let uid = r.rollout_uid.clone();
             let ingest = ingest.clone();
-            async move { ingest.add(r).await }
-        });
-        let added = match tokio::time::timeout(app.write_timeout, task).await {
+            (uid, tokio::spawn(async move { ingest.add(r).await }))
+        })
+        .collect();
+    let deadline = tokio::time::Instant::now() + app.write_timeout;
+    let mut out = Vec::with_capacity(tasks.len());
+    for (uid, task) in tasks {
+        let added = match tokio::time::timeout_at(deadline, task).await {
             Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
             Ok(Err(joined)) => {
                 return Err(ApiError::bad(format!(

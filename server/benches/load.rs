@@ -1,0 +1,226 @@
+//! Load on the server from a real HTTP client on loopback: 64 concurrent connections
+//! writing slime-shaped items of about 4 KB while one reader polls `/get_rollout_data`.
+//! Prints one JSON line per mode:
+//! `{"mode": "single" | "batch", "items_per_s", "p50_ms", "p99_ms", "rss_mb", ...}`
+//! (`single`: one item per `/buffer/write`; `batch`: 256 per `/buffer/write_batch`;
+//! latencies per request; `rss_mb`: the server's peak resident memory).
+//!
+//! ```sh
+//! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability]
+//! ```
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const CONNECTIONS: usize = 64;
+const GROUP: usize = 8;
+const BATCH: usize = 256;
+
+fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "4096"])
+        .args([
+            "--group-size",
+            &GROUP.to_string(),
+            "--durability",
+            durability,
+        ])
+        .arg("--store")
+        .arg(store)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the server");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("first line");
+    let url = line.trim().trim_start_matches("listening on ").to_owned();
+    (child, url)
+}
+
+/// Peak resident memory of a process, MB (Linux).
+fn peak_rss_mb(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
+/// A slime trajectory item of about 4 KB, as JSON text. The messages and extra info are
+/// made once: the client's own work must not be what is measured.
+fn item(writer: usize, n: u64) -> String {
+    static BODY: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (messages, extra) = BODY.get_or_init(|| {
+        let messages = json!([
+            {"role": "user", "content": "q".repeat(1000)},
+            {"role": "assistant", "content": "a".repeat(2900)},
+        ]);
+        let extra =
+            json!({"timestamp": "1700000000.0", "finish_reason": "stop", "round_number": 1});
+        (messages.to_string(), extra.to_string())
+    });
+    let group = n / GROUP as u64;
+    format!(
+        r#"{{"uid":"w{writer}-{n}","instance_id":"w{writer}-g{group}","messages":{messages},"reward":{},"extra_info":{extra}}}"#,
+        n % 2
+    )
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
+    let dir = std::env::temp_dir().join(format!("rb-load-{mode}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (mut child, url) = start(&dir, durability);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(CONNECTIONS)
+        .build()
+        .expect("client");
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut writers = Vec::new();
+    for w in 0..CONNECTIONS {
+        let (client, url, stop, written, errors) = (
+            client.clone(),
+            url.clone(),
+            Arc::clone(&stop),
+            Arc::clone(&written),
+            Arc::clone(&errors),
+        );
+        let batch = mode == "batch";
+        writers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let (path, body, count) = if batch {
+                    let items: Vec<String> = (0..BATCH as u64).map(|i| item(w, n + i)).collect();
+                    (
+                        "/buffer/write_batch",
+                        format!("[{}]", items.join(",")),
+                        BATCH as u64,
+                    )
+                } else {
+                    ("/buffer/write", item(w, n), 1)
+                };
+                let t = Instant::now();
+                let resp = client
+                    .post(format!("{url}{path}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                match resp {
+                    Ok(r) if r.status().is_success() => {
+                        let _ = r.bytes().await;
+                        latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                        written.fetch_add(count, Ordering::Relaxed);
+                        n += count;
+                    }
+                    Ok(r) => {
+                        let _ = r.bytes().await;
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            latencies
+        }));
+    }
+    let reader = {
+        let (client, url, stop) = (client.clone(), url.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut read = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let body = client
+                    .post(format!("{url}/buffer/read"))
+                    .header("content-type", "application/json")
+                    .body(r#"{"batch_size": -1, "timeout": 0.2}"#)
+                    .send()
+                    .await;
+                if let Ok(r) = body {
+                    if let Ok(v) = r.json_text().await {
+                        read += v;
+                    }
+                }
+            }
+            read
+        })
+    };
+    tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    for w in writers {
+        latencies.extend(w.await.expect("writer"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let read = reader.await.expect("reader");
+    latencies.sort_by(f64::total_cmp);
+    let rss = peak_rss_mb(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    json!({
+        "mode": mode,
+        "items_per_s": (written.load(Ordering::Relaxed) as f64 / elapsed).round(),
+        "p50_ms": (percentile(&latencies, 0.5) * 100.0).round() / 100.0,
+        "p99_ms": (percentile(&latencies, 0.99) * 100.0).round() / 100.0,
+        "rss_mb": rss.round(),
+        "items_read": read,
+        "rejected_requests": errors.load(Ordering::Relaxed),
+        "connections": CONNECTIONS,
+        "durability": durability,
+        "seconds": seconds,
+    })
+}
+
+/// The number of items a read answered (0 when it answered none).
+trait JsonText {
+    async fn json_text(self) -> Result<u64, reqwest::Error>;
+}
+
+impl JsonText for reqwest::Response {
+    async fn json_text(self) -> Result<u64, reqwest::Error> {
+        let text = self.text().await?;
+        Ok(serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["data"]["data"].as_array().map(|a| a.len() as u64))
+            .unwrap_or(0))
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| a != "--bench")
+        .collect();
+    let seconds: f64 = args.first().and_then(|s| s.parse().ok()).unwrap_or(5.0);
+    let durability = args.get(1).cloned().unwrap_or_else(|| "sync".into());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    for mode in ["single", "batch"] {
+        let line = runtime.block_on(run(mode, seconds, &durability));
+        println!("{line}");
+    }
+}
