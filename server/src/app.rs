@@ -138,19 +138,35 @@ async fn health() -> Json<Value> {
     Json(json!({"success": true, "message": "rollout-buffer is serving"}))
 }
 
-/// slime's `BufferResponse` envelope.
-fn envelope(
+/// slime's `BufferResponse` envelope: `{success, message, data: {data, meta_info}}`.
+#[derive(Debug, serde::Serialize)]
+pub struct Envelope<T> {
+    success: bool,
+    message: String,
+    data: EnvelopeData<T>,
+}
+
+#[derive(Debug, serde::Serialize)]
+struct EnvelopeData<T> {
+    data: T,
+    meta_info: Value,
+}
+
+fn envelope<T>(
     success: bool,
     message: impl Into<String>,
-    data: Value,
+    data: T,
     meta_info: Value,
-) -> Json<Value> {
-    Json(json!({
-        "success": success,
-        "message": message.into(),
-        "data": {"data": data, "meta_info": meta_info},
-    }))
+) -> Json<Envelope<T>> {
+    Json(Envelope {
+        success,
+        message: message.into(),
+        data: EnvelopeData { data, meta_info },
+    })
 }
+
+/// A read's answer.
+type ItemsAnswer = Json<Envelope<Vec<slime::OutItem>>>;
 
 fn outcome(added: &Added) -> &'static str {
     match added {
@@ -210,13 +226,13 @@ async fn add_all(
 async fn write(
     State(app): State<Arc<App>>,
     ApiJson(item): ApiJson<Item>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
     let record = item.into_record(&app.environment)?;
     let out = add_all(&app, vec![record]).await?;
     Ok(envelope(
         true,
         "write to buffer",
-        Value::Array(out),
+        out,
         json!("write to buffer"),
     ))
 }
@@ -225,7 +241,7 @@ async fn write(
 async fn write_batch(
     State(app): State<Arc<App>>,
     ApiJson(items): ApiJson<Vec<Item>>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
     let records = items
         .into_iter()
         .map(|i| i.into_record(&app.environment))
@@ -235,7 +251,7 @@ async fn write_batch(
     Ok(envelope(
         true,
         format!("wrote {n} items"),
-        Value::Array(out),
+        out,
         json!("write to buffer"),
     ))
 }
@@ -265,12 +281,12 @@ fn all() -> i64 {
 async fn get_rollout_data(
     State(app): State<Arc<App>>,
     body: Bytes,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<ItemsAnswer, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     read_groups(&app, req.batch_size, None).await
 }
 
-async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<Json<Value>, ApiError> {
+async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<ItemsAnswer, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     let wait = match (req.wait.unwrap_or(true), req.timeout) {
         (false, _) => None,
@@ -289,7 +305,7 @@ async fn read_groups(
     app: &App,
     batch_size: i64,
     wait: Option<Duration>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<ItemsAnswer, ApiError> {
     if batch_size == 0 || batch_size < -1 {
         return Err(ApiError::bad(format!(
             "`batch_size` must be -1 (all) or > 0, not {batch_size}"
@@ -326,7 +342,7 @@ async fn read_groups(
             return Ok(envelope(
                 false,
                 message,
-                json!([]),
+                Vec::new(),
                 Value::Object(taken.meta_info),
             ));
         }
@@ -339,13 +355,13 @@ async fn read_groups(
         return Ok(envelope(
             true,
             format!("read {n} items"),
-            Value::Array(taken.items),
+            taken.items,
             Value::Object(taken.meta_info),
         ));
     }
 }
 
-async fn stats(State(app): State<Arc<App>>) -> Json<Value> {
+async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
     let s = app.buf.stats();
     let c = app.ingest().counters();
     let read = app.read.load(Ordering::Relaxed);

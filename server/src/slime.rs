@@ -15,7 +15,8 @@ use rollout_buffer::rollout::{
     GROUP_INPUTS,
 };
 use rollout_buffer::{Batch, MetaValue, RpcDef, SequenceBuffer};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use std::time::Duration;
 
@@ -32,7 +33,8 @@ pub fn rpcs() -> Vec<RpcDef> {
         .selection(rollout_buffer::Selection::Fifo)]
 }
 
-/// One trajectory item, as slime's generators POST it.
+/// One trajectory item, as slime's generators POST it. `messages` and `extra_info` stay
+/// JSON text: they are stored and sent back as they came, never rebuilt.
 #[derive(Debug, Deserialize)]
 pub struct Item {
     /// The rollout's uid.
@@ -40,12 +42,21 @@ pub struct Item {
     /// The group key.
     pub instance_id: Value,
     /// The chat (an OpenAI message list).
-    pub messages: Value,
+    pub messages: Box<RawValue>,
     /// The reward.
     pub reward: f64,
     /// Everything else the generator knows.
     #[serde(default)]
-    pub extra_info: Value,
+    pub extra_info: Option<Box<RawValue>>,
+}
+
+/// The fields of `extra_info` the server reads.
+#[derive(Debug, Default, Deserialize)]
+struct Extra {
+    #[serde(default)]
+    timestamp: Option<Value>,
+    #[serde(default)]
+    policy_version: Option<Value>,
 }
 
 impl Item {
@@ -64,7 +75,7 @@ impl Item {
                 )))
             }
         };
-        if !self.messages.is_array() {
+        if !self.messages.get().starts_with('[') {
             return Err(ApiError::bad(format!(
                 "item {}: `messages` must be a list",
                 self.uid
@@ -76,31 +87,37 @@ impl Item {
                 self.uid
             )));
         }
-        let extra = match self.extra_info {
-            Value::Null => Value::Object(Map::new()),
-            v @ Value::Object(_) => v,
-            other => {
+        let extra_text = match &self.extra_info {
+            None => "{}".to_owned(),
+            Some(raw) if raw.get() == "null" => "{}".to_owned(),
+            Some(raw) if raw.get().starts_with('{') => raw.get().to_owned(),
+            Some(raw) => {
                 return Err(ApiError::bad(format!(
-                    "item {}: `extra_info` must be an object, not {other}",
-                    self.uid
+                    "item {}: `extra_info` must be an object, not {}",
+                    self.uid,
+                    raw.get()
                 )))
             }
         };
+        let extra: Extra = serde_json::from_str(&extra_text).unwrap_or_default();
         let version = extra
-            .get("policy_version")
+            .policy_version
+            .as_ref()
             .and_then(Value::as_u64)
             .unwrap_or(0);
         let mut r = RolloutRecord::new(environment, instance_id, version, self.uid);
         r.reward = Some(self.reward);
-        r.created_ts = match extra.get("timestamp") {
+        r.created_ts = match &extra.timestamp {
             Some(Value::String(s)) => s.parse().unwrap_or_else(|_| now()),
             Some(Value::Number(n)) => n.as_f64().unwrap_or_else(now),
             _ => now(),
         };
+        r.metadata.insert(
+            "messages".into(),
+            MetaValue::Str(self.messages.get().to_owned()),
+        );
         r.metadata
-            .insert("messages".into(), MetaValue::Str(self.messages.to_string()));
-        r.metadata
-            .insert("extra_info".into(), MetaValue::Str(extra.to_string()));
+            .insert("extra_info".into(), MetaValue::Str(extra_text));
         Ok(r)
     }
 }
@@ -258,12 +275,28 @@ impl GroupHooks for SlimeRatios {
     }
 }
 
+fn null() -> Box<RawValue> {
+    RawValue::from_string("null".to_owned()).unwrap_or_else(|_| unreachable!("`null` is JSON"))
+}
+
+/// An item as a read answers it: slime's keys plus `raw_reward` (the reward before
+/// normalization and padding). A padding copy repeats its original's uid, as slime's do.
+#[derive(Debug, Serialize)]
+pub struct OutItem {
+    uid: String,
+    instance_id: String,
+    messages: Box<RawValue>,
+    reward: f64,
+    raw_reward: f64,
+    extra_info: Box<RawValue>,
+}
+
 /// What a read took: the answer's items and meta info, and the leases to commit (or to
 /// drop, which gives the groups back).
 #[derive(Debug, Default)]
 pub struct Taken {
     /// The processed items, padded.
-    pub items: Vec<Value>,
+    pub items: Vec<OutItem>,
     /// slime's meta info over every group taken, with `finished_groups`.
     pub meta_info: Map<String, Value>,
     /// Leases of the groups answered (committed once the answer is ready).
@@ -310,13 +343,14 @@ pub async fn take(
         };
         let (messages, extra) = (texts("meta/messages"), texts("meta/extra_info"));
         for (i, item) in group.items.iter().enumerate() {
-            let parse = |v: Option<&String>| {
-                v.and_then(|s| serde_json::from_str::<Value>(s).ok())
-                    .unwrap_or(Value::Null)
+            // Stored as the generator sent them, so valid JSON; `null` if a value is gone.
+            let raw = |v: Option<&String>| {
+                v.and_then(|s| RawValue::from_string(s.clone()).ok())
+                    .unwrap_or_else(null)
             };
             items_by_uid.insert(
                 item.rollout_uid.clone(),
-                (parse(messages.get(i)), parse(extra.get(i)), iid.clone()),
+                (raw(messages.get(i)), raw(extra.get(i)), iid.clone()),
             );
         }
         if hooks.is_valid_group(&group).valid {
@@ -338,14 +372,14 @@ pub async fn take(
     for group in &processed.kept {
         for item in &group.items {
             if let Some((messages, extra, iid)) = items_by_uid.get(&item.rollout_uid) {
-                items.push(json!({
-                    "uid": item.rollout_uid,
-                    "instance_id": iid,
-                    "messages": messages,
-                    "reward": item.reward,
-                    "raw_reward": item.raw_reward,
-                    "extra_info": extra,
-                }));
+                items.push(OutItem {
+                    uid: item.rollout_uid.clone(),
+                    instance_id: iid.clone(),
+                    messages: messages.clone(),
+                    reward: item.reward,
+                    raw_reward: item.raw_reward,
+                    extra_info: extra.clone(),
+                });
             }
         }
     }
