@@ -19,10 +19,12 @@ use std::time::{Duration, Instant};
 const CONNECTIONS: usize = 64;
 const GROUP: usize = 8;
 const BATCH: usize = 256;
+/// Groups the server holds (its memory bound: about this many x 8 items x 4 KB).
+const CAPACITY: &str = "1024";
 
 fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", "4096"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", CAPACITY])
         .args([
             "--group-size",
             &GROUP.to_string(),

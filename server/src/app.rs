@@ -347,8 +347,16 @@ async fn read_groups(
             ));
         }
         let n = taken.items.len();
-        for lease in taken.answered {
-            lease.commit().await?;
+        // All at once: with `Sync` durability their log records share writes.
+        let commits: Vec<_> = taken
+            .answered
+            .into_iter()
+            .map(|lease| tokio::spawn(lease.commit()))
+            .collect();
+        for commit in commits {
+            commit
+                .await
+                .map_err(|e| ApiError::bad(format!("a commit failed: {e}")))??;
         }
         app.read.fetch_add(n as u64, Ordering::Relaxed);
         metrics::counter!("rollout_buffer_http_items_read_total").increment(n as u64);
