@@ -71,6 +71,21 @@ def pid_of(actor):
     return ray.get(actor.__ray_call__.remote(lambda self: os.getpid()))
 
 
+def crash(actor, marker):
+    """Kills the actor's process inside a call, so the kill has happened when this
+    returns (``ray.kill`` only asks, and a call sent right after it may still reach the
+    old process). Ray restarts the actor and retries the call, which finds the marker
+    and answers with the new process's pid."""
+
+    def exit_once(self):
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        return os.getpid()
+
+    return ray.get(actor.__ray_call__.remote(exit_once))
+
+
 @ray.remote
 def produce(target, env, examples, producer):
     """A producer: writes rollout `producer` of every example, straight to its shard."""
@@ -94,10 +109,9 @@ def test_an_actor_killed_mid_lease_comes_back_with_its_leases(cluster, tmp_path)
     assert ray.get(actor.stats.remote())["groups_live"] == 4, "6 groups, 2 consumed"
 
     before = pid_of(actor)
-    ray.kill(actor, no_restart=False)
-    # Ray restarts it (max_restarts=-1) on the same folder; the first call waits for it.
+    # Ray restarts it (max_restarts=-1) on the same folder.
+    assert crash(actor, str(tmp_path / "crashed")) != before, "a new process"
     same = ray.get(actor.next_batch.remote(1, 2))
-    assert pid_of(actor) != before, "a new process, recovered from storage"
     assert (same.batch_id, same.group_ids) == (held.batch_id, held.group_ids)
     ray.get(actor.ack.remote(acked.batch_id, "ok"))  # acked before the kill: a no-op
     s = ray.get(actor.stats.remote())
@@ -138,9 +152,8 @@ def test_two_shards_one_killed(cluster, tmp_path):
 
     code = front.handles[front.shard_of("code")]
     before = pid_of(code)
-    ray.kill(code, no_restart=False)
+    assert crash(code, str(tmp_path / "crashed")) != before
     again = front.next_batch(0, 6, seed=11)
-    assert pid_of(code) != before
     assert (again.batch_id, again.group_ids) == (first.batch_id, first.group_ids)
     front.ack(first.batch_id, "ok")
     front.ack(first.batch_id, "ok")  # a retry
