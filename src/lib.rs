@@ -67,8 +67,9 @@ mod sync;
 mod tensor;
 
 pub use buffer::{
-    Batch, BufferConfig, FreedSink, Overflow, RpcStats, SampleView, SequenceBuffer, SinkFuture,
-    SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON, POLICY_VERSION,
+    Batch, BufferConfig, FreedSink, Overflow, RpcStats, RpcWaiting, SampleView, SequenceBuffer,
+    SinkFuture, SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON,
+    POLICY_VERSION,
 };
 pub use error::{Error, ErrorSource, Result, StorageKind, Unstored};
 pub use exit::ExitReason;

@@ -175,3 +175,32 @@ async fn amend_of_a_leased_sample_does_not_change_the_batch() {
     assert_eq!(scalar(&t.sample(0).expect("sample"), "a"), Some(9.0));
     assert_invariants(&buf);
 }
+
+#[tokio::test]
+async fn the_waiting_report_names_the_keys_samples_lack() {
+    let buf = scored(4);
+    let handles = buf
+        .put_batch(vec![prompt("w0"), prompt("w1"), prompt("w2")])
+        .await
+        .expect("put");
+    buf.amend_batch(&handles[..1], vec![Patch::new().with("a", 1.0)])
+        .await
+        .expect("amend");
+    let report = buf.waiting_report();
+    let train = &report[0];
+    assert_eq!(
+        (&*train.name, train.batch_size, train.eligible),
+        ("train", 1, 0)
+    );
+    assert_eq!(train.incomplete, 3);
+    assert_eq!(
+        train.missing,
+        [("a".to_owned(), 2), ("b".to_owned(), 3)],
+        "one sample has `a`, none has `b`"
+    );
+    buf.amend_batch(&handles[..1], vec![Patch::new().with("b", 1.0)])
+        .await
+        .expect("amend");
+    let train = &buf.waiting_report()[0];
+    assert_eq!((train.eligible, train.incomplete), (1, 2));
+}

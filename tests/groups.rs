@@ -259,3 +259,72 @@ async fn restart_round_trip(checkpoint_bytes: u64) {
         buf.flush().await.expect("flush");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn add_many_answers_each_rollout_and_stores_completed_groups_in_one_put() {
+    let dir = TempDir::new("groups-many");
+    let open = || async {
+        SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+            PersistOptions::default(),
+        )
+        .await
+        .expect("open")
+    };
+    let config = GroupConfig::new(4);
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        // Three whole groups, two rollouts of a fourth, a resent rollout and a bad one.
+        let mut batch: Vec<RolloutRecord> = (0..3)
+            .flat_map(|e| (0..4).map(move |k| rollout(e, k, 0)))
+            .collect();
+        batch.extend([rollout(3, 0, 0), rollout(3, 1, 0), rollout(3, 1, 0)]);
+        let mut bad = rollout(3, 2, 0);
+        bad.logprobs.clear();
+        batch.push(bad);
+        let answers = ingest.add_many(batch).await;
+        assert_eq!(answers.len(), 16);
+        let sealed = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Added::Sealed(_))))
+            .count();
+        let pending = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Added::Pending { .. })))
+            .count();
+        assert_eq!((sealed, pending), (3, 11), "{answers:?}");
+        assert!(
+            matches!(answers[14], Ok(Added::Duplicate)),
+            "{:?}",
+            answers[14]
+        );
+        assert!(answers[15].is_err(), "the malformed one alone is refused");
+        assert_eq!(buf.len(), 3);
+        assert_eq!(ingest.counters().stored_groups, 3);
+        buf.flush().await.expect("flush");
+    }
+    // After a restart the two pending rollouts come back; resending everything stores
+    // nothing twice.
+    let buf = open().await;
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    assert_eq!(ingest.counters().recovered_rollouts, 2);
+    let again: Vec<RolloutRecord> = (0..3)
+        .flat_map(|e| (0..4).map(move |k| rollout(e, k, 0)))
+        .collect();
+    let answers = ingest.add_many(again).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Ok(Added::Pending { .. } | Added::DuplicateGroup { .. }))),
+        "{answers:?}"
+    );
+    assert_eq!(buf.len(), 3);
+    assert_eq!(ingest.counters().duplicate_groups, 3);
+}

@@ -6,9 +6,10 @@
 //! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
 
 use crate::api_error::{ApiError, ApiJson};
+use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -39,6 +40,9 @@ pub struct App {
     token: Option<String>,
     prometheus: PrometheusHandle,
     write_timeout: Duration,
+    /// Items being added now (see [`add_all`]).
+    in_flight: Arc<tokio::sync::Semaphore>,
+    max_in_flight: usize,
     written: AtomicU64,
     read: AtomicU64,
 }
@@ -69,6 +73,11 @@ impl App {
         prometheus: PrometheusHandle,
     ) -> rollout_buffer::Result<Arc<Self>> {
         let ingest = GroupIngest::start(buf.clone(), settings.group_config()).await?;
+        // One buffer's worth of items may be on their way in at once.
+        let max_in_flight = (buf.capacity() * settings.group_size).clamp(
+            1,
+            tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize),
+        );
         Ok(Arc::new(Self {
             buf,
             ingest: Mutex::new(ingest),
@@ -80,6 +89,8 @@ impl App {
             token: options.token.clone(),
             prometheus,
             write_timeout: options.write_timeout,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
+            max_in_flight,
             written: AtomicU64::new(0),
             read: AtomicU64::new(0),
         }))
@@ -110,6 +121,7 @@ pub fn router(app: Arc<App>, body_limit: usize) -> Router {
         .route("/buffer/stats", get(stats))
         .route("/start_rollout", post(start_rollout))
         .route("/metrics", get(metrics_text))
+        .route("/debug/waiting", get(debug_waiting))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
@@ -179,47 +191,53 @@ fn outcome(added: &Added) -> &'static str {
     }
 }
 
-/// Adds records, each waiting at most the write timeout for room.
+/// Adds records, waiting at most the write timeout for room.
 ///
-/// Each add runs in its own task: an add that seals a group must not be cancelled halfway
-/// (the group would leave the ingest's memory and wait in the log for the next start), so
-/// a write that times out answers 503 while its add goes on and lands once a read makes
-/// room; the client's retry is then a duplicate, answered 200. A buffer that is full with
-/// puts already waiting refuses new writes at once.
+/// The adds run in a task of their own: an add that seals a group must not be cancelled
+/// halfway (the group would leave the ingest's memory and wait in the log for the next
+/// start), so a write that times out answers 503 while its adds go on and land once a read
+/// makes room; the client's retry is then a duplicate, answered 200. What such writes
+/// hold is bounded: at most `in_flight` items are being added at any time, and a write
+/// that would pass it, or that finds the buffer full with puts already waiting, answers
+/// 503 at once.
 async fn add_all(
     app: &App,
     records: Vec<rollout_buffer::rollout::RolloutRecord>,
 ) -> Result<Vec<Value>, ApiError> {
+    let n = records.len();
+    if n > app.max_in_flight {
+        return Err(ApiError::bad(format!(
+            "{n} items in one write; this server takes at most {} at once",
+            app.max_in_flight
+        )));
+    }
     let s = app.buf.stats();
     if s.empty == 0 && s.waiting_putters > 0 {
         return Err(ApiError::Busy { retry_after: 1 });
     }
+    let permit = u32::try_from(n)
+        .ok()
+        .and_then(|n| Arc::clone(&app.in_flight).try_acquire_many_owned(n).ok())
+        .ok_or(ApiError::Busy { retry_after: 1 })?;
+    let uids: Vec<String> = records.iter().map(|r| r.rollout_uid.clone()).collect();
     let ingest = app.ingest();
-    // Every add at once: with `Sync` durability their log records share writes.
-    let tasks: Vec<_> = records
-        .into_iter()
-        .map(|r| {
-            let uid = r.rollout_uid.clone();
-            let ingest = ingest.clone();
-            (uid, tokio::spawn(async move { ingest.add(r).await }))
-        })
-        .collect();
-    let deadline = tokio::time::Instant::now() + app.write_timeout;
-    let mut out = Vec::with_capacity(tasks.len());
-    for (uid, task) in tasks {
-        let added = match tokio::time::timeout_at(deadline, task).await {
-            Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
-            Ok(Err(joined)) => {
-                return Err(ApiError::bad(format!(
-                    "the write of {uid} failed: {joined}"
-                )))
-            }
-            Ok(Ok(added)) => added?,
-        };
-        app.written.fetch_add(1, Ordering::Relaxed);
+    let task = tokio::spawn(async move {
+        let answers = ingest.add_many(records).await;
+        drop(permit);
+        answers
+    });
+    let answers = match tokio::time::timeout(app.write_timeout, task).await {
+        Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
+        Ok(Err(joined)) => return Err(ApiError::bad(format!("the write failed: {joined}"))),
+        Ok(Ok(answers)) => answers,
+    };
+    let mut out = Vec::with_capacity(n);
+    for (uid, added) in uids.into_iter().zip(answers) {
+        let added = added?;
         out.push(json!({"uid": uid, "outcome": outcome(&added)}));
     }
-    metrics::counter!("rollout_buffer_http_items_written_total").increment(out.len() as u64);
+    app.written.fetch_add(n as u64, Ordering::Relaxed);
+    metrics::counter!("rollout_buffer_http_items_written_total").increment(n as u64);
     Ok(out)
 }
 
@@ -237,15 +255,32 @@ async fn write(
     ))
 }
 
-/// Many items in one call: all are checked before any is stored.
+/// Many items in one call, as a JSON array or an Arrow IPC stream (by `Content-Type`):
+/// all are checked before any is stored.
 async fn write_batch(
     State(app): State<Arc<App>>,
-    ApiJson(items): ApiJson<Vec<Item>>,
+    req: Request,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
-    let records = items
-        .into_iter()
-        .map(|i| i.into_record(&app.environment))
-        .collect::<Result<Vec<_>, _>>()?;
+    let arrow = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with(arrow_items::ARROW_STREAM));
+    let records = if arrow {
+        let body = Bytes::from_request(req, &())
+            .await
+            .map_err(|e| ApiError::BadRequest {
+                status: e.status(),
+                message: format!("cannot read the body: {}", e.body_text()),
+            })?;
+        arrow_items::records(&body, &app.environment)?
+    } else {
+        let ApiJson(items) = ApiJson::<Vec<Item>>::from_request(req, &()).await?;
+        items
+            .into_iter()
+            .map(|i| i.into_record(&app.environment))
+            .collect::<Result<Vec<_>, _>>()?
+    };
     let n = records.len();
     let out = add_all(&app, records).await?;
     Ok(envelope(
@@ -408,4 +443,40 @@ async fn metrics_text(State(app): State<Arc<App>>) -> impl IntoResponse {
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         app.prometheus.render(),
     )
+}
+
+/// Per RPC, why a read would wait: how many groups are eligible, leased, used up, stale,
+/// discarded, mid-amend, or lack which key (see [`SequenceBuffer::waiting_report`]).
+async fn debug_waiting(State(app): State<Arc<App>>) -> Json<Value> {
+    let rpcs: Vec<Value> = app
+        .buf
+        .waiting_report()
+        .into_iter()
+        .map(|w| {
+            let missing: Map<String, Value> =
+                w.missing.into_iter().map(|(k, n)| (k, json!(n))).collect();
+            json!({
+                "rpc": &*w.name,
+                "batch_size": w.batch_size,
+                "getters_waiting": w.waiting,
+                "eligible": w.eligible,
+                "leased": w.leased,
+                "used_up": w.used_up,
+                "stale": w.stale,
+                "discarded": w.discarded,
+                "amending": w.amending,
+                "incomplete": w.incomplete,
+                "missing": missing,
+            })
+        })
+        .collect();
+    let s = app.buf.stats();
+    let pending = app.ingest().assembler_counters();
+    Json(json!({
+        "rpcs": rpcs,
+        "slots_free": s.empty,
+        "putters_waiting": s.waiting_putters,
+        "pending_groups": pending.pending_groups,
+        "pending_rollouts": pending.pending_rollouts,
+    }))
 }

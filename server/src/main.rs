@@ -1,8 +1,9 @@
 //! `rollout-buffer`: the buffer as an HTTP server speaking slime's rollout-buffer API, on a
-//! durable store.
+//! durable store; and `inspect`, a look into a stored run from a shell.
 //!
 //! ```sh
 //! rollout-buffer serve --store ./run --listen 127.0.0.1:8889 --group-size 8
+//! rollout-buffer inspect ./run --tail 5
 //! ```
 //!
 //! The server prints `listening on http://ADDR` once it accepts connections (with
@@ -11,6 +12,8 @@
 
 mod api_error;
 mod app;
+mod arrow_items;
+mod inspect;
 mod metrics;
 mod slime;
 
@@ -32,6 +35,20 @@ struct Cli {
 enum Command {
     /// Serves slime's rollout-buffer API, metrics and health on a store.
     Serve(Serve),
+    /// Summarises a stored run (read-only; safe while the run goes on).
+    Inspect(Inspect),
+}
+
+#[derive(Debug, clap::Args)]
+struct Inspect {
+    /// The store: a directory, file://, s3://, gs://, az://.
+    url: String,
+    /// Also print the latest N archived rows.
+    #[arg(long, default_value_t = 0)]
+    tail: usize,
+    /// Print JSON for machines instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -103,6 +120,9 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Inspect(args) => runtime
+            .block_on(inspect::run(&args.url, args.tail, args.json))
+            .map(|text| println!("{}", text.trim_end())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

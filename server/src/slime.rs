@@ -62,11 +62,8 @@ struct Extra {
 impl Item {
     /// The rollout this item is stored as, or a 400 naming what is wrong.
     pub fn into_record(self, environment: &str) -> Result<RolloutRecord, ApiError> {
-        if self.uid.is_empty() {
-            return Err(ApiError::bad("item: `uid` is empty"));
-        }
         let instance_id = match &self.instance_id {
-            Value::String(s) if !s.is_empty() => s.clone(),
+            Value::String(s) => s.clone(),
             Value::Number(n) => n.to_string(),
             other => {
                 return Err(ApiError::bad(format!(
@@ -75,7 +72,47 @@ impl Item {
                 )))
             }
         };
-        if !self.messages.get().starts_with('[') {
+        let extra_info = self.extra_info.as_deref().map(RawValue::get);
+        ItemText {
+            uid: self.uid,
+            instance_id,
+            messages: self.messages.get(),
+            reward: self.reward,
+            extra_info,
+        }
+        .into_record(environment)
+    }
+}
+
+/// An item's fields as text, however it arrived (a JSON item, an Arrow row): `messages`
+/// and `extra_info` are JSON text.
+#[derive(Debug)]
+pub struct ItemText<'a> {
+    /// The rollout's uid.
+    pub uid: String,
+    /// The group key.
+    pub instance_id: String,
+    /// The message list, as JSON text.
+    pub messages: &'a str,
+    /// The reward.
+    pub reward: f64,
+    /// An object, as JSON text (`None` or `null`: none).
+    pub extra_info: Option<&'a str>,
+}
+
+impl ItemText<'_> {
+    /// The rollout this item is stored as, or a 400 naming what is wrong.
+    pub fn into_record(self, environment: &str) -> Result<RolloutRecord, ApiError> {
+        if self.uid.is_empty() {
+            return Err(ApiError::bad("item: `uid` is empty"));
+        }
+        if self.instance_id.is_empty() {
+            return Err(ApiError::bad(format!(
+                "item {}: `instance_id` must be a non-empty string or a number",
+                self.uid
+            )));
+        }
+        if !self.messages.starts_with('[') {
             return Err(ApiError::bad(format!(
                 "item {}: `messages` must be a list",
                 self.uid
@@ -87,37 +124,38 @@ impl Item {
                 self.uid
             )));
         }
-        let extra_text = match &self.extra_info {
-            None => "{}".to_owned(),
-            Some(raw) if raw.get() == "null" => "{}".to_owned(),
-            Some(raw) if raw.get().starts_with('{') => raw.get().to_owned(),
+        let extra_text = match self.extra_info.map(str::trim) {
+            None | Some("null") => "{}",
+            Some(raw) if raw.starts_with('{') => raw,
             Some(raw) => {
                 return Err(ApiError::bad(format!(
-                    "item {}: `extra_info` must be an object, not {}",
-                    self.uid,
-                    raw.get()
+                    "item {}: `extra_info` must be an object, not {raw}",
+                    self.uid
                 )))
             }
         };
-        let extra: Extra = serde_json::from_str(&extra_text).unwrap_or_default();
+        let extra: Extra = serde_json::from_str(extra_text).map_err(|e| {
+            ApiError::bad(format!(
+                "item {}: `extra_info` is not a JSON object: {e}",
+                self.uid
+            ))
+        })?;
         let version = extra
             .policy_version
             .as_ref()
             .and_then(Value::as_u64)
             .unwrap_or(0);
-        let mut r = RolloutRecord::new(environment, instance_id, version, self.uid);
+        let mut r = RolloutRecord::new(environment, self.instance_id, version, self.uid);
         r.reward = Some(self.reward);
         r.created_ts = match &extra.timestamp {
             Some(Value::String(s)) => s.parse().unwrap_or_else(|_| now()),
             Some(Value::Number(n)) => n.as_f64().unwrap_or_else(now),
             _ => now(),
         };
-        r.metadata.insert(
-            "messages".into(),
-            MetaValue::Str(self.messages.get().to_owned()),
-        );
         r.metadata
-            .insert("extra_info".into(), MetaValue::Str(extra_text));
+            .insert("messages".into(), MetaValue::Str(self.messages.to_owned()));
+        r.metadata
+            .insert("extra_info".into(), MetaValue::Str(extra_text.to_owned()));
         Ok(r)
     }
 }

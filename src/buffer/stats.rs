@@ -1,6 +1,9 @@
-//! `stats()`: a consistent snapshot of slot states, per-RPC progress and running totals.
+//! `stats()`: a consistent snapshot of slot states, per-RPC progress and running totals;
+//! `waiting_report()`: per RPC, why a getter would wait. Both are taken under the buffer's
+//! lock after releasing the leases past their deadline (whose waiters are notified once
+//! the lock is dropped).
 
-use super::{now, SequenceBuffer};
+use super::{now, Inner, SequenceBuffer};
 use crate::sync::Arc;
 
 /// Per-RPC figures in a [`Stats`] snapshot.
@@ -21,6 +24,36 @@ pub struct RpcStats {
     pub expired_leases: u64,
     /// Getters parked waiting for it to have `n_seqs` eligible samples.
     pub waiting: usize,
+}
+
+/// Why a getter of one RPC would wait, from [`SequenceBuffer::waiting_report`]. Every
+/// stored sample is counted once, under the first reason in field order (`leased` before
+/// `used_up`, and so on); a getter waits while `eligible < batch_size`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RpcWaiting {
+    /// The RPC's name.
+    pub name: Arc<str>,
+    /// Samples a batch of it takes (`n_seqs`).
+    pub batch_size: usize,
+    /// Getters parked now.
+    pub waiting: usize,
+    /// Samples it could take now.
+    pub eligible: usize,
+    /// Samples its batches hold.
+    pub leased: usize,
+    /// Samples it has read as often as configured.
+    pub used_up: usize,
+    /// Samples too old for it (policy version or age).
+    pub stale: usize,
+    /// Samples a consumer discarded, waiting for their other holders.
+    pub discarded: usize,
+    /// Samples with an amend in flight.
+    pub amending: usize,
+    /// Samples lacking at least one of its input keys.
+    pub incomplete: usize,
+    /// Per input key (by name): how many of the incomplete samples lack it.
+    pub missing: Vec<(String, usize)>,
 }
 
 /// A snapshot of the buffer, taken under its lock.
@@ -106,14 +139,7 @@ impl SequenceBuffer {
     /// leases past their deadline first, so the figures never count an expired lease.
     pub fn stats(&self) -> Stats {
         let shared = &self.shared;
-        let mut freed = Vec::new();
-        let (stats, wake, dropped) = {
-            let mut inner = shared.lock();
-            let wake = match inner.table.next_deadline() {
-                Some(_) => inner.expire_due(now(), &mut freed),
-                None => Default::default(),
-            };
-            let dropped = inner.take_freed(&freed);
+        self.current(|inner| {
             let t = &inner.table;
             let rpcs = shared
                 .graph
@@ -130,7 +156,7 @@ impl SequenceBuffer {
                     waiting: t.waiting[r],
                 })
                 .collect();
-            let stats = Stats {
+            Stats {
                 capacity: t.capacity,
                 empty: t.empty.count(),
                 putting: t.putting.count(),
@@ -153,11 +179,65 @@ impl SequenceBuffer {
                 closed: inner.closed,
                 resident_bytes: t.residency.resident,
                 spill: inner.spill.as_ref().map(|s| s.stats()).unwrap_or_default(),
+            }
+        })
+    }
+
+    /// Per RPC, why a getter would wait: every stored sample counted once under the first
+    /// reason it is not eligible (see [`RpcWaiting`]). Scans every slot under the lock, so
+    /// it is for debugging (an HTTP `/debug/waiting`, say), not for a hot loop.
+    pub fn waiting_report(&self) -> Vec<RpcWaiting> {
+        let graph = &self.shared.graph;
+        let n_keys = graph.key_names().count();
+        self.current(|inner| {
+            let t = &inner.table;
+            graph
+                .rpcs()
+                .iter()
+                .enumerate()
+                .map(|(r, info)| {
+                    let b = t.blockers(r, n_keys);
+                    let missing = b
+                        .missing
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, &n)| n > 0)
+                        .map(|(k, &n)| (graph.key_name(k).to_owned(), n))
+                        .collect();
+                    RpcWaiting {
+                        name: Arc::clone(&info.name),
+                        batch_size: t.rpcs[r].n_seqs,
+                        waiting: t.waiting[r],
+                        eligible: b.eligible,
+                        leased: b.leased,
+                        used_up: b.used_up,
+                        stale: b.stale,
+                        discarded: b.discarded,
+                        amending: b.amending,
+                        incomplete: b.incomplete,
+                        missing,
+                    }
+                })
+                .collect()
+        })
+    }
+
+    /// Runs `f` on the buffer's state after releasing expired leases, then wakes whoever
+    /// the release let go and frees what it dropped, with the lock released.
+    fn current<T>(&self, f: impl FnOnce(&Inner) -> T) -> T {
+        let shared = &self.shared;
+        let mut freed = Vec::new();
+        let (out, wake, dropped) = {
+            let mut inner = shared.lock();
+            let wake = match inner.table.next_deadline() {
+                Some(_) => inner.expire_due(now(), &mut freed),
+                None => Default::default(),
             };
-            (stats, wake, dropped)
+            let dropped = inner.take_freed(&freed);
+            (f(&inner), wake, dropped)
         };
         shared.notify(wake);
         shared.dispose(dropped);
-        stats
+        out
     }
 }

@@ -129,28 +129,35 @@ impl ArchiveWriter {
     pub async fn read_all(&self) -> Result<Vec<ArchivedSample>> {
         let mut out = Vec::new();
         for path in self.store.list("archive").await? {
-            if !path.ends_with(".parquet") {
-                continue;
+            if path.ends_with(".parquet") {
+                out.extend(self.read_file(&path).await?);
             }
-            let Some(bytes) = self.store.get(&path).await? else {
-                continue; // deleted since listed
-            };
-            // The Parquet decoder is not panic-free on every malformed page; a bad file
-            // must come back as an error naming it, not take the process down.
-            let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.decode(&path, bytes)
-            }))
+        }
+        Ok(out)
+    }
+
+    /// Reads one archive file (a path relative to the store); a file deleted since it was
+    /// listed reads as empty.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when reading fails or, naming the path, when the file does not
+    /// decode as an archive file.
+    pub async fn read_file(&self, path: &str) -> Result<Vec<ArchivedSample>> {
+        let Some(bytes) = self.store.get(path).await? else {
+            return Ok(Vec::new());
+        };
+        // The Parquet decoder is not panic-free on every malformed page; a bad file must
+        // come back as an error naming it, not take the process down.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.decode(path, bytes)))
             .unwrap_or_else(|_| {
                 Err(storage_msg(
                     self.store.url(),
-                    &path,
+                    path,
                     StorageKind::Other,
                     "the Parquet decoder failed on this file",
                 ))
-            });
-            out.extend(decoded?);
-        }
-        Ok(out)
+            })
     }
 
     fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {

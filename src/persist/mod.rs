@@ -24,6 +24,7 @@
 //!   aligned values), `read.rs` reads rows back, `pages.rs` decodes the pages this crate
 //!   writes without Parquet's reader, `value.rs` pads values; `config.rs` wires a spill
 //!   store into [`BufferConfig`](crate::BufferConfig) and `SequenceBuffer::with_config`.
+//! * `inspect.rs`: [`inspect`] and [`archive_tail`], read-only summaries of a stored run.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
@@ -37,6 +38,7 @@ mod buffer_pool;
 mod checkpoint;
 mod codec;
 mod config;
+mod inspect;
 #[cfg(unix)]
 mod local_read;
 mod log;
@@ -49,6 +51,10 @@ mod wal;
 
 pub use archive::{ArchiveWriter, ArchivedSample};
 pub use archiver::{ArchiveOptions, Archiver};
+pub use inspect::{
+    archive_tail, inspect, ArchivePartition, CheckpointSummary, PartitionSummary, RpcSummary,
+    StoreSummary,
+};
 pub use open::{PersistOptions, RecoveryMode};
-pub use store::Store;
+pub use store::{Listed, Store};
 pub use wal::Durability;

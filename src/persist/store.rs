@@ -23,6 +23,18 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use std::fmt;
 use std::ops::Range;
 
+/// An object found by [`Store::list_sized`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Listed {
+    /// Its path, relative to the store.
+    pub path: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// When it was last written.
+    pub modified: std::time::SystemTime,
+}
+
 /// A place to keep files: an object store and a prefix inside it. Cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -350,6 +362,20 @@ impl Store {
     ///
     /// [`Error::Storage`] when listing fails.
     pub async fn list(&self, rel_prefix: &str) -> Result<Vec<String>> {
+        Ok(self
+            .list_sized(rel_prefix)
+            .await?
+            .into_iter()
+            .map(|o| o.path)
+            .collect())
+    }
+
+    /// [`Self::list`] with each object's size and last-modified time.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when listing fails.
+    pub async fn list_sized(&self, rel_prefix: &str) -> Result<Vec<Listed>> {
         let prefix = self.path(rel_prefix);
         let prefix = (!prefix.as_ref().is_empty()).then_some(prefix);
         let metas: Vec<_> = self
@@ -358,9 +384,16 @@ impl Store {
             .try_collect()
             .await
             .map_err(|e| storage_err(&self.url, rel_prefix, e))?;
-        let mut paths: Vec<String> = metas.iter().map(|m| self.relative(&m.location)).collect();
-        paths.sort();
-        Ok(paths)
+        let mut listed: Vec<Listed> = metas
+            .iter()
+            .map(|m| Listed {
+                path: self.relative(&m.location),
+                size: m.size,
+                modified: std::time::SystemTime::from(m.last_modified),
+            })
+            .collect();
+        listed.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(listed)
     }
 
     /// Deletes the object at `rel`; deleting a missing object is not an error.

@@ -68,6 +68,17 @@ pub struct IngestCounters {
     pub stored_generated_tokens: u64,
 }
 
+impl IngestCounters {
+    fn count_stored(&mut self, group: &SealedGroup) {
+        let generated: usize = group.rollouts.iter().map(|r| r.output_tokens.len()).sum();
+        let prompts: usize = group.rollouts.iter().map(|r| r.prompt_tokens.len()).sum();
+        self.stored_groups += 1;
+        self.stored_rollouts += group.rollouts.len() as u64;
+        self.stored_tokens += (generated + prompts) as u64;
+        self.stored_generated_tokens += generated as u64;
+    }
+}
+
 /// Rollouts in, groups out (see the module docs). Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct GroupIngest {
@@ -215,6 +226,65 @@ impl GroupIngest {
         }
     }
 
+    /// Adds many rollouts at once: one pass under the assembler's lock and one log record
+    /// for all that stay pending, then the groups they complete are stored together (their
+    /// log records share writes). The answers come in input order, each as [`Self::add`]
+    /// would give it; a rollout that is refused (malformed, say) refuses only itself.
+    ///
+    /// # Errors
+    ///
+    /// Per rollout, as [`Self::add`]. A failed log write of the pending rollouts is each
+    /// pending one's error.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::add`], for every rollout: all enter the assembler at the first poll.
+    pub async fn add_many(&self, records: Vec<RolloutRecord>) -> Vec<Result<Added>> {
+        let shared = &self.shared;
+        let now = crate::buffer::now();
+        let mut answers: Vec<Option<Result<Added>>> = Vec::with_capacity(records.len());
+        let mut sealed = Vec::new();
+        let durable = {
+            let mut writes = Vec::new();
+            let mut state = shared.state.lock();
+            let before = state.assembler.next_deadline();
+            for record in records {
+                let uid = record.rollout_uid.clone();
+                let logged = record.to_sample(pending_key(&uid));
+                match state.assembler.add(record, now) {
+                    Ok(Added::Sealed(group)) => {
+                        sealed.push((answers.len(), group));
+                        answers.push(None);
+                    }
+                    Ok(added @ Added::Pending { .. }) => {
+                        writes.push(AuxWrite::set(pending_key(&uid), logged));
+                        answers.push(Some(Ok(added)));
+                    }
+                    other => answers.push(Some(other)),
+                }
+            }
+            if state.assembler.next_deadline() != before {
+                shared.timer.wake.notify_one();
+            }
+            shared.buf.aux_submit(writes)
+        };
+        if let Err(e) = durable.await {
+            for answer in answers.iter_mut().flatten() {
+                if matches!(answer, Ok(Added::Pending { .. })) {
+                    *answer = Err(e.clone());
+                }
+            }
+        }
+        let (at, groups): (Vec<usize>, Vec<SealedGroup>) = sealed.into_iter().unzip();
+        for (i, result) in at.into_iter().zip(self.store_many(groups).await) {
+            answers[i] = Some(result);
+        }
+        answers
+            .into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(Error::Closed)))
+            .collect()
+    }
+
     /// The assembler's counts.
     pub fn assembler_counters(&self) -> super::AssemblerCounters {
         self.shared.state.lock().assembler.counters()
@@ -262,6 +332,75 @@ impl GroupIngest {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
+    /// (one log unit). If that put fails, each is stored on its own, so one bad group
+    /// refuses only itself.
+    async fn store_many(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+        let shared = &self.shared;
+        let known = |g: &SealedGroup| {
+            shared.buf.aux_get(&sealed_key(&g.id)).is_some() || shared.buf.contains(&g.id)
+        };
+        if groups.len() < 2 || groups.iter().any(known) {
+            return self.store_each(groups).await;
+        }
+        let samples = match groups.iter().map(SealedGroup::to_sample).collect() {
+            Ok(samples) => samples,
+            Err(_) => return self.store_each(groups).await,
+        };
+        let mut writes: Vec<AuxWrite> = groups
+            .iter()
+            .flat_map(|g| g.rollouts.iter())
+            .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
+            .collect();
+        {
+            let mut state = shared.state.lock();
+            for g in &groups {
+                let seq = state.next_seal;
+                state.next_seal += 1;
+                writes.push(AuxWrite::set(
+                    sealed_key(&g.id),
+                    Sample::new(g.id.clone()).birth(seq),
+                ));
+                state.sealed.push_back(g.id.clone());
+            }
+            while state.sealed.len() > shared.remember_groups {
+                if let Some(old) = state.sealed.pop_front() {
+                    writes.push(AuxWrite::remove(sealed_key(&old)));
+                }
+            }
+        }
+        if shared
+            .buf
+            .put_batch_with_aux(samples, writes)
+            .await
+            .is_err()
+        {
+            // Nothing was stored: each group alone, with its own marker.
+            let ids: std::collections::HashSet<&str> =
+                groups.iter().map(|g| g.id.as_str()).collect();
+            shared
+                .state
+                .lock()
+                .sealed
+                .retain(|id| !ids.contains(id.as_str()));
+            return self.store_each(groups).await;
+        }
+        let mut state = shared.state.lock();
+        for g in &groups {
+            state.counters.count_stored(g);
+        }
+        drop(state);
+        groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
+    }
+
+    async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+        let mut out = Vec::with_capacity(groups.len());
+        for group in groups {
+            out.push(self.store(group).await);
+        }
+        out
+    }
+
     /// Stores a sealed group unless its id was stored before; in the same log unit, its
     /// members stop being pending and its marker is written.
     async fn store(&self, group: SealedGroup) -> Result<Added> {
@@ -301,15 +440,7 @@ impl GroupIngest {
             .await
         {
             Ok(_) => {
-                let generated: usize = group.rollouts.iter().map(|r| r.output_tokens.len()).sum();
-                let prompts: usize = group.rollouts.iter().map(|r| r.prompt_tokens.len()).sum();
-                let mut state = shared.state.lock();
-                let c = &mut state.counters;
-                c.stored_groups += 1;
-                c.stored_rollouts += group.rollouts.len() as u64;
-                c.stored_tokens += (generated + prompts) as u64;
-                c.stored_generated_tokens += generated as u64;
-                drop(state);
+                shared.state.lock().counters.count_stored(&group);
                 Ok(Added::Sealed(group))
             }
             Err(Error::DuplicateId { .. }) => {

@@ -58,8 +58,9 @@
 //! (`settle`, `drop_slot`); `lease.rs` the leases; `evict.rs`, `stale.rs` and `spill.rs`
 //! the transitions of the byte budget, freshness and the memory budget, whose bookkeeping
 //! lives one level down (`state/budget.rs`, `freshness.rs`, `residency.rs`);
-//! `invariants.rs` the audit.
+//! `invariants.rs` the audit; `diagnose.rs` why a getter would wait.
 
+mod diagnose;
 mod evict;
 mod invariants;
 mod lease;

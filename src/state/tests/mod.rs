@@ -116,6 +116,29 @@ fn outputs_make_downstream_ready_in_the_same_step() {
 }
 
 #[test]
+fn blockers_say_why_a_getter_would_wait() {
+    let mut t = SlotTable::new(
+        4,
+        vec![spec(&[K0], 1, 2, false), spec(&[K0, K1, K3], 1, 1, false)],
+    );
+    put(&mut t, &[1, 2, 3], ks(&[K0]));
+    let Some(id) = t.try_lease(0, None) else {
+        panic!("eligible");
+    };
+    let b = t.blockers(0, 4);
+    assert_eq!((b.leased, b.eligible, b.incomplete), (2, 1, 0));
+    let b = t.blockers(1, 4);
+    assert_eq!((b.incomplete, b.missing), (3, vec![0, 3, 0, 3]));
+    let mut freed = Vec::new();
+    let _ = t.finish_lease(id, LeaseEnd::Used, &[ks(&[K1]), ks(&[K1])], &mut freed);
+    let b = t.blockers(0, 4);
+    assert_eq!((b.leased, b.used_up, b.eligible), (0, 2, 1));
+    let b = t.blockers(1, 4);
+    assert_eq!((b.incomplete, b.missing), (3, vec![0, 1, 0, 3]));
+    ok(&t);
+}
+
+#[test]
 fn wakes_are_reported_only_for_parked_waiters() {
     let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 1, false), spec(&[K0], 1, 1, false)]);
     let Some((slots, _)) = t.claim_put(1, None) else {
@@ -454,6 +477,14 @@ proptest! {
             }
             for r in 0..specs.len() {
                 prop_assert_eq!(t.eligible(r), m.eligible(&specs, r).len(), "rpc {} eligible count", r);
+                // The debugging report sorts every stored sample once, and agrees with the
+                // ready index on what is eligible.
+                let b = t.blockers(r, 4);
+                let sorted = b.leased + b.used_up + b.stale + b.discarded + b.amending
+                    + b.incomplete + b.eligible;
+                prop_assert_eq!(sorted, t.len() - t.putting.count(), "rpc {} sorted", r);
+                prop_assert_eq!(b.eligible, t.eligible(r), "rpc {} blockers", r);
+                prop_assert!(b.missing.iter().all(|&k| k <= b.incomplete));
             }
             prop_assert_eq!(t.len(), m.live().count());
             prop_assert_eq!(t.leases.live(), m.leases.len());

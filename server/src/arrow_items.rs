@@ -1,0 +1,108 @@
+//! `/buffer/write_batch` bodies as an Arrow IPC stream (`Content-Type:
+//! application/vnd.apache.arrow.stream`): one row per slime item, columns `uid`,
+//! `instance_id` (string or integer), `messages` (the message list as JSON text), `reward`
+//! (any numeric type) and, optionally, `extra_info` (an object as JSON text). A generator
+//! holding its items as a pyarrow table sends them with no per-item JSON object.
+
+use crate::api_error::ApiError;
+use crate::slime::ItemText;
+use arrow_array::cast::AsArray;
+use arrow_array::types::Float64Type;
+use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow_ipc::reader::StreamReader;
+use arrow_schema::DataType;
+use rollout_buffer::rollout::RolloutRecord;
+
+/// The media type of an Arrow IPC stream.
+pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
+
+/// The records of every row of the stream in `body`; a 400 naming the column (and row)
+/// at the first problem, so nothing of a bad body is stored.
+pub fn records(body: &[u8], environment: &str) -> Result<Vec<RolloutRecord>, ApiError> {
+    let reader = StreamReader::try_new(body, None)
+        .map_err(|e| ApiError::bad(format!("not an Arrow IPC stream: {e}")))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| ApiError::bad(format!("bad Arrow IPC batch: {e}")))?;
+        batch_records(&batch, environment, out.len(), &mut out)?;
+    }
+    Ok(out)
+}
+
+fn batch_records(
+    batch: &RecordBatch,
+    environment: &str,
+    first_row: usize,
+    out: &mut Vec<RolloutRecord>,
+) -> Result<(), ApiError> {
+    let uid = text_column(batch, "uid")?;
+    let instance_id = text_column(batch, "instance_id")?;
+    let messages = text_column(batch, "messages")?;
+    let extra_info = match batch.column_by_name("extra_info") {
+        Some(_) => Some(text_column(batch, "extra_info")?),
+        None => None,
+    };
+    let reward = required(batch, "reward")?;
+    if !reward.data_type().is_numeric() {
+        return Err(ApiError::bad(format!(
+            "column `reward` must be numeric, not {}",
+            reward.data_type()
+        )));
+    }
+    let reward = arrow_cast::cast(reward, &DataType::Float64)
+        .map_err(|e| ApiError::bad(format!("column `reward`: {e}")))?;
+    let reward = reward.as_primitive::<Float64Type>();
+    out.reserve(batch.num_rows());
+    for row in 0..batch.num_rows() {
+        let at = first_row + row;
+        let cell = |column: &StringArray, name: &str| -> Result<String, ApiError> {
+            if column.is_null(row) {
+                return Err(ApiError::bad(format!("row {at}: `{name}` is null")));
+            }
+            Ok(column.value(row).to_owned())
+        };
+        if reward.is_null(row) {
+            return Err(ApiError::bad(format!("row {at}: `reward` is null")));
+        }
+        let extra = match &extra_info {
+            Some(column) if !column.is_null(row) => Some(column.value(row)),
+            _ => None,
+        };
+        let chat = cell(&messages, "messages")?;
+        serde_json::from_str::<&serde_json::value::RawValue>(&chat)
+            .map_err(|e| ApiError::bad(format!("row {at}: `messages` is not JSON text: {e}")))?;
+        let item = ItemText {
+            uid: cell(&uid, "uid")?,
+            instance_id: cell(&instance_id, "instance_id")?,
+            messages: chat.trim(),
+            reward: reward.value(row),
+            extra_info: extra,
+        };
+        out.push(item.into_record(environment)?);
+    }
+    Ok(())
+}
+
+fn required<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, ApiError> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| ApiError::bad(format!("the Arrow stream has no column `{name}`")))
+}
+
+/// Column `name` as strings: string columns as they are, integers as their digits.
+fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray, ApiError> {
+    let column = required(batch, name)?;
+    let ok = matches!(
+        column.data_type(),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    ) || column.data_type().is_integer();
+    if !ok {
+        return Err(ApiError::bad(format!(
+            "column `{name}` must be a string (or integer) column, not {}",
+            column.data_type()
+        )));
+    }
+    let text = arrow_cast::cast(column, &DataType::Utf8)
+        .map_err(|e| ApiError::bad(format!("column `{name}`: {e}")))?;
+    Ok(text.as_string::<i32>().clone())
+}

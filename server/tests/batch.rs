@@ -1,0 +1,152 @@
+//! Batch writes as an Arrow IPC stream, and `/debug/waiting`, against the real process.
+
+mod common;
+
+use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
+use arrow_ipc::writer::StreamWriter;
+use common::{client, get, item, post, store, uids, Server};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const ARROW: &str = "application/vnd.apache.arrow.stream";
+
+fn ipc(columns: Vec<(&str, ArrayRef)>) -> Vec<u8> {
+    let batch = RecordBatch::try_from_iter(columns).expect("batch");
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new(&mut out, &batch.schema()).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.finish().expect("finish");
+    drop(writer);
+    out
+}
+
+/// `n` items of instance 7, as Arrow columns (the instance id an integer column, the
+/// reward float32).
+fn items(n: usize, uid_prefix: &str) -> Vec<(&'static str, ArrayRef)> {
+    let uid: StringArray = (0..n).map(|i| Some(format!("{uid_prefix}{i}"))).collect();
+    let messages: StringArray = (0..n)
+        .map(|i| Some(json!([{"role": "assistant", "content": format!("answer {i}")}]).to_string()))
+        .collect();
+    vec![
+        ("uid", Arc::new(uid) as ArrayRef),
+        ("instance_id", Arc::new(Int64Array::from(vec![7; n]))),
+        ("messages", Arc::new(messages)),
+        (
+            "reward",
+            Arc::new(Float32Array::from_iter_values(
+                (0..n).map(|i| (i % 2) as f32),
+            )),
+        ),
+        (
+            "extra_info",
+            Arc::new(StringArray::from(vec![Some(r#"{"policy_version": 3}"#); n])),
+        ),
+    ]
+}
+
+async fn post_arrow(server: &Server, body: Vec<u8>) -> (u16, Value) {
+    let resp = client()
+        .post(format!("{}/buffer/write_batch", server.url))
+        .header("content-type", ARROW)
+        .body(body)
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    (status, serde_json::from_str(&text).expect("JSON answer"))
+}
+
+#[tokio::test]
+async fn an_arrow_stream_writes_a_group_as_json_items_would() {
+    let dir = store("arrow");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    let (status, body) = post_arrow(&server, ipc(items(4, "a"))).await;
+    assert_eq!(status, 200, "{body}");
+    let outcomes: Vec<&str> = body["data"]["data"]
+        .as_array()
+        .expect("answers")
+        .iter()
+        .map(|a| a["outcome"].as_str().expect("outcome"))
+        .collect();
+    assert_eq!(outcomes, ["pending", "pending", "pending", "sealed"]);
+    let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&read), ["a0", "a1", "a2", "a3"]);
+    let first = &read["data"]["data"][1];
+    assert_eq!(first["instance_id"], "7");
+    assert_eq!(first["messages"][0]["content"], "answer 1");
+    assert_eq!(first["raw_reward"], 1.0);
+    assert_eq!(first["extra_info"]["policy_version"], 3);
+}
+
+#[tokio::test]
+async fn bad_arrow_bodies_are_refused_whole() {
+    let dir = store("arrow-bad");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let mut no_reward = items(2, "b");
+    no_reward.retain(|(name, _)| *name != "reward");
+    let mut null_uid = items(2, "c");
+    null_uid[0].1 = Arc::new(StringArray::from(vec![Some("c0"), None]));
+    let mut text_reward = items(2, "d");
+    text_reward[3].1 = Arc::new(StringArray::from(vec!["high", "low"]));
+    let mut bad_messages = items(2, "e");
+    bad_messages[2].1 = Arc::new(StringArray::from(vec!["[{\"role\": ", "[]"]));
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"not arrow at all".to_vec(), "not an Arrow IPC stream"),
+        (ipc(no_reward), "no column `reward`"),
+        (ipc(null_uid), "row 1: `uid` is null"),
+        (ipc(text_reward), "`reward` must be numeric"),
+        (ipc(bad_messages), "row 0: `messages` is not JSON"),
+    ];
+    for (body, says) in cases {
+        let (status, answer) = post_arrow(&server, body).await;
+        assert_eq!(status, 400, "{answer}");
+        let message = answer["message"].as_str().expect("message");
+        assert!(message.contains(says), "{message:?} should say {says:?}");
+    }
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["total_written"], 0, "nothing stored");
+    let (status, _) = post_arrow(&server, ipc(items(2, "f"))).await;
+    assert_eq!(status, 200, "still serving");
+}
+
+#[tokio::test]
+async fn debug_waiting_says_why_a_read_would_wait() {
+    let dir = store("waiting");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    for i in 0..4 {
+        let (status, _) = post(
+            &server,
+            "/buffer/write",
+            &item(&format!("g{i}"), "whole", f64::from(i % 2)),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    for i in 0..3 {
+        let (status, _) = post(
+            &server,
+            "/buffer/write",
+            &item(&format!("h{i}"), "part", f64::from(i % 2)),
+        )
+        .await;
+        assert_eq!(status, 200);
+    }
+    let (status, body) = get(&server, "/debug/waiting").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["pending_groups"], 1, "{body}");
+    assert_eq!(body["pending_rollouts"], 3, "{body}");
+    let train = &body["rpcs"][0];
+    assert_eq!(train["rpc"], "train");
+    assert_eq!(
+        (train["eligible"].as_u64(), train["batch_size"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(train["incomplete"], 0);
+    // Once read, the group is gone: nothing eligible, nothing stored.
+    let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&read).len(), 4);
+    let (_, body) = get(&server, "/debug/waiting").await;
+    assert_eq!(body["rpcs"][0]["eligible"], 0, "{body}");
+    assert_eq!(body["slots_free"].as_u64(), Some(4096));
+}

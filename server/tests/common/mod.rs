@@ -1,0 +1,147 @@
+//! What the server's tests share: the server as a real process on an ephemeral loopback
+//! port, and a real HTTP client.
+#![allow(dead_code)] // each test file uses its own part
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running server; killed (SIGKILL) when dropped.
+pub struct Server {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Server {
+    pub fn start(store: &PathBuf, args: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+            .arg("serve")
+            .arg("--store")
+            .arg(store)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the server");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("the server's first line");
+        let url = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Server { child, url }
+    }
+
+    /// SIGTERM, then the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        self.child.wait().expect("wait")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn store(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rb-server-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// POSTs JSON; the status and the parsed body.
+pub async fn post(server: &Server, path: &str, body: &Value) -> (u16, Value) {
+    send(
+        client()
+            .post(format!("{}{path}", server.url))
+            .body(body.to_string()),
+    )
+    .await
+}
+
+pub async fn get(server: &Server, path: &str) -> (u16, Value) {
+    send(client().get(format!("{}{path}", server.url))).await
+}
+
+pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .expect("send");
+    let status = resp.status().as_u16();
+    let text = resp.text().await.expect("body");
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
+    (status, body)
+}
+
+/// slime's trajectory item.
+pub fn item(uid: &str, instance: &str, reward: f64) -> Value {
+    json!({
+        "uid": uid,
+        "instance_id": instance,
+        "messages": [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}],
+        "reward": reward,
+        "extra_info": {"timestamp": "1700000000.5", "finish_reason": "stop"},
+    })
+}
+
+pub async fn write_group(server: &Server, instance: &str, rewards: &[f64]) {
+    for (i, r) in rewards.iter().enumerate() {
+        let (status, body) = post(
+            server,
+            "/buffer/write",
+            &item(&format!("{instance}-{i}"), instance, *r),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["success"], true);
+    }
+}
+
+pub fn uids(body: &Value) -> Vec<String> {
+    let mut out: Vec<String> = body["data"]["data"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["uid"].as_str().expect("uid").to_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+/// Runs `rollout-buffer inspect` with `args`; its exit success and stdout.
+pub fn inspect(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+        .arg("inspect")
+        .args(args)
+        .output()
+        .expect("run inspect");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -1,0 +1,90 @@
+//! `rollout-buffer inspect` on a store the server wrote: the summary as text and JSON, the
+//! latest archived rows, and a missing store refused without being created.
+
+mod common;
+
+use common::{inspect, item, post, store, uids, write_group, Server};
+use serde_json::{json, Value};
+use std::ffi::OsStr;
+
+#[tokio::test]
+async fn inspect_summarises_a_stored_run() {
+    let dir = store("inspect");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    for q in ["q0", "q1", "q2"] {
+        write_group(&server, q, &[0.0, 1.0, 0.0, 1.0]).await;
+    }
+    for i in 0..2 {
+        let (status, _) = post(&server, "/buffer/write", &item(&format!("p{i}"), "q3", 1.0)).await;
+        assert_eq!(status, 200);
+    }
+    let (_, read) = post(&server, "/get_rollout_data", &json!({"batch_size": 4})).await;
+    assert_eq!(uids(&read), ["q0-0", "q0-1", "q0-2", "q0-3"]);
+    assert!(
+        server.terminate().success(),
+        "a graceful stop flushes the archive"
+    );
+
+    let (ok, out, err) = inspect(&[
+        dir.as_os_str(),
+        OsStr::new("--json"),
+        OsStr::new("--tail"),
+        OsStr::new("1"),
+    ]);
+    assert!(ok, "{err}");
+    let doc: Value = serde_json::from_str(&out).expect("JSON");
+    let s = &doc["summary"];
+    assert_eq!(
+        (
+            s["samples"].as_u64(),
+            s["groups"].as_u64(),
+            s["rollouts"].as_u64()
+        ),
+        (Some(2), Some(2), Some(8)),
+        "{s}"
+    );
+    assert_eq!(s["pending_rollouts"], 2, "{s}");
+    assert_eq!(s["sealed_markers"], 3, "{s}");
+    assert_eq!(s["partitions"][0]["environment"], "slime", "{s}");
+    assert_eq!(s["rpcs"][0]["name"], "train");
+    let rows: u64 = s["archive"]
+        .as_array()
+        .expect("archive")
+        .iter()
+        .map(|p| p["rows"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(rows, 1, "the group read is archived: {s}");
+    let tail = doc["tail"].as_array().expect("tail");
+    assert_eq!(tail.len(), 1);
+    assert_eq!(tail[0]["environment"], "slime");
+    assert_eq!(tail[0]["read_by"], json!(["train"]));
+    let members: Vec<&str> = tail[0]["rollout_uid"]
+        .as_array()
+        .expect("uids")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(members, ["q0-0", "q0-1", "q0-2", "q0-3"]);
+
+    let (ok, text, err) = inspect(&[dir.as_os_str(), OsStr::new("--tail"), OsStr::new("1")]);
+    assert!(ok, "{err}");
+    assert!(
+        text.contains("buffer: 2 samples (2 groups, 8 rollouts)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pending rollouts (waiting for their group): 2"),
+        "{text}"
+    );
+    assert!(text.contains("archive: 1 rows in 1 files"), "{text}");
+    assert!(text.contains("read_by=[train]"), "{text}");
+}
+
+#[test]
+fn inspecting_a_missing_store_fails_and_creates_nothing() {
+    let dir = store("inspect-missing");
+    let (ok, _, err) = inspect(&[dir.as_os_str()]);
+    assert!(!ok);
+    assert!(err.contains("not a directory"), "{err}");
+    assert!(!dir.exists());
+}
