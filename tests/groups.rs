@@ -328,3 +328,60 @@ async fn add_many_answers_each_rollout_and_stores_completed_groups_in_one_put() 
     assert_eq!(buf.len(), 3);
     assert_eq!(ingest.counters().duplicate_groups, 3);
 }
+
+/// Bytes of the log files under a store.
+fn log_bytes(dir: &str) -> u64 {
+    std::fs::read_dir(format!("{dir}/wal"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_groups_in_one_call_are_logged_once() {
+    let mut bytes = Vec::new();
+    for together in [false, true] {
+        let dir = TempDir::new("groups-log-once");
+        let buf = SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+            PersistOptions::default(),
+        )
+        .await
+        .expect("open");
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
+            .await
+            .expect("start");
+        let mut batch: Vec<RolloutRecord> = (0..4)
+            .flat_map(|e| (0..4).map(move |k| rollout(e, k, 0)))
+            .collect();
+        for r in &mut batch {
+            r.output_tokens = vec![7; 512];
+            r.logprobs = vec![-0.5; 512];
+        }
+        if together {
+            assert!(ingest.add_many(batch).await.iter().all(Result::is_ok));
+        } else {
+            for r in batch {
+                ingest.add(r).await.expect("add");
+            }
+        }
+        assert_eq!(buf.len(), 4);
+        assert_eq!(ingest.assembler_counters().pending_rollouts, 0);
+        buf.flush().await.expect("flush");
+        bytes.push(log_bytes(dir.path()));
+    }
+    // One at a time, each rollout is logged pending and again in its group's put (whose
+    // samples also carry per-token versions: about 2:1 against a pending entry).
+    assert!(
+        bytes[1] * 4 < bytes[0] * 3,
+        "log bytes one at a time {} vs together {}",
+        bytes[0],
+        bytes[1]
+    );
+}

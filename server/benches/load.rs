@@ -2,8 +2,9 @@
 //! writing slime-shaped items of about 4 KB while one reader polls `/get_rollout_data`.
 //! Prints one JSON line per mode:
 //! `{"mode": "single" | "batch", "items_per_s", "p50_ms", "p99_ms", "rss_mb", ...}`
-//! (`single`: one item per `/buffer/write`; `batch`: 256 per `/buffer/write_batch`;
-//! latencies per request; `rss_mb`: the server's peak resident memory).
+//! (`single`: one item per `/buffer/write`; `batch`: 256 per `/buffer/write_batch` as a
+//! JSON array; `arrow`: the same as an Arrow IPC stream; latencies per request; `rss_mb`:
+//! the server's peak resident memory).
 //!
 //! ```sh
 //! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability]
@@ -78,6 +79,51 @@ fn item(writer: usize, n: u64) -> String {
     )
 }
 
+/// `BATCH` items from `n` on, as an Arrow IPC stream (the columns a generator holding its
+/// items as a table sends).
+fn arrow_body(writer: usize, n: u64) -> Vec<u8> {
+    use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+    static TEXT: std::sync::OnceLock<(String, String)> = std::sync::OnceLock::new();
+    let (messages, extra) = TEXT.get_or_init(|| {
+        let v: Value = serde_json::from_str(&item(0, 0)).expect("item");
+        (v["messages"].to_string(), v["extra_info"].to_string())
+    });
+    let range = n..n + BATCH as u64;
+    let uid: StringArray = range
+        .clone()
+        .map(|i| Some(format!("w{writer}-{i}")))
+        .collect();
+    let instance: StringArray = range
+        .clone()
+        .map(|i| Some(format!("w{writer}-g{}", i / GROUP as u64)))
+        .collect();
+    let columns: Vec<(&str, ArrayRef)> = vec![
+        ("uid", Arc::new(uid)),
+        ("instance_id", Arc::new(instance)),
+        (
+            "messages",
+            Arc::new(StringArray::from(vec![messages.as_str(); BATCH])),
+        ),
+        (
+            "reward",
+            Arc::new(Float64Array::from_iter_values(
+                range.clone().map(|i| (i % 2) as f64),
+            )),
+        ),
+        (
+            "extra_info",
+            Arc::new(StringArray::from(vec![extra.as_str(); BATCH])),
+        ),
+    ];
+    let batch = RecordBatch::try_from_iter(columns).expect("batch");
+    let mut out = Vec::new();
+    let mut w = arrow_ipc::writer::StreamWriter::try_new(&mut out, &batch.schema()).expect("ipc");
+    w.write(&batch).expect("write");
+    w.finish().expect("finish");
+    drop(w);
+    out
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -106,25 +152,39 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
             Arc::clone(&written),
             Arc::clone(&errors),
         );
-        let batch = mode == "batch";
+        let mode = mode.to_owned();
         writers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let (path, body, count) = if batch {
-                    let items: Vec<String> = (0..BATCH as u64).map(|i| item(w, n + i)).collect();
-                    (
+                let (path, body, count, content_type) = match mode.as_str() {
+                    "batch" => {
+                        let items: Vec<String> =
+                            (0..BATCH as u64).map(|i| item(w, n + i)).collect();
+                        (
+                            "/buffer/write_batch",
+                            format!("[{}]", items.join(",")).into_bytes(),
+                            BATCH as u64,
+                            "application/json",
+                        )
+                    }
+                    "arrow" => (
                         "/buffer/write_batch",
-                        format!("[{}]", items.join(",")),
+                        arrow_body(w, n),
                         BATCH as u64,
-                    )
-                } else {
-                    ("/buffer/write", item(w, n), 1)
+                        "application/vnd.apache.arrow.stream",
+                    ),
+                    _ => (
+                        "/buffer/write",
+                        item(w, n).into_bytes(),
+                        1,
+                        "application/json",
+                    ),
                 };
                 let t = Instant::now();
                 let resp = client
                     .post(format!("{url}{path}"))
-                    .header("content-type", "application/json")
+                    .header("content-type", content_type)
                     .body(body)
                     .send()
                     .await;
@@ -221,7 +281,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    for mode in ["single", "batch"] {
+    for mode in ["single", "batch", "arrow"] {
         let line = runtime.block_on(run(mode, seconds, &durability));
         println!("{line}");
     }

@@ -3,11 +3,12 @@
 //! `Json` extractor's rejections (bad JSON, a missing key, an oversized body) become the
 //! same.
 
+use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Request};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::de::DeserializeOwned;
+use serde::de::{Deserialize, DeserializeOwned};
 use serde_json::json;
 
 /// A failed request.
@@ -123,4 +124,79 @@ fn rejected(rejection: JsonRejection) -> ApiError {
         other => other.body_text(),
     };
     ApiError::BadRequest { status, message }
+}
+
+/// A request's body and headers, with a body over the limit answered as an [`ApiError`]
+/// (413). Handlers parse it themselves, borrowing from it (see [`parse_json`]).
+#[derive(Debug)]
+pub struct ApiBody {
+    /// The request's headers.
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+}
+
+impl<S: Send + Sync> FromRequest<S> for ApiBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let headers = req.headers().clone();
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::BadRequest {
+                status: e.status(),
+                message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    format!("the body is over the size limit: {}", e.body_text())
+                } else {
+                    format!("cannot read the body: {}", e.body_text())
+                },
+            })?;
+        Ok(ApiBody { headers, body })
+    }
+}
+
+impl ApiBody {
+    /// Whether the body is declared as `media_type` (parameters aside).
+    pub fn is(&self, media_type: &str) -> bool {
+        self.media_type() == Some(media_type)
+    }
+
+    fn media_type(&self) -> Option<&str> {
+        let value = self.headers.get(header::CONTENT_TYPE)?.to_str().ok()?;
+        value.split(';').next().map(str::trim)
+    }
+
+    /// The body as JSON, as axum's `Json` takes it (a JSON content type, else 415; bad
+    /// syntax 400; the wrong shape 422 naming the path), with strings borrowed from the
+    /// body where `T` borrows them.
+    pub fn json<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
+        let json = self
+            .media_type()
+            .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
+        if !json {
+            return Err(ApiError::BadRequest {
+                status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                message: "the body must be JSON (Content-Type: application/json)".to_owned(),
+            });
+        }
+        let mut de = serde_json::Deserializer::from_slice(&self.body);
+        let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+            let syntax = !e.inner().is_data();
+            ApiError::BadRequest {
+                status: if syntax {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                },
+                message: if syntax {
+                    format!("malformed JSON: {}", e.inner())
+                } else {
+                    format!("invalid request: {e}")
+                },
+            }
+        })?;
+        de.end()
+            .map_err(|e| ApiError::bad(format!("malformed JSON: {e}")))?;
+        Ok(value)
+    }
 }

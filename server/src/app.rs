@@ -5,11 +5,11 @@
 //! is swapped whole when `/start_rollout` changes the group settings; its pending rollouts
 //! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
 
-use crate::api_error::{ApiError, ApiJson};
+use crate::api_error::{ApiBody, ApiError, ApiJson};
 use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -243,9 +243,9 @@ async fn add_all(
 
 async fn write(
     State(app): State<Arc<App>>,
-    ApiJson(item): ApiJson<Item>,
+    body: ApiBody,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
-    let record = item.into_record(&app.environment)?;
+    let record = body.json::<Item>()?.into_record(&app.environment)?;
     let out = add_all(&app, vec![record]).await?;
     Ok(envelope(
         true,
@@ -259,24 +259,12 @@ async fn write(
 /// all are checked before any is stored.
 async fn write_batch(
     State(app): State<Arc<App>>,
-    req: Request,
+    body: ApiBody,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
-    let arrow = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with(arrow_items::ARROW_STREAM));
-    let records = if arrow {
-        let body = Bytes::from_request(req, &())
-            .await
-            .map_err(|e| ApiError::BadRequest {
-                status: e.status(),
-                message: format!("cannot read the body: {}", e.body_text()),
-            })?;
-        arrow_items::records(&body, &app.environment)?
+    let records = if body.is(arrow_items::ARROW_STREAM) {
+        arrow_items::records(&body.body, &app.environment)?
     } else {
-        let ApiJson(items) = ApiJson::<Vec<Item>>::from_request(req, &()).await?;
-        items
+        body.json::<Vec<Item>>()?
             .into_iter()
             .map(|i| i.into_record(&app.environment))
             .collect::<Result<Vec<_>, _>>()?

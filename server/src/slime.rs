@@ -35,19 +35,21 @@ pub fn rpcs() -> Vec<RpcDef> {
 
 /// One trajectory item, as slime's generators POST it. `messages` and `extra_info` stay
 /// JSON text: they are stored and sent back as they came, never rebuilt.
+/// Both are borrowed from the request's body, so the text is copied once, into the record.
 #[derive(Debug, Deserialize)]
-pub struct Item {
+pub struct Item<'a> {
     /// The rollout's uid.
     pub uid: String,
     /// The group key.
     pub instance_id: Value,
     /// The chat (an OpenAI message list).
-    pub messages: Box<RawValue>,
+    #[serde(borrow)]
+    pub messages: &'a RawValue,
     /// The reward.
     pub reward: f64,
     /// Everything else the generator knows.
-    #[serde(default)]
-    pub extra_info: Option<Box<RawValue>>,
+    #[serde(default, borrow)]
+    pub extra_info: Option<&'a RawValue>,
 }
 
 /// The fields of `extra_info` the server reads.
@@ -59,7 +61,7 @@ struct Extra {
     policy_version: Option<Value>,
 }
 
-impl Item {
+impl Item<'_> {
     /// The rollout this item is stored as, or a 400 naming what is wrong.
     pub fn into_record(self, environment: &str) -> Result<RolloutRecord, ApiError> {
         let instance_id = match &self.instance_id {
@@ -72,7 +74,7 @@ impl Item {
                 )))
             }
         };
-        let extra_info = self.extra_info.as_deref().map(RawValue::get);
+        let extra_info = self.extra_info.map(RawValue::get);
         ItemText {
             uid: self.uid,
             instance_id,

@@ -34,7 +34,7 @@ use crate::sample::Sample;
 use crate::sync::Weak;
 use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
 use crate::SequenceBuffer;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 const PENDING: &str = "rollout/pending/";
@@ -226,15 +226,18 @@ impl GroupIngest {
         }
     }
 
-    /// Adds many rollouts at once: one pass under the assembler's lock and one log record
-    /// for all that stay pending, then the groups they complete are stored together (their
-    /// log records share writes). The answers come in input order, each as [`Self::add`]
-    /// would give it; a rollout that is refused (malformed, say) refuses only itself.
+    /// Adds many rollouts at once: one pass under the assembler's lock, one log record for
+    /// those that stay pending, and one put for the groups they complete. A rollout whose
+    /// group completes in the same call is never logged as pending (the group's put holds
+    /// it), so a batch of whole groups is written to the log once. The answers come in
+    /// input order, each as [`Self::add`] would give it, and each is durable when this
+    /// returns; a rollout that is refused (malformed, say) refuses only itself.
     ///
     /// # Errors
     ///
-    /// Per rollout, as [`Self::add`]. A failed log write of the pending rollouts is each
-    /// pending one's error.
+    /// Per rollout, as [`Self::add`]: a failed log write of the pending rollouts is each
+    /// pending one's error, and a group the buffer refuses is the error of its members
+    /// from this call too.
     ///
     /// # Cancel safety
     ///
@@ -242,42 +245,76 @@ impl GroupIngest {
     pub async fn add_many(&self, records: Vec<RolloutRecord>) -> Vec<Result<Added>> {
         let shared = &self.shared;
         let now = crate::buffer::now();
-        let mut answers: Vec<Option<Result<Added>>> = Vec::with_capacity(records.len());
-        let mut sealed = Vec::new();
+        let n = records.len();
+        let mut answers: Vec<Option<Result<Added>>> = Vec::with_capacity(n);
+        // Rollouts of this call still pending, by uid: their answers.
+        let mut pending_here: HashMap<String, usize> = HashMap::new();
+        // Per group sealed here: its answer, and the answers of its members from this call.
+        let mut sealed: Vec<(usize, Vec<usize>, SealedGroup)> = Vec::new();
         let durable = {
-            let mut writes = Vec::new();
             let mut state = shared.state.lock();
             let before = state.assembler.next_deadline();
             for record in records {
                 let uid = record.rollout_uid.clone();
-                let logged = record.to_sample(pending_key(&uid));
+                let at = answers.len();
                 match state.assembler.add(record, now) {
                     Ok(Added::Sealed(group)) => {
-                        sealed.push((answers.len(), group));
+                        // Members that came in this call are not logged as pending: the
+                        // group's put carries them, and their answers wait for it.
+                        let members: Vec<usize> = group
+                            .rollouts
+                            .iter()
+                            .filter_map(|r| pending_here.remove(&r.rollout_uid))
+                            .collect();
+                        sealed.push((at, members, group));
                         answers.push(None);
                     }
                     Ok(added @ Added::Pending { .. }) => {
-                        writes.push(AuxWrite::set(pending_key(&uid), logged));
+                        pending_here.insert(uid, at);
                         answers.push(Some(Ok(added)));
                     }
                     other => answers.push(Some(other)),
                 }
             }
+            // Only what is still pending is logged, read from the assembler (which holds
+            // the records now), in input order.
+            let mut writes: Vec<(usize, AuxWrite)> = if pending_here.is_empty() {
+                Vec::new()
+            } else {
+                state
+                    .assembler
+                    .pending()
+                    .filter_map(|r| {
+                        let at = *pending_here.get(&r.rollout_uid)?;
+                        let key = pending_key(&r.rollout_uid);
+                        Some((at, AuxWrite::set(key.clone(), r.to_sample(key))))
+                    })
+                    .collect()
+            };
+            writes.sort_unstable_by_key(|(at, _)| *at);
             if state.assembler.next_deadline() != before {
                 shared.timer.wake.notify_one();
             }
-            shared.buf.aux_submit(writes)
+            shared
+                .buf
+                .aux_submit(writes.into_iter().map(|(_, w)| w).collect())
         };
         if let Err(e) = durable.await {
-            for answer in answers.iter_mut().flatten() {
-                if matches!(answer, Ok(Added::Pending { .. })) {
-                    *answer = Err(e.clone());
-                }
+            for &at in pending_here.values() {
+                answers[at] = Some(Err(e.clone()));
             }
         }
-        let (at, groups): (Vec<usize>, Vec<SealedGroup>) = sealed.into_iter().unzip();
-        for (i, result) in at.into_iter().zip(self.store_many(groups).await) {
-            answers[i] = Some(result);
+        let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<SealedGroup>) = sealed
+            .into_iter()
+            .map(|(at, members, group)| ((at, members), group))
+            .unzip();
+        for ((at, members), result) in heads.into_iter().zip(self.store_many(groups).await) {
+            if let Err(e) = &result {
+                for m in members {
+                    answers[m] = Some(Err(e.clone()));
+                }
+            }
+            answers[at] = Some(result);
         }
         answers
             .into_iter()
