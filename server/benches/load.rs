@@ -7,7 +7,7 @@
 //! the server's peak resident memory).
 //!
 //! ```sh
-//! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability]
+//! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability] [modes]
 //! ```
 
 use serde_json::{json, Value};
@@ -281,7 +281,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    for mode in ["single", "batch", "arrow"] {
+    let modes: Vec<String> = args.get(2).map_or_else(
+        || vec!["single".into(), "batch".into(), "arrow".into()],
+        |m| m.split(',').map(str::to_owned).collect(),
+    );
+    for mode in &modes {
         let line = runtime.block_on(run(mode, seconds, &durability));
         println!("{line}");
     }

@@ -376,21 +376,20 @@ pub async fn take(
             Some(MetaValue::Str(s)) => s.clone(),
             _ => String::new(),
         };
-        let texts = |key: &str| -> Vec<String> {
-            view.get(key)
-                .and_then(|t| t.array::<String>().map(|a| a.iter().cloned().collect()))
-                .unwrap_or_default()
-        };
+        let texts = |key: &str| view.get(key).and_then(|t| t.array::<String>());
         let (messages, extra) = (texts("meta/messages"), texts("meta/extra_info"));
         for (i, item) in group.items.iter().enumerate() {
             // Stored as the generator sent them, so valid JSON; `null` if a value is gone.
-            let raw = |v: Option<&String>| {
-                v.and_then(|s| RawValue::from_string(s.clone()).ok())
+            let raw = |texts: &Option<rollout_buffer::ndarray::ArrayViewD<'_, String>>| {
+                texts
+                    .as_ref()
+                    .and_then(|a| a.iter().nth(i))
+                    .and_then(|s| RawValue::from_string(s.clone()).ok())
                     .unwrap_or_else(null)
             };
             items_by_uid.insert(
                 item.rollout_uid.clone(),
-                (raw(messages.get(i)), raw(extra.get(i)), iid.clone()),
+                (raw(&messages), raw(&extra), iid.clone()),
             );
         }
         if hooks.is_valid_group(&group).valid {
@@ -408,17 +407,29 @@ pub async fn take(
         .iter()
         .flat_map(|(g, _)| g.items.iter().map(|i| i.rollout_uid.clone()))
         .collect();
+    let mut uses: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for item in processed.kept.iter().flat_map(|g| g.items.iter()) {
+        *uses.entry(item.rollout_uid.as_str()).or_insert(0) += 1;
+    }
     let mut items = Vec::new();
     for group in &processed.kept {
         for item in &group.items {
-            if let Some((messages, extra, iid)) = items_by_uid.get(&item.rollout_uid) {
+            // Padding repeats items: all but the last use copy the texts, the last moves them.
+            let left = uses.entry(item.rollout_uid.as_str()).or_insert(0);
+            *left = left.saturating_sub(1);
+            let texts = if *left == 0 {
+                items_by_uid.remove(&item.rollout_uid)
+            } else {
+                items_by_uid.get(&item.rollout_uid).cloned()
+            };
+            if let Some((messages, extra_info, instance_id)) = texts {
                 items.push(OutItem {
                     uid: item.rollout_uid.clone(),
-                    instance_id: iid.clone(),
-                    messages: messages.clone(),
+                    instance_id,
+                    messages,
                     reward: item.reward,
                     raw_reward: item.raw_reward,
-                    extra_info: extra.clone(),
+                    extra_info,
                 });
             }
         }
