@@ -389,23 +389,7 @@ impl GroupIngest {
             .flat_map(|g| g.rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        {
-            let mut state = shared.state.lock();
-            for g in &groups {
-                let seq = state.next_seal;
-                state.next_seal += 1;
-                writes.push(AuxWrite::set(
-                    sealed_key(&g.id),
-                    Sample::new(g.id.clone()).birth(seq),
-                ));
-                state.sealed.push_back(g.id.clone());
-            }
-            while state.sealed.len() > shared.remember_groups {
-                if let Some(old) = state.sealed.pop_front() {
-                    writes.push(AuxWrite::remove(sealed_key(&old)));
-                }
-            }
-        }
+        self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
         if shared
             .buf
             .put_batch_with_aux(samples, writes)
@@ -428,6 +412,27 @@ impl GroupIngest {
         }
         drop(state);
         groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
+    }
+
+    /// Remembers `ids` as stored: their markers go into `writes` (the put's log unit),
+    /// and so do the removals of the oldest markers past `remember_groups`.
+    fn mark_sealed<'a>(&self, ids: impl Iterator<Item = &'a str>, writes: &mut Vec<AuxWrite>) {
+        let shared = &self.shared;
+        let mut state = shared.state.lock();
+        for id in ids {
+            let seq = state.next_seal;
+            state.next_seal += 1;
+            writes.push(AuxWrite::set(
+                sealed_key(id),
+                Sample::new(id.to_owned()).birth(seq),
+            ));
+            state.sealed.push_back(id.to_owned());
+        }
+        while state.sealed.len() > shared.remember_groups {
+            if let Some(old) = state.sealed.pop_front() {
+                writes.push(AuxWrite::remove(sealed_key(&old)));
+            }
+        }
     }
 
     async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
@@ -455,21 +460,7 @@ impl GroupIngest {
             tracing::debug!(group = %group.id, "group already stored; not stored again");
             return Ok(Added::DuplicateGroup { id: group.id });
         }
-        {
-            let mut state = shared.state.lock();
-            let seq = state.next_seal;
-            state.next_seal += 1;
-            writes.push(AuxWrite::set(
-                sealed_key(&group.id),
-                Sample::new(group.id.clone()).birth(seq),
-            ));
-            state.sealed.push_back(group.id.clone());
-            while state.sealed.len() > shared.remember_groups {
-                if let Some(old) = state.sealed.pop_front() {
-                    writes.push(AuxWrite::remove(sealed_key(&old)));
-                }
-            }
-        }
+        self.mark_sealed(std::iter::once(group.id.as_str()), &mut writes);
         let sample = group.to_sample()?;
         match shared
             .buf

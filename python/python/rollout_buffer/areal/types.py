@@ -1,0 +1,219 @@
+"""Stand-ins for AReaL's ``MFCDef`` and ``SequenceSample`` (``realhf/api/core``), with
+AReaL's semantics for the parts a buffer touches, for code that does not install AReaL.
+AReaL's own classes work wherever these do.
+
+``SequenceSample`` follows ``data_api.py``: ``keys`` (a set), ``ids`` (coerced to str,
+unique), ``seqlens[key]`` (one list of sequence lengths per piece), ``trailing_shapes``,
+``dtypes``, ``data`` (``None`` for metadata only, as AReaL's master stores them) and
+``metadata`` (lists, one entry per piece). ``gather`` concatenates in list order over the
+requested keys (``KeyError`` if a sample lacks one), ``unpack`` and ``split_with_lengths``
+cut it into pieces, and ``update_`` merges another sample's keys into it (the other's
+values win), requiring equal ids.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+
+
+@dataclass(eq=False)
+class MFCDef:
+    """A model function call: what the buffer reads of AReaL's ``MFCDef`` (its name, how
+    many entries a call takes, its input and output keys), plus the graph relations that
+    :func:`build_graph` sets."""
+
+    name: str
+    n_seqs: int
+    input_keys: Tuple[str, ...] = ()
+    output_keys: Tuple[str, ...] = ()
+    parents: List["MFCDef"] = field(default_factory=list, repr=False)
+    children: List["MFCDef"] = field(default_factory=list, repr=False)
+
+    def __post_init__(self):
+        self.input_keys = tuple(self.input_keys)
+        self.output_keys = tuple(self.output_keys)
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    @property
+    def is_src(self) -> bool:
+        return not self.parents
+
+    @property
+    def is_dst(self) -> bool:
+        return not self.children
+
+    def all_successors(self) -> List["MFCDef"]:
+        """Every MFC downstream, depth first in preorder (as AReaL's DFS)."""
+        seen, out, stack = {self.name}, [], list(reversed(self.children))
+        while stack:
+            node = stack.pop()
+            if node.name in seen:
+                continue
+            seen.add(node.name)
+            out.append(node)
+            stack.extend(reversed(node.children))
+        return out
+
+
+def build_graph(nodes: Sequence[MFCDef]) -> Sequence[MFCDef]:
+    """AReaL's ``build_graph``: an edge from the MFC producing a key to every MFC reading
+    it (the later producer of a key wins); duplicate names raise ``ValueError``. Sets
+    ``parents`` and ``children`` on the nodes and returns them."""
+    names = [n.name for n in nodes]
+    if len(set(names)) != len(names):
+        raise ValueError(f"duplicate MFC names: {names}")
+    producers: Dict[str, MFCDef] = {}
+    for node in nodes:
+        node.parents, node.children = [], []
+        for key in node.output_keys:
+            producers[key] = node
+    for node in nodes:
+        for key in node.input_keys:
+            src = producers.get(key)
+            if src is not None and src is not node and src not in node.parents:
+                node.parents.append(src)
+                src.children.append(node)
+    return nodes
+
+
+@dataclass(eq=False)
+class SequenceSample:
+    """AReaL's ``SequenceSample`` (see the module docs)."""
+
+    keys: Set[str]
+    ids: List[Hashable]
+    seqlens: Dict[str, List[List[int]]]
+    trailing_shapes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    dtypes: Dict[str, Any] = field(default_factory=dict)
+    data: Optional[Dict[str, Any]] = None
+    metadata: Dict[str, List[Any]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        keys = list(self.keys)
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"duplicate keys {keys}")
+        self.keys = set(keys)
+        self.ids = [str(i) for i in self.ids]
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError(f"ids are not unique: {self.ids}")
+        for k in self.keys:
+            self.trailing_shapes.setdefault(k, ())
+            self.dtypes.setdefault(k, None)
+        for name, d in (("seqlens", self.seqlens), ("trailing_shapes", self.trailing_shapes), ("dtypes", self.dtypes)):
+            if set(d) != self.keys:
+                raise ValueError(f"keys of {name} {sorted(d)} differ from keys {sorted(self.keys)}")
+        if self.data is not None and set(self.data) != self.keys:
+            raise ValueError(f"keys of data {sorted(self.data)} differ from keys {sorted(self.keys)}")
+        for k, lens in self.seqlens.items():
+            if len(lens) != len(self.ids):
+                raise ValueError(f"seqlens[{k!r}] has {len(lens)} entries for {len(self.ids)} ids")
+
+    @property
+    def bs(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def gather(cls, samples: Sequence["SequenceSample"], keys: Optional[Sequence[str]] = None) -> "SequenceSample":
+        """One sample holding ``samples`` in order, over ``keys`` (the first sample's by
+        default); ``KeyError`` when a sample lacks one of them."""
+        if not samples:
+            raise ValueError("gather of no samples")
+        keys = list(samples[0].keys if keys is None else keys)
+        for s in samples:
+            missing = [k for k in keys if k not in s.keys]
+            if missing:
+                raise KeyError(f"sample {list(s.ids)} has no key(s) {missing}")
+        first = samples[0]
+        data = None
+        if all(s.data is not None for s in samples):
+            data = {k: _concat([s.data[k] for s in samples]) for k in keys}
+        metadata: Dict[str, List[Any]] = {}
+        for s in samples:
+            for mk, mv in s.metadata.items():
+                metadata.setdefault(mk, []).extend(mv)
+        out = cls.__new__(cls)
+        out.keys = set(keys)
+        out.ids = [i for s in samples for i in s.ids]
+        out.seqlens = {k: [lens for s in samples for lens in s.seqlens[k]] for k in keys}
+        out.trailing_shapes = {k: first.trailing_shapes.get(k, ()) for k in keys}
+        out.dtypes = {k: first.dtypes.get(k) for k in keys}
+        out.data = data
+        out.metadata = metadata
+        return out
+
+    def split_with_lengths(self, lengths: Sequence[int]) -> List["SequenceSample"]:
+        """Consecutive samples of ``lengths`` pieces each (they must add up to ``bs``)."""
+        if sum(lengths) != self.bs:
+            raise ValueError(f"lengths {list(lengths)} do not add up to {self.bs}")
+        out, start = [], 0
+        for n in lengths:
+            out.append(self._slice(start, start + n))
+            start += n
+        return out
+
+    def unpack(self) -> List["SequenceSample"]:
+        """One sample per piece."""
+        return self.split_with_lengths([1] * self.bs)
+
+    def _slice(self, lo: int, hi: int) -> "SequenceSample":
+        data = None
+        if self.data is not None:
+            data = {}
+            for k, v in self.data.items():
+                if v is None:
+                    data[k] = None
+                    continue
+                tokens = [sum(lens) for lens in self.seqlens[k]]
+                a, b = sum(tokens[:lo]), sum(tokens[:hi])
+                data[k] = v[a:b]
+        out = type(self).__new__(type(self))
+        out.keys = set(self.keys)
+        out.ids = self.ids[lo:hi]
+        out.seqlens = {k: v[lo:hi] for k, v in self.seqlens.items()}
+        out.trailing_shapes = dict(self.trailing_shapes)
+        out.dtypes = dict(self.dtypes)
+        out.data = data
+        out.metadata = {k: v[lo:hi] for k, v in self.metadata.items()}
+        return out
+
+    def update_(self, other: Any) -> None:
+        """Merges ``other`` in: its keys are added, its values win for keys both have; the
+        ids must be equal (``ValueError`` otherwise, with nothing changed)."""
+        if [str(i) for i in other.ids] != [str(i) for i in self.ids]:
+            raise ValueError(f"ids {list(other.ids)} differ from {list(self.ids)}")
+        self.keys = set(self.keys) | set(other.keys)
+        self.trailing_shapes.update(getattr(other, "trailing_shapes", {}))
+        self.dtypes.update(getattr(other, "dtypes", {}))
+        self.seqlens.update(other.seqlens)
+        self.metadata.update(getattr(other, "metadata", {}))
+        other_data = getattr(other, "data", None)
+        if other_data is not None:
+            if self.data is None:
+                self.data = {}
+            self.data.update(other_data)
+
+
+def _concat(values: List[Any]) -> Any:
+    if any(v is None for v in values):
+        return None
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    return np.concatenate([np.asarray(v) for v in values])
+
+
+def gather(samples: Sequence[Any], keys: Sequence[str]) -> Any:
+    """``type(samples[0]).gather(samples, keys=keys)`` (AReaL's own class when given its
+    samples), or this module's for samples of a class without one."""
+    if not samples:
+        raise ValueError("gather of no samples")
+    own = getattr(type(samples[0]), "gather", None)
+    if own is not None:
+        return own(list(samples), keys=list(keys))
+    return SequenceSample.gather(samples, keys=keys)

@@ -1,0 +1,321 @@
+"""rollout_buffer.areal against AReaL's behaviour, call by call: the acceptance list of
+``research/areal.md`` §4.4, with plain stand-ins for AReaL's ``SequenceSample`` and
+``MFCDef`` written here (AReaL itself is not installed), and the module's own stand-ins."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from rollout_buffer.areal import (
+    AsyncIOSequenceBuffer,
+    BufferFull,
+    MFCDef,
+    SequenceSample,
+    StaleHandle,
+    Timeout,
+    build_graph,
+)
+
+
+class Mfc:
+    """AReaL's MFCDef as the buffer sees it: a name, n_seqs and keys."""
+
+    def __init__(self, name, n_seqs, inputs=(), outputs=()):
+        self.name, self.n_seqs = name, n_seqs
+        self.input_keys, self.output_keys = tuple(inputs), tuple(outputs)
+
+
+class Sample:
+    """A duck-typed SequenceSample of one piece: ids, keys, seqlens, data, metadata, with
+    AReaL's update_ and gather."""
+
+    gathered = []
+
+    def __init__(self, id, keys, seqlen=3):
+        self.ids = [str(id)]
+        self.keys = set(keys)
+        self.seqlens = {k: [[seqlen]] for k in keys}
+        self.data = None
+        self.metadata = {}
+
+    def update_(self, other):
+        assert self.ids == other.ids
+        self.keys |= other.keys
+        self.seqlens.update(other.seqlens)
+
+    @classmethod
+    def gather(cls, samples, keys=None):
+        out = cls.__new__(cls)
+        out.ids = [i for s in samples for i in s.ids]
+        out.keys = set(keys)
+        out.seqlens = {k: [x for s in samples for x in s.seqlens[k]] for k in keys}
+        out.data, out.metadata = None, {}
+        cls.gathered.append(out)
+        return out
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def pipeline_rpcs():
+    return [Mfc("gen", 2, ["p"], ["x"]), Mfc("rew", 2, ["x"], ["r"]), Mfc("train", 2, ["x", "r"])]
+
+
+def test_put_empty_batch():
+    async def go():
+        buf = AsyncIOSequenceBuffer(pipeline_rpcs(), 4)
+        out = await buf.put_batch([])
+        assert out.dtype == np.int64 and len(out) == 0 and buf.size == 0
+
+    run(go())
+
+
+def test_the_reference_walk_through():
+    """§3.3's walk-through and §4.4 items 2-7: lowest free slots, births order the reads,
+    BufferFull is atomic, only input keys come back, amends make entries ready downstream,
+    the last reader frees, and a get waits for n_seqs entries."""
+
+    async def go():
+        gen, rew, train = pipeline_rpcs()
+        buf = AsyncIOSequenceBuffer([gen, rew, train], 4)
+        slots = await buf.put_batch([Sample(i, ["p"]) for i in range(3)], birth_times=[30, 20, 10])
+        assert slots.tolist() == [0, 1, 2]
+        with pytest.raises(BufferFull):
+            await buf.put_batch([Sample(7, ["p"]), Sample(8, ["p"])])
+        assert buf.size == 3
+        idx, got = await buf.get_batch_for_rpc(gen)
+        assert idx.tolist() == [2, 1] and got.ids == ["2", "1"] and got.keys == {"p"}
+        await buf.amend_batch(idx, [Sample(2, ["x"]), Sample(1, ["x"])])
+        # gen read them already; rew now may.
+        idx, got = await buf.get_batch_for_rpc(rew)
+        assert idx.tolist() == [2, 1] and got.keys == {"x"}
+        await buf.amend_batch(idx, [Sample(2, ["r"]), Sample(1, ["r"])])
+        idx, got = await buf.get_batch_for_rpc(train)
+        assert idx.tolist() == [2, 1] and got.keys == {"x", "r"}
+        assert buf.size == 1
+        # gen has one unread entry (slot 0): it waits for a second.
+        waiting = asyncio.ensure_future(buf.get_batch_for_rpc(gen))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        # Slot numbers are handles: a freed slot is reused first (AReaL took the lowest).
+        (again,) = (await buf.put_batch([Sample(9, ["p"])])).tolist()
+        assert again in (1, 2)
+        idx, got = await asyncio.wait_for(waiting, 5)
+        assert sorted(got.ids) == ["0", "9"] and sorted(idx.tolist()) == sorted([0, again])
+
+    run(go())
+
+
+def test_mfcs_sharing_input_keys_read_independently():
+    async def go():
+        a, b, c = Mfc("a", 2, ["x"], ["ya"]), Mfc("b", 3, ["x"], ["yb"]), Mfc("c", 2, ["ya", "yb"])
+        buf = AsyncIOSequenceBuffer([a, b, c], 8)
+        await buf.put_batch([Sample(i, ["x"]) for i in range(4)])
+        assert (await buf.get_batch_for_rpc(a))[0].tolist() == [0, 1]
+        assert (await buf.get_batch_for_rpc(b))[0].tolist() == [0, 1, 2]
+        assert (await buf.get_batch_for_rpc(a))[0].tolist() == [2, 3]
+
+    run(go())
+
+
+def test_mfc_without_inputs_and_unknown_keys():
+    """§4.4 items 9, 10, 12: an MFC with no inputs is ready at put; keys no MFC reads do not
+    count; an unknown MFC is a ValueError; the entry is freed after both MFCs read it."""
+
+    async def go():
+        e, x = Mfc("e", 1), Mfc("x", 1, ["k"])
+        buf = AsyncIOSequenceBuffer([e, x], 2)
+        await buf.put_batch([Sample("s", ["other"])])
+        idx, got = await buf.get_batch_for_rpc(e)
+        assert idx.tolist() == [0] and got.keys == set()
+        with pytest.raises(ValueError, match="not one of this buffer's MFCs"):
+            await buf.get_batch_for_rpc(Mfc("nope", 1))
+        with pytest.raises(Timeout):
+            await buf.get_batch_for_rpc(x, timeout=0.05)
+        await buf.amend_batch(idx, [Sample("s", ["k", "other"], seqlen=7)])
+        idx, got = await buf.get_batch_for_rpc(x)
+        assert got.keys == {"k"} and got.seqlens["k"] == [[7]]
+        assert buf.size == 0
+
+    run(go())
+
+
+def test_amends_merge_and_concurrent_amends_both_land():
+    async def go():
+        buf = AsyncIOSequenceBuffer([Mfc("t", 1, ["a", "b"])], 2)
+        idx = await buf.put_batch([Sample(0, ["p"])])
+        await asyncio.gather(
+            buf.amend_batch(idx, [Sample(0, ["a"])]), buf.amend_batch(idx, [Sample(0, ["b"])])
+        )
+        _, got = await buf.get_batch_for_rpc(Mfc("t", 1, ["a", "b"]))
+        assert got.keys == {"a", "b"}
+
+    run(go())
+
+
+def test_birth_time_ties_go_to_the_earlier_put_and_births_must_be_positive():
+    async def go():
+        buf = AsyncIOSequenceBuffer([Mfc("t", 3, ["p"])], 8)
+        await buf.put_batch([Sample(i, ["p"]) for i in range(6)], birth_times=[5, 5, 5, 1, 5, 5])
+        idx, _ = await buf.get_batch_for_rpc(Mfc("t", 3, ["p"]))
+        assert idx.tolist() == [3, 0, 1]
+        for bad in ([0, 1], [1]):
+            with pytest.raises(ValueError):
+                await buf.put_batch([Sample("b0", ["p"]), Sample("b1", ["p"])], birth_times=bad)
+        assert buf.size == 3, "three read (and freed by the only MFC); a refused put takes no slot"
+
+    run(go())
+
+
+def test_refusals_change_nothing():
+    """§4.4 items 15, 16, 18 and the duplicate-id rule: n_seqs over max_size is refused at
+    construction, amending a freed slot raises, a bad amend or put leaves the buffer as it
+    was."""
+
+    async def go():
+        with pytest.raises(Exception, match="n_seqs"):
+            AsyncIOSequenceBuffer([Mfc("t", 5, ["p"])], 4)
+        t = Mfc("t", 1, ["p"])
+        buf = AsyncIOSequenceBuffer([t], 4)
+        idx = await buf.put_batch([Sample("a", ["p"])])
+        with pytest.raises(ValueError, match="duplicate sample id 'a'"):
+            await buf.put_batch([Sample("a", ["p"])])
+        with pytest.raises(ValueError, match="do not match"):
+            await buf.amend_batch(idx, [Sample("zzz", ["q"])])
+        await buf.get_batch_for_rpc(t)
+        with pytest.raises(StaleHandle):
+            await buf.amend_batch(idx, [Sample("a", ["q"])])
+        assert buf.size == 0
+        # The slot is reusable and the id free again.
+        assert (await buf.put_batch([Sample("a", ["p"])])).tolist() == [0]
+
+    run(go())
+
+
+def test_no_lost_wakeup():
+    """§4.4 item 17: three getters of one MFC, then a put of three: all three return (the
+    reference returned one)."""
+
+    async def go():
+        t = Mfc("only", 1, ["x"])
+        buf = AsyncIOSequenceBuffer([t], 16)
+        getters = [asyncio.ensure_future(buf.get_batch_for_rpc(t)) for _ in range(3)]
+        await asyncio.sleep(0)
+        await buf.put_batch([Sample(i, ["x"]) for i in range(3)])
+        done = await asyncio.wait_for(asyncio.gather(*getters), 5)
+        assert sorted(i for idx, _ in done for i in idx.tolist()) == [0, 1, 2]
+        assert buf.size == 0
+
+    run(go())
+
+
+def test_concurrent_getters_of_one_mfc_never_share_and_a_soak_trains_every_sample_once():
+    """§4.4 items 19-20: the 3-MFC pipeline, two consumers per MFC, capacity 64, four times
+    the capacity put with the producer waiting on BufferFull: every sample trained once."""
+
+    async def go():
+        gen = Mfc("gen", 8, ["p"], ["x"])
+        rew = Mfc("rew", 8, ["x"], ["r"])
+        train = Mfc("train", 8, ["x", "r"])
+        buf = AsyncIOSequenceBuffer([gen, rew, train], 64)
+        total, trained, seen = 256, [], {"gen": [], "rew": []}
+
+        async def producer():
+            for start in range(0, total, 16):
+                while True:
+                    try:
+                        await buf.put_batch([Sample(i, ["p"]) for i in range(start, start + 16)])
+                        break
+                    except BufferFull:
+                        await asyncio.sleep(0.001)
+
+        async def stage(rpc, out_key):
+            while len(trained) < total:
+                try:
+                    idx, got = await buf.get_batch_for_rpc(rpc, timeout=0.2)
+                except Timeout:
+                    continue
+                seen[rpc.name].extend(got.ids)
+                await asyncio.sleep(0)
+                await buf.amend_batch(idx, [Sample(i, [out_key]) for i in got.ids])
+
+        async def trainer():
+            while len(trained) < total:
+                try:
+                    _, got = await buf.get_batch_for_rpc(train, timeout=0.2)
+                except Timeout:
+                    continue
+                trained.extend(got.ids)
+
+        await asyncio.wait_for(
+            asyncio.gather(producer(), *[stage(gen, "x"), stage(gen, "x"), stage(rew, "r"), stage(rew, "r")],
+                           trainer(), trainer()),
+            60,
+        )
+        want = sorted(str(i) for i in range(total))
+        assert sorted(trained) == want
+        assert sorted(seen["gen"]) == want and sorted(seen["rew"]) == want
+        assert buf.size == 0
+
+    run(go())
+
+
+def test_the_stand_ins_follow_areal():
+    s = SequenceSample(
+        keys={"tok", "rew"},
+        ids=[1, 2, 3],
+        seqlens={"tok": [[2], [3], [1]], "rew": [[1], [1], [1]]},
+        data={"tok": np.arange(6), "rew": np.array([0.5, 1.0, 0.0])},
+        metadata={"src": ["a", "b", "c"]},
+    )
+    parts = s.unpack()
+    assert [p.ids for p in parts] == [["1"], ["2"], ["3"]]
+    assert parts[1].data["tok"].tolist() == [2, 3, 4] and parts[1].metadata == {"src": ["b"]}
+    back = SequenceSample.gather(parts)
+    assert back.ids == s.ids and back.data["tok"].tolist() == list(range(6))
+    assert back.seqlens == s.seqlens
+    only = SequenceSample.gather(parts, keys=["rew"])
+    assert only.keys == {"rew"} and only.data["rew"].tolist() == [0.5, 1.0, 0.0]
+    with pytest.raises(KeyError):
+        SequenceSample.gather(parts, keys=["nope"])
+    with pytest.raises(ValueError, match="not unique"):
+        SequenceSample(keys={"a"}, ids=[1, 1], seqlens={"a": [[1], [1]]})
+    parts[0].update_(SequenceSample(keys={"adv"}, ids=[1], seqlens={"adv": [[2]]}, data={"adv": np.ones(2)}))
+    assert parts[0].keys == {"tok", "rew", "adv"} and parts[0].data["adv"].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError):
+        parts[0].update_(parts[1])
+
+    nodes = build_graph([
+        MFCDef("gen", 2, ["p"], ["x"]),
+        MFCDef("rew", 2, ["x"], ["r"]),
+        MFCDef("ref", 2, ["x"], ["lp"]),
+        MFCDef("train", 2, ["x", "r", "lp"]),
+    ])
+    gen, rew, ref, train = nodes
+    assert gen.is_src and train.is_dst and not rew.is_src
+    assert [n.name for n in gen.all_successors()] == ["rew", "train", "ref"]
+    assert {p.name for p in train.parents} == {"gen", "rew", "ref"}
+    with pytest.raises(ValueError):
+        build_graph([MFCDef("a", 1), MFCDef("a", 1)])
+
+
+def test_the_module_stand_ins_drive_the_buffer():
+    async def go():
+        gen, train = build_graph([MFCDef("gen", 2, ["p"], ["x"]), MFCDef("train", 2, ["x"])])
+        buf = AsyncIOSequenceBuffer([gen, train], 8)
+        batch = SequenceSample(keys={"p"}, ids=["a", "b"], seqlens={"p": [[3], [4]]},
+                               data={"p": np.arange(7)})
+        idx = await buf.put_batch(batch.unpack())
+        _, got = await buf.get_batch_for_rpc(gen)
+        assert isinstance(got, SequenceSample) and got.data["p"].tolist() == list(range(7))
+        await buf.amend_batch(idx, [
+            SequenceSample(keys={"x"}, ids=[i], seqlens={"x": [[1]]}, data={"x": np.array([n])})
+            for i, n in (("a", 10), ("b", 20))
+        ])
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["a", "b"] and got.data["x"].tolist() == [10, 20]
+        assert buf.size == 0 and buf.n_rpcs == 2 and buf.max_size == 8
+
+    run(go())
