@@ -12,7 +12,14 @@ of 64 metadata-only samples made before timing, at capacities 1K / 8K / 64K:
 * ``get_ready``: a full buffer whose samples hold every key, drained by gets round-robin
   over the MFCs; microseconds per get call (p50).
 
+Marin (``rollout_buffer.marin``): two environments, each filled to its capacity first;
+then a loop of ``add_batches`` (one batch of 8 groups of 8 rollouts) and
+``sample_rollouts`` (64, alpha 3, max_samples 4); rollouts sampled per second, beside the
+same loop on a plain-list implementation of Marin's algorithm (a label list of every
+stored rollout per draw, every list rebuilt at retirement) as the baseline.
+
 usage: python python/bench/dropin.py [--capacities 1024,8192,65536] [--repeat 3]
+                                     [--workloads areal,marin]
 """
 
 import argparse
@@ -21,7 +28,12 @@ import json
 import statistics
 import time
 
+from collections import defaultdict
+
+import numpy as np
+
 from rollout_buffer.areal import AsyncIOSequenceBuffer, BufferFull, MFCDef, SequenceSample, build_graph
+from rollout_buffer.marin import ReplayBuffer, Rollout, RolloutBatch, RolloutGroup, RolloutMetadata
 
 # research/areal.md §7.2, medians on this machine class.
 AREAL = {
@@ -127,12 +139,98 @@ def get_ready_case(capacity):
     return asyncio.run(go())
 
 
+class ListMarin:
+    """Marin's algorithm on plain lists (the baseline): per draw, a label per stored
+    rollout; per sampled env, recency weights; at retirement, every list rebuilt."""
+
+    def __init__(self, capacity, batch_size, alpha, max_samples, seed):
+        self.capacity, self.b, self.alpha, self.max = capacity, batch_size, alpha, max_samples
+        self.rng = np.random.default_rng(seed)
+        self.store = {}
+
+    def add_batches(self, batches):
+        for b in batches:
+            for g in b.groups:
+                xs = self.store.setdefault(g.rollouts[0].env_name, [])
+                xs.extend([r, 0] for r in g.rollouts)
+                del xs[: max(0, len(xs) - self.capacity)]
+
+    def sample_rollouts(self):
+        envs = [e for e, xs in self.store.items() if xs]
+        labels = [e for e in envs for _ in self.store[e]]
+        if len(labels) < self.b:
+            return None
+        counts = defaultdict(int)
+        for e in self.rng.choice(np.array(labels), size=self.b, replace=False):
+            counts[e] += 1
+        out = []
+        for e, n in counts.items():
+            xs = self.store[e]
+            w = (np.arange(len(xs)) + 1) ** self.alpha
+            for i in self.rng.choice(len(xs), p=w / w.sum(), size=n, replace=False):
+                xs[i][1] += 1
+                out.append(xs[i][0])
+        for e in self.store:
+            self.store[e] = [x for x in self.store[e] if x[1] < self.max]
+        return out
+
+
+def marin_batches(count, env, start):
+    meta = RolloutMetadata(worker_id="w", timestamp=time.time(), weight_step=0)
+    tokens = np.zeros(16, np.int32)
+    out = []
+    for b in range(count):
+        groups = []
+        for g in range(8):
+            rollouts = [
+                Rollout(env, f"{env}-{start + b}-{g}", tokens, tokens, tokens, tokens, float(k % 2), metadata=meta)
+                for k in range(8)
+            ]
+            groups.append(RolloutGroup(rollouts))
+        out.append(RolloutBatch(groups, meta))
+    return out
+
+
+def marin_case(capacity, make):
+    buf = make(capacity)
+    steps = 200
+    fill = {env: marin_batches(capacity // 64, env, 0) for env in ("math", "code")}
+    for env in fill:
+        buf.add_batches(fill[env])
+    feed = [marin_batches(1, ("math", "code")[i % 2], 10**6 + i)[0] for i in range(steps)]
+    t = time.perf_counter()
+    sampled = 0
+    for batch in feed:
+        buf.add_batches([batch])
+        got = buf.sample_rollouts()
+        sampled += len(got or ())
+    return sampled / (time.perf_counter() - t)
+
+
+def run_marin(capacity, repeat):
+    ours = lambda c: ReplayBuffer(capacity=c, local_batch_size=64, alpha=3.0, max_samples=4,
+                                  max_rollout_step_delay=0, seed=1)
+    base = lambda c: ListMarin(c, 64, 3.0, 4, seed=1)
+    runs = [marin_case(capacity, ours) for _ in range(repeat)]
+    ref = [marin_case(capacity, base) for _ in range(repeat)]
+    value, ref_value = statistics.median(runs), statistics.median(ref)
+    print(json.dumps({"workload": "marin", "capacity": capacity, "samples_per_s": round(value, 1),
+                      "runs": [round(r, 1) for r in runs], "list_baseline_samples_per_s": round(ref_value, 1),
+                      "speedup": round(value / ref_value, 1)}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--capacities", default="1024,8192,65536")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workloads", default="areal,marin")
     args = ap.parse_args()
+    workloads = args.workloads.split(",")
     for capacity in [int(c) for c in args.capacities.split(",")]:
+        if "marin" in workloads:
+            run_marin(capacity, args.repeat)
+        if "areal" not in workloads:
+            continue
         ref = AREAL.get(capacity, {})
         for case, fn, unit in (
             ("put", put_case, "samples_per_s"),

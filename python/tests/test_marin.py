@@ -1,0 +1,223 @@
+"""rollout_buffer.marin against Marin's replay buffer as ``research/slime_marin_api.md`` A.3
+describes it: freshness, per-environment capacity, recency-weighted draws without
+replacement, retirement, the skipped inputs, stats, the data loader, and the newer
+group API. Rollouts are plain stand-in classes written here (no Marin, no JAX)."""
+
+import threading
+import time
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from rollout_buffer.marin import ReplayBuffer, ReplayBufferConfig, ReplayDataLoader, rloo_advantages
+
+
+class Meta:
+    def __init__(self, weight_step, timestamp=None):
+        self.weight_step = weight_step
+        self.timestamp = time.time() if timestamp is None else timestamp
+
+
+class R:
+    """A rollout as the buffer reads it."""
+
+    def __init__(self, env, example, reward, step=0, timestamp=None):
+        self.env_name, self.env_example_id = env, example
+        self.episode_reward = reward
+        self.metadata = Meta(step, timestamp)
+
+
+class Group:
+    def __init__(self, rollouts, group_id=None):
+        self.rollouts = rollouts
+        if group_id is not None:
+            self.metadata = type("M", (), {"group_id": group_id, "lesson_id": "l0"})()
+
+
+class Batch:
+    def __init__(self, groups):
+        self.groups = groups
+
+
+def batch(env, n_groups, size=4, step=0, tag="", timestamp=None, rewards=None):
+    return Batch([
+        Group([R(env, f"{tag}{env}-{g}-{k}", (rewards or [0.0, 1.0, 0.5, 1.0])[k % 4], step, timestamp)
+               for k in range(size)])
+        for g in range(n_groups)
+    ])
+
+
+def buffer(**kw):
+    args = dict(capacity=100, local_batch_size=8, alpha=3.0, max_samples=-1, max_rollout_step_delay=1, seed=7)
+    args.update(kw)
+    return ReplayBuffer(**args)
+
+
+class Reference:
+    """Marin's sampler as the notes describe it, on plain lists: env labels drawn without
+    replacement in proportion to the stored counts, then per env (in order of first
+    label) recency weights (i+1)**alpha without replacement, uses counted, overused
+    retired."""
+
+    def __init__(self, batch_size, alpha, max_samples, seed):
+        self.b, self.alpha, self.max = batch_size, alpha, max_samples
+        self.rng = np.random.default_rng(seed=seed)
+        self.store = {}
+
+    def add(self, env, items):
+        self.store.setdefault(env, []).extend([it, 0] for it in items)
+
+    def sample(self):
+        envs = [e for e, xs in self.store.items() if xs]
+        labels = [e for e in envs for _ in self.store[e]]
+        if not envs or len(labels) < self.b:
+            return None
+        drawn = self.rng.choice(np.array(labels), size=self.b, replace=False)
+        counts = defaultdict(int)
+        for e in drawn:
+            counts[e] += 1
+        out = []
+        for e, n in counts.items():
+            xs = self.store[e]
+            w = (np.arange(len(xs)) + 1) ** self.alpha
+            for i in self.rng.choice(len(xs), p=w / w.sum(), size=n, replace=False):
+                xs[i][1] += 1
+                out.append(xs[i][0])
+        if self.max >= 0:
+            for e in self.store:
+                self.store[e] = [x for x in self.store[e] if x[1] < self.max]
+        return out
+
+
+def test_draws_are_marins_draw_for_draw():
+    buf = buffer(max_samples=2)
+    ref = Reference(8, 3.0, 2, seed=7)
+    for round_ in range(6):
+        for env, n in (("math", 3), ("code", 1), ("chess", 2)):
+            b = batch(env, n, tag=f"r{round_}")
+            buf.add_batches([b])
+            ref.add(env, [r.env_example_id for g in b.groups for r in g.rollouts])
+        for _ in range(3):
+            got = buf.sample_rollouts()
+            want = ref.sample()
+            assert (got is None) == (want is None)
+            if got is not None:
+                assert [x.rollout.env_example_id for x in got] == want
+    assert buf.size() == sum(len(xs) for xs in ref.store.values())
+
+
+def test_freshness_of_batches_and_of_stored_rollouts():
+    buf = buffer(max_rollout_step_delay=1, max_rollout_timestamp_delay=100.0)
+    buf.set_current_step(5)
+    buf.add_batches([batch("math", 1, step=6)])  # from the future: skipped
+    buf.add_batches([batch("math", 1, step=3)])  # too old: skipped
+    buf.add_batches([batch("math", 1, step=4, tag="a"), batch("math", 1, step=5, tag="b")])
+    assert buf.size() == 8 and buf.get_stats()["total_batches_added"] == 2
+    buf.add_batches([batch("math", 1, step=5, timestamp=time.time() - 100.5)])  # past the limit
+    assert buf.size() == 8
+    buf.set_current_step(6)
+    assert buf.size() == 4, "step 4 is now two behind"
+    buf.set_current_step(8)
+    assert buf.size() == 0 and buf.get_stats()["num_environments"] == 1
+
+
+def test_capacity_keeps_the_newest_per_environment_and_groups_keep_their_survivors():
+    buf = buffer(capacity=6, local_batch_size=12)
+    buf.add_batches([Batch([Group([R("math", f"g0-{k}", float(k % 2)) for k in range(4)], group_id="g0")])])
+    buf.add_batches([Batch([Group([R("math", f"g1-{k}", float(k % 2)) for k in range(4)], group_id="g1")])])
+    buf.add_batches([batch("code", 2)])
+    stats = buf.get_stats()
+    assert stats["env_sizes"] == {"math": 6, "code": 6} and stats["total_size"] == 12
+    # A batch of everything stored: g0 lost its two oldest members to the capacity.
+    seqs = buf.sample_sequences()
+    by_group = {s.group_id: s.group for s in seqs}
+    assert [r.env_example_id for r in by_group["g0"].trajectories] == ["g0-2", "g0-3"]
+    assert by_group["g0"].lesson_id == "l0"
+    assert len(by_group["g1"].trajectories) == 4
+    assert sorted(s.trajectory.env_example_id for s in seqs if s.group_id == "g0") == ["g0-2", "g0-3"]
+    # RLOO runs over the survivors (a singleton gets 0).
+    assert rloo_advantages([1.0]).tolist() == [0.0]
+    assert rloo_advantages([1.0, 0.0, 0.5]).tolist() == [0.75, -0.75, 0.0]
+    groups = buf.sample_groups()
+    assert len({g.group_id for g in groups}) == len(groups)
+
+
+def test_uses_retire_rollouts_and_zero_max_samples_empties_the_buffer():
+    buf = buffer(capacity=100, local_batch_size=4, max_samples=1)
+    buf.add_batches([batch("math", 2)])
+    first = buf.sample_rollouts()
+    assert len(first) == 4 and all(x.usage_count == 1 for x in first)
+    second = buf.sample_rollouts()
+    assert {id(x) for x in first}.isdisjoint(id(x) for x in second), "a used-up rollout never returns"
+    assert buf.sample_rollouts() is None and buf.size() == 0
+    zero = buffer(local_batch_size=2, max_samples=0)
+    zero.add_batches([batch("math", 2)])
+    assert len(zero.sample_rollouts()) == 2
+    assert zero.size() == 0, "max_samples=0 retires everything after the first call, as Marin"
+
+
+def test_skipped_inputs_never_raise():
+    buf = buffer(local_batch_size=4)
+    buf.add_batches([Batch([]), Batch([Group([])]), Batch([Group([R("math", "a", 1.0)]), Group([])])])
+    assert buf.size() == 1
+    assert buf.sample_rollouts() is None, "never a partial batch"
+    assert buffer().sample_rollouts() is None
+    flat = buffer(filter_out_groups_with_no_variance=True)
+    flat.add_batches([batch("math", 1, rewards=[1.0, 1.0, 1.0, 1.0]), batch("math", 1, tag="v")])
+    assert flat.size() == 4
+    kept = buffer(filter_out_groups_with_no_variance=False)
+    kept.add_batches([batch("math", 1, rewards=[1.0, 1.0, 1.0, 1.0])])
+    assert kept.size() == 4
+
+
+def test_advantages_are_computed_at_ingestion_by_the_loss_module():
+    class Zero:
+        calls = 0
+
+        def compute_advantages(self, rollouts):
+            Zero.calls += 1
+            return np.full(len(rollouts), 0.25)
+
+    buf = ReplayBuffer.from_config(
+        ReplayBufferConfig(capacity=10, alpha=1.0, max_samples=-1, max_rollout_step_delay=0),
+        local_batch_size=4, total_processes=1, loss_module=Zero(), seed=0,
+    )
+    buf.add_batches([batch("math", 1)])
+    assert Zero.calls == 1 and {x.advantage for x in buf.sample_rollouts()} == {0.25}
+    rloo = buffer(local_batch_size=4)
+    rloo.add_batches([batch("math", 1, rewards=[0.0, 1.0, 0.0, 1.0])])
+    got = {x.rollout.env_example_id: x.advantage for x in rloo.sample_rollouts()}
+    assert got["math-0-0"] == pytest.approx(-2 / 3) and got["math-0-1"] == pytest.approx(2 / 3)
+
+
+def test_the_data_loader_waits_on_the_buffer():
+    class Reader:
+        def __init__(self):
+            self.pending, self.lock = [], threading.Lock()
+
+        def push(self, b):
+            with self.lock:
+                self.pending.append(b)
+
+        def read_all_available(self):
+            with self.lock:
+                out, self.pending = self.pending, []
+            return out
+
+    reader = Reader()
+    buf = buffer(local_batch_size=8)
+    with ReplayDataLoader(reader, buf, rollout_fetch_interval=0.01) as loader:
+        assert loader.get_rollouts(timeout=0.05) is None
+        reader.push(batch("math", 2))
+        got = loader.get_rollouts(timeout=30)
+        assert got is not None and len(got) == 8
+        with pytest.raises(RuntimeError):
+            loader.start()
+    # A waiter is woken by add_batches itself.
+    results = []
+    waiter = threading.Thread(target=lambda: results.append(buf.wait_for_batch(30)))
+    waiter.start()
+    buf.add_batches([batch("code", 2)])
+    waiter.join(30)
+    assert results and results[0] is not None and len(results[0]) == 8
