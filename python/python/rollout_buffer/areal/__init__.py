@@ -177,7 +177,8 @@ class AsyncIOSequenceBuffer:
             if not 0 <= i < self._max_size or self._reads_left[i] == 0:
                 raise StaleHandle(f"slot {i} holds no entry (it was freed or never put)")
             stored = self._samples[i]
-            if list(map(str, stored.ids)) != list(map(str, s.ids)):
+            # Equal lists of str pass at once; other id types compare as str, as AReaL's do.
+            if stored.ids != s.ids and list(map(str, stored.ids)) != list(map(str, s.ids)):
                 raise ValueError(f"slot {i}: ids {list(s.ids)} do not match the entry's {list(stored.ids)}")
         by_keys: dict = {}
         for i, s in zip(idx, samples):

@@ -185,9 +185,9 @@ class SequenceSample:
     def update_(self, other: Any) -> None:
         """Merges ``other`` in: its keys are added, its values win for keys both have; the
         ids must be equal (``ValueError`` otherwise, with nothing changed)."""
-        if [str(i) for i in other.ids] != [str(i) for i in self.ids]:
+        if other.ids != self.ids and [str(i) for i in other.ids] != [str(i) for i in self.ids]:
             raise ValueError(f"ids {list(other.ids)} differ from {list(self.ids)}")
-        self.keys = set(self.keys) | set(other.keys)
+        self.keys = self.keys | set(other.keys)
         self.trailing_shapes.update(getattr(other, "trailing_shapes", {}))
         self.dtypes.update(getattr(other, "dtypes", {}))
         self.seqlens.update(other.seqlens)
