@@ -54,7 +54,8 @@ impl PyBuffer_ {
     /// `memory_budget` (bytes), tensor fields past it are spilled to Parquet (under the
     /// store's `spill/`, or a temporary directory).
     #[new]
-    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync", memory_budget=None))]
+    #[pyo3(signature = (capacity, rpcs, store=None, external_keys=vec![], durability="sync", memory_budget=None, wait_warning=Some(60.0)))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
         capacity: usize,
@@ -63,6 +64,7 @@ impl PyBuffer_ {
         external_keys: Vec<String>,
         durability: &str,
         memory_budget: Option<u64>,
+        wait_warning: Option<f64>,
     ) -> PyResult<Self> {
         let durability = parse_durability(durability)?;
         let defs = rpcs
@@ -74,6 +76,9 @@ impl PyBuffer_ {
             .external_keys(external_keys);
         if let Some(bytes) = memory_budget {
             config = config.memory_budget(bytes);
+        }
+        if let Some(after) = wait_warning {
+            config = config.wait_warning(seconds(after)?);
         }
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let buf = match store {
@@ -311,9 +316,35 @@ impl PyBuffer_ {
             rd.set_item("reads", r.reads)?;
             rd.set_item("redelivered", r.redelivered)?;
             rd.set_item("waiting", r.waiting)?;
+            rd.set_item("wait_warnings", r.wait_warnings)?;
             rpcs.set_item(&*r.name, rd)?;
         }
         d.set_item("rpcs", rpcs)?;
+        Ok(d)
+    }
+
+    /// Why a getter of `rpc` would wait now, as a dict: eligible samples against the
+    /// batch size, then every stored sample under the first reason it is not eligible, and
+    /// the input keys samples lack.
+    fn explain<'py>(&self, py: Python<'py>, rpc: &str) -> PyResult<Bound<'py, PyDict>> {
+        let w = self.buf.explain(rpc).map_err(py_err)?;
+        let d = PyDict::new(py);
+        d.set_item("rpc", &*w.name)?;
+        d.set_item("batch_size", w.batch_size)?;
+        d.set_item("waiting", w.waiting)?;
+        d.set_item("eligible", w.eligible)?;
+        d.set_item("leased", w.leased)?;
+        d.set_item("used_up", w.used_up)?;
+        d.set_item("stale", w.stale)?;
+        d.set_item("dropped_stale", w.dropped_stale)?;
+        d.set_item("discarded", w.discarded)?;
+        d.set_item("amending", w.amending)?;
+        d.set_item("incomplete", w.incomplete)?;
+        let missing = PyDict::new(py);
+        for (key, n) in &w.missing {
+            missing.set_item(key, n)?;
+        }
+        d.set_item("missing", missing)?;
         Ok(d)
     }
 }

@@ -9,6 +9,8 @@
 //! Data Interface behind the PyCapsule protocol (`arrow.rs`). Dicts per sample
 //! (`convert.rs`) remain the convenient path for small calls.
 //!
+//! Log events of the library reach Python's `logging` (through `pyo3-log`).
+//!
 //! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
 //! block with its `SAFETY` reason), `columns.rs` and `arrow_columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
 //! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer).
@@ -34,6 +36,10 @@ use pyo3::prelude::*;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The library logs with `tracing`; with no subscriber its events become `log` records,
+    // which go to Python's `logging` under the Rust module path (`rollout_buffer.buffer.get`,
+    // say). Another extension may have installed a logger first: then that one gets them.
+    let _ = pyo3_log::try_init();
     m.add_class::<PyBuffer_>()?;
     m.add_class::<PyBatch>()?;
     m.add_class::<PyRpc>()?;

@@ -451,6 +451,7 @@ async fn debug_waiting(State(app): State<Arc<App>>) -> Json<Value> {
                 "leased": w.leased,
                 "used_up": w.used_up,
                 "stale": w.stale,
+                "dropped_stale": w.dropped_stale,
                 "discarded": w.discarded,
                 "amending": w.amending,
                 "incomplete": w.incomplete,

@@ -3,6 +3,7 @@
 use super::FreedSink;
 use crate::rpc_defs::RpcDef;
 use crate::sync::Arc;
+use std::time::Duration;
 
 /// Everything needed to build a [`SequenceBuffer`](crate::SequenceBuffer).
 ///
@@ -27,6 +28,7 @@ pub struct BufferConfig {
     pub(crate) overflow: Overflow,
     pub(crate) memory_budget: Option<u64>,
     pub(crate) spill_store: Option<Arc<dyn super::SpillStore>>,
+    pub(crate) wait_warning: Option<Duration>,
 }
 
 /// What a put that does not fit (too few free slots, or over the byte budget) does.
@@ -56,7 +58,17 @@ impl BufferConfig {
             overflow: Overflow::Wait,
             memory_budget: None,
             spill_store: None,
+            wait_warning: None,
         }
+    }
+
+    /// Makes a getter that has waited `after` log, at warn level, why it waits (see
+    /// [`SequenceBuffer::explain`](crate::SequenceBuffer::explain)), and again after
+    /// twice as long each time; each warning counts in [`RpcStats::wait_warnings`](crate::RpcStats::wait_warnings).
+    /// Off by default: waiting getters then need no timer, and the runtime no time driver.
+    pub fn wait_warning(mut self, after: Duration) -> Self {
+        self.wait_warning = Some(after);
+        self
     }
 
     /// Keeps at most about `bytes` of tensor data in memory: past it, the fields of idle

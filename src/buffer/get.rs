@@ -53,6 +53,7 @@ impl SequenceBuffer {
             rpc: r,
             counted: false,
         };
+        let mut warning = shared.wait_warning.map(LongWait::new);
         loop {
             let mut notified = pin!(shared.rpc_ready[r].notified());
             notified.as_mut().enable();
@@ -73,15 +74,43 @@ impl SequenceBuffer {
                 }
                 Attempt::Wait(deadline) => deadline,
             };
-            match next_deadline {
+            let lease_expiry = next_deadline.map(tokio::time::Instant::from_std);
+            let warn_at = warning.as_mut().map(LongWait::next_at);
+            match [lease_expiry, warn_at].into_iter().flatten().min() {
                 Some(d) => {
-                    let d = tokio::time::Instant::from_std(d);
-                    // Elapsed or notified: either way, look again.
-                    let _ = tokio::time::timeout_at(d, notified).await;
+                    // Elapsed or notified: either way, look again (and say why it waits
+                    // if that is what elapsed).
+                    if tokio::time::timeout_at(d, notified).await.is_err() {
+                        if let Some(w) = warning.as_mut().filter(|w| w.is_due()) {
+                            self.warn_waiting(r, w.waited());
+                            w.advance();
+                        }
+                    }
                 }
                 None => notified.await,
             }
         }
+    }
+
+    /// Logs why a getter of RPC `r` has waited `waited`, at warn level.
+    fn warn_waiting(&self, r: usize, waited: Duration) {
+        let shared = &self.shared;
+        shared.wait_warnings[r].fetch_add(1, crate::sync::Ordering::Relaxed);
+        let w = self.current_waiting(r);
+        tracing::warn!(
+            rpc = %w.name,
+            waited_s = waited.as_secs_f64(),
+            batch_size = w.batch_size,
+            eligible = w.eligible,
+            leased = w.leased,
+            used_up = w.used_up,
+            stale = w.stale,
+            discarded = w.discarded,
+            amending = w.amending,
+            incomplete = w.incomplete,
+            missing = ?w.missing,
+            "a getter is still waiting: fewer samples are eligible than a batch takes"
+        );
     }
 
     /// Leases a batch for `rpc` if `n_seqs` samples are eligible now, without waiting:
@@ -379,5 +408,44 @@ impl Drop for Parked<'_> {
         if self.counted {
             self.shared.lock().table.unpark_getter(self.rpc);
         }
+    }
+}
+
+/// When a waiting getter says why it waits: first after the configured threshold, then
+/// after twice as long each time, so a stuck run logs a few lines, not a stream.
+struct LongWait {
+    started: tokio::time::Instant,
+    interval: Duration,
+    next: Option<tokio::time::Instant>,
+}
+
+impl LongWait {
+    fn new(after: Duration) -> Self {
+        Self {
+            started: tokio::time::Instant::now(),
+            interval: after,
+            next: None,
+        }
+    }
+
+    /// The next warning's time; the clock starts at the getter's first wait.
+    fn next_at(&mut self) -> tokio::time::Instant {
+        *self.next.get_or_insert_with(|| {
+            self.started = tokio::time::Instant::now();
+            self.started + self.interval
+        })
+    }
+
+    fn is_due(&self) -> bool {
+        self.next.is_some_and(|n| n <= tokio::time::Instant::now())
+    }
+
+    fn waited(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn advance(&mut self) {
+        self.interval = self.interval.saturating_mul(2);
+        self.next = Some(tokio::time::Instant::now() + self.interval);
     }
 }

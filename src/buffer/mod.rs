@@ -80,7 +80,7 @@ use crate::exit::ExitReason;
 use crate::rpc_defs::{RpcDef, RpcGraph};
 use crate::sample::{IdIndex, Patch, Sample, SampleId};
 use crate::state::{Generation, RpcSpec, SlotTable, Wake};
-use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Notify, Ordering};
+use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
 
 /// Names a stored sample: its slot and the slot's generation when the sample was put.
@@ -179,6 +179,10 @@ pub(crate) struct Shared {
     pub(crate) spill_wake: Arc<Notify>,
     /// Freed spilled samples on their way to the sink (see `spill.rs`).
     pub(crate) handover: Arc<spill::HandOver>,
+    /// How long a getter waits before it logs why (see `get.rs`), if at all.
+    pub(crate) wait_warning: Option<std::time::Duration>,
+    /// Per RPC: warnings logged by waiting getters.
+    pub(crate) wait_warnings: Vec<AtomicU64>,
 }
 
 impl Drop for Shared {
@@ -440,6 +444,8 @@ impl SequenceBuffer {
                 spills: config.spill_store.is_some(),
                 spill_wake: Arc::new(Notify::new()),
                 handover: Arc::default(),
+                wait_warning: config.wait_warning,
+                wait_warnings: (0..n_rpcs).map(|_| AtomicU64::new(0)).collect(),
             }),
         })
     }

@@ -4,7 +4,8 @@
 //! the lock is dropped).
 
 use super::{now, Inner, SequenceBuffer};
-use crate::sync::Arc;
+use crate::error::{Error, Result};
+use crate::sync::{Arc, Ordering};
 
 /// Per-RPC figures in a [`Stats`] snapshot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +25,9 @@ pub struct RpcStats {
     pub expired_leases: u64,
     /// Getters parked waiting for it to have `n_seqs` eligible samples.
     pub waiting: usize,
+    /// Warnings logged by its getters for waiting long (see
+    /// [`BufferConfig::wait_warning`](crate::BufferConfig::wait_warning)).
+    pub wait_warnings: u64,
 }
 
 /// Why a getter of one RPC would wait, from [`SequenceBuffer::waiting_report`]. Every
@@ -44,8 +48,11 @@ pub struct RpcWaiting {
     pub leased: usize,
     /// Samples it has read as often as configured.
     pub used_up: usize,
-    /// Samples too old for it (policy version or age).
+    /// Samples too old for it that another holder (a lease, an amend) still keeps; a stale
+    /// sample leaves the buffer once nothing holds it (see `dropped_stale`).
     pub stale: usize,
+    /// Samples the buffer dropped as too old so far (all RPCs): gone, not waited on.
+    pub dropped_stale: u64,
     /// Samples a consumer discarded, waiting for their other holders.
     pub discarded: usize,
     /// Samples with an amend in flight.
@@ -154,6 +161,7 @@ impl SequenceBuffer {
                     redelivered: t.totals.redelivered[r],
                     expired_leases: t.totals.expired_leases[r],
                     waiting: t.waiting[r],
+                    wait_warnings: shared.wait_warnings[r].load(Ordering::Relaxed),
                 })
                 .collect();
             Stats {
@@ -187,39 +195,58 @@ impl SequenceBuffer {
     /// reason it is not eligible (see [`RpcWaiting`]). Scans every slot under the lock, so
     /// it is for debugging (an HTTP `/debug/waiting`, say), not for a hot loop.
     pub fn waiting_report(&self) -> Vec<RpcWaiting> {
+        let n = self.shared.graph.rpcs().len();
+        self.current(|inner| (0..n).map(|r| self.waiting_of(inner, r)).collect())
+    }
+
+    /// Why a getter of `rpc` would wait now (one entry of [`Self::waiting_report`]): its
+    /// eligible samples against its batch size, then every stored sample under the first
+    /// reason it is not eligible, down to the input keys samples lack (the dataflow edge
+    /// they wait on). A scan of every slot under the lock: for debugging and for the
+    /// warning a long wait logs, not for a hot loop.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::UnknownRpc`] for a name not defined.
+    pub fn explain(&self, rpc: &str) -> Result<RpcWaiting> {
+        let r = self
+            .shared
+            .graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        Ok(self.current_waiting(r))
+    }
+
+    /// [`Self::explain`] of RPC index `r`.
+    pub(crate) fn current_waiting(&self, r: usize) -> RpcWaiting {
+        self.current(|inner| self.waiting_of(inner, r))
+    }
+
+    fn waiting_of(&self, inner: &Inner, r: usize) -> RpcWaiting {
         let graph = &self.shared.graph;
-        let n_keys = graph.key_names().count();
-        self.current(|inner| {
-            let t = &inner.table;
-            graph
-                .rpcs()
-                .iter()
-                .enumerate()
-                .map(|(r, info)| {
-                    let b = t.blockers(r, n_keys);
-                    let missing = b
-                        .missing
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, &n)| n > 0)
-                        .map(|(k, &n)| (graph.key_name(k).to_owned(), n))
-                        .collect();
-                    RpcWaiting {
-                        name: Arc::clone(&info.name),
-                        batch_size: t.rpcs[r].n_seqs,
-                        waiting: t.waiting[r],
-                        eligible: b.eligible,
-                        leased: b.leased,
-                        used_up: b.used_up,
-                        stale: b.stale,
-                        discarded: b.discarded,
-                        amending: b.amending,
-                        incomplete: b.incomplete,
-                        missing,
-                    }
-                })
-                .collect()
-        })
+        let t = &inner.table;
+        let b = t.blockers(r, graph.key_names().count());
+        let missing = b
+            .missing
+            .iter()
+            .enumerate()
+            .filter(|(_, &n)| n > 0)
+            .map(|(k, &n)| (graph.key_name(k).to_owned(), n))
+            .collect();
+        RpcWaiting {
+            name: Arc::clone(&graph.rpcs()[r].name),
+            batch_size: t.rpcs[r].n_seqs,
+            waiting: t.waiting[r],
+            eligible: b.eligible,
+            leased: b.leased,
+            used_up: b.used_up,
+            stale: b.stale,
+            dropped_stale: t.totals.stale,
+            discarded: b.discarded,
+            amending: b.amending,
+            incomplete: b.incomplete,
+            missing,
+        }
     }
 
     /// Runs `f` on the buffer's state after releasing expired leases, then wakes whoever

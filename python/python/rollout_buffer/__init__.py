@@ -91,6 +91,8 @@ class Buffer:
     ``"none"``. ``memory_budget`` (bytes) keeps at most that much tensor data in memory
     and spills the rest to Parquet (under the store's ``spill/``, or a temporary
     directory); spilled samples are read back when a batch selects them.
+    ``wait_warning`` (seconds, ``None`` for never): a getter waiting that long logs why
+    (:meth:`explain`) through ``tracing``, and again after twice as long each time.
     """
 
     def __init__(
@@ -101,9 +103,10 @@ class Buffer:
         external_keys: Iterable[str] = (),
         durability: str = "sync",
         memory_budget: Optional[int] = None,
+        wait_warning: Optional[float] = 60.0,
     ) -> None:
         self._native = _NativeBuffer(
-            capacity, list(rpcs), store, list(external_keys), durability, memory_budget
+            capacity, list(rpcs), store, list(external_keys), durability, memory_budget, wait_warning
         )
 
     async def put_batch(self, samples: Iterable[dict]) -> list:
@@ -184,6 +187,13 @@ class Buffer:
     def stats(self) -> dict:
         """A snapshot of slots, per-RPC progress and totals."""
         return self._native.stats()
+
+    def explain(self, rpc: str) -> dict:
+        """Why a getter of ``rpc`` would wait now: ``eligible`` against ``batch_size``,
+        then every stored sample under the first reason it is not eligible (``leased``,
+        ``used_up``, ``stale``, ``discarded``, ``amending``, ``incomplete``), the input keys
+        samples lack (``missing``: key -> count) and ``dropped_stale`` so far."""
+        return self._native.explain(rpc)
 
     def flush(self) -> None:
         """Waits until everything is durable and archived."""

@@ -1,0 +1,41 @@
+"""Why a getter waits: ``Buffer.explain(rpc)`` names each cause, and a getter waiting past
+``wait_warning`` logs the explanation through Python's ``logging``."""
+
+import logging
+
+import numpy as np
+import pytest
+
+import rollout_buffer as rb
+
+
+def test_explain_names_the_missing_keys_and_the_leases():
+    buf = rb.Buffer(
+        8,
+        [rb.Rpc("gen", 2, inputs=["prompt"], outputs=["tokens"]), rb.Rpc("train", 2, inputs=["tokens", "score"])],
+        external_keys=["score"],
+    )
+    buf.put_columns_blocking({"prompt": np.zeros((3, 4), np.int32)}, ids=["a", "b", "c"])
+    train = buf.explain("train")
+    assert (train["eligible"], train["batch_size"], train["incomplete"]) == (0, 2, 3)
+    assert train["missing"] == {"tokens": 3, "score": 3}
+    held = buf.get_batch_for_rpc_blocking("gen")
+    gen = buf.explain("gen")
+    assert (gen["leased"], gen["eligible"]) == (2, 1)
+    held.complete_columns_blocking({"tokens": np.ones((2, 4), np.int32)})
+    assert buf.explain("train")["missing"] == {"tokens": 1, "score": 3}
+    with pytest.raises(ValueError, match="nope"):
+        buf.explain("nope")
+
+
+def test_a_long_wait_is_logged_with_its_explanation(caplog):
+    buf = rb.Buffer(4, [rb.Rpc("train", 2, inputs=["prompt"])], wait_warning=0.05)
+    buf.put_columns_blocking({"prompt": np.zeros((1, 4), np.int32)}, ids=["a"])
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(rb.Timeout):
+            buf.get_batch_for_rpc_blocking("train", timeout=0.5)
+    records = [r for r in caplog.records if "still waiting" in r.getMessage()]
+    assert records, [r.getMessage() for r in caplog.records]
+    assert records[0].name.startswith("rollout_buffer")
+    assert "eligible=1" in records[0].getMessage() and "batch_size=2" in records[0].getMessage()
+    assert buf.stats()["rpcs"]["train"]["wait_warnings"] >= 1
