@@ -7,7 +7,8 @@
 //! * `gen` adds `tokens` = `0..4 + i % 3` (int32) and `logprobs` = `-0.5` per token
 //!   (float32), `reward` adds `reward` = `i * 0.5` (float64), `train` reads them all;
 //! * partitions: `i % 4` = 0 -> math / v3, 1 -> code/python / v4, 2 -> math / v4,
-//!   3 -> no environment or version.
+//!   3 -> no environment or version; math / v3 rollouts also carry `flagged` metadata
+//!   (`i % 8 == 0`), the others none.
 //!
 //! Usage: `cargo run --example write_archive -- <dir> [n]`.
 
@@ -20,7 +21,12 @@ fn rollout(i: usize) -> Sample {
         .birth(1 + i as u64)
         .with("prompt", vec![i as i32]);
     match i % 4 {
-        0 => s.meta("environment", "math").meta("policy_version", 3i64),
+        // Only this partition's rollouts carry `flagged`: the archive's files still share
+        // one schema (the others hold nulls there).
+        0 => s
+            .meta("environment", "math")
+            .meta("policy_version", 3i64)
+            .meta("flagged", i.is_multiple_of(8)),
         1 => s
             .meta("environment", "code/python")
             .meta("policy_version", 4i64),

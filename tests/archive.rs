@@ -58,6 +58,27 @@ fn by_id(mut rows: Vec<ArchivedSample>) -> Vec<ArchivedSample> {
     rows
 }
 
+/// The column names every file in `paths` has, checked to be the same for all of them.
+async fn column_names(store: &Store, paths: &[String]) -> Vec<String> {
+    let mut names: Option<Vec<String>> = None;
+    for path in paths {
+        let bytes = store.get(path).await.expect("get").expect("file");
+        let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .expect("parquet");
+        let these: Vec<String> = builder
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect();
+        if let Some(names) = &names {
+            assert_eq!(names, &these, "{path} has other columns");
+        }
+        names = Some(these);
+    }
+    names.unwrap_or_default()
+}
+
 async fn archive_suite(store: Store) {
     let writer = ArchiveWriter::new(store.clone());
     let rows = archived(40);
@@ -82,6 +103,48 @@ async fn archive_suite(store: Store) {
     // A retried write lands on the same files: no duplicates.
     assert_eq!(writer.write(&rows).await.expect("retry"), paths);
     assert_eq!(writer.read_all().await.expect("read").len(), rows.len());
+
+    // One schema for every file, though the rows differ in their fields.
+    let first = column_names(&store, &paths).await;
+    // A later write with a new field appends its column; a new writer keeps the order.
+    let more: Vec<ArchivedSample> = archived(3)
+        .into_iter()
+        .map(|mut r| {
+            r.sample = r.sample.with("advantage", 1.5f64);
+            r
+        })
+        .collect();
+    let later = ArchiveWriter::new(store.clone())
+        .write(&more)
+        .await
+        .expect("write");
+    let grown = column_names(&store, &later).await;
+    assert_eq!(
+        grown[..first.len()],
+        first[..],
+        "new columns are only appended"
+    );
+    assert_eq!(grown.last().map(String::as_str), Some("advantage"));
+    let plain = ArchiveWriter::new(store.clone())
+        .write(&archived(2))
+        .await
+        .expect("write");
+    assert_eq!(column_names(&store, &plain).await, grown);
+    let mistyped: Vec<ArchivedSample> = archived(1)
+        .into_iter()
+        .map(|mut r| {
+            r.sample = r.sample.with("reward", 3i64);
+            r
+        })
+        .collect();
+    match writer.write(&mistyped).await {
+        Err(Error::Arrow { column, .. }) => assert_eq!(column, "reward"),
+        other => panic!("a column changing type must be refused, got {other:?}"),
+    }
+    let mut all = rows.clone();
+    all.extend(more);
+    all.extend(archived(2));
+    assert_eq!(writer.read_all().await.expect("read").len(), all.len());
 
     // A corrupt file is reported by its path.
     let bad = "archive/environment=math/policy_version=9/part-0000000000000000.parquet";

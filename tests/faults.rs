@@ -97,8 +97,9 @@ fn rows(n: usize) -> Vec<ArchivedSample> {
 #[tokio::test]
 async fn a_torn_archive_file_is_reported_by_path() {
     let (faults, store) = faulty();
-    let writer = ArchiveWriter::new(store);
-    faults.set(Fault::Tear);
+    let writer = ArchiveWriter::new(store.clone());
+    // The archive's schema file goes through; the data file is torn.
+    faults.set_after(Fault::Tear, 1);
     assert!(matches!(
         writer.write(&rows(20)).await,
         Err(Error::Storage { .. })
@@ -109,8 +110,44 @@ async fn a_torn_archive_file_is_reported_by_path() {
         other => panic!("a torn file must not read as data: {other:?}"),
     }
     // The retry writes the same rows under the same name, replacing the torn file.
-    writer.write(&rows(20)).await.expect("retry");
+    let paths = writer.write(&rows(20)).await.expect("retry");
     assert_eq!(writer.read_all().await.expect("read").len(), 20);
+
+    // A torn schema file: a new writer rebuilds it from the files, so its files keep the
+    // columns and order of those before.
+    faults.set(Fault::Tear);
+    let wider: Vec<ArchivedSample> = rows(2)
+        .into_iter()
+        .map(|mut r| {
+            r.sample = r.sample.with("advantage", 0.5f64);
+            r
+        })
+        .collect();
+    assert!(ArchiveWriter::new(store.clone())
+        .write(&wider)
+        .await
+        .is_err());
+    faults.set(Fault::None);
+    let fresh = ArchiveWriter::new(store.clone());
+    let more = fresh.write(&rows(3)).await.expect("write");
+    let columns = |path: String| {
+        let store = store.clone();
+        async move {
+            let bytes = store.get(&path).await.expect("get").expect("file");
+            parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+                .expect("parquet")
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(
+        columns(more[0].clone()).await,
+        columns(paths[0].clone()).await
+    );
+    assert_eq!(fresh.read_all().await.expect("read").len(), 23);
 }
 
 /// The archiver keeps consumed samples while the store fails, reports the failure on

@@ -308,3 +308,41 @@ async fn a_write_that_failed_but_landed_never_comes_back() {
         assert_eq!(stored_ids(&again).await, want);
     }
 }
+
+/// The lease of a completion whose log record is still being written is pinned: its
+/// deadline passing then must not release the samples to another getter (they would be
+/// served twice once the completion lands).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_lease_being_completed_does_not_expire_while_its_record_is_written() {
+    let (faults, store) = faulty();
+    let config = BufferConfig::new(8).rpc(
+        RpcDef::new("train", 1)
+            .inputs(["prompt"])
+            .lease_timeout(Duration::from_millis(50)),
+    );
+    let options = PersistOptions::new()
+        .durability(Durability::Sync)
+        .archive(None);
+    let buf = SequenceBuffer::open_in(store.clone(), config, options)
+        .await
+        .expect("opens");
+    buf.put_batch(vec![prompt("a")]).await.expect("put");
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    faults.set(Fault::Stall);
+    let commit = tokio::spawn(batch.commit());
+    wait_until(|| faults.stalled.load(Ordering::SeqCst) > 0).await;
+    // Paused time runs well past the lease's deadline while the record waits.
+    let again = buf
+        .get_batch_for_rpc_timeout("train", Duration::from_millis(500))
+        .await;
+    assert!(
+        matches!(again, Err(Error::Timeout { .. })),
+        "a lease being completed expired and its sample was served again: {:?}",
+        again.map(|b| b.len())
+    );
+    assert_eq!(buf.stats().rpcs[0].expired_leases, 0);
+    faults.set(Fault::None);
+    commit.await.expect("joins").expect("the completion lands");
+    assert_eq!(buf.len(), 0);
+    assert_eq!(buf.stats().redelivered, 0);
+}

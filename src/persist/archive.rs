@@ -13,17 +13,19 @@
 //! sample's columns as [`to_record_batch`](crate::arrow::to_record_batch) lays them out,
 //! plus `read_by` (list of the RPCs that used it) and `reason` (how it left). Files are
 //! zstd-compressed and named by a hash of their bytes, so writing the same rows again
-//! replaces the earlier attempt instead of adding a duplicate.
+//! replaces the earlier attempt instead of adding a duplicate. Every file carries all the
+//! columns the archive has had, in one order, new ones appended (`archive_schema.rs`).
 
+use super::archive_schema;
 use super::store::{percent_decode, storage_err, storage_msg, Store};
 use crate::arrow::{from_record_batch, to_record_batch};
 use crate::error::{Error, Result, StorageKind};
 use crate::exit::ExitReason;
 use crate::sample::{MetaValue, Sample};
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex};
 use arrow_array::{ArrayRef, ListArray, RecordBatch, StringArray};
 use arrow_buffer::OffsetBuffer;
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -51,10 +53,13 @@ pub struct ArchivedSample {
 }
 
 /// Writes archived samples as a hive-partitioned Parquet dataset (see the module docs).
+/// Clones share the archive's schema.
 #[derive(Debug, Clone)]
 pub struct ArchiveWriter {
     store: Store,
     props: WriterProperties,
+    /// The archive's columns so far (see `archive_schema.rs`); `None` until loaded.
+    schema: Arc<Mutex<Option<Option<SchemaRef>>>>,
 }
 
 impl ArchiveWriter {
@@ -65,7 +70,20 @@ impl ArchiveWriter {
         let props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(level))
             .build();
-        Self { store, props }
+        Self {
+            store,
+            props,
+            schema: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The archive's schema so far, read from the store on first use.
+    async fn known_schema(&self) -> Result<Option<SchemaRef>> {
+        if let Some(known) = self.schema.lock().clone() {
+            return Ok(known);
+        }
+        let loaded = archive_schema::load(&self.store).await?;
+        Ok(self.schema.lock().get_or_insert(loaded).clone())
     }
 
     /// Writes `samples`, one Parquet file per partition, and returns the paths written
@@ -86,9 +104,28 @@ impl ArchiveWriter {
                 .or_default()
                 .push(s);
         }
-        let mut written = Vec::with_capacity(partitions.len());
-        for (dir, rows) in partitions {
-            let bytes = self.encode(&dir, &rows)?;
+        let batches = partitions
+            .into_iter()
+            .map(|(dir, rows)| Ok((dir, record_batch_of(&rows)?)))
+            .collect::<Result<Vec<_>>>()?;
+        // Every file gets the archive's columns; new ones are appended, and stored before
+        // any file uses them.
+        let known = self.known_schema().await?;
+        let mut schema = known.clone();
+        for (_, batch) in &batches {
+            schema = Some(archive_schema::merge(schema.as_ref(), &batch.schema())?);
+        }
+        let Some(schema) = schema else {
+            return Ok(Vec::new());
+        };
+        if known.as_ref() != Some(&schema) {
+            let bytes = archive_schema::encode(&self.store, &schema)?;
+            self.store.put(archive_schema::SCHEMA_FILE, bytes).await?;
+            *self.schema.lock() = Some(Some(Arc::clone(&schema)));
+        }
+        let mut written = Vec::with_capacity(batches.len());
+        for (dir, batch) in batches {
+            let bytes = self.encode(&dir, &archive_schema::conform(&batch, &schema)?)?;
             let path = format!("{dir}/part-{:016x}.parquet", content_hash(&bytes));
             self.store.put(&path, bytes).await?;
             written.push(path);
@@ -108,13 +145,12 @@ impl ArchiveWriter {
         record_batch_of(&refs)
     }
 
-    fn encode(&self, dir: &str, rows: &[&ArchivedSample]) -> Result<Bytes> {
+    fn encode(&self, dir: &str, batch: &RecordBatch) -> Result<Bytes> {
         let bad = |e| storage_err(self.store.url(), dir, e);
-        let batch = record_batch_of(rows)?;
         let mut buf = Vec::new();
         let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(self.props.clone()))
             .map_err(bad)?;
-        writer.write(&batch).map_err(bad)?;
+        writer.write(batch).map_err(bad)?;
         writer.close().map_err(bad)?;
         Ok(Bytes::from(buf))
     }

@@ -9,6 +9,7 @@
 //! manifest/<number>.json         the current checkpoint: segments and where the log resumes
 //! spill/<id>.parquet             payloads spilled under a memory budget (see `spill/`)
 //! archive/environment=<e>/policy_version=<v>/part-<hash>.parquet   consumed samples
+//! archive_schema.parquet         the archive's columns (no rows)
 //! ```
 //!
 //! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
@@ -25,6 +26,7 @@
 //!   writes without Parquet's reader, `value.rs` pads values; `config.rs` wires a spill
 //!   store into [`BufferConfig`](crate::BufferConfig) and `SequenceBuffer::with_config`.
 //! * `inspect.rs`: [`inspect`] and [`archive_tail`], read-only summaries of a stored run.
+//! * `archive_schema.rs`: the one schema every archive file carries.
 //! * `archive.rs`: [`ArchiveWriter`], the hive-partitioned, zstd-compressed Parquet dataset
 //!   of samples that left the buffer; `archiver.rs`: [`Archiver`], the background task that
 //!   batches them (the buffer's `FreedSink`).
@@ -33,6 +35,7 @@
 //! implements, and never imports it.
 
 mod archive;
+mod archive_schema;
 mod archiver;
 mod buffer_pool;
 mod checkpoint;
