@@ -17,10 +17,14 @@ use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Sample, SequenceBuffer,
 use std::sync::Arc;
 use std::time::Duration;
 
-fn config() -> BufferConfig {
-    BufferConfig::new(8)
+fn config(budget: Option<u64>) -> BufferConfig {
+    let config = BufferConfig::new(8)
         .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
-        .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+        .rpc(RpcDef::new("train", 1).inputs(["tokens"]));
+    match budget {
+        Some(bytes) => config.memory_budget(bytes),
+        None => config,
+    }
 }
 
 fn options(checkpoint_bytes: u64) -> PersistOptions {
@@ -66,30 +70,50 @@ fn sorted(mut c: Vec<StoredSample>) -> Vec<(String, Sample)> {
         .collect()
 }
 
-/// Opens `files`: `Ok(contents)`, or the error; a hang fails the test.
-async fn open(files: &Files, checkpoint_bytes: u64) -> Result<Vec<(String, Sample)>, Error> {
+/// How a run is set up: checkpoint threshold and memory budget (spilling).
+#[derive(Clone, Copy)]
+struct Setup {
+    checkpoint_bytes: u64,
+    budget: Option<u64>,
+}
+
+/// Opens `files` and reads every sample back, spilled fields included: `Ok(contents)`, or
+/// the error; a hang fails the test.
+async fn open(files: &Files, setup: Setup) -> Result<Vec<(String, Sample)>, Error> {
     let store = store_with(files).await;
-    let opened = tokio::time::timeout(
-        Duration::from_secs(20),
-        SequenceBuffer::open_in(store, config(), options(checkpoint_bytes)),
-    )
-    .await
-    .expect("opening a damaged store hung");
-    opened.map(|buf| sorted(buf.contents()))
+    let read = async {
+        let buf =
+            SequenceBuffer::open_in(store, config(setup.budget), options(setup.checkpoint_bytes))
+                .await?;
+        buf.contents_loaded().await
+    };
+    let contents = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("opening a damaged store hung");
+    contents.map(sorted)
 }
 
 /// A small run: puts, an amend through a completion, a consumed sample.
-async fn run(checkpoint_bytes: u64) -> Files {
+async fn run(setup: Setup) -> Files {
     let mem = Arc::new(InMemory::new());
     let store = Store::from_object_store(Arc::clone(&mem) as _, "");
-    let buf = SequenceBuffer::open_in(store, config(), options(checkpoint_bytes))
+    let buf = SequenceBuffer::open_in(store, config(setup.budget), options(setup.checkpoint_bytes))
         .await
         .expect("open");
+    // Spilling moves only fields of 1 KiB or more.
+    let len = if setup.budget.is_some() { 300 } else { 5 };
     for i in 0..3 {
         let s = Sample::new(format!("s{i}"))
-            .with("prompt", vec![i; 5])
+            .with("prompt", vec![i; len])
             .meta("policy_version", i64::from(i));
         buf.put_batch(vec![s]).await.expect("put");
+    }
+    if setup.budget.is_some() {
+        // Left spilled: the earlier puts had to make room for the later ones.
+        common::wait_until(|| buf.stats().spill.spilled_now >= 2).await;
+        buf.flush().await.expect("flush");
+        drop(buf);
+        return files_of(&mem).await;
     }
     for _ in 0..2 {
         let batch = buf.get_batch_for_rpc("gen").await.expect("gen");
@@ -105,7 +129,7 @@ async fn run(checkpoint_bytes: u64) -> Files {
 
 /// Every state the run passed through, as recovery sees it: the run with its last `k`
 /// log groups gone, for every `k`.
-async fn states(files: &Files, checkpoint_bytes: u64) -> Vec<Vec<(String, Sample)>> {
+async fn states(files: &Files, setup: Setup) -> Vec<Vec<(String, Sample)>> {
     let logs: Vec<usize> = (0..files.len())
         .filter(|&i| files[i].0.as_ref().starts_with("wal/"))
         .collect();
@@ -117,7 +141,7 @@ async fn states(files: &Files, checkpoint_bytes: u64) -> Vec<Vec<(String, Sample
             .filter(|(i, _)| !logs[logs.len() - k..].contains(i))
             .map(|(_, f)| f.clone())
             .collect();
-        if let Ok(state) = open(&kept, checkpoint_bytes).await {
+        if let Ok(state) = open(&kept, setup).await {
             out.push(state);
         }
     }
@@ -141,9 +165,9 @@ fn damages(bytes: &Bytes) -> Vec<(String, Bytes)> {
     out
 }
 
-async fn sweep(checkpoint_bytes: u64, kinds: &[&str]) -> usize {
-    let files = run(checkpoint_bytes).await;
-    let good = states(&files, checkpoint_bytes).await;
+async fn sweep(setup: Setup, kinds: &[&str]) -> usize {
+    let files = run(setup).await;
+    let good = states(&files, setup).await;
     assert!(!good.is_empty(), "the undamaged run opens");
     let mut tried = 0;
     for (at, (path, bytes)) in files.iter().enumerate() {
@@ -154,7 +178,7 @@ async fn sweep(checkpoint_bytes: u64, kinds: &[&str]) -> usize {
             let mut copy = files.clone();
             copy[at].1 = damaged;
             tried += 1;
-            match open(&copy, checkpoint_bytes).await {
+            match open(&copy, setup).await {
                 Ok(state) => assert!(
                     good.contains(&state),
                     "{path} with {what} opened as a state the run never had: {state:?}"
@@ -170,13 +194,38 @@ async fn sweep(checkpoint_bytes: u64, kinds: &[&str]) -> usize {
 
 #[tokio::test(flavor = "current_thread")]
 async fn damaged_log_groups_never_panic_hang_or_invent_values() {
-    let tried = sweep(64 << 20, &["wal/"]).await;
+    let setup = Setup {
+        checkpoint_bytes: 64 << 20,
+        budget: None,
+    };
+    let tried = sweep(setup, &["wal/"]).await;
     assert!(tried > 100, "{tried} damages tried");
 }
 
 #[tokio::test(flavor = "current_thread")]
 async fn damaged_checkpoints_never_panic_hang_or_invent_values() {
     // A checkpoint after every log group: manifests and segments to damage.
-    let tried = sweep(1, &["manifest/", "segments/"]).await;
+    let setup = Setup {
+        checkpoint_bytes: 1,
+        budget: None,
+    };
+    let tried = sweep(setup, &["manifest/", "segments/"]).await;
+    assert!(tried > 100, "{tried} damages tried");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn damaged_spill_segments_never_panic_hang_or_invent_values() {
+    // A memory budget of about one sample: fields go to spill segments, read back by the
+    // crate's own page decoder.
+    let setup = Setup {
+        checkpoint_bytes: 64 << 20,
+        budget: Some(1300),
+    };
+    let files = run(setup).await;
+    assert!(
+        files.iter().any(|(p, _)| p.as_ref().starts_with("spill/")),
+        "the run spilled"
+    );
+    let tried = sweep(setup, &["spill/"]).await;
     assert!(tried > 100, "{tried} damages tried");
 }

@@ -261,10 +261,25 @@ async fn run_loads(
         match result {
             Ok(fields) => {
                 for (&(i, j), got) in wants.iter().zip(fields) {
-                    let want = &loads[i].1[j].keys;
-                    if let Some(Ok(acc)) = loaded.get_mut(i) {
+                    let want = &loads[i].1[j];
+                    // Every key the sample spilled here must come back: a missing one is
+                    // damage the segment's footer or levels hid, never a field to drop.
+                    let lost = want.keys.iter().find(|k| got.get(k.as_str()).is_none());
+                    let Some(slot) = loaded.get_mut(i) else {
+                        continue;
+                    };
+                    if let Some(k) = lost {
+                        let e = Error::Corrupt {
+                            url: String::new(),
+                            path: segment.path.clone(),
+                            detail: format!("row {} lacks its spilled field `{k}`", want.row),
+                            source: None,
+                        };
+                        tracing::warn!(error = %e, "spill read incomplete");
+                        *slot = Err(e);
+                    } else if let Ok(acc) = slot {
                         for (k, t) in got {
-                            if want.contains(&k) {
+                            if want.keys.contains(&k) {
                                 acc.set(k, t);
                             }
                         }

@@ -183,6 +183,8 @@ pub(super) async fn read_rows(
     let bad = |e: &dyn std::fmt::Display| corrupt(store, path, e);
     let footer = Arc::clone(meta.metadata());
     let schema = Arc::clone(meta.schema());
+    // A key without a column comes back absent; the loader, which knows what each sample
+    // spilled here, refuses a load missing one.
     let columns: Vec<(usize, FieldKey)> = keys
         .iter()
         .filter_map(|k| Some((schema.index_of(k.as_str()).ok()?, k.clone())))

@@ -2,30 +2,43 @@
 //! that a load can view the decoded Parquet page instead of copying out of it.
 //!
 //! A segment column holds one value per sample, plain-encoded: in a decoded page each
-//! value follows a 4-byte length. A value here is a pad count, that many zero bytes, the
-//! tensor ([`put_tensor`]) and zeros up to a length of 4 more than a multiple of 8. The
-//! pad puts the array's first number 4 bytes past an 8-byte boundary of the value, so in a
+//! value follows a 4-byte length. A value here is a pad count (its high bit set), a
+//! checksum of the tensor's bytes (8 bytes), that many zero bytes, the tensor
+//! ([`put_tensor`]) and zeros up to a length of 4 more than a multiple of 8. A Parquet
+//! page carries no checksum, so without it a flipped byte of a spilled array would load
+//! as a wrong number; a value whose pad count lacks the high bit (segments written before
+//! the checksum) is read unchecked. The pad puts the array's first number 4 bytes past
+//! an 8-byte boundary of the value, so in a
 //! page whose values all have such lengths (a column without nulls, whose page holds no
 //! level data) every array starts on an 8-byte boundary of the page. [`take_tensor_padded`]
 //! then returns a tensor viewing the page (`Tensor::borrowed`); wherever that does not hold
 //! (a page laid out otherwise, a big-endian host, bools and strings) it copies, as
 //! [`take_tensor`] does.
 
+use crate::persist::archive::content_hash;
 use crate::persist::codec::{
     number_tag, put_tensor, take_lengths, take_shape, take_tensor, Bad, Reader, Writer,
 };
 use crate::tensor::{SharedBytes, Tensor};
 
+/// Marks a pad count followed by a checksum.
+const CHECKED: u8 = 0x80;
+
 /// Appends `t`'s padded encoding to `w`.
 pub(crate) fn put_tensor_padded(w: &mut Writer, t: &Tensor) {
     let start = w.buf.len();
     // `put_tensor` writes a tag, the number of dimensions and each dimension (8 bytes
-    // each) before the values.
+    // each) before the values; the pad byte and the 8-byte checksum come first.
     let header = 1 + 8 + 8 * t.shape().len();
-    let pad = (12 - (1 + header) % 8) % 8;
-    w.u8(pad as u8);
+    let pad = (12 - (1 + 8 + header) % 8) % 8;
+    w.u8(CHECKED | pad as u8);
+    let check_at = w.buf.len();
+    w.u64(0);
     w.buf.resize(w.buf.len() + pad, 0);
+    let body = w.buf.len();
     put_tensor(w, t);
+    let check = content_hash(&w.buf[body..]);
+    w.buf[check_at..check_at + 8].copy_from_slice(&check.to_le_bytes());
     let len = w.buf.len() - start;
     w.buf.resize(w.buf.len() + (12 - len % 8) % 8, 0);
 }
@@ -37,16 +50,30 @@ pub(crate) fn take_tensor_padded(
     at: Option<(&SharedBytes, usize)>,
 ) -> Result<Tensor, Bad> {
     let mut r = Reader::new(bytes);
-    let pad = usize::from(r.u8()?);
-    r.bytes(pad)?;
+    let flags = r.u8()?;
+    let check = if flags & CHECKED != 0 {
+        Some(r.u64()?)
+    } else {
+        None
+    };
+    r.bytes(usize::from(flags & !CHECKED))?;
     let body = r.position();
+    let checked = |end: usize| match check {
+        Some(want) if content_hash(bytes.get(body..end).unwrap_or(&[])) != want => {
+            Err(Bad::from("the spilled value fails its checksum"))
+        }
+        _ => Ok(()),
+    };
     if let Some((owner, start)) = at {
         if let Some(t) = view(&mut r, owner, start)? {
+            checked(r.position())?;
             return Ok(t);
         }
     }
     let mut r = Reader::new(bytes.get(body..).unwrap_or(&[]));
-    take_tensor(&mut r)
+    let t = take_tensor(&mut r)?;
+    checked(body + r.position())?;
+    Ok(t)
 }
 
 /// The tensor at `r` as a view of `owner` (whose bytes hold `r`'s from `start`), if it
@@ -159,12 +186,45 @@ mod tests {
         put_tensor(&mut plain, &t);
         let mut w = Writer::default();
         put_tensor_padded(&mut w, &t);
-        let pad = usize::from(w.buf[0]);
+        let pad = usize::from(w.buf[0] & !CHECKED);
         let (owner, starts) = page(std::slice::from_ref(&w.buf));
-        for cut in 0..1 + pad + plain.buf.len() {
+        for cut in 0..1 + 8 + pad + plain.buf.len() {
             assert!(take_tensor_padded(&w.buf[..cut], Some((&owner, starts[0]))).is_err());
             assert!(take_tensor_padded(&w.buf[..cut], None).is_err());
         }
         assert!(take_tensor_padded(&[200], None).is_err());
+    }
+
+    /// A flipped byte anywhere in the tensor fails the checksum, viewed or copied.
+    #[test]
+    fn flipped_bytes_fail_the_checksum() {
+        let t = Tensor::from((0..64).collect::<Vec<i32>>());
+        let mut w = Writer::default();
+        put_tensor_padded(&mut w, &t);
+        let body = 1 + 8 + usize::from(w.buf[0] & !CHECKED);
+        let mut plain = Writer::default();
+        put_tensor(&mut plain, &t);
+        for i in body..body + plain.buf.len() {
+            let mut bad = w.buf.clone();
+            bad[i] ^= 0x01;
+            let (owner, starts) = page(std::slice::from_ref(&bad));
+            assert!(
+                take_tensor_padded(&bad, Some((&owner, starts[0]))).is_err(),
+                "byte {i}"
+            );
+            assert!(take_tensor_padded(&bad, None).is_err(), "byte {i}");
+        }
+    }
+
+    /// Values written before the checksum (pad count without the high bit) still read.
+    #[test]
+    fn unchecked_values_still_read() {
+        let t = Tensor::from(vec![3i64; 5]);
+        let mut w = Writer::default();
+        put_tensor_padded(&mut w, &t);
+        let pad = usize::from(w.buf[0] & !CHECKED);
+        let mut old = vec![pad as u8];
+        old.extend_from_slice(&w.buf[1 + 8..]);
+        assert_eq!(take_tensor_padded(&old, None).expect("decode"), t);
     }
 }
