@@ -1,6 +1,7 @@
 """Faults from the Python side: a consumer task cancelled while it waits and while it
-holds a lease, Ctrl-C during a blocking get, and a buffer closed under 50 waiting tasks.
-None may leak a lease, lose a sample or leave a waiter hanging."""
+holds a lease, Ctrl-C during a blocking get, a buffer closed under 50 waiting tasks, and a
+durable buffer whose store turns read-only. None may leak a lease, lose a sample or leave
+a waiter hanging."""
 
 import _thread
 import asyncio
@@ -89,3 +90,50 @@ def test_closing_under_fifty_waiting_tasks_wakes_every_one():
             await buf.get_batch_for_rpc("train")
 
     asyncio.run(go())
+
+
+def _read_only(path, on):
+    """Makes ``path`` refuse new files (``chattr +i`` as root, who ignores modes); whether
+    it worked."""
+    import os
+    import subprocess
+
+    if os.geteuid() == 0:
+        done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+        if done.returncode != 0:
+            return False
+    else:
+        os.chmod(path, 0o555 if on else 0o755)
+    if not on:
+        return True
+    try:
+        (path / "probe").touch()
+    except OSError:
+        return True
+    (path / "probe").unlink()
+    _read_only(path, False)
+    return False
+
+
+def test_a_store_made_read_only_fails_clearly_and_recovers(tmp_path):
+    store = tmp_path / "run"
+    buf = rb.Buffer(8, [rb.Rpc("train", 1, inputs=["x"])], store=str(store), durability="sync")
+    put(buf, "a", 2)
+    wal = store / "wal"
+    if not _read_only(wal, True):
+        pytest.skip("this machine cannot make a directory read-only")
+    try:
+        with pytest.raises(rb.BufferError) as refused:
+            put(buf, "b", 1)
+        assert "wal/" in str(refused.value), str(refused.value)
+        assert len(buf) == 2, "the refused put stored nothing"
+    finally:
+        _read_only(wal, False)
+    # Writable again: the buffer works, and a reopen holds what was acknowledged.
+    put(buf, "c", 1)
+    buf.flush()
+    del buf
+    again = rb.Buffer(8, [rb.Rpc("train", 1, inputs=["x"])], store=str(store), durability="sync")
+    assert len(again) == 3
+    got = {again.get_batch_for_rpc_blocking("train", timeout=5).samples()[0]["id"] for _ in range(3)}
+    assert got == {"a0", "a1", "c0"}
