@@ -135,5 +135,9 @@ def test_a_store_made_read_only_fails_clearly_and_recovers(tmp_path):
     del buf
     again = rb.Buffer(8, [rb.Rpc("train", 1, inputs=["x"])], store=str(store), durability="sync")
     assert len(again) == 3
-    got = {again.get_batch_for_rpc_blocking("train", timeout=5).samples()[0]["id"] for _ in range(3)}
+    got = set()
+    for _ in range(3):
+        batch = again.get_batch_for_rpc_blocking("train", timeout=5)
+        got.add(batch.samples()[0]["id"])
+        batch.commit_blocking()
     assert got == {"a0", "a1", "c0"}
