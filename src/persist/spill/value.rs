@@ -23,10 +23,10 @@ use crate::tensor::{SharedBytes, Tensor};
 /// Marks a pad count followed by a checksum.
 const CHECKED: u8 = 0x80;
 
-/// The checksum of a value's tensor bytes (xxHash64: four lanes at once, so a load of a
-/// large array checks it at several GB/s).
+/// The checksum of a value's tensor bytes (XXH3: vectorised, so a load of a large array
+/// checks it at memory speed).
 fn checksum(bytes: &[u8]) -> u64 {
-    twox_hash::XxHash64::oneshot(0, bytes)
+    twox_hash::XxHash3_64::oneshot(bytes)
 }
 
 /// Appends `t`'s padded encoding to `w`.
