@@ -211,8 +211,10 @@ async fn add_all(
             app.max_in_flight
         )));
     }
-    let s = app.buf.stats();
-    if s.empty == 0 && s.waiting_putters > 0 {
+    // Every slot holds a group and earlier adds are still on their way in: this one would
+    // wait behind them. (A length read, not a stats snapshot: this runs for every write.)
+    if app.buf.len() >= app.buf.capacity() && app.in_flight.available_permits() < app.max_in_flight
+    {
         return Err(ApiError::Busy { retry_after: 1 });
     }
     let permit = u32::try_from(n)

@@ -383,7 +383,7 @@ pub async fn take(
             let raw = |texts: &Option<rollout_buffer::ndarray::ArrayViewD<'_, String>>| {
                 texts
                     .as_ref()
-                    .and_then(|a| a.iter().nth(i))
+                    .and_then(|a| a.as_slice().map_or_else(|| a.iter().nth(i), |s| s.get(i)))
                     .and_then(|s| RawValue::from_string(s.clone()).ok())
                     .unwrap_or_else(null)
             };

@@ -181,7 +181,8 @@ class ReplayBuffer:
                 continue
             first = groups[0].rollouts[0].metadata
             w_step, stamp = int(first.weight_step), float(first.timestamp)
-            if not self._fresh(np.array([w_step]), np.array([stamp]), step, now)[0]:
+            fresh = step - self.max_rollout_step_delay <= w_step <= step
+            if not (fresh and stamp > now - self.max_rollout_timestamp_delay):
                 logger.info("skipping a stale batch (weight step %d, current step %d)", w_step, step)
                 continue
             with self._cond:
