@@ -4,7 +4,7 @@
 mod common;
 
 use common::{assert_invariants, ids};
-use rollout_buffer::{Error, RpcDef, Sample, Selection, SequenceBuffer, POLICY_VERSION};
+use rollout_buffer::{Error, Patch, RpcDef, Sample, Selection, SequenceBuffer, POLICY_VERSION};
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A buffer whose one RPC takes `n_seqs` samples under `selection`, holding samples
@@ -215,4 +215,132 @@ fn selection_parameters_are_checked() {
             "{err}"
         );
     }
+}
+
+/// Chi-square of `counts` against probabilities proportional to `weights`.
+fn chi_square(counts: &[u64], weights: &[f64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    let total: f64 = weights.iter().sum();
+    counts
+        .iter()
+        .zip(weights)
+        .map(|(&c, &w)| {
+            let expected = n as f64 * w / total;
+            (c as f64 - expected).powi(2) / expected
+        })
+        .sum()
+}
+
+/// A policy's weight of the sample at age rank `i`.
+type Weight = Box<dyn Fn(usize) -> f64>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_policy_draws_exactly_its_distribution() {
+    // 20 samples (s00 oldest), one per batch, 20,000 batches: the counts against each
+    // policy's weights. 19 degrees of freedom: 43.8 is the 0.999 quantile.
+    let cases: [(Selection, Weight); 3] = [
+        (Selection::Uniform { seed: 3 }, Box::new(|_| 1.0)),
+        (
+            Selection::Recency {
+                alpha: 1.5,
+                seed: 3,
+            },
+            Box::new(|i| ((i + 1) as f64).powf(1.5)),
+        ),
+        (
+            Selection::Prioritized {
+                key: "p".into(),
+                exponent: 1.5,
+                seed: 3,
+            },
+            Box::new(|i| ((i % 5 + 1) as f64).powf(1.5)),
+        ),
+    ];
+    for (selection, weight) in cases {
+        let buf = SequenceBuffer::new(
+            20,
+            [RpcDef::new("train", 1)
+                .inputs(["tokens"])
+                .reads(u32::from(u16::MAX))
+                .selection(selection.clone())],
+        )
+        .expect("config");
+        let samples = (0..20)
+            .map(|i| {
+                Sample::new(format!("s{i:02}"))
+                    .birth(i as u64 + 1)
+                    .with("tokens", vec![i])
+                    .with("p", (i % 5 + 1) as f64)
+            })
+            .collect();
+        buf.put_batch(samples).await.expect("put");
+        let mut counts = [0u64; 20];
+        for batch in draw(&buf, 20_000).await {
+            let i: usize = batch[0][1..].parse().expect("id");
+            counts[i] += 1;
+        }
+        let weights: Vec<f64> = (0..20).map(&weight).collect();
+        let chi = chi_square(&counts, &weights);
+        assert!(
+            chi < 43.8,
+            "{selection:?}: chi-square {chi:.1}, counts {counts:?}"
+        );
+        assert_invariants(&buf);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn priorities_follow_amends_and_completions_at_once() {
+    // `score` writes `p`; `train` weighs by it, so a sample reaches `train` only once scored.
+    let buf = SequenceBuffer::new(
+        10,
+        [
+            RpcDef::new("score", 10).inputs(["tokens"]).outputs(["p"]),
+            RpcDef::new("train", 1)
+                .inputs(["tokens", "p"])
+                .reads(u32::from(u16::MAX))
+                .selection(Selection::Prioritized {
+                    key: "p".into(),
+                    exponent: 1.0,
+                    seed: 1,
+                }),
+        ],
+    )
+    .expect("config");
+    let samples = (0..10)
+        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i]))
+        .collect();
+    let handles = buf.put_batch(samples).await.expect("put");
+    let scored = buf.get_batch_for_rpc("score").await.expect("score");
+    // s7 scores 10^6, the others 1: s7 is nearly always drawn.
+    let outputs = ids(&scored)
+        .iter()
+        .map(|id| Patch::new().with("p", if id == "s7" { 1e6 } else { 1.0 }))
+        .collect();
+    scored.complete(outputs).await.expect("complete");
+    let drawn: Vec<String> = draw_from(&buf, "train", 100).await;
+    let sevens = drawn.iter().filter(|id| *id == "s7").count();
+    assert!(sevens >= 99, "s7 drawn {sevens} of 100 times");
+    // Amended to weigh nothing, s7 is never drawn while the others weigh something.
+    buf.amend_batch(&handles[7..8], vec![Patch::new().with("p", 0.0)])
+        .await
+        .expect("amend");
+    let drawn = draw_from(&buf, "train", 300).await;
+    assert!(
+        !drawn.iter().any(|id| id == "s7"),
+        "a weightless sample drawn"
+    );
+    let distinct: BTreeSet<&String> = drawn.iter().collect();
+    assert_eq!(distinct.len(), 9, "the other nine share the draws");
+    assert_invariants(&buf);
+}
+
+/// The first sample of `draws` batches of `rpc`, each released after.
+async fn draw_from(buf: &SequenceBuffer, rpc: &str, draws: usize) -> Vec<String> {
+    let mut out = Vec::with_capacity(draws);
+    for _ in 0..draws {
+        let batch = buf.get_batch_for_rpc(rpc).await.expect("get");
+        out.push(ids(&batch).remove(0));
+    }
+    out
 }

@@ -216,6 +216,8 @@ pub(crate) struct Inner {
     pub(crate) spill: Option<spill::SpillState>,
     /// Whether freed samples go to a sink (which then gets their spilled fields too).
     pub(crate) sink_wants_fields: bool,
+    /// The RPCs with `Prioritized` selection: index, priority key, exponent (`select.rs`).
+    pub(crate) prioritized: Vec<(usize, String, f64)>,
 }
 
 impl Inner {
@@ -293,6 +295,7 @@ impl Inner {
         sample.apply(patch);
         let held = sample.payload_bytes();
         let resident = spill::spillable_bytes(sample);
+        self.refresh_priorities(slot, Some(patch));
         let mut spilled = 0;
         if let Some(spill) = self.spill.as_mut() {
             if !spill.parts(slot).is_empty() {
@@ -424,6 +427,15 @@ impl SequenceBuffer {
                 .as_ref()
                 .map(|store| spill::SpillState::new(Arc::clone(store), capacity)),
             sink_wants_fields: config.freed_sink.is_some(),
+            prioritized: graph
+                .rpcs()
+                .iter()
+                .enumerate()
+                .filter_map(|(r, d)| {
+                    let (key, exponent) = d.selection.priority()?;
+                    Some((r, key.to_owned(), exponent))
+                })
+                .collect(),
         };
         Ok(Self {
             shared: Arc::new(Shared {

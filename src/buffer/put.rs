@@ -451,6 +451,7 @@ fn publish(
         if let Some(entry) = inner.samples.get_mut(slot as usize) {
             *entry = Some(payload);
         }
+        inner.refresh_priorities(slot, None);
     }
     inner.aux_apply(&prepared.aux);
     let mut freed = Vec::new();

@@ -92,6 +92,7 @@ impl SequenceBuffer {
                 .table
                 .restore_put(slot, sample.birth.unwrap_or(1), keys, &reads_left, fresh);
             inner.samples[slot as usize] = Some(sample);
+            inner.refresh_priorities(slot, None);
             if let Some(spill) = inner.spill.as_mut() {
                 spill.restore(slot, parts);
             } else if !parts.is_empty() {

@@ -1,14 +1,15 @@
-//! Leasing under the buffer's lock in an RPC's selection order. `Fifo`, `Lifo` and the
-//! rank-based policies are the state machine's alone; `Prioritized` also needs each
-//! candidate's priority, which lives in the stored sample (a scalar field or numeric
-//! metadata), so this layer reads it for the state machine. Used by a plain get and by the
-//! first request for a training step (`steps.rs`).
+//! Leasing under the buffer's lock in an RPC's selection order, and the priorities that
+//! `Prioritized` selection weighs samples by.
+//!
+//! The state machine selects (`state/table/lease.rs`); what it cannot know is a sample's
+//! priority, which lives in the stored sample (a scalar field or numeric metadata). This
+//! layer computes it and hands it to the table whenever it can change: when a sample is
+//! put or restored, and when a patch (an amend, or a completion's outputs) sets its key.
+//! Used by a plain get and by the first request for a training step (`steps.rs`).
 
 use super::Inner;
-use crate::rpc_defs::Selection;
-use crate::sample::{MetaValue, Sample};
+use crate::sample::{MetaValue, Patch, Sample};
 use crate::state::LeaseId;
-use crate::sync::Arc;
 use std::time::Instant;
 
 /// Leases a batch for RPC `r` (batch number `step`, if given) in its selection order.
@@ -18,34 +19,36 @@ pub(crate) fn lease(
     now: Option<Instant>,
     step: Option<u64>,
 ) -> Option<LeaseId> {
-    let Inner { table, samples, .. } = inner;
-    match priority_key(&table.rpcs.get(r)?.selection) {
-        Some((key, exponent)) => {
-            let key = key.to_owned();
-            table.try_lease_with(r, now, step, &|slot| {
-                log_priority(samples, slot, &key, exponent)
-            })
+    inner.table.try_lease_with(r, now, step)
+}
+
+impl Inner {
+    /// Sets the priorities of the sample in `slot` for every `Prioritized` RPC; with
+    /// `patch`, only where the patch sets the priority's key (a spilled sample's stub lacks
+    /// its spilled fields, so recomputing from it could lose a priority).
+    pub(crate) fn refresh_priorities(&mut self, slot: u32, patch: Option<&Patch>) {
+        let Inner {
+            table,
+            samples,
+            prioritized,
+            ..
+        } = self;
+        let Some(Some(sample)) = samples.get(slot as usize) else {
+            return;
+        };
+        for (r, key, exponent) in prioritized.iter() {
+            let touched =
+                patch.is_none_or(|p| p.keys().any(|k| k == key) || p.meta.contains_key(key));
+            if touched {
+                table.set_ln_priority(slot as usize, *r, ln_priority(sample, key, *exponent));
+            }
         }
-        None => table.try_lease_with(r, now, step, &|_| 0.0),
     }
 }
 
-/// The priority key and exponent of a `Prioritized` selection (possibly inside
-/// `OnPolicyFraction`).
-fn priority_key(selection: &Selection) -> Option<(&str, f64)> {
-    match selection {
-        Selection::Prioritized { key, exponent, .. } => Some((key, *exponent)),
-        Selection::OnPolicyFraction { then, .. } => priority_key(then),
-        _ => None,
-    }
-}
-
-/// `ln(priority^exponent)` of the sample in `slot`; the priority is the scalar field or
-/// numeric metadata `key`. `-inf` (weighs nothing) when missing, non-finite or `<= 0`.
-fn log_priority(samples: &[Option<Arc<Sample>>], slot: u32, key: &str, exponent: f64) -> f64 {
-    let Some(Some(sample)) = samples.get(slot as usize) else {
-        return f64::NEG_INFINITY;
-    };
+/// `ln(priority^exponent)` of `sample`; the priority is the scalar field or numeric
+/// metadata `key`. `-inf` (weighs nothing) when missing, non-finite or `<= 0`.
+fn ln_priority(sample: &Sample, key: &str, exponent: f64) -> f64 {
     let value = match sample.get(key) {
         Some(t) => t
             .scalar_value::<f64>()

@@ -52,6 +52,18 @@ pub enum Selection {
     },
 }
 
+impl Selection {
+    /// The priority key and exponent of a `Prioritized` selection, alone or inside
+    /// `OnPolicyFraction`.
+    pub(crate) fn priority(&self) -> Option<(&str, f64)> {
+        match self {
+            Selection::Prioritized { key, exponent, .. } => Some((key, *exponent)),
+            Selection::OnPolicyFraction { then, .. } => then.priority(),
+            _ => None,
+        }
+    }
+}
+
 /// One consumer of the buffer: a name, the batch size it takes (`n_seqs`), the keys a sample
 /// must hold before it may be served to it, and the keys it writes back on completion.
 ///

@@ -9,8 +9,10 @@
 //! Files, lowest first (each imports only the ones above it in this list):
 //!
 //! * `mask.rs`: word bitsets for the per-state masks;
-//! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
 //! * `select.rs`: the randomised selection policies (seeded, deterministic);
+//! * `ranked.rs`: an ordered index with O(log n) lookup by age rank and by weight, for
+//!   randomised selection;
+//! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
 //! * `slot.rs`: per-slot metadata, generations, [`Wake`] and the other words transitions
 //!   speak;
 //! * `leases.rs`: live leases and their deadlines;
@@ -23,6 +25,7 @@ mod budget;
 mod freshness;
 mod leases;
 mod mask;
+mod ranked;
 mod ready;
 mod residency;
 mod select;

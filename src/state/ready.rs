@@ -15,7 +15,13 @@
 //! A take merges the two. Removing an entry from the middle of `run` (an amend starting)
 //! finds it by binary search and leaves a tombstone, skipped when reached; the run is
 //! compacted when tombstones outnumber live entries.
+//!
+//! An RPC with randomised selection needs entries by age rank, or by weight, anywhere in
+//! the order; its index is a [`RankedIndex`] instead (`ranked.rs`), where those cost
+//! O(log n) rather than a walk.
 
+use super::ranked::RankedIndex;
+use super::select::Rng;
 use std::collections::{BTreeMap, VecDeque};
 
 /// Sort key of a slot: birth, then put sequence number, so equal births fall back to put
@@ -41,6 +47,8 @@ pub(crate) struct ReadyIndex {
     /// Tombstones in `run`.
     dead: usize,
     lifo: bool,
+    /// Set for randomised selection: then the only part used.
+    ranked: Option<RankedIndex<OrderKey>>,
 }
 
 impl ReadyIndex {
@@ -51,12 +59,28 @@ impl ReadyIndex {
         }
     }
 
-    /// Number of live entries.
-    pub(crate) fn len(&self) -> usize {
-        self.run.len() - self.dead + self.rest.len()
+    /// An index for randomised selection (`weighted`: `Prioritized`).
+    pub(crate) fn ranked(weighted: bool) -> Self {
+        Self {
+            ranked: Some(RankedIndex::new(weighted)),
+            ..Self::default()
+        }
     }
 
-    pub(crate) fn insert(&mut self, key: OrderKey, slot: u32) {
+    /// Number of live entries.
+    pub(crate) fn len(&self) -> usize {
+        match &self.ranked {
+            Some(ranked) => ranked.len(),
+            None => self.run.len() - self.dead + self.rest.len(),
+        }
+    }
+
+    /// Adds `slot` under `key` (unique) with `weight` (used only by a weighted index).
+    pub(crate) fn insert(&mut self, key: OrderKey, slot: u32, weight: f64) {
+        if let Some(ranked) = &mut self.ranked {
+            ranked.insert(key, slot, weight);
+            return;
+        }
         match self.run.back() {
             Some(&(last, _)) if key <= last => {
                 let previous = self.rest.insert(key, slot);
@@ -67,6 +91,10 @@ impl ReadyIndex {
     }
 
     pub(crate) fn remove(&mut self, key: OrderKey) {
+        if let Some(ranked) = &mut self.ranked {
+            ranked.remove(key);
+            return;
+        }
         if self.rest.remove(&key).is_some() {
             return;
         }
@@ -97,8 +125,44 @@ impl ReadyIndex {
         }
     }
 
+    /// The weight of the entry under `key` (`None`: absent, or not a weighted index).
+    pub(crate) fn weight(&self, key: OrderKey) -> Option<f64> {
+        self.ranked.as_ref()?.weight(key)
+    }
+
+    /// Sets the weight of the entry under `key`, if indexed (weighted indexes only).
+    pub(crate) fn set_weight(&mut self, key: OrderKey, weight: f64) {
+        if let Some(ranked) = &mut self.ranked {
+            ranked.set_weight(key, weight);
+        }
+    }
+
+    /// Takes `n` entries by successive weighted draws (see [`RankedIndex::take_weighted`]);
+    /// `None` for an index that is not ranked.
+    pub(crate) fn take_weighted(&mut self, n: usize, rng: &mut Rng) -> Option<Vec<u32>> {
+        Some(self.ranked.as_mut()?.take_weighted(n, rng))
+    }
+
+    /// Removes the slots at age ranks `ranks` (distinct, each below `len()`) and returns
+    /// them in the order given; `None` for an index that is not ranked.
+    pub(crate) fn take_ranks(&mut self, ranks: &[usize]) -> Option<Vec<u32>> {
+        Some(self.ranked.as_mut()?.take_ranks(ranks))
+    }
+
     /// Removes and returns the first `n` slots in selection order (fewer if fewer exist).
     pub(crate) fn take(&mut self, n: usize) -> Vec<u32> {
+        if let Some(ranked) = &mut self.ranked {
+            let mut out = Vec::with_capacity(n.min(ranked.len()));
+            while out.len() < n && ranked.len() > 0 {
+                let rank = if self.lifo { ranked.len() - 1 } else { 0 };
+                let Some((key, slot)) = ranked.at_rank(rank) else {
+                    break;
+                };
+                ranked.remove(key);
+                out.push(slot);
+            }
+            return out;
+        }
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let next = if self.lifo {
@@ -146,6 +210,12 @@ impl ReadyIndex {
 
     /// Every live slot in ascending (birth, put order), whatever the index's direction.
     pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        let ranked = self.ranked.iter().flat_map(|r| r.iter().map(|(_, s)| s));
+        let plain = self.ranked.is_none().then(|| self.plain_iter());
+        ranked.chain(plain.into_iter().flatten())
+    }
+
+    fn plain_iter(&self) -> impl Iterator<Item = u32> + '_ {
         let mut run = self
             .run
             .iter()
@@ -166,6 +236,12 @@ impl ReadyIndex {
     /// The slots at age ranks `ranks` (0 = oldest; each below `len()`), in the order given.
     /// One ordered walk, from whichever end is nearer the ranks asked for.
     pub(crate) fn at_ranks(&self, ranks: &[usize]) -> Vec<u32> {
+        if let Some(ranked) = &self.ranked {
+            return ranks
+                .iter()
+                .filter_map(|&k| ranked.at_rank(k).map(|(_, s)| s))
+                .collect();
+        }
         let len = self.len();
         // (rank, position in `ranks`), in the order the walk meets them.
         let mut wanted: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
@@ -183,6 +259,15 @@ impl ReadyIndex {
 
     /// Every live slot from the newest to the oldest.
     fn iter_rev(&self) -> impl Iterator<Item = u32> + '_ {
+        let ranked = self
+            .ranked
+            .iter()
+            .flat_map(|r| r.iter().rev().map(|(_, s)| s));
+        let plain = self.ranked.is_none().then(|| self.plain_iter_rev());
+        ranked.chain(plain.into_iter().flatten())
+    }
+
+    fn plain_iter_rev(&self) -> impl Iterator<Item = u32> + '_ {
         let mut run = self
             .run
             .iter()
@@ -203,6 +288,9 @@ impl ReadyIndex {
 
     /// Whether `slot` is indexed (live) under `key`.
     pub(crate) fn contains(&self, key: OrderKey, slot: u32) -> bool {
+        if let Some(ranked) = &self.ranked {
+            return ranked.contains(key, slot);
+        }
         if self.rest.get(&key) == Some(&slot) {
             return true;
         }
@@ -249,7 +337,7 @@ mod tests {
             let mut ix = ReadyIndex::new(lifo);
             // births [5,5,5,1,5,5] in put order 0..6 on slots 10..16
             for (seq, birth) in [5u64, 5, 5, 1, 5, 5].into_iter().enumerate() {
-                ix.insert(order_key(birth, seq as u64), 10 + seq as u32);
+                ix.insert(order_key(birth, seq as u64), 10 + seq as u32, 0.0);
             }
             let got = ix.take(3);
             if lifo {
@@ -269,17 +357,22 @@ mod tests {
     }
 
     proptest! {
-        /// The two-part index behaves exactly like one ordered map.
+        /// The two-part index, and the ranked one, behave exactly like one ordered map.
         #[test]
         fn matches_an_ordered_map(
             lifo in any::<bool>(),
+            ranked in any::<bool>(),
             ops in prop::collection::vec(prop_oneof![
                 4 => (0u64..40).prop_map(Op::Insert),
                 2 => any::<usize>().prop_map(Op::Remove),
                 2 => (1usize..5).prop_map(Op::Take),
             ], 1..200),
         ) {
-            let mut ix = ReadyIndex::new(lifo);
+            let mut ix = if ranked {
+                ReadyIndex { lifo, ..ReadyIndex::ranked(false) }
+            } else {
+                ReadyIndex::new(lifo)
+            };
             let mut model: BTreeMap<OrderKey, u32> = BTreeMap::new();
             let mut seq = 0u64;
             for op in ops {
@@ -289,7 +382,7 @@ mod tests {
                         let key = order_key(if birth < 30 { seq } else { birth - 30 }, seq);
                         let slot = seq as u32;
                         seq += 1;
-                        ix.insert(key, slot);
+                        ix.insert(key, slot, 1.0);
                         model.insert(key, slot);
                     }
                     Op::Remove(pick) => {

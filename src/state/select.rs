@@ -42,12 +42,12 @@ impl Rng {
     }
 
     /// Uniform in `0..k` (`k > 0`), by the multiply-shift method.
-    fn below(&mut self, k: usize) -> usize {
+    pub(crate) fn below(&mut self, k: usize) -> usize {
         ((u128::from(self.next_u64()) * k as u128) >> 64) as usize
     }
 
     /// Uniform in the open interval (0, 1).
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
     }
 

@@ -125,6 +125,13 @@ impl SlotTable {
                     eligible == indexed,
                     "slot {s}: rpc {rpc} eligible {eligible} but indexed {indexed}"
                 );
+                if let Some(w) = self.ready[rpc].weight(self.slots[s].order) {
+                    let want = self.weight(s, rpc);
+                    ensure!(
+                        w == want,
+                        "slot {s}: rpc {rpc} indexed with weight {w}, its priority gives {want}"
+                    );
+                }
             }
         }
         ensure!(

@@ -6,7 +6,7 @@ use super::SlotTable;
 use crate::rpc_defs::{KeySet, Selection};
 use crate::state::leases::{Lease, LeaseId};
 use crate::state::ready::ReadyIndex;
-use crate::state::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate};
+use crate::state::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate, Rng};
 use crate::state::slot::{LeaseEnd, LeaseGone, Wake};
 use std::time::Instant;
 
@@ -23,18 +23,16 @@ impl SlotTable {
     /// the RPC has a lease timeout.
     #[cfg(test)]
     pub(crate) fn try_lease(&mut self, r: usize, now: Option<Instant>) -> Option<LeaseId> {
-        self.try_lease_with(r, now, None, &|_| 0.0)
+        self.try_lease_with(r, now, None)
     }
 
     /// [`Self::try_lease`] for batch number `step` (which seeds randomised selection; the
-    /// RPC's count of leases when `None`), with `log_priority(slot)` giving the `ln` of a
-    /// slot's weight under `Prioritized`.
+    /// RPC's count of leases when `None`).
     pub(crate) fn try_lease_with(
         &mut self,
         r: usize,
         now: Option<Instant>,
         step: Option<u64>,
-        log_priority: &dyn Fn(u32) -> f64,
     ) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
@@ -47,23 +45,38 @@ impl SlotTable {
         self.draws[r] += 1;
         let slots = match &self.rpcs[r].selection {
             Selection::Fifo | Selection::Lifo => self.ready[r].take(n),
-            // Weights that depend on the age rank only: draw ranks, then fetch those.
+            // Weights that depend on the age rank only: draw ranks, then fetch those (each
+            // O(log n) in the ranked index).
             selection @ (Selection::Uniform { .. } | Selection::Recency { .. }) => {
                 let seed = draw_seed(policy_seed(selection), draw);
                 let ranks = sample_ranks(selection, self.ready[r].len(), n, seed);
-                let slots = self.ready[r].at_ranks(&ranks);
-                for &s in &slots {
-                    self.ready[r].remove(self.slots[s as usize].order);
+                match self.ready[r].take_ranks(&ranks) {
+                    Some(slots) => slots,
+                    None => {
+                        let slots = self.ready[r].at_ranks(&ranks);
+                        for &s in &slots {
+                            self.ready[r].remove(self.slots[s as usize].order);
+                        }
+                        slots
+                    }
                 }
-                slots
             }
+            // Successive weighted draws in the ranked index, O(log n) each.
+            selection @ Selection::Prioritized { .. } => {
+                let mut rng = Rng::new(draw_seed(policy_seed(selection), draw));
+                match self.ready[r].take_weighted(n, &mut rng) {
+                    Some(slots) => slots,
+                    None => self.ready[r].take(n),
+                }
+            }
+            // `OnPolicyFraction` splits by version first: one pass over the eligible.
             selection => {
                 let candidates: Vec<Candidate> = self.ready[r]
                     .iter()
                     .map(|s| Candidate {
                         slot: s,
                         version: self.freshness.versions[s as usize],
-                        log_priority: log_priority(s),
+                        log_priority: self.ln_priority(s as usize, r),
                     })
                     .collect();
                 let seed = draw_seed(policy_seed(selection), draw);

@@ -64,6 +64,7 @@ mod diagnose;
 mod evict;
 mod invariants;
 mod lease;
+mod priority;
 mod spill;
 mod stale;
 
@@ -120,6 +121,10 @@ pub(crate) struct SlotTable {
     pub(crate) exits: Vec<ExitReason>,
     /// Per RPC: leases taken, the draw counter of randomised selection without a step.
     pub(crate) draws: Vec<u64>,
+    /// Per RPC with `Prioritized` selection (alone or inside `OnPolicyFraction`): per slot,
+    /// the `ln` of the stored sample's weight, which the buffer sets whenever the sample's
+    /// fields change (see `priority.rs`). Empty for the other RPCs.
+    pub(crate) ln_priority: Vec<Vec<f64>>,
     /// The byte budget and the eviction index (see `budget.rs`).
     pub(crate) budget: Budget,
     /// The memory budget and the spill index (see `residency.rs`).
@@ -131,7 +136,18 @@ impl SlotTable {
         let n = rpcs.len();
         let ready = rpcs
             .iter()
-            .map(|r| ReadyIndex::new(matches!(r.selection, Selection::Lifo)))
+            .map(|r| match &r.selection {
+                Selection::Uniform { .. } | Selection::Recency { .. } => ReadyIndex::ranked(false),
+                Selection::Prioritized { .. } => ReadyIndex::ranked(true),
+                other => ReadyIndex::new(matches!(other, Selection::Lifo)),
+            })
+            .collect();
+        let ln_priority = rpcs
+            .iter()
+            .map(|r| match r.selection.priority() {
+                Some(_) => filled(capacity, f64::NEG_INFINITY),
+                None => Vec::new(),
+            })
             .collect();
         let track_versions = rpcs.iter().any(|r| r.max_staleness.is_some());
         Self {
@@ -161,6 +177,7 @@ impl SlotTable {
             freshness: FreshnessIndex::new(capacity, n, track_versions),
             exits: filled(capacity, ExitReason::Consumed),
             draws: vec![0; n],
+            ln_priority,
             budget: Budget::default(),
             residency: Residency::default(),
             rpcs,
@@ -507,7 +524,8 @@ impl SlotTable {
         let (added, removed) = (want.difference(have), have.difference(want));
         for r in added.union(removed).iter() {
             if added.contains(r) {
-                self.ready[r].insert(self.slots[s].order, s as u32);
+                let weight = self.weight(s, r);
+                self.ready[r].insert(self.slots[s].order, s as u32, weight);
             } else {
                 self.ready[r].remove(self.slots[s].order);
             }

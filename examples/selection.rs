@@ -1,0 +1,147 @@
+//! What one batch of randomised selection costs as the pool grows: `Uniform`, `Recency`
+//! and `Prioritized` at 1K, 65K and 1M eligible samples.
+//!
+//! Each case fills a buffer with `eligible` small samples (a token and a priority), then
+//! leases batches of 64 through the public API and gives each back (dropping the batch),
+//! so the pool stays the same size; the figure is the mean time of one lease plus its
+//! release, the median over `--rounds` rounds (5) of `--batches` batches (2,000), after a
+//! warm-up round. One JSON line per case:
+//!
+//! ```text
+//! cargo run --release --example selection [-- --sizes 1024,65536,1048576 --batches 2000 --rounds 5]
+//! {"policy": "Prioritized", "eligible": 1048576, "batch": 64, "us_per_batch": ...}
+//! ```
+
+use rollout_buffer::{RpcDef, Sample, Selection, SequenceBuffer};
+use std::time::Instant;
+
+const BATCH: usize = 64;
+
+struct Args {
+    sizes: Vec<usize>,
+    batches: usize,
+    rounds: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        sizes: vec![1024, 65_536, 1 << 20],
+        batches: 2000,
+        rounds: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let number = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag} {v}: {e}"));
+        match flag.as_str() {
+            "--sizes" => args.sizes = value.split(',').map(number).collect::<Result<_, _>>()?,
+            "--batches" => args.batches = number(&value)?,
+            "--rounds" => args.rounds = number(&value)?.max(1),
+            _ => return Err(format!("unknown flag {flag}")),
+        }
+    }
+    Ok(args)
+}
+
+fn policies() -> Vec<(&'static str, Selection)> {
+    vec![
+        // The floor: the lease, snapshot and release every policy pays, without a draw.
+        ("Fifo", Selection::Fifo),
+        ("Uniform", Selection::Uniform { seed: 1 }),
+        (
+            "Recency",
+            Selection::Recency {
+                alpha: 1.0,
+                seed: 1,
+            },
+        ),
+        (
+            "Prioritized",
+            Selection::Prioritized {
+                key: "priority".into(),
+                exponent: 0.6,
+                seed: 1,
+            },
+        ),
+    ]
+}
+
+async fn filled(selection: Selection, eligible: usize) -> Result<SequenceBuffer, String> {
+    let buf = SequenceBuffer::new(
+        eligible,
+        [RpcDef::new("train", BATCH)
+            .inputs(["tokens"])
+            .reads(u32::from(u16::MAX))
+            .selection(selection)],
+    )
+    .map_err(|e| e.to_string())?;
+    let mut next = 0usize;
+    while next < eligible {
+        let end = (next + 16_384).min(eligible);
+        let samples = (next..end)
+            .map(|i| {
+                Sample::new(format!("s{i}"))
+                    .with("tokens", vec![i as i32])
+                    // Priorities spread over four orders of magnitude, as TD errors are.
+                    .with("priority", 1e-2 + ((i * 7919) % 10_000) as f64)
+            })
+            .collect();
+        buf.put_batch(samples).await.map_err(|e| e.to_string())?;
+        next = end;
+    }
+    Ok(buf)
+}
+
+/// Mean microseconds per lease and release over `batches` batches.
+async fn round(buf: &SequenceBuffer, batches: usize) -> Result<f64, String> {
+    let start = Instant::now();
+    for _ in 0..batches {
+        let batch = buf
+            .get_batch_for_rpc("train")
+            .await
+            .map_err(|e| e.to_string())?;
+        drop(batch);
+    }
+    Ok(start.elapsed().as_secs_f64() * 1e6 / batches as f64)
+}
+
+async fn run(args: Args) -> Result<(), String> {
+    for &eligible in &args.sizes {
+        for (name, selection) in policies() {
+            let buf = filled(selection, eligible).await?;
+            round(&buf, args.batches / 4 + 1).await?;
+            let mut times = Vec::with_capacity(args.rounds);
+            for _ in 0..args.rounds {
+                times.push(round(&buf, args.batches).await?);
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            println!(
+                "{{\"policy\": \"{name}\", \"eligible\": {eligible}, \"batch\": {BATCH}, \"us_per_batch\": {median:.2}}}"
+            );
+            drop(buf);
+        }
+    }
+    Ok(())
+}
+
+fn main() {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("selection: {e}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("selection: no runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = runtime.block_on(run(args)) {
+        eprintln!("selection: {e}");
+        std::process::exit(1);
+    }
+}
