@@ -2,7 +2,8 @@
 //! zero-filled tail of each log group, manifest and checkpoint segment of a small run.
 //! Opening the damaged store must give a typed error or a state the undamaged run passed
 //! through (a torn last log group is skipped, as documented), never a panic, never a
-//! hang, and never a sample whose values changed.
+//! hang, and never a sample whose values changed. Salvage (`persist::repair`, then a strict
+//! open) must always open, and hold only samples the run held, each once.
 #![cfg(feature = "persist")]
 
 mod common;
@@ -90,6 +91,22 @@ async fn open(files: &Files, setup: Setup) -> Result<Vec<(String, Sample)>, Erro
     let contents = tokio::time::timeout(Duration::from_secs(20), read)
         .await
         .expect("opening a damaged store hung");
+    contents.map(sorted)
+}
+
+/// Repairs a copy of `files`, then opens it strictly.
+async fn salvage(files: &Files, setup: Setup) -> Result<Vec<(String, Sample)>, Error> {
+    let store = store_with(files).await;
+    let read = async {
+        rollout_buffer::persist::repair(&store).await?;
+        let buf =
+            SequenceBuffer::open_in(store, config(setup.budget), options(setup.checkpoint_bytes))
+                .await?;
+        buf.contents_loaded().await
+    };
+    let contents = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("salvaging a damaged store hung");
     contents.map(sorted)
 }
 
@@ -186,6 +203,24 @@ async fn sweep(setup: Setup, kinds: &[&str]) -> usize {
                 Err(Error::Corrupt { .. } | Error::Storage { .. } | Error::Incompatible { .. }) => {
                 }
                 Err(other) => panic!("{path} with {what}: an unexpected error {other:?}"),
+            }
+            // Salvage always opens, and keeps only samples the run really held.
+            if !path.as_ref().starts_with("spill") {
+                let salvaged = salvage(&copy, setup)
+                    .await
+                    .unwrap_or_else(|e| panic!("{path} with {what}: salvage failed: {e}"));
+                for pair in salvaged.windows(2) {
+                    assert_ne!(
+                        pair[0].0, pair[1].0,
+                        "{path} with {what}: salvage duplicated"
+                    );
+                }
+                for sample in &salvaged {
+                    assert!(
+                        good.iter().any(|state| state.contains(sample)),
+                        "{path} with {what}: salvage invented {sample:?}"
+                    );
+                }
             }
         }
     }

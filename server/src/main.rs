@@ -1,9 +1,11 @@
 //! `rollout-buffer`: the buffer as an HTTP server speaking slime's rollout-buffer API, on a
-//! durable store; and `inspect`, a look into a stored run from a shell.
+//! durable store; `inspect`, a look into a stored run from a shell; and `repair`, which
+//! salvages a run whose store will not open.
 //!
 //! ```sh
 //! rollout-buffer serve --store ./run --listen 127.0.0.1:8889 --group-size 8
 //! rollout-buffer inspect ./run --tail 5
+//! rollout-buffer repair ./run
 //! ```
 //!
 //! The server prints `listening on http://ADDR` once it accepts connections (with
@@ -15,6 +17,7 @@ mod app;
 mod arrow_items;
 mod inspect;
 mod metrics;
+mod repair;
 mod slime;
 
 use clap::{Parser, Subcommand};
@@ -37,6 +40,18 @@ enum Command {
     Serve(Serve),
     /// Summarises a stored run (read-only; safe while the run goes on).
     Inspect(Inspect),
+    /// Salvages a stored run that will not open: keeps everything before the damage, moves
+    /// the damaged files aside (never deletes) and reports what was lost. Stop the run first.
+    Repair(Repair),
+}
+
+#[derive(Debug, clap::Args)]
+struct Repair {
+    /// The store: a directory, file://, s3://, gs://, az://.
+    url: String,
+    /// Print JSON for machines instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -122,6 +137,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => runtime.block_on(serve(args)),
         Command::Inspect(args) => runtime
             .block_on(inspect::run(&args.url, args.tail, args.json))
+            .map(|text| println!("{}", text.trim_end())),
+        Command::Repair(args) => runtime
+            .block_on(repair::run(&args.url, args.json))
             .map(|text| println!("{}", text.trim_end())),
     };
     match result {

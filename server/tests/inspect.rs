@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{inspect, item, post, store, uids, write_group, Server};
+use common::{cli, inspect, item, post, store, uids, write_group, Server};
 use serde_json::{json, Value};
 use std::ffi::OsStr;
 
@@ -87,4 +87,46 @@ fn inspecting_a_missing_store_fails_and_creates_nothing() {
     assert!(!ok);
     assert!(err.contains("not a directory"), "{err}");
     assert!(!dir.exists());
+}
+
+#[tokio::test]
+async fn repair_salvages_a_store_that_will_not_open() {
+    let dir = store("repair");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    for q in ["q0", "q1", "q2", "q3"] {
+        write_group(&server, q, &[0.0, 1.0]).await;
+    }
+    assert!(server.terminate().success());
+    let mut wal: Vec<_> = std::fs::read_dir(dir.join("wal"))
+        .expect("wal")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    wal.sort();
+    assert!(wal.len() >= 3, "{wal:?}");
+    // A flipped byte in a group that is not the last: the server refuses to start on it.
+    let mut bytes = std::fs::read(&wal[1]).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    std::fs::write(&wal[1], &bytes).expect("write");
+    let (ok, _, err) = cli("inspect", &[dir.as_os_str()]);
+    assert!(ok, "inspect reads a damaged store leniently: {err}");
+
+    let (ok, out, err) = cli("repair", &[dir.as_os_str(), OsStr::new("--json")]);
+    assert!(ok, "{err}");
+    let report: Value = serde_json::from_str(&out).expect("json");
+    let moved = report["moved"].as_array().expect("moved");
+    assert_eq!(moved.len(), wal.len() - 1, "{report}");
+    assert_eq!(report["unreadable_groups"], json!([1]));
+    assert!(dir.join("damaged/0/report.json").is_file());
+    assert!(dir
+        .join("damaged/0/wal")
+        .join(wal[1].file_name().expect("name"))
+        .is_file());
+
+    // It starts again, and a second repair has nothing to do.
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    assert!(server.terminate().success());
+    let (ok, out, _) = cli("repair", &[dir.as_os_str()]);
+    assert!(ok);
+    assert!(out.contains("nothing to repair"), "{out}");
 }

@@ -34,8 +34,8 @@ use parquet::file::properties::WriterProperties;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
-const SEGMENT_DIR: &str = "segments";
-const MANIFEST_DIR: &str = "manifest";
+pub(crate) const SEGMENT_DIR: &str = "segments";
+pub(crate) const MANIFEST_DIR: &str = "manifest";
 /// Rows per segment file: bounds the memory one file takes to write or read.
 const SEGMENT_ROWS: usize = 65_536;
 const FORMAT: u64 = 1;
@@ -104,7 +104,7 @@ fn manifest_path(number: u64) -> String {
     format!("{MANIFEST_DIR}/{number:020}.json")
 }
 
-fn parse_manifest_path(path: &str) -> Option<u64> {
+pub(crate) fn parse_manifest_path(path: &str) -> Option<u64> {
     let digits = path
         .strip_prefix(MANIFEST_DIR)?
         .strip_prefix('/')?

@@ -10,6 +10,7 @@
 //! spill/<id>.parquet             payloads spilled under a memory budget (see `spill/`)
 //! archive/environment=<e>/policy_version=<v>/part-<hash>.parquet   consumed samples
 //! archive_schema.parquet         the archive's columns (no rows)
+//! damaged/<n>/...                files a repair moved aside, and its report.json
 //! ```
 //!
 //! * `store.rs`: [`Store`], one `object_store` backend chosen by URL; the only place that
@@ -19,7 +20,8 @@
 //!   (`record.rs`); `log.rs`: log group files.
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
-//!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open).
+//!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open);
+//!   `repair.rs`: [`repair`], salvaging a store strict recovery refuses.
 //! * `spill/`: the Parquet spill segments of a buffer with a memory budget (the buffer's
 //!   `SpillStore`): `encode.rs` writes them, `layout.rs` places their plain chunks (8-byte
 //!   aligned values), `read.rs` reads rows back, `pages.rs` decodes the pages this crate
@@ -47,6 +49,7 @@ mod local_read;
 mod log;
 mod open;
 mod recover;
+mod repair;
 mod spill;
 mod state;
 mod store;
@@ -59,5 +62,6 @@ pub use inspect::{
     StoreSummary,
 };
 pub use open::{PersistOptions, RecoveryMode};
+pub use repair::{repair, MovedFile, RepairReport};
 pub use store::{Listed, Store};
 pub use wal::Durability;

@@ -28,6 +28,10 @@ pub enum RecoveryMode {
     Strict,
     /// Skip it with a warning and recover what the other files hold.
     Lenient,
+    /// [`repair`](super::repair) the store first: recover everything before the first
+    /// damaged file, move it and everything that depended on it aside under `damaged/<n>/`
+    /// (nothing is deleted), log what was lost, then recover strictly.
+    Salvage,
 }
 
 /// How a persistent buffer logs, recovers and archives.
@@ -177,6 +181,12 @@ impl SequenceBuffer {
         options: PersistOptions,
     ) -> Result<Self> {
         let lenient = options.recovery == RecoveryMode::Lenient;
+        if options.recovery == RecoveryMode::Salvage {
+            let report = super::repair::repair(&store).await?;
+            if !report.is_clean() {
+                tracing::warn!(report = %report.to_json(), "opened a salvaged store");
+            }
+        }
         let mut recovered = recover(&store, lenient).await?;
         let stored_config = StoredConfig {
             rpcs: config.rpcs.iter().map(StoredRpc::from).collect(),

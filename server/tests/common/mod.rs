@@ -134,11 +134,16 @@ pub fn uids(body: &Value) -> Vec<String> {
 
 /// Runs `rollout-buffer inspect` with `args`; its exit success and stdout.
 pub fn inspect(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
+    cli("inspect", args)
+}
+
+/// Runs `rollout-buffer <command> <args>`; returns success, stdout and stderr.
+pub fn cli(command: &str, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
-        .arg("inspect")
+        .arg(command)
         .args(args)
         .output()
-        .expect("run inspect");
+        .expect("run the command line");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),

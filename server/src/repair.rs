@@ -1,0 +1,86 @@
+//! `rollout-buffer repair URL`: salvages a stored run that strict recovery refuses
+//! (`persist::repair`), then says what was moved aside and what the run lost, as text or
+//! JSON. Run it with the run stopped: it moves files.
+
+use rollout_buffer::persist::{repair, RepairReport, Store};
+use std::fmt::Write as _;
+
+/// Repairs the store at `url`; returns the report as text, or JSON with `json`.
+///
+/// # Errors
+///
+/// The library's error for a store that cannot be opened, read or written, as text.
+pub async fn run(url: &str, json: bool) -> Result<String, String> {
+    let local = match url.split_once("://") {
+        None => Some(url),
+        Some(("file", path)) => Some(path),
+        Some(_) => None,
+    };
+    if let Some(dir) = local.filter(|d| !std::path::Path::new(d).is_dir()) {
+        return Err(format!("no stored run at {url}: {dir} is not a directory"));
+    }
+    let store = Store::open(url).map_err(|e| format!("cannot open {url}: {e}"))?;
+    let report = repair(&store)
+        .await
+        .map_err(|e| format!("cannot repair {url}: {e}"))?;
+    Ok(if json {
+        report.to_json().to_string()
+    } else {
+        text(url, &report)
+    })
+}
+
+fn text(url: &str, report: &RepairReport) -> String {
+    let mut out = String::new();
+    if report.is_clean() {
+        let _ = writeln!(out, "{url}: nothing to repair; it opens as it is");
+        return out;
+    }
+    let from = report
+        .checkpoint
+        .map_or("the start of the log".to_owned(), |n| {
+            format!("checkpoint {n}")
+        });
+    let _ = writeln!(
+        out,
+        "{url}: recovers from {from} and {} log groups after it",
+        report.groups_kept
+    );
+    let _ = writeln!(
+        out,
+        "moved aside to {}:",
+        report.folder.as_deref().unwrap_or("?")
+    );
+    for m in &report.moved {
+        let _ = writeln!(out, "  {}  ({})", m.from, m.why);
+    }
+    let _ = writeln!(
+        out,
+        "lost: {} records in readable groups; {} samples put in them{}",
+        report.records_lost,
+        report.samples_lost.len(),
+        if report.unreadable_groups.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; the records of groups {:?} cannot be read",
+                report.unreadable_groups
+            )
+        }
+    );
+    if !report.samples_lost.is_empty() {
+        let shown: Vec<&str> = report
+            .samples_lost
+            .iter()
+            .take(20)
+            .map(String::as_str)
+            .collect();
+        let more = report.samples_lost.len().saturating_sub(shown.len());
+        let _ = write!(out, "  ids: {}", shown.join(", "));
+        if more > 0 {
+            let _ = write!(out, " and {more} more");
+        }
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,285 @@
+//! Salvage: turning a store that strict recovery refuses (a damaged log group that is not
+//! the torn tail, a missing group, a damaged checkpoint) into one it opens, losing as
+//! little as can be known to be consistent, deleting nothing, and saying what was lost.
+//!
+//! [`repair`] recovers the newest checkpoint that loads and the log groups after it up to
+//! the first one that is damaged, missing or does not apply: everything before the damage.
+//! It then moves aside, under `damaged/<n>/` (the same relative paths; `n` one more than
+//! any earlier repair), every file recovery would trip on or must no longer apply: that
+//! group and every group after it, groups that a moved group declared abandoned (once
+//! their declaration is gone they would be applied), manifests newer than the one that
+//! loaded, and the segments no remaining manifest names. Moving is a copy then a delete
+//! of the original, so a crash part-way leaves a file in both places, never in neither.
+//! The report (also written as `damaged/<n>/report.json`) lists every file moved and why,
+//! and for the moved log groups that still decode, how many records they held and the ids
+//! of the samples they put: what the run loses. A damaged group's records are unknown.
+//!
+//! Nothing is invented: the state kept is a prefix of the log the run wrote, on top of a
+//! checkpoint the run committed; `tests/hostile.rs` checks this over every byte flip,
+//! truncation and zeroed tail of every file of a small run.
+
+use super::checkpoint::{self, parse_manifest_path, MANIFEST_DIR, SEGMENT_DIR};
+use super::codec::Replayed;
+use super::log::{decode_group, Group};
+use super::state::DurableState;
+use super::store::Store;
+use crate::buffer::Record;
+use crate::error::Result;
+use bytes::Bytes;
+use serde_json::json;
+use std::collections::BTreeSet;
+
+/// Where repairs move files.
+const DAMAGED_DIR: &str = "damaged";
+
+/// A file [`repair`] moved aside.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MovedFile {
+    /// Its path before, relative to the store.
+    pub from: String,
+    /// Its path now.
+    pub to: String,
+    /// Why it was moved.
+    pub why: String,
+}
+
+/// What [`repair`] did (see the module docs).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RepairReport {
+    /// The checkpoint recovery now starts from (`None`: the log from its start).
+    pub checkpoint: Option<u64>,
+    /// Log groups kept and applied after it.
+    pub groups_kept: usize,
+    /// Every file moved aside, in the order moved.
+    pub moved: Vec<MovedFile>,
+    /// Records in the moved log groups that still decode.
+    pub records_lost: u64,
+    /// Ids of the samples put in the moved log groups that still decode, in log order.
+    pub samples_lost: Vec<String>,
+    /// Moved log groups whose contents cannot be read (their records are unknown).
+    pub unreadable_groups: Vec<u64>,
+    /// The folder the files went to, when any did.
+    pub folder: Option<String>,
+}
+
+impl RepairReport {
+    /// Whether the store needed no repair.
+    pub fn is_clean(&self) -> bool {
+        self.moved.is_empty()
+    }
+
+    /// The report as JSON (what `report.json` holds).
+    pub fn to_json(&self) -> serde_json::Value {
+        let moved: Vec<_> = self
+            .moved
+            .iter()
+            .map(|m| json!({"from": m.from, "to": m.to, "why": m.why}))
+            .collect();
+        json!({
+            "checkpoint": self.checkpoint,
+            "groups_kept": self.groups_kept,
+            "moved": moved,
+            "records_lost": self.records_lost,
+            "samples_lost": self.samples_lost,
+            "unreadable_groups": self.unreadable_groups,
+            "folder": self.folder,
+        })
+    }
+}
+
+/// Salvages the store (see the module docs). A store strict recovery opens is left as it is
+/// (the report is clean), save for a torn last log group, which strict recovery skips on
+/// its own.
+///
+/// # Errors
+///
+/// [`Error::Storage`](crate::Error::Storage) when the store cannot be listed, read or
+/// written; files moved before the error stay moved (a repair can be run again).
+pub async fn repair(store: &Store) -> Result<RepairReport> {
+    let loaded = checkpoint::load(store, true).await?;
+    let mut report = RepairReport::default();
+    let mut to_move: Vec<(String, String)> = Vec::new();
+    let (log_from, mut state, named) = match loaded.checkpoint {
+        Some((manifest, state)) => {
+            report.checkpoint = Some(manifest.number);
+            let named: BTreeSet<String> = manifest
+                .segments
+                .iter()
+                .chain(&manifest.aux_segments)
+                .cloned()
+                .collect();
+            (manifest.log_from, state, named)
+        }
+        None => (0, DurableState::default(), BTreeSet::new()),
+    };
+    // Manifests newer than the one that loaded are damaged; the segments only they named
+    // would be deleted as orphans by the next checkpoint, so they go with them.
+    let mut newer = Vec::new();
+    for path in store.list(MANIFEST_DIR).await? {
+        let number = parse_manifest_path(&path);
+        if number.is_some_and(|n| report.checkpoint.is_none_or(|loaded| n > loaded)) {
+            newer.push(path);
+        }
+    }
+    if !newer.is_empty() {
+        for path in newer {
+            to_move.push((path, "a checkpoint that does not load".into()));
+        }
+        for path in store.list(SEGMENT_DIR).await? {
+            if !named.contains(&path) {
+                to_move.push((path, "a segment the checkpoint kept does not name".into()));
+            }
+        }
+    }
+    let cut = replay_until_damage(store, log_from, &mut state, &mut report, &mut to_move).await?;
+    tracing::debug!(?cut, "repair: log cut");
+    if to_move.is_empty() {
+        return Ok(report);
+    }
+    let folder = next_folder(store).await?;
+    for (from, why) in to_move {
+        let to = format!("{folder}/{from}");
+        if let Some(bytes) = store.get(&from).await? {
+            store.put(&to, bytes).await?;
+            store.delete(&from).await?;
+        }
+        report.moved.push(MovedFile { from, to, why });
+    }
+    let json = Bytes::from(report_json(&report, &folder));
+    store.put(&format!("{folder}/report.json"), json).await?;
+    report.folder = Some(folder);
+    tracing::warn!(
+        moved = report.moved.len(),
+        records_lost = report.records_lost,
+        samples_lost = report.samples_lost.len(),
+        unreadable_groups = report.unreadable_groups.len(),
+        "store repaired: damaged files moved aside"
+    );
+    Ok(report)
+}
+
+fn report_json(report: &RepairReport, folder: &str) -> String {
+    let mut value = report.to_json();
+    value["folder"] = json!(folder);
+    value.to_string()
+}
+
+/// `damaged/<n>` with `n` above every earlier repair's.
+async fn next_folder(store: &Store) -> Result<String> {
+    let highest = store
+        .list(DAMAGED_DIR)
+        .await?
+        .iter()
+        .filter_map(|p| {
+            p.strip_prefix(DAMAGED_DIR)?
+                .strip_prefix('/')?
+                .split('/')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .max();
+    Ok(format!("{DAMAGED_DIR}/{}", highest.map_or(0, |n| n + 1)))
+}
+
+/// Applies the log groups from `log_from` on until the first that is missing, damaged (and
+/// not the last: a torn tail is skipped by recovery itself) or does not apply; queues that
+/// group, every later one, and the abandoned groups the moved ones declared, for moving.
+/// Returns the sequence number of the cut, if any.
+async fn replay_until_damage(
+    store: &Store,
+    log_from: u64,
+    state: &mut DurableState,
+    report: &mut RepairReport,
+    to_move: &mut Vec<(String, String)>,
+) -> Result<Option<u64>> {
+    let files = checkpoint::log_files(store, log_from).await?;
+    let mut groups: Vec<(u64, String, std::result::Result<Group, String>)> = Vec::new();
+    for (seq, path) in files {
+        let decoded = match store.get(&path).await? {
+            Some(bytes) => decode_group(&bytes),
+            None => continue,
+        };
+        groups.push((seq, path, decoded));
+    }
+    let declared = |groups: &[(u64, String, std::result::Result<Group, String>)]| {
+        groups
+            .iter()
+            .filter_map(|(_, _, g)| g.as_ref().ok())
+            .flat_map(|g| g.abandoned.iter().copied())
+            .collect::<BTreeSet<u64>>()
+    };
+    let abandoned = declared(&groups);
+    let last = groups.last().map(|g| g.0);
+    let mut expected = log_from;
+    let mut cut = None;
+    for (i, (seq, _, decoded)) in groups.iter().enumerate() {
+        let gap = (expected..*seq).any(|s| !abandoned.contains(&s));
+        expected = seq + 1;
+        if gap {
+            cut = Some(i);
+            break;
+        }
+        if abandoned.contains(seq) {
+            continue;
+        }
+        let applies = match decoded {
+            Ok(group) => group
+                .records
+                .iter()
+                .try_for_each(|r| state.apply(r))
+                .is_ok(),
+            Err(_) => Some(*seq) == last,
+        };
+        if !applies {
+            cut = Some(i);
+            break;
+        }
+        report.groups_kept += usize::from(decoded.is_ok());
+    }
+    let Some(cut) = cut else {
+        return Ok(None);
+    };
+    let (kept, moved) = groups.split_at(cut);
+    // A group the kept log no longer declares abandoned must not come back to life.
+    let still_declared = declared(kept);
+    for (seq, path, _) in kept {
+        if abandoned.contains(seq) && !still_declared.contains(seq) {
+            to_move.push((
+                path.clone(),
+                "abandoned by a log group that was moved".into(),
+            ));
+        }
+    }
+    for (n, (seq, path, decoded)) in moved.iter().enumerate() {
+        let why = match (n, decoded) {
+            (0, Err(detail)) => format!("damaged: {detail}"),
+            (0, Ok(_)) => "does not apply, or follows a missing group".to_owned(),
+            _ => "after the damaged group".to_owned(),
+        };
+        match decoded {
+            Ok(group) => {
+                report.records_lost += group.records.len() as u64;
+                for record in &group.records {
+                    put_ids(record, &mut report.samples_lost);
+                }
+            }
+            Err(_) => report.unreadable_groups.push(*seq),
+        }
+        to_move.push((path.clone(), why));
+    }
+    Ok(moved.first().map(|g| g.0))
+}
+
+/// Appends the ids of the samples `record` puts.
+fn put_ids(record: &Replayed, ids: &mut Vec<String>) {
+    match record {
+        Replayed::Put(samples) => ids.extend(samples.iter().map(|s| s.id.to_string())),
+        Replayed::Other(Record::Put(samples)) => {
+            ids.extend(samples.iter().map(|s| s.id.to_string()))
+        }
+        Replayed::Other(_) => {}
+    }
+}

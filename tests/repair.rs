@@ -1,0 +1,156 @@
+//! Salvage: a store that strict recovery refuses is repaired into one it opens, holding
+//! everything before the damage; the damaged files and everything that depended on them
+//! are moved aside (never deleted), and the report names what was lost.
+#![cfg(feature = "persist")]
+
+use rollout_buffer::persist::{repair, PersistOptions, RecoveryMode, Store};
+use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
+
+fn config() -> BufferConfig {
+    BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+}
+
+async fn open(store: &Store, mode: RecoveryMode) -> Result<SequenceBuffer, Error> {
+    let options = PersistOptions::new().recovery(mode).archive(None);
+    SequenceBuffer::open_in(store.clone(), config(), options).await
+}
+
+/// A store holding four samples, each put in its own log group: `wal` lists them in order.
+async fn four_groups() -> (Store, Vec<String>) {
+    let store = Store::open("memory://").expect("memory store");
+    let buf = open(&store, RecoveryMode::Strict).await.expect("opens");
+    for i in 0..4 {
+        buf.put_batch(vec![Sample::new(format!("s{i}")).with("tokens", vec![i])])
+            .await
+            .expect("put");
+    }
+    drop(buf);
+    let wal = store.list("wal").await.expect("list");
+    assert_eq!(wal.len(), 4, "{wal:?}");
+    (store, wal)
+}
+
+fn ids(buf: &SequenceBuffer) -> Vec<String> {
+    buf.contents()
+        .iter()
+        .map(|s| s.sample.id().to_string())
+        .collect()
+}
+
+async fn flip_middle_byte(store: &Store, path: &str) -> Vec<u8> {
+    let mut bytes = store
+        .get(path)
+        .await
+        .expect("get")
+        .expect("exists")
+        .to_vec();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x5a;
+    store.put(path, bytes.clone().into()).await.expect("put");
+    bytes
+}
+
+#[tokio::test]
+async fn a_damaged_middle_group_is_salvaged_with_everything_before_it() {
+    let (store, wal) = four_groups().await;
+    let damaged = flip_middle_byte(&store, &wal[1]).await;
+    let later = store.get(&wal[3]).await.expect("get").expect("exists");
+    assert!(open(&store, RecoveryMode::Strict).await.is_err());
+
+    let report = repair(&store).await.expect("repair");
+    let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
+    assert_eq!(moved, [&wal[1], &wal[2], &wal[3]]);
+    assert!(
+        report.moved[0].why.contains("checksum"),
+        "{:?}",
+        report.moved[0]
+    );
+    assert_eq!(report.folder.as_deref(), Some("damaged/0"));
+    assert_eq!(report.unreadable_groups, [1]);
+    assert_eq!(report.samples_lost, ["s2", "s3"]);
+    assert_eq!((report.records_lost, report.groups_kept), (2, 1));
+    // Moved, not deleted: the bytes are where the report says, as they were.
+    let aside = |i: usize| format!("damaged/0/{}", wal[i]);
+    assert_eq!(
+        store.get(&aside(1)).await.expect("get").as_deref(),
+        Some(&damaged[..])
+    );
+    assert_eq!(store.get(&aside(3)).await.expect("get"), Some(later));
+    let json = store
+        .get("damaged/0/report.json")
+        .await
+        .expect("get")
+        .expect("report");
+    let json: serde_json::Value = serde_json::from_slice(&json).expect("json");
+    assert_eq!(json["samples_lost"], serde_json::json!(["s2", "s3"]));
+
+    // Strict recovery opens it now, the log goes on, and a second repair finds nothing.
+    let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
+    assert_eq!(ids(&buf), ["s0"]);
+    buf.put_batch(vec![Sample::new("s9").with("tokens", vec![9])])
+        .await
+        .expect("put after repair");
+    drop(buf);
+    let buf = open(&store, RecoveryMode::Strict).await.expect("reopen");
+    assert_eq!(ids(&buf), ["s0", "s9"]);
+    drop(buf);
+    assert!(repair(&store).await.expect("again").is_clean());
+}
+
+#[tokio::test]
+async fn a_missing_group_keeps_the_groups_before_it() {
+    let (store, wal) = four_groups().await;
+    store.delete(&wal[2]).await.expect("delete");
+    let report = repair(&store).await.expect("repair");
+    let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
+    assert_eq!(moved, [&wal[3]]);
+    assert_eq!(report.samples_lost, ["s3"]);
+    assert!(report.unreadable_groups.is_empty());
+    let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
+    assert_eq!(ids(&buf), ["s0", "s1"]);
+}
+
+#[tokio::test]
+async fn salvage_mode_repairs_then_opens_and_a_clean_store_is_left_alone() {
+    let (store, wal) = four_groups().await;
+    let before = store.list("").await.expect("list");
+    assert!(repair(&store).await.expect("clean").is_clean());
+    assert_eq!(store.list("").await.expect("list"), before);
+
+    flip_middle_byte(&store, &wal[2]).await;
+    let buf = open(&store, RecoveryMode::Salvage).await.expect("salvage");
+    assert_eq!(ids(&buf), ["s0", "s1"]);
+    drop(buf);
+    let buf = open(&store, RecoveryMode::Strict)
+        .await
+        .expect("strict after");
+    assert_eq!(ids(&buf), ["s0", "s1"]);
+}
+
+#[tokio::test]
+async fn a_damaged_checkpoint_is_moved_aside_with_its_segments() {
+    let (store, _) = four_groups().await;
+    // Opening folds the log into a checkpoint (one manifest, one segment).
+    drop(
+        open(&store, RecoveryMode::Strict)
+            .await
+            .expect("checkpoints"),
+    );
+    let manifests = store.list("manifest").await.expect("list");
+    let segments = store.list("segments").await.expect("list");
+    assert_eq!((manifests.len(), segments.len()), (1, 1));
+    flip_middle_byte(&store, &segments[0]).await;
+    assert!(open(&store, RecoveryMode::Strict).await.is_err());
+
+    let report = repair(&store).await.expect("repair");
+    let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
+    assert_eq!(moved, [&manifests[0], &segments[0]]);
+    assert_eq!(report.checkpoint, None);
+    let aside = format!("damaged/0/{}", segments[0]);
+    assert!(store.get(&aside).await.expect("get").is_some());
+    let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
+    assert!(
+        ids(&buf).is_empty(),
+        "nothing before the damaged checkpoint survives"
+    );
+}
