@@ -10,13 +10,16 @@
 //! * every acknowledged amend is in its sample;
 //! * no acknowledged completion has a read left (it will not be served again), and a
 //!   completed generation's outputs are there;
+//! * the archive holds every sample whose training was acknowledged, exactly once, with
+//!   the score and tokens it was trained with, and no row twice;
 //! * the buffer's invariants hold.
 //!
 //! Runs on a temp dir and, when `ROLLOUT_BUFFER_S3_URL` is set, on S3.
 
 mod common;
 
-use rollout_buffer::persist::{Durability, PersistOptions};
+use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter, Durability, PersistOptions};
+use rollout_buffer::ExitReason;
 use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer, SlotHandle};
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -45,7 +48,11 @@ fn config(budget: Option<u64>) -> BufferConfig {
 fn options() -> PersistOptions {
     PersistOptions::new()
         .durability(Durability::Sync)
-        .archive(None)
+        // Small, frequent archive batches, so that kills land in the middle of them.
+        .archive(Some(ArchiveOptions {
+            max_rows: 8,
+            max_delay: Duration::from_millis(20),
+        }))
         // Small, so that checkpoints happen (and get killed) too.
         .checkpoint_bytes(16 << 10)
 }
@@ -301,8 +308,59 @@ async fn verify(url: &str, run: u64, budget: Option<u64>, acked: &Acked) {
             );
         }
     }
-    // The recovered buffer may have spilled meanwhile: hand the store over cleanly.
+    // The recovered buffer may have spilled meanwhile: hand the store over cleanly (this
+    // also writes what recovery found still waiting for the archive).
     buf.flush()
         .await
         .unwrap_or_else(|e| panic!("run {run}: flush: {e}"));
+    let store = rollout_buffer::persist::Store::open(url).expect("store");
+    let rows = ArchiveWriter::new(store)
+        .read_all()
+        .await
+        .unwrap_or_else(|e| panic!("run {run}: archive unreadable: {e}"));
+    let mut archived: HashMap<String, usize> = HashMap::new();
+    for row in &rows {
+        let id = row.sample.id().to_string();
+        *archived.entry(id.clone()).or_default() += 1;
+        if row.reason != ExitReason::Consumed {
+            continue;
+        }
+        assert!(
+            acked.leased_by_train.contains(&id),
+            "run {run}: `{id}` archived as consumed but never leased for training"
+        );
+        if let Some(score) = acked.amend.get(&id) {
+            let got = row
+                .sample
+                .get("score")
+                .and_then(|t| t.scalar_value::<f64>());
+            assert_eq!(
+                got,
+                Some(*score),
+                "run {run}: archived `{id}` lost its score"
+            );
+        }
+        let tokens = row.sample.get("tokens").and_then(|t| {
+            t.array::<i32>()
+                .map(|a| a.iter().copied().collect::<Vec<i32>>())
+        });
+        assert_eq!(
+            tokens,
+            Some(vec![id.len() as i32; 8]),
+            "run {run}: archived `{id}` is not what was trained"
+        );
+    }
+    let twice: Vec<_> = archived.iter().filter(|(_, &n)| n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "run {run}: archived more than once: {twice:?}"
+    );
+    for (rpc, id) in &acked.done {
+        if rpc == "train" {
+            assert!(
+                archived.contains_key(id),
+                "run {run}: `{id}` was trained (acknowledged) but is not in the archive"
+            );
+        }
+    }
 }

@@ -60,6 +60,12 @@ pub(crate) enum Record {
     },
     /// Auxiliary entries set or removed (see `aux.rs`).
     Aux(Vec<AuxWrite>),
+    /// The archiver is about to write freed samples `ids` as archive batch `batch`
+    /// (persistence only: the buffer never logs it). Until `Archived` follows, recovery
+    /// keeps these samples and writes the batch again, under the same names.
+    Archiving { batch: u64, ids: Vec<SampleId> },
+    /// Archive batch `batch` is on storage: its samples may leave the durable state.
+    Archived { batch: u64 },
     /// Fields of `ids[i]` moved to `parts[i]` of a spill segment and out of memory. With
     /// `replaces`, a rewrite: each sample's part in segment `replaces` is now `parts[i]`.
     Spill {

@@ -72,7 +72,7 @@ pub(crate) use restore::Restored;
 #[cfg(feature = "persist")]
 pub(crate) use spill::SpillFuture;
 #[cfg(feature = "persist")]
-pub(crate) use spill::{strike, SpillPart};
+pub(crate) use spill::{merge as merge_spilled, strike, SpillPart};
 pub(crate) use spill::{Segment, SpillStore};
 
 use crate::error::{Error, Result};
@@ -531,10 +531,15 @@ impl SequenceBuffer {
                 journal.flush().await?;
             }
         }
-        match &self.shared.freed_sink {
-            Some(sink) => sink.flush().await,
-            None => Ok(()),
+        if let Some(sink) = &self.shared.freed_sink {
+            sink.flush().await?;
+            // A persistent archive logs that its batches are written: make that durable
+            // too, so a flushed store needs no archive work at its next open.
+            if let Some(journal) = &journal {
+                journal.flush().await?;
+            }
         }
+        Ok(())
     }
 
     /// True once [`Self::close`] was called.

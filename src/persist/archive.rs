@@ -13,7 +13,8 @@
 //! sample's columns as [`to_record_batch`](crate::arrow::to_record_batch) lays them out,
 //! plus `read_by` (list of the RPCs that used it) and `reason` (how it left). Files are
 //! zstd-compressed and named by a hash of their bytes, so writing the same rows again
-//! replaces the earlier attempt instead of adding a duplicate. Every file carries all the
+//! replaces the earlier attempt instead of adding a duplicate; a persistent buffer's
+//! archiver names them by batch number instead (`part-<batch>.parquet`, see `archiver.rs`). Every file carries all the
 //! columns the archive has had, in one order, new ones appended (`archive_schema.rs`).
 
 use super::archive_schema;
@@ -97,6 +98,17 @@ impl ArchiveWriter {
     ///   `policy_version` metadata that is not an integer, and as [`Self::record_batch`].
     /// * [`Error::Storage`] when a file fails to encode as Parquet or to be written.
     pub async fn write(&self, samples: &[ArchivedSample]) -> Result<Vec<String>> {
+        self.write_as(samples, None).await
+    }
+
+    /// [`Self::write`]; with `batch`, the files are named by the batch number instead of
+    /// their bytes (`part-<batch, 20 digits>.parquet`), so writing the batch again after a
+    /// crash replaces what it wrote even if the archive's columns grew in between.
+    pub(crate) async fn write_as(
+        &self,
+        samples: &[ArchivedSample],
+        number: Option<u64>,
+    ) -> Result<Vec<String>> {
         let mut partitions: BTreeMap<String, Vec<&ArchivedSample>> = BTreeMap::new();
         for s in samples {
             partitions
@@ -126,7 +138,10 @@ impl ArchiveWriter {
         let mut written = Vec::with_capacity(batches.len());
         for (dir, batch) in batches {
             let bytes = self.encode(&dir, &archive_schema::conform(&batch, &schema)?)?;
-            let path = format!("{dir}/part-{:016x}.parquet", content_hash(&bytes));
+            let path = match number {
+                Some(n) => format!("{dir}/part-{n:020}.parquet"),
+                None => format!("{dir}/part-{:016x}.parquet", content_hash(&bytes)),
+            };
             self.store.put(&path, bytes).await?;
             written.push(path);
         }

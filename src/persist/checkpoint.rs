@@ -4,6 +4,8 @@
 //! ```text
 //! segments/seg-<hash of bytes>.parquet   id | birth | seq | state (binary)
 //! segments/aux-<hash of bytes>.parquet   the auxiliary entries, same columns (id = key)
+//! segments/freed-<hash of bytes>.parquet freed samples not yet archived: the same columns
+//!                                        and reason | archive_batch (see `archiver.rs`)
 //! manifest/<number, 20 digits>.json      segments, log_from, RPCs, totals
 //! ```
 //!
@@ -19,12 +21,13 @@
 use super::archive::content_hash;
 use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
-use super::state::{Body, DurableState, Entry, RpcTotals};
+use super::state::{Body, DurableState, Entry, RpcTotals, Unarchived};
 use super::store::{corrupt, corrupt_by, storage_msg, Store};
 use crate::error::{Result, StorageKind};
+use crate::exit::ExitReason;
 use crate::rpc_defs::RpcDef;
 use crate::sync::Arc;
-use arrow_array::{Array, BinaryArray, RecordBatch, StringArray, UInt64Array};
+use arrow_array::{Array, ArrayRef, BinaryArray, RecordBatch, StringArray, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -92,6 +95,10 @@ pub(crate) struct Manifest {
     pub(crate) segments: Vec<String>,
     /// Segments of auxiliary entries (absent in manifests written before they existed).
     pub(crate) aux_segments: Vec<String>,
+    /// Segments of freed samples not yet archived (absent before they existed).
+    pub(crate) freed_segments: Vec<String>,
+    /// The number the archiver's next batch takes.
+    pub(crate) next_archive_batch: u64,
     pub(crate) bytes: u64,
     pub(crate) config: StoredConfig,
     pub(crate) put: u64,
@@ -135,6 +142,8 @@ impl Manifest {
             "log_from": self.log_from,
             "segments": self.segments,
             "aux_segments": self.aux_segments,
+            "freed_segments": self.freed_segments,
+            "next_archive_batch": self.next_archive_batch,
             "bytes": self.bytes,
             "rpcs": rpcs,
             "external_keys": self.config.external_keys,
@@ -199,6 +208,14 @@ impl Manifest {
                 Some(list) => strings(Some(list), "aux_segments")?,
                 None => Vec::new(),
             },
+            freed_segments: match v.get("freed_segments") {
+                Some(list) => strings(Some(list), "freed_segments")?,
+                None => Vec::new(),
+            },
+            next_archive_batch: v
+                .get("next_archive_batch")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
             bytes: u("bytes")?,
             config: StoredConfig {
                 rpcs,
@@ -228,11 +245,21 @@ pub(crate) async fn write(
     let segments = write_segments(store, &entries, "seg", &mut bytes).await?;
     let aux: Vec<&Entry> = state.aux.values().collect();
     let aux_segments = write_segments(store, &aux, "aux", &mut bytes).await?;
+    let freed: Vec<&Entry> = state.unarchived.iter().map(|u| &u.entry).collect();
+    let exits: Vec<(ExitReason, Option<u64>)> = state
+        .unarchived
+        .iter()
+        .map(|u| (u.reason, u.batch))
+        .collect();
+    let freed_segments =
+        write_segments_with(store, &freed, Some(&exits), "freed", &mut bytes).await?;
     let manifest = Manifest {
         number,
         log_from,
         segments,
         aux_segments,
+        freed_segments,
+        next_archive_batch: state.next_archive_batch,
         bytes,
         config: config.clone(),
         put: state.put,
@@ -275,9 +302,21 @@ async fn write_segments(
     kind: &str,
     bytes: &mut u64,
 ) -> Result<Vec<String>> {
+    write_segments_with(store, entries, None, kind, bytes).await
+}
+
+/// [`write_segments`], with a reason and archive batch per entry for freed samples.
+async fn write_segments_with(
+    store: &Store,
+    entries: &[&Entry],
+    exits: Option<&[(ExitReason, Option<u64>)]>,
+    kind: &str,
+    bytes: &mut u64,
+) -> Result<Vec<String>> {
     let mut paths = Vec::new();
-    for chunk in entries.chunks(SEGMENT_ROWS) {
-        let encoded = encode_segment(chunk)
+    for (i, chunk) in entries.chunks(SEGMENT_ROWS).enumerate() {
+        let exits = exits.map(|e| &e[i * SEGMENT_ROWS..i * SEGMENT_ROWS + chunk.len()]);
+        let encoded = encode_segment(chunk, exits)
             .map_err(|e| storage_msg(store.url(), SEGMENT_DIR, StorageKind::Other, e))?;
         let path = format!(
             "{SEGMENT_DIR}/{kind}-{:016x}.parquet",
@@ -299,7 +338,10 @@ async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
         }
     }
     for path in store.list(SEGMENT_DIR).await? {
-        if !manifest.segments.contains(&path) && !manifest.aux_segments.contains(&path) {
+        let named = manifest.segments.contains(&path)
+            || manifest.aux_segments.contains(&path)
+            || manifest.freed_segments.contains(&path);
+        if !named {
             store.delete(&path).await?;
         }
     }
@@ -311,7 +353,10 @@ async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
     Ok(())
 }
 
-fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
+fn encode_segment(
+    entries: &[&Entry],
+    exits: Option<&[(ExitReason, Option<u64>)]>,
+) -> std::result::Result<Bytes, String> {
     let ids = StringArray::from_iter_values(entries.iter().map(|e| e.id.as_str()));
     let births = UInt64Array::from_iter_values(entries.iter().map(|e| e.birth));
     let seqs = UInt64Array::from_iter_values(entries.iter().map(|e| e.seq));
@@ -337,24 +382,33 @@ fn encode_segment(entries: &[&Entry]) -> std::result::Result<Bytes, String> {
             w.buf
         })
     }));
-    let schema = Arc::new(Schema::new(vec![
+    let mut fields = vec![
         Field::new("id", DataType::Utf8, false),
         Field::new("birth", DataType::UInt64, false),
         Field::new("seq", DataType::UInt64, false),
         Field::new("state", DataType::Binary, false),
         Field::new("spilled", DataType::Binary, true),
-    ]));
-    let batch = RecordBatch::try_new(
-        schema,
-        vec![
-            Arc::new(ids),
-            Arc::new(births),
-            Arc::new(seqs),
-            Arc::new(states),
-            Arc::new(spilled),
-        ],
-    )
-    .map_err(|e| e.to_string())?;
+    ];
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(ids),
+        Arc::new(births),
+        Arc::new(seqs),
+        Arc::new(states),
+        Arc::new(spilled),
+    ];
+    // Freed samples: why each left, and the archive batch it is in, if any.
+    if let Some(exits) = exits {
+        fields.push(Field::new("reason", DataType::Utf8, false));
+        fields.push(Field::new("archive_batch", DataType::UInt64, true));
+        columns.push(Arc::new(StringArray::from_iter_values(
+            exits.iter().map(|(r, _)| r.as_str()),
+        )));
+        columns.push(Arc::new(UInt64Array::from_iter(
+            exits.iter().map(|(_, b)| *b),
+        )));
+    }
+    let batch =
+        RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| e.to_string())?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
         .build();
@@ -425,19 +479,18 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
         .iter()
         .map(|(n, t)| (Arc::from(n.as_str()), *t))
         .collect();
-    for (segment, aux) in manifest
-        .segments
-        .iter()
-        .map(|s| (s, false))
-        .chain(manifest.aux_segments.iter().map(|s| (s, true)))
-    {
+    state.next_archive_batch = manifest.next_archive_batch;
+    let mut files: Vec<(&String, &str)> = Vec::new();
+    files.extend(manifest.segments.iter().map(|s| (s, "seg")));
+    files.extend(manifest.aux_segments.iter().map(|s| (s, "aux")));
+    files.extend(manifest.freed_segments.iter().map(|s| (s, "freed")));
+    for (segment, kind) in files {
         let bytes = store
             .get(segment)
             .await?
             .ok_or_else(|| corrupt(store, segment, "named by the manifest but missing"))?;
         // The name is the hash of the bytes: any damage shows before decoding (Parquet
         // pages carry no checksum by default).
-        let kind = if aux { "aux" } else { "seg" };
         let expected = format!("{SEGMENT_DIR}/{kind}-{:016x}.parquet", content_hash(&bytes));
         if *segment != expected {
             return Err(corrupt(store, segment, "content does not match its hash"));
@@ -448,18 +501,30 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| decode_segment(bytes)))
                 .unwrap_or_else(|_| Err("the Parquet decoder failed on this file".into()))
                 .map_err(|e| corrupt(store, segment, e))?;
-        for entry in decoded {
-            if aux {
-                state.aux.insert(Arc::from(entry.id.as_str()), entry);
-            } else {
-                state.push(entry);
+        for (entry, exit) in decoded {
+            match (kind, exit) {
+                ("aux", _) => {
+                    state.aux.insert(Arc::from(entry.id.as_str()), entry);
+                }
+                ("freed", Some((reason, batch))) => state.unarchived.push(Unarchived {
+                    entry,
+                    reason,
+                    batch,
+                }),
+                ("freed", None) => {
+                    return Err(corrupt(store, segment, "a freed sample without its reason"))
+                }
+                _ => state.push(entry),
             }
         }
     }
     Ok((manifest, state))
 }
 
-fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
+/// A freed sample's reason and archive batch (`None` in other segments).
+type Exit = Option<(ExitReason, Option<u64>)>;
+
+fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<(Entry, Exit)>, String> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .and_then(|b| b.build())
         .map_err(|e| e.to_string())?;
@@ -472,6 +537,9 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
         let states: BinaryArray = column(&batch, "state")?;
         // Segments written before spilling existed have no such column.
         let spilled: Option<BinaryArray> = column(&batch, "spilled").ok();
+        // Only segments of freed samples have these.
+        let reasons: Option<StringArray> = column(&batch, "reason").ok();
+        let batches: Option<UInt64Array> = column(&batch, "archive_batch").ok();
         for row in 0..batch.num_rows() {
             let parts = match &spilled {
                 Some(col) if col.is_valid(row) => take_parts(&mut Reader::new(col.value(row)))?,
@@ -487,14 +555,27 @@ fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<Entry>, String> {
             }
             // The sample stays encoded until someone needs it.
             let sample = Bytes::copy_from_slice(&state[r.position()..]);
-            out.push(Entry {
+            let exit = match &reasons {
+                Some(col) => {
+                    let name = col.value(row);
+                    let reason = ExitReason::from_name(name)
+                        .ok_or(format!("unknown exit reason `{name}`"))?;
+                    let batch = batches
+                        .as_ref()
+                        .and_then(|b| b.is_valid(row).then(|| b.value(row)));
+                    Some((reason, batch))
+                }
+                None => None,
+            };
+            let entry = Entry {
                 seq: seqs.value(row),
                 id: ids.value(row).into(),
                 birth: births.value(row),
                 body: Body::Encoded(sample),
                 used,
                 spilled: parts,
-            });
+            };
+            out.push((entry, exit));
         }
     }
     Ok(out)

@@ -135,7 +135,7 @@ pub struct ArchivePartition {
 /// checkpoint or log files are skipped with a warning (recovery's lenient mode).
 pub async fn inspect(url: &str) -> Result<StoreSummary> {
     let store = Store::open(url)?;
-    let mut recovered = recover(&store, true).await?;
+    let mut recovered = recover(&store, true, true).await?;
     let state = &mut recovered.state;
     let mut out = StoreSummary {
         url: store.url().to_owned(),

@@ -5,7 +5,7 @@
 //! (leases held at the crash come back released), writes a fresh checkpoint when the log
 //! had anything to replay, and starts the log writer and the archiver.
 
-use super::archive::ArchiveWriter;
+use super::archive::{ArchiveWriter, ArchivedSample};
 use super::archiver::{ArchiveOptions, Archiver};
 use super::checkpoint::{self, StoredConfig, StoredRpc};
 use super::recover::recover;
@@ -13,8 +13,9 @@ use super::spill::ParquetSpill;
 use super::state::{Body, DurableState};
 use super::store::Store;
 use super::wal::{Durability, Wal, WriterSetup};
-use crate::buffer::{BufferConfig, Journal, SequenceBuffer};
+use crate::buffer::{merge_spilled, BufferConfig, Journal, SequenceBuffer, SpillStore};
 use crate::error::{Error, Result};
+use crate::exit::ExitReason;
 use crate::rpc_defs::RpcDef;
 use crate::sample::births_after;
 use crate::sync::Arc;
@@ -187,7 +188,11 @@ impl SequenceBuffer {
                 tracing::warn!(report = %report.to_json(), "opened a salvaged store");
             }
         }
-        let mut recovered = recover(&store, lenient).await?;
+        // The archive is at least once only through the log (see `archiver.rs`).
+        let archive = options
+            .archive
+            .filter(|_| config.freed_sink.is_none() && options.durability != Durability::None);
+        let mut recovered = recover(&store, lenient, archive.is_some()).await?;
         let stored_config = StoredConfig {
             rpcs: config.rpcs.iter().map(StoredRpc::from).collect(),
             external_keys: config.external_keys.clone(),
@@ -213,12 +218,6 @@ impl SequenceBuffer {
             .collect();
         let restored = recovered.state.restored(&reads).map_err(undecodable)?;
         births_after(recovered.state.max_birth());
-        if config.freed_sink.is_none() {
-            if let Some(archive) = options.archive {
-                let archiver = Archiver::start(ArchiveWriter::new(store.clone()), archive)?;
-                config = config.freed_sink(archiver);
-            }
-        }
         // Spill segments are the durable copy of the fields spilled samples left in them;
         // the others are orphans of an interrupted spill, rewrite or delete.
         let needed = recovered.state.spill_segments();
@@ -230,8 +229,12 @@ impl SequenceBuffer {
             config = config.spill_to(store.clone());
         }
         let sync = options.durability == Durability::Sync;
-        let buffer = SequenceBuffer::build(config, sync)?;
         if options.durability == Durability::None {
+            if let Some(archive) = options.archive.filter(|_| config.freed_sink.is_none()) {
+                let archiver = Archiver::start(ArchiveWriter::new(store.clone()), archive)?;
+                config = config.freed_sink(archiver);
+            }
+            let buffer = SequenceBuffer::build(config, sync)?;
             buffer.restore(restored, None)?;
             return Ok(buffer);
         }
@@ -239,7 +242,10 @@ impl SequenceBuffer {
         let mut checkpoint_size = recovered.manifest.as_ref().map_or(0, |m| m.bytes);
         let changed = Some(&stored_config) != recovered.manifest.as_ref().map(|m| &m.config);
         let mut skipped = recovered.skipped;
-        if recovered.replayed > 0 || changed || !skipped.is_empty() {
+        // Samples found consumed without a logged free left the state above; a checkpoint
+        // records that, so the next recovery does not find (and archive) them again.
+        let settled = recovered.state.settled_on_restore > 0;
+        if recovered.replayed > 0 || changed || !skipped.is_empty() || settled {
             // Fold what was replayed into a checkpoint now: the next recovery starts from
             // it, and the skipped groups are deleted with the rest of the old log.
             let next = recovered.next_seq;
@@ -250,7 +256,7 @@ impl SequenceBuffer {
             skipped.clear();
         }
         let wal = Wal::start(WriterSetup {
-            store,
+            store: store.clone(),
             durability: options.durability,
             seq: recovered.next_seq,
             abandoned: skipped,
@@ -259,11 +265,80 @@ impl SequenceBuffer {
             checkpoint_bytes: options.checkpoint_bytes,
             checkpoint_size,
             max_backlog: options.max_backlog,
+            archiving: archive.is_some(),
         })?;
         let journal: Arc<dyn Journal> = Arc::new(wal);
+        if let Some(archive) = archive {
+            let read_by: Vec<String> = config
+                .rpcs
+                .iter()
+                .flat_map(|d| std::iter::repeat_n(d.name.clone(), d.reads as usize))
+                .collect();
+            let waiting = unarchived_rows(&store, &mut recovered.state, &read_by).await?;
+            let archiver = Archiver::start_logged(
+                ArchiveWriter::new(store.clone()),
+                archive,
+                Arc::clone(&journal),
+                recovered.state.next_archive_batch,
+                waiting,
+            )?;
+            config = config.freed_sink(archiver);
+        }
+        let buffer = SequenceBuffer::build(config, sync)?;
         buffer.restore(restored, Some(journal))?;
         Ok(buffer)
     }
+}
+
+/// The samples recovery found still waiting for the archive, as archive rows with the
+/// batch the log put them in: whole again (their spilled fields read back), `read_by`
+/// naming every read of every RPC for the consumed ones.
+async fn unarchived_rows(
+    store: &Store,
+    state: &mut DurableState,
+    read_by: &[String],
+) -> Result<Vec<(Option<u64>, ArchivedSample)>> {
+    let undecodable = |detail| Error::Corrupt {
+        url: store.url().to_owned(),
+        path: String::new(),
+        detail,
+        source: None,
+    };
+    let waiting = state.take_unarchived().map_err(undecodable)?;
+    let spill = ParquetSpill::new(store.clone());
+    let mut rows = Vec::with_capacity(waiting.len());
+    for (sample, parts, reason, batch) in waiting {
+        let mut sample = Arc::unwrap_or_clone(sample);
+        for part in parts {
+            let keys = part.fields.iter().map(|(k, _)| k.clone()).collect();
+            let segment = spill.segment(part.segment, part.segment_rows);
+            match spill.read(segment, vec![part.row], keys).await {
+                Ok(mut loaded) => {
+                    if let Some(fields) = loaded.pop() {
+                        sample = merge_spilled(&sample, fields);
+                    }
+                }
+                Err(e) => tracing::warn!(
+                    id = %sample.id(), error = %e,
+                    "a sample waiting for the archive lost its spilled fields; archived without them"
+                ),
+            }
+        }
+        let read_by = if reason == ExitReason::Consumed {
+            read_by.to_vec()
+        } else {
+            Vec::new()
+        };
+        rows.push((
+            batch,
+            ArchivedSample {
+                sample,
+                read_by,
+                reason,
+            },
+        ));
+    }
+    Ok(rows)
 }
 
 /// Fails when the stored samples need something the new configuration dropped: reads of

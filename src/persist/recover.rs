@@ -29,9 +29,10 @@ pub(crate) struct Recovered {
     pub(crate) replayed: usize,
 }
 
-/// Recovers everything the store holds.
-pub(crate) async fn recover(store: &Store, lenient: bool) -> Result<Recovered> {
-    recover_until(store, lenient, u64::MAX, &[]).await
+/// Recovers everything the store holds; `archiving` keeps freed samples until a logged
+/// `Archived` says their rows are on storage.
+pub(crate) async fn recover(store: &Store, lenient: bool, archiving: bool) -> Result<Recovered> {
+    recover_until(store, lenient, archiving, u64::MAX, &[]).await
 }
 
 /// Writes checkpoint `number` of the log before group `log_from`, recovered (strictly)
@@ -43,8 +44,9 @@ pub(crate) async fn checkpoint_until(
     number: u64,
     config: &StoredConfig,
     abandoned: &[u64],
+    archiving: bool,
 ) -> Result<Manifest> {
-    let recovered = recover_until(store, false, log_from, abandoned).await?;
+    let recovered = recover_until(store, false, archiving, log_from, abandoned).await?;
     checkpoint::write(store, &recovered.state, log_from, number, config).await
 }
 
@@ -53,6 +55,7 @@ pub(crate) async fn checkpoint_until(
 async fn recover_until(
     store: &Store,
     lenient: bool,
+    archiving: bool,
     until: u64,
     abandoned: &[u64],
 ) -> Result<Recovered> {
@@ -61,6 +64,11 @@ async fn recover_until(
         Some((m, s)) => (Some(m), s),
         None => (None, DurableState::default()),
     };
+    state.archiving = archiving;
+    if !archiving {
+        // Opened without an archive: samples left over from one are not kept.
+        state.unarchived.clear();
+    }
     let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
     let mut files = checkpoint::log_files(store, log_from).await?;
     files.retain(|&(seq, _)| seq < until);

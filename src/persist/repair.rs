@@ -108,6 +108,7 @@ pub async fn repair(store: &Store) -> Result<RepairReport> {
                 .segments
                 .iter()
                 .chain(&manifest.aux_segments)
+                .chain(&manifest.freed_segments)
                 .cloned()
                 .collect();
             (manifest.log_from, state, named)

@@ -12,6 +12,7 @@
 
 use super::codec::{put_sample, take_sample, Bad, EncodedSample, Reader, Replayed, Writer};
 use crate::buffer::{strike, Record, Restored, SpillPart};
+use crate::exit::ExitReason;
 use crate::sample::{Patch, PrehashedId, Sample, SampleId};
 use crate::sync::Arc;
 use bytes::Bytes;
@@ -91,6 +92,23 @@ impl Entry {
     }
 }
 
+/// A sample that left the buffer whose archive row is not known to be on storage yet
+/// (kept only when the store is archived): recovery hands it to the archiver again.
+#[derive(Debug, Clone)]
+pub(crate) struct Unarchived {
+    /// The sample as it left (every amend and output applied).
+    pub(crate) entry: Entry,
+    pub(crate) reason: ExitReason,
+    /// The archive batch the archiver logged it in (`Archiving`), once it has: recovery
+    /// writes that batch again under the same names, so a batch that did land is replaced,
+    /// not duplicated.
+    pub(crate) batch: Option<u64>,
+}
+
+/// A sample waiting for the archive, handed to the archiver at open: the sample (a stub
+/// when it spilled), where its spilled fields are, why it left, its logged batch.
+pub(crate) type Waiting = (Arc<Sample>, Vec<SpillPart>, ExitReason, Option<u64>);
+
 /// Running totals per RPC name.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RpcTotals {
@@ -118,6 +136,14 @@ pub(crate) struct DurableState {
     pub(crate) unmatched: u64,
     /// Auxiliary entries by key (the entry's id is its key; birth and seq are unused).
     pub(crate) aux: BTreeMap<Arc<str>, Entry>,
+    /// Whether freed samples are kept until archived (the store has an archive).
+    pub(crate) archiving: bool,
+    /// Freed samples whose archive rows are not durable yet, in the order they left.
+    pub(crate) unarchived: Vec<Unarchived>,
+    /// The number the archiver's next batch takes.
+    pub(crate) next_archive_batch: u64,
+    /// Samples `restored` found consumed without a logged free.
+    pub(crate) settled_on_restore: usize,
 }
 
 impl DurableState {
@@ -134,10 +160,19 @@ impl DurableState {
         self.entries.get_mut(i)?.as_mut()
     }
 
-    fn remove(&mut self, id: &SampleId) -> bool {
-        match self.index.remove(id) {
-            Some(i) => self.entries.get_mut(i).and_then(Option::take).is_some(),
-            None => false,
+    fn remove(&mut self, id: &SampleId) -> Option<Entry> {
+        let i = self.index.remove(id)?;
+        self.entries.get_mut(i).and_then(Option::take)
+    }
+
+    /// Keeps a freed entry until its archive row is durable (only when archiving).
+    fn keep_unarchived(&mut self, entry: Entry, reason: ExitReason) {
+        if self.archiving {
+            self.unarchived.push(Unarchived {
+                entry,
+                reason,
+                batch: None,
+            });
         }
     }
 
@@ -242,14 +277,32 @@ impl DurableState {
                     }
                 }
             }
-            Record::Free { ids, .. } => {
+            Record::Free { ids, reason } => {
                 for id in ids {
-                    if self.remove(id) {
-                        self.freed += 1;
-                    } else {
-                        self.unmatched += 1;
+                    match self.remove(id) {
+                        Some(entry) => {
+                            self.freed += 1;
+                            self.keep_unarchived(entry, *reason);
+                        }
+                        None => self.unmatched += 1,
                     }
                 }
+            }
+            Record::Archiving { batch, ids } => {
+                for id in ids {
+                    let waiting = self
+                        .unarchived
+                        .iter_mut()
+                        .find(|u| u.batch.is_none() && u.entry.id == *id);
+                    if let Some(u) = waiting {
+                        u.batch = Some(*batch);
+                    }
+                }
+                self.next_archive_batch = self.next_archive_batch.max(batch + 1);
+            }
+            Record::Archived { batch } => {
+                self.unarchived.retain(|u| u.batch != Some(*batch));
+                self.next_archive_batch = self.next_archive_batch.max(batch + 1);
             }
         }
         Ok(())
@@ -279,9 +332,12 @@ impl DurableState {
             .map(|e| e.id.clone())
             .collect();
         for id in &consumed {
-            self.remove(id);
+            if let Some(entry) = self.remove(id) {
+                self.keep_unarchived(entry, ExitReason::Consumed);
+            }
         }
         self.freed += consumed.len() as u64;
+        self.settled_on_restore = consumed.len();
         self.decode_all()?;
         let mut out = Restored {
             put: self.put,
@@ -307,15 +363,99 @@ impl DurableState {
         Ok(out)
     }
 
-    /// The spill segments the stored samples need.
+    /// The spill segments the stored samples (and those still to archive) need.
     pub(crate) fn spill_segments(&self) -> std::collections::BTreeSet<u64> {
         self.entries()
+            .chain(self.unarchived.iter().map(|u| &u.entry))
             .flat_map(|e| e.spilled.iter().map(|p| p.segment))
             .collect()
+    }
+
+    /// The samples still to archive, decoded, with their reasons and batches (taken out of
+    /// the state: the archiver owns them now).
+    pub(crate) fn take_unarchived(
+        &mut self,
+    ) -> Result<Vec<Waiting>, Bad> {
+        let mut out = Vec::with_capacity(self.unarchived.len());
+        for mut u in std::mem::take(&mut self.unarchived) {
+            let sample = Arc::clone(u.entry.sample()?);
+            out.push((sample, u.entry.spilled, u.reason, u.batch));
+        }
+        Ok(out)
     }
 
     /// The largest birth of any stored sample.
     pub(crate) fn max_birth(&self) -> u64 {
         self.entries().map(|e| e.birth).max().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::Sample;
+
+    fn apply(state: &mut DurableState, record: Record) {
+        if let Err(e) = state.apply(&Replayed::Other(record)) {
+            panic!("apply: {e}");
+        }
+    }
+
+    fn put(state: &mut DurableState, id: &str) {
+        let sample = Arc::new(Sample::new(id).with("x", vec![1i32]));
+        apply(state, Record::Put(vec![sample]));
+    }
+
+    fn ids(ids: &[&str]) -> Vec<SampleId> {
+        ids.iter().map(|&i| SampleId::from(i)).collect()
+    }
+
+    fn waiting(state: &DurableState) -> Vec<(String, Option<u64>)> {
+        state
+            .unarchived
+            .iter()
+            .map(|u| (u.entry.id.to_string(), u.batch))
+            .collect()
+    }
+
+    #[test]
+    fn freed_samples_wait_until_their_archive_batch_is_written() {
+        let mut state = DurableState {
+            archiving: true,
+            ..DurableState::default()
+        };
+        for id in ["a", "b", "c"] {
+            put(&mut state, id);
+        }
+        let free = |names: &[&str], reason| Record::Free {
+            ids: ids(names),
+            reason,
+        };
+        apply(&mut state, free(&["a", "b"], ExitReason::Consumed));
+        assert_eq!(waiting(&state), [("a".into(), None), ("b".into(), None)]);
+        apply(
+            &mut state,
+            Record::Archiving {
+                batch: 4,
+                ids: ids(&["a"]),
+            },
+        );
+        assert_eq!(waiting(&state), [("a".into(), Some(4)), ("b".into(), None)]);
+        assert_eq!(state.next_archive_batch, 5);
+        apply(&mut state, Record::Archived { batch: 4 });
+        apply(&mut state, free(&["c"], ExitReason::Stale));
+        assert_eq!(waiting(&state), [("b".into(), None), ("c".into(), None)]);
+        assert_eq!(state.unarchived[1].reason, ExitReason::Stale);
+        assert_eq!(state.entries().count(), 0);
+        let taken = state.take_unarchived().unwrap_or_default();
+        assert_eq!(taken.len(), 2);
+        assert!(state.unarchived.is_empty());
+
+        // Without an archive, a free drops the sample at once.
+        let mut plain = DurableState::default();
+        put(&mut plain, "a");
+        apply(&mut plain, free(&["a"], ExitReason::Consumed));
+        assert!(plain.unarchived.is_empty());
+        assert_eq!(plain.freed, 1);
     }
 }

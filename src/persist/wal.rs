@@ -71,6 +71,8 @@ pub(crate) struct WriterSetup {
     pub(crate) checkpoint_size: u64,
     /// Tensor bytes of puts not yet durable above which putters wait.
     pub(crate) max_backlog: u64,
+    /// Whether checkpoints keep freed samples until archived.
+    pub(crate) archiving: bool,
 }
 
 #[derive(Default)]
@@ -494,10 +496,11 @@ async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
         let (log_from, number) = (w.seq, w.manifest);
         // Failed groups the log does not declare abandoned yet (the next group will).
         let abandoned = w.abandoned.clone();
+        let archiving = w.archiving;
         w.manifest += 1;
         p.log_bytes = 0;
         p.checkpointing = Some(tokio::spawn(async move {
-            checkpoint_until(&store, log_from, number, &config, &abandoned).await
+            checkpoint_until(&store, log_from, number, &config, &abandoned, archiving).await
         }));
     }
 }

@@ -86,6 +86,8 @@ const RELEASE: u8 = 4;
 const FREE: u8 = 5;
 const AUX: u8 = 6;
 const SPILL: u8 = 7;
+const ARCHIVING: u8 = 8;
+const ARCHIVED: u8 = 9;
 
 /// Appends the location and field list of spilled parts.
 pub(crate) fn put_parts(w: &mut Writer, parts: &[SpillPart]) {
@@ -168,6 +170,15 @@ pub(crate) fn put_record(w: &mut Writer, record: &Record) {
                 ExitReason::Filtered => 3,
             });
             put_ids(w, ids);
+        }
+        Record::Archiving { batch, ids } => {
+            w.u8(ARCHIVING);
+            w.u64(*batch);
+            put_ids(w, ids);
+        }
+        Record::Archived { batch } => {
+            w.u8(ARCHIVED);
+            w.u64(*batch);
         }
         Record::Spill {
             ids,
@@ -280,6 +291,14 @@ pub(crate) fn take_record(r: &mut Reader<'_>) -> Result<Record, Bad> {
                 replaces,
             }
         }
+        ARCHIVING => {
+            let batch = r.u64()?;
+            Record::Archiving {
+                batch,
+                ids: take_ids(r)?,
+            }
+        }
+        ARCHIVED => Record::Archived { batch: r.u64()? },
         tag => return Err(format!("unknown record tag {tag}")),
     })
 }
