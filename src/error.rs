@@ -170,6 +170,27 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// An RPC's rate limit has parameters out of range.
+    #[error("RPC `{rpc}`: invalid rate limit: {detail}")]
+    InvalidRateLimit {
+        /// The RPC.
+        rpc: String,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A put is larger than an RPC's rate limit lets through at once: it could never
+    /// proceed.
+    #[error(
+        "a put of {len} samples can never pass RPC `{rpc}`'s rate limit, which admits at most {max} at once"
+    )]
+    RateLimitedPut {
+        /// The RPC whose limit refuses it.
+        rpc: String,
+        /// Samples in the put.
+        len: usize,
+        /// The largest put the limit admits.
+        max: usize,
+    },
     /// A sample's policy version is newer than the buffer's current one (Marin's rule:
     /// rollouts from the future are rejected).
     #[error("sample `{id}` has policy version {version}, newer than the current {current}")]

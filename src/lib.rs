@@ -67,13 +67,13 @@ mod sync;
 mod tensor;
 
 pub use buffer::{
-    Batch, BufferConfig, FreedSink, Overflow, RpcStats, RpcWaiting, SampleView, SequenceBuffer,
-    SinkFuture, SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS, DISCARD_REASON,
-    POLICY_VERSION,
+    Batch, BufferConfig, FreedSink, Overflow, RateLimitStats, RpcStats, RpcWaiting, SampleView,
+    SequenceBuffer, SinkFuture, SlotHandle, SpillStats, Stats, StoredSample, CREATED_TS,
+    DISCARD_REASON, POLICY_VERSION,
 };
 pub use error::{Error, ErrorSource, Result, StorageKind, Unstored};
 pub use exit::ExitReason;
-pub use rpc_defs::{RpcDef, Selection};
+pub use rpc_defs::{RateLimit, RpcDef, Selection};
 pub use sample::{FieldKey, MetaValue, Patch, Sample, SampleId};
 pub use tensor::{DType, Element, SharedBytes, Tensor, TensorData};
 

@@ -345,6 +345,7 @@ impl PyBuffer_ {
             missing.set_item(key, n)?;
         }
         d.set_item("missing", missing)?;
+        d.set_item("rate_limited", w.rate_limited)?;
         Ok(d)
     }
 }

@@ -45,6 +45,8 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::FutureVersion { .. }
         | Error::InvalidMetadata { .. }
         | Error::InvalidSelection { .. }
+        | Error::InvalidRateLimit { .. }
+        | Error::RateLimitedPut { .. }
         | Error::InvalidRollout { .. }
         | Error::OverBudget { .. }
         | Error::VersionRegressed { .. } => PyValueError::new_err(msg),

@@ -458,6 +458,7 @@ async fn debug_waiting(State(app): State<Arc<App>>) -> Json<Value> {
                 "amending": w.amending,
                 "incomplete": w.incomplete,
                 "missing": missing,
+                "rate_limited": w.rate_limited,
             })
         })
         .collect();

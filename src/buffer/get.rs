@@ -109,7 +109,8 @@ impl SequenceBuffer {
             amending = w.amending,
             incomplete = w.incomplete,
             missing = ?w.missing,
-            "a getter is still waiting: fewer samples are eligible than a batch takes"
+            rate_limited = w.rate_limited,
+            "a getter is still waiting: fewer samples are eligible than a batch takes, or its rate limit holds it"
         );
     }
 
@@ -274,6 +275,8 @@ impl Shared {
                     leased.map(|l| l.0)
                 }),
             };
+            // A lease under a rate limit may let held putters in.
+            wake.merge(inner.table.take_deferred());
             match leased {
                 // Still notify and dispose what the reaping above freed.
                 Err(e) => Err(Err(e)),

@@ -63,7 +63,7 @@ pub use contents::StoredSample;
 pub(crate) use freed::Freed;
 pub use freed::{FreedSink, SinkFuture};
 pub use freshness::{CREATED_TS, POLICY_VERSION};
-pub use stats::{RpcStats, RpcWaiting, SpillStats, Stats};
+pub use stats::{RateLimitStats, RpcStats, RpcWaiting, SpillStats, Stats};
 
 pub(crate) use aux::{AuxMap, AuxWrite};
 pub(crate) use journal::{Durable, Journal, JournalFuture, Record};

@@ -145,6 +145,19 @@ impl Shared {
                 capacity,
             });
         }
+        for rpc in self.graph.rpcs() {
+            let Some(limit) = rpc.rate_limit else {
+                continue;
+            };
+            let max = limit.max_put(rpc.n_seqs);
+            if samples.len() > max && samples.len() > limit.min_size {
+                return Err(Error::RateLimitedPut {
+                    rpc: rpc.name.to_string(),
+                    len: samples.len(),
+                    max,
+                });
+            }
+        }
         let dataset = self.graph.dataset_keys();
         let mut seen: HashMap<&SampleId, usize, BuildHasherDefault<PrehashedId>> =
             HashMap::with_capacity_and_hasher(samples.len(), Default::default());

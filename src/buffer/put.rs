@@ -340,7 +340,11 @@ impl Shared {
         let evicted = inner.take_freed(&evicted);
         let Some((slots, wake)) = claimed else {
             // Waiting: an id that is already stored would fail after the wait too.
-            let full = (self.overflow == Overflow::Reject).then_some(Error::Full {
+            // A put held only by a rate limiter waits, whatever the overflow policy.
+            let short = inner.table.free.len() < n
+                || !inner.table.budget.fits(bytes)
+                || !inner.table.residency.fits(resident);
+            let full = (self.overflow == Overflow::Reject && short).then_some(Error::Full {
                 requested: n,
                 free: inner.table.free.len(),
                 samples: Unstored::default(),

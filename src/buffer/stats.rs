@@ -28,6 +28,27 @@ pub struct RpcStats {
     /// Warnings logged by its getters for waiting long (see
     /// [`BufferConfig::wait_warning`](crate::BufferConfig::wait_warning)).
     pub wait_warnings: u64,
+    /// Its rate limiter, if it has one.
+    pub rate_limit: Option<RateLimitStats>,
+}
+
+/// The state of one RPC's [`RateLimit`](crate::RateLimit), counted since the buffer was
+/// built or opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RateLimitStats {
+    /// Samples put.
+    pub inserts: u64,
+    /// Samples the RPC leased.
+    pub samples: u64,
+    /// Whether a batch may be leased now, as far as the limiter is concerned.
+    pub can_sample: bool,
+    /// Whether a put of one sample may proceed now, as far as the limiter is concerned.
+    pub can_insert: bool,
+    /// Leases the limiter refused although enough samples were eligible.
+    pub held_gets: u64,
+    /// Put attempts the limiter refused.
+    pub held_puts: u64,
 }
 
 /// Why a getter of one RPC would wait, from [`SequenceBuffer::waiting_report`]. Every
@@ -61,6 +82,9 @@ pub struct RpcWaiting {
     pub incomplete: usize,
     /// Per input key (by name): how many of the incomplete samples lack it.
     pub missing: Vec<(String, usize)>,
+    /// Enough samples are eligible, but the RPC's rate limiter holds the getter until more
+    /// samples are put (see [`RateLimit`](crate::RateLimit)).
+    pub rate_limited: bool,
 }
 
 /// A snapshot of the buffer, taken under its lock.
@@ -162,6 +186,7 @@ impl SequenceBuffer {
                     expired_leases: t.totals.expired_leases[r],
                     waiting: t.waiting[r],
                     wait_warnings: shared.wait_warnings[r].load(Ordering::Relaxed),
+                    rate_limit: rate_stats(t, r),
                 })
                 .collect();
             Stats {
@@ -246,6 +271,8 @@ impl SequenceBuffer {
             amending: b.amending,
             incomplete: b.incomplete,
             missing,
+            rate_limited: b.eligible >= t.rpcs[r].n_seqs
+                && rate_stats(t, r).is_some_and(|l| !l.can_sample),
         }
     }
 
@@ -267,4 +294,17 @@ impl SequenceBuffer {
         shared.dispose(dropped);
         out
     }
+}
+
+/// RPC `r`'s rate limiter as stats, if it has one.
+fn rate_stats(t: &crate::state::SlotTable, r: usize) -> Option<RateLimitStats> {
+    let (limiter, can_sample, can_insert) = t.rate_state(r)?;
+    Some(RateLimitStats {
+        inserts: limiter.inserts,
+        samples: limiter.samples,
+        can_sample,
+        can_insert,
+        held_gets: limiter.held_gets,
+        held_puts: limiter.held_puts,
+    })
 }

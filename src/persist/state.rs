@@ -373,9 +373,7 @@ impl DurableState {
 
     /// The samples still to archive, decoded, with their reasons and batches (taken out of
     /// the state: the archiver owns them now).
-    pub(crate) fn take_unarchived(
-        &mut self,
-    ) -> Result<Vec<Waiting>, Bad> {
+    pub(crate) fn take_unarchived(&mut self) -> Result<Vec<Waiting>, Bad> {
         let mut out = Vec::with_capacity(self.unarchived.len());
         for mut u in std::mem::take(&mut self.unarchived) {
             let sample = Arc::clone(u.entry.sample()?);

@@ -64,6 +64,53 @@ impl Selection {
     }
 }
 
+/// Reverb's `SampleToInsertRatio` for one RPC: its getters wait while they would sample
+/// too far ahead of the inserts, and putters wait while inserts run too far ahead of it.
+///
+/// With `diff = inserts * samples_per_insert - samples` (samples: the samples this RPC has
+/// leased; inserts: the samples put, both counted since the buffer was built or opened), a
+/// batch of `n` may be leased once the buffer holds at least `min_size` samples and
+/// `diff - n >= samples_per_insert * min_size - error_buffer`; a put of `m` may proceed
+/// while the buffer holds at most `min_size` samples after it, or while
+/// `diff + m * samples_per_insert <= samples_per_insert * min_size + error_buffer`.
+///
+/// ```
+/// use rollout_buffer::{RateLimit, RpcDef};
+/// // Each sample trained on about twice, give or take 64 samples.
+/// let train = RpcDef::new("train", 32).inputs(["tokens"]).reads(4)
+///     .rate_limit(RateLimit::new(2.0, 256, 64.0));
+/// # let _ = train;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Samples leased per sample put, on average (Reverb's `samples_per_insert`).
+    pub samples_per_insert: f64,
+    /// Samples the buffer must hold before the first lease.
+    pub min_size: usize,
+    /// How far, in samples, the ratio may drift either way. At least `(n_seqs +
+    /// samples_per_insert) / 2`, or a getter and a putter could wait on each other.
+    pub error_buffer: f64,
+}
+
+impl RateLimit {
+    /// A limit of `samples_per_insert` with `min_size` and `error_buffer` (see above).
+    pub fn new(samples_per_insert: f64, min_size: usize, error_buffer: f64) -> Self {
+        Self {
+            samples_per_insert,
+            min_size,
+            error_buffer,
+        }
+    }
+
+    /// The largest put this limit lets through whatever the getters do, for an RPC taking
+    /// batches of `n_seqs`: getters may stop anywhere below `min_diff + n_seqs`, and the
+    /// put must then fit under `max_diff`.
+    pub(crate) fn max_put(&self, n_seqs: usize) -> usize {
+        let room = 2.0 * self.error_buffer - n_seqs as f64;
+        (room / self.samples_per_insert).floor().max(0.0) as usize
+    }
+}
+
 /// One consumer of the buffer: a name, the batch size it takes (`n_seqs`), the keys a sample
 /// must hold before it may be served to it, and the keys it writes back on completion.
 ///
@@ -88,6 +135,7 @@ pub struct RpcDef {
     pub(crate) lease_timeout: Option<Duration>,
     pub(crate) max_staleness: Option<u64>,
     pub(crate) max_age: Option<Duration>,
+    pub(crate) rate_limit: Option<RateLimit>,
 }
 
 impl RpcDef {
@@ -104,6 +152,7 @@ impl RpcDef {
             lease_timeout: None,
             max_staleness: None,
             max_age: None,
+            rate_limit: None,
         }
     }
 
@@ -157,6 +206,13 @@ impl RpcDef {
     /// dropped.
     pub fn max_age(mut self, age: Duration) -> Self {
         self.max_age = Some(age);
+        self
+    }
+
+    /// Holds this RPC's getters and the buffer's putters to a samples-per-insert ratio
+    /// (see [`RateLimit`]).
+    pub fn rate_limit(mut self, limit: RateLimit) -> Self {
+        self.rate_limit = Some(limit);
         self
     }
 

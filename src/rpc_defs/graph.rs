@@ -5,7 +5,7 @@
 //! sample ready for RPC r" is one `&` and compare. Keys no RPC reads or writes are payload
 //! only: they never affect readiness and get no id.
 
-use super::{RpcDef, Selection};
+use super::{RateLimit, RpcDef, Selection};
 use crate::error::{Error, Result};
 use crate::sync::Arc;
 use std::time::Duration;
@@ -132,6 +132,7 @@ pub(crate) struct RpcInfo {
     pub(crate) lease_timeout: Option<Duration>,
     pub(crate) max_staleness: Option<u64>,
     pub(crate) max_age: Option<Duration>,
+    pub(crate) rate_limit: Option<RateLimit>,
 }
 
 /// The validated RPC list and the key interning table.
@@ -197,6 +198,12 @@ impl RpcGraph {
                     detail,
                 });
             }
+            if let Some(detail) = def.rate_limit.and_then(|l| rate_problem(&l, def.n_seqs)) {
+                return Err(Error::InvalidRateLimit {
+                    rpc: def.name.clone(),
+                    detail,
+                });
+            }
             let ins: Vec<usize> = def.inputs.iter().map(|k| intern(k)).collect();
             let outs: Vec<usize> = def.outputs.iter().map(|k| intern(k)).collect();
             interned.push((i, ins, outs));
@@ -250,6 +257,7 @@ impl RpcGraph {
                 selection: def.selection.clone(),
                 max_staleness: def.max_staleness,
                 max_age: def.max_age,
+                rate_limit: def.rate_limit,
                 lease_timeout: def.lease_timeout,
             });
         }
@@ -349,6 +357,30 @@ impl RpcGraph {
             None => s,
         })
     }
+}
+
+/// What is wrong with a rate limit for batches of `n_seqs`, if anything.
+fn rate_problem(limit: &RateLimit, n_seqs: usize) -> Option<String> {
+    let RateLimit {
+        samples_per_insert: spi,
+        error_buffer: eb,
+        ..
+    } = *limit;
+    if !(spi.is_finite() && spi > 0.0) {
+        return Some(format!("samples_per_insert {spi} is not a positive number"));
+    }
+    if !(eb.is_finite() && eb >= 0.0) {
+        return Some(format!("error_buffer {eb} is not a number >= 0"));
+    }
+    // Below this a putter and a getter can each wait for the other.
+    let least = (n_seqs as f64 + spi) / 2.0;
+    if eb < least {
+        return Some(format!(
+            "error_buffer {eb} is below (n_seqs + samples_per_insert) / 2 = {least}: \
+             a getter and a putter could wait on each other"
+        ));
+    }
+    None
 }
 
 /// What is wrong with a selection's parameters, if anything.

@@ -10,5 +10,5 @@
 mod def;
 mod graph;
 
-pub use def::{RpcDef, Selection};
+pub use def::{RateLimit, RpcDef, Selection};
 pub(crate) use graph::{KeySet, RpcGraph, RpcInfo, RpcSet};

@@ -19,6 +19,7 @@
 //! * `budget.rs`: the byte budget's bookkeeping and its eviction rule;
 //! * `residency.rs`: the memory budget's bookkeeping (resident bytes, the spill index);
 //! * `freshness.rs`: policy versions and ages, which make samples stale for an RPC;
+//! * `rate.rs`: per-RPC rate limiters (Reverb's samples-per-insert ratio);
 //! * `table/`: [`SlotTable`], its transitions, its written invariants and their audit.
 
 mod budget;
@@ -26,6 +27,7 @@ mod freshness;
 mod leases;
 mod mask;
 mod ranked;
+mod rate;
 mod ready;
 mod residency;
 mod select;

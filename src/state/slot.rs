@@ -3,7 +3,7 @@
 //! returns, and how a lease ends. Nothing here changes state; `table/` does.
 
 use super::ready::OrderKey;
-use crate::rpc_defs::{KeySet, RpcInfo, RpcSet, Selection};
+use crate::rpc_defs::{KeySet, RateLimit, RpcInfo, RpcSet, Selection};
 use std::time::Duration;
 
 /// How many times a slot (or a lease-table entry) was reused. Bumped each time the slot
@@ -67,6 +67,7 @@ pub(crate) struct RpcSpec {
     pub(crate) lease_timeout: Option<Duration>,
     pub(crate) max_staleness: Option<u64>,
     pub(crate) max_age: Option<Duration>,
+    pub(crate) rate_limit: Option<RateLimit>,
 }
 
 impl From<&RpcInfo> for RpcSpec {
@@ -79,6 +80,7 @@ impl From<&RpcInfo> for RpcSpec {
             lease_timeout: info.lease_timeout,
             max_staleness: info.max_staleness,
             max_age: info.max_age,
+            rate_limit: info.rate_limit,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! uses it.
 
 use super::SlotTable;
+use crate::state::rate::RateLimiter;
 
 /// Stored samples of one RPC's view, each counted once, under the first reason that
 /// applies (in field order). `eligible` equals [`SlotTable::eligible`].
@@ -60,5 +61,16 @@ impl SlotTable {
             }
         }
         b
+    }
+}
+
+impl SlotTable {
+    /// RPC `r`'s rate limiter, if it has one, and whether it lets a batch be leased and a
+    /// single sample be put now.
+    pub(crate) fn rate_state(&self, r: usize) -> Option<(RateLimiter, bool, bool)> {
+        let limiter = *self.rate.get(r)?.as_ref()?;
+        let size = self.len();
+        let can_sample = limiter.can_sample(self.rpcs[r].n_seqs, size);
+        Some((limiter, can_sample, limiter.can_insert(1, size)))
     }
 }

@@ -41,6 +41,16 @@ impl SlotTable {
         if self.ready.get(r)?.len() < n {
             return None;
         }
+        let size = self.len();
+        if let Some(limiter) = self.rate[r].as_mut() {
+            if !limiter.can_sample(n, size) {
+                limiter.held_gets += 1;
+                return None;
+            }
+            limiter.samples += n as u64;
+            // Putters held by this limiter may fit now.
+            self.deferred.space = true;
+        }
         let draw = step.unwrap_or(self.draws[r]);
         self.draws[r] += 1;
         let slots = match &self.rpcs[r].selection {

@@ -72,6 +72,7 @@ use super::budget::Budget;
 use super::freshness::{Freshness, FreshnessIndex};
 use super::leases::LeaseTable;
 use super::mask::{filled, Mask};
+use super::rate::RateLimiter;
 use super::ready::ReadyIndex;
 use super::residency::Residency;
 use super::slot::{Generation, RpcSpec, SlotMeta, Ticket, Totals, Wake};
@@ -125,6 +126,11 @@ pub(crate) struct SlotTable {
     /// the `ln` of the stored sample's weight, which the buffer sets whenever the sample's
     /// fields change (see `priority.rs`). Empty for the other RPCs.
     pub(crate) ln_priority: Vec<Vec<f64>>,
+    /// Per RPC: its rate limiter, if it has one (see `state/rate.rs`).
+    pub(crate) rate: Vec<Option<RateLimiter>>,
+    /// Wake-ups of transitions whose callers take no `Wake` (a lease of a rate-limited
+    /// RPC lets putters in): the buffer takes them with [`Self::take_deferred`].
+    deferred: Wake,
     /// The byte budget and the eviction index (see `budget.rs`).
     pub(crate) budget: Budget,
     /// The memory budget and the spill index (see `residency.rs`).
@@ -178,6 +184,11 @@ impl SlotTable {
             exits: filled(capacity, ExitReason::Consumed),
             draws: vec![0; n],
             ln_priority,
+            rate: rpcs
+                .iter()
+                .map(|r| r.rate_limit.as_ref().map(RateLimiter::new))
+                .collect(),
+            deferred: Wake::default(),
             budget: Budget::default(),
             residency: Residency::default(),
             rpcs,
@@ -236,6 +247,7 @@ impl SlotTable {
             || self.free.len() < n
             || !self.budget.fits(bytes)
             || !self.residency.fits(resident)
+            || self.rate_holds_put(n)
         {
             return None;
         }
@@ -264,6 +276,25 @@ impl SlotTable {
         self.empty.clear(s as usize);
         self.putting.set(s as usize);
         Some(s)
+    }
+
+    /// Whether some RPC's rate limiter holds a put of `n` back (counting it if so).
+    pub(crate) fn rate_holds_put(&mut self, n: usize) -> bool {
+        let size = self.len();
+        let mut held = false;
+        for limiter in self.rate.iter_mut().flatten() {
+            if !limiter.can_insert(n, size) {
+                limiter.held_puts += 1;
+                held = true;
+            }
+        }
+        held
+    }
+
+    /// The wake-ups deferred by transitions that return none (see `deferred`).
+    pub(crate) fn take_deferred(&mut self) -> Wake {
+        let wake = std::mem::take(&mut self.deferred);
+        self.deliverable(wake)
     }
 
     /// Whether the putter holding `ticket` (or a putter without one) may claim now.
@@ -346,6 +377,13 @@ impl SlotTable {
             wake.merge(self.settle(s, freed));
         }
         self.totals.put += slots.len() as u64;
+        for (r, limiter) in self.rate.iter_mut().enumerate() {
+            if let Some(limiter) = limiter {
+                limiter.inserts += slots.len() as u64;
+                // Its getters may have been held by the limiter alone.
+                wake.rpcs.insert(r);
+            }
+        }
         (generations, self.deliverable(wake))
     }
 

@@ -66,6 +66,7 @@ fn specs() -> impl Strategy<Value = Vec<RpcSpec>> {
                 lease_timeout: None,
                 max_staleness: bound,
                 max_age: None,
+                rate_limit: None,
             })
             .collect()
     })

@@ -31,6 +31,7 @@ fn spec(inputs: &[usize], reads: u16, n_seqs: usize, lifo: bool) -> RpcSpec {
         lease_timeout: None,
         max_staleness: None,
         max_age: None,
+        rate_limit: None,
     }
 }
 

@@ -12,6 +12,7 @@ fn table(newest_first: bool) -> SlotTable {
         lease_timeout: None,
         max_staleness: None,
         max_age: None,
+        rate_limit: None,
     };
     SlotTable::new(8, vec![spec]).with_residency(Some(100), newest_first)
 }
