@@ -154,7 +154,7 @@ impl Manifest {
         })
     }
 
-    fn from_json(v: &Value) -> std::result::Result<Self, String> {
+    pub(crate) fn from_json(v: &Value) -> std::result::Result<Self, String> {
         let u = |k: &str| v.get(k).and_then(Value::as_u64).ok_or(format!("no `{k}`"));
         let strings = |v: Option<&Value>, what: &str| -> std::result::Result<Vec<String>, String> {
             v.and_then(Value::as_array)
@@ -524,7 +524,7 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
 /// A freed sample's reason and archive batch (`None` in other segments).
 type Exit = Option<(ExitReason, Option<u64>)>;
 
-fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<(Entry, Exit)>, String> {
+pub(crate) fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<(Entry, Exit)>, String> {
     let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
         .and_then(|b| b.build())
         .map_err(|e| e.to_string())?;

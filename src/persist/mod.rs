@@ -43,6 +43,9 @@ mod buffer_pool;
 mod checkpoint;
 mod codec;
 mod config;
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub mod fuzzing;
 mod inspect;
 #[cfg(unix)]
 mod local_read;

@@ -16,7 +16,7 @@ mod record;
 #[cfg(test)]
 mod tests;
 
-#[cfg(test)]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use record::take_record;
 pub(crate) use record::{
     put_parts, put_record, take_parts, take_replayed, EncodedSample, Replayed,

@@ -20,6 +20,9 @@ mod pages;
 mod read;
 mod value;
 
+#[cfg(feature = "fuzzing")]
+pub(crate) use value::take_tensor_padded;
+
 use crate::buffer::{Segment, SpillFuture, SpillStore};
 use crate::error::{Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
