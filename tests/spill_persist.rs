@@ -12,6 +12,7 @@ use rollout_buffer::{BufferConfig, Patch, RpcDef, Sample, SequenceBuffer};
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 const N: u64 = 32;
 
@@ -293,4 +294,54 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
         );
         assert!(store.list("spill").await.expect("list").is_empty());
     }
+}
+
+/// A crash after spilled samples were trained but before the archive wrote them: the spill
+/// segments they were read back from are kept for the archive, so the next open archives
+/// them whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
+    use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    let dir = TempDir::new("spill-archive-crash");
+    let store = Store::open(dir.path()).expect("store");
+    let config = || {
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "reward"]))
+            .external_keys(["reward"])
+            .memory_budget(4 * SAMPLE_BYTES)
+    };
+    let options = |max_delay| {
+        PersistOptions::new()
+            .durability(Durability::Sync)
+            .archive(Some(ArchiveOptions {
+                max_rows: 4096,
+                max_delay,
+            }))
+    };
+    {
+        // An archive that only writes on flush: every row still waits when the run dies.
+        let buf =
+            SequenceBuffer::open_in(store.clone(), config(), options(Duration::from_secs(3600)))
+                .await
+                .expect("open");
+        put_spill_and_reward(&buf).await;
+        for _ in 0..N / 4 {
+            let batch = buf.get_batch_for_rpc("train").await.expect("get");
+            batch.commit().await.expect("commit");
+        }
+        common::wait_until(|| buf.stats().freed == N).await;
+        drop(buf); // the crash: no flush
+    }
+    let buf = SequenceBuffer::open_in(store.clone(), config(), options(Duration::from_secs(1)))
+        .await
+        .expect("recover");
+    buf.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(store.clone())
+        .read_all()
+        .await
+        .expect("read the archive");
+    // `check` asserts every field (the spilled logprobs too) and the reward.
+    let mut archived: Vec<u64> = rows.iter().map(|r| check(&r.sample)).collect();
+    archived.sort_unstable();
+    assert_eq!(archived, (0..N).collect::<Vec<_>>());
 }

@@ -31,6 +31,15 @@ pub trait FreedSink: Send + Sync + fmt::Debug {
     fn flush(&self) -> SinkFuture {
         Box::pin(std::future::ready(Ok(())))
     }
+
+    /// Resolves once every sample handed over so far is written, at the sink's own pace
+    /// (unlike [`Self::flush`], it forces nothing), with the error of that write if it
+    /// failed. The buffer waits for it before deleting the spill segments whose fields it
+    /// read back for the sink, so a crash before the write can still find them. The
+    /// default resolves at once.
+    fn written(&self) -> SinkFuture {
+        Box::pin(std::future::ready(Ok(())))
+    }
 }
 
 /// The payloads a transition freed, by why they left; handed to the sink after unlocking.

@@ -214,9 +214,15 @@ impl ArchiveWriter {
     fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {
         let bad =
             |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
-        let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-            .and_then(|b| b.build())
-            .map_err(|e| bad(&e))?;
+        let builder =
+            ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
+        // The page headers are checked before the reader sizes buffers by them.
+        for group in builder.metadata().row_groups() {
+            for column in group.columns() {
+                super::spill::check_chunk_pages(column, &bytes).map_err(|e| bad(&e))?;
+            }
+        }
+        let reader = builder.build().map_err(|e| bad(&e))?;
         let (environment, version) = partition_values(path);
         let mut out = Vec::new();
         for batch in reader {

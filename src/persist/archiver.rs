@@ -50,6 +50,8 @@ impl Default for ArchiveOptions {
 enum Msg {
     Rows(Vec<ArchivedSample>),
     Flush(oneshot::Sender<Result<()>>),
+    /// Answered after the next write of everything pending (see `FreedSink::written`).
+    Written(oneshot::Sender<Result<()>>),
 }
 
 /// A handle to the archive task; cheap to clone. Pass a clone to
@@ -132,6 +134,7 @@ impl Archiver {
             due: None,
             last_error: None,
             log,
+            waiters: Vec::new(),
         };
         // Batches the log named are written again as they were, in batch order; the rest
         // wait for a new batch.
@@ -215,6 +218,15 @@ impl FreedSink for Archiver {
         let me = self.clone();
         Box::pin(async move { Archiver::flush(&me).await })
     }
+
+    fn written(&self) -> SinkFuture {
+        let (reply, done) = oneshot::channel();
+        let sent = self.tx.send(Msg::Written(reply));
+        Box::pin(async move {
+            sent.map_err(|_| Error::Closed)?;
+            done.await.map_err(|_| Error::Closed)?
+        })
+    }
 }
 
 /// Where a persistent buffer's archiver logs its batches, and the next batch's number.
@@ -244,6 +256,8 @@ struct Queue {
     due: Option<tokio::time::Instant>,
     last_error: Option<Error>,
     log: Option<BatchLog>,
+    /// Callers of `written`, answered after the next write of everything pending.
+    waiters: Vec<oneshot::Sender<Result<()>>>,
 }
 
 impl Queue {
@@ -281,6 +295,9 @@ impl Queue {
             (Ok(()), _) | (Err(_), true) => None,
             (Err(_), false) => Some(tokio::time::Instant::now() + self.options.max_delay),
         };
+        for waiter in self.waiters.drain(..) {
+            let _ = waiter.send(result.clone());
+        }
         result
     }
 
@@ -351,6 +368,13 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
                     if let Err(e) = q.write_all().await {
                         q.last_error = Some(e);
                     }
+                }
+            }
+            Some(Msg::Written(reply)) => {
+                if q.pending.is_empty() && q.failed.is_empty() {
+                    let _ = reply.send(Ok(()));
+                } else {
+                    q.waiters.push(reply);
                 }
             }
             Some(Msg::Flush(reply)) => {

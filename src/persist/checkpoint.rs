@@ -21,6 +21,7 @@
 use super::archive::content_hash;
 use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
+use super::spill::check_chunk_pages;
 use super::state::{Body, DurableState, Entry, RpcTotals, Unarchived};
 use super::store::{corrupt, corrupt_by, storage_msg, Store};
 use crate::error::{Result, StorageKind};
@@ -525,9 +526,15 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
 type Exit = Option<(ExitReason, Option<u64>)>;
 
 pub(crate) fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<(Entry, Exit)>, String> {
-    let reader = ParquetRecordBatchReaderBuilder::try_new(bytes)
-        .and_then(|b| b.build())
-        .map_err(|e| e.to_string())?;
+    let builder =
+        ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| e.to_string())?;
+    // The page headers are checked before the reader sizes buffers by them.
+    for group in builder.metadata().row_groups() {
+        for column in group.columns() {
+            check_chunk_pages(column, &bytes)?;
+        }
+    }
+    let reader = builder.build().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for batch in reader {
         let batch = batch.map_err(|e| e.to_string())?;

@@ -5,7 +5,7 @@
 //! No lock is held across an await: the buffer's lock only to sweep, `HandOver`'s only to
 //! count work in flight.
 
-use super::super::{Freed, Journal, Shared};
+use super::super::{Freed, FreedSink, Journal, Shared};
 use super::{merge, read_back, Segment, SpillStore, SpilledRow};
 use crate::sample::{Fields, SampleId};
 use crate::sync::{Arc, Mutex, Notify};
@@ -71,6 +71,9 @@ pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
 #[derive(Debug, Default)]
 pub(crate) struct HandOver {
     pending: Mutex<usize>,
+    /// Hand-overs waiting for the sink to write what they handed it (`flush` makes the
+    /// sink write rather than wait for its schedule).
+    on_sink: Mutex<usize>,
     done: Notify,
 }
 
@@ -145,7 +148,7 @@ impl Shared {
             }
             merge_fields(&mut freed, by_id);
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
-            delete_all(&*store, journal, dead).await;
+            delete_after_sink(&busy.0, Some(sink), &*store, journal, dead).await;
             // The reads are done: segments retired while they held them can go now.
             if let Some(shared) = weak.upgrade() {
                 shared.sweep_retired(&store);
@@ -162,6 +165,14 @@ impl Shared {
         loop {
             let mut notified = pin!(self.handover.done.notified());
             notified.as_mut().enable();
+            if *self.handover.on_sink.lock() > 0 {
+                // Hand-overs wait for the sink's next write: make it now. (Its errors are
+                // `flush`'s to report, from its own flush of the sink.)
+                if let Some(sink) = &self.freed_sink {
+                    let _ = sink.flush().await;
+                    continue;
+                }
+            }
             if *self.handover.pending.lock() == 0 {
                 // A segment retired while something other than a read held it (a batch
                 // keeping loaded fields for the sink) has no read left to sweep it when
@@ -223,8 +234,9 @@ impl Shared {
         };
         let store = Arc::clone(store);
         let busy = self.handover.busy();
+        let sink = self.freed_sink.clone();
         runtime.spawn(async move {
-            delete_all(&*store, journal, dead).await;
+            delete_after_sink(&busy.0, sink, &*store, journal, dead).await;
             drop(busy);
         });
     }
@@ -265,6 +277,37 @@ fn merge_fields(freed: &mut Freed, mut by_id: HashMap<SampleId, Fields>) {
             }
         }
     }
+}
+
+/// Deletes segments once the freed-sample sink, if any, has written everything handed to
+/// it so far (`FreedSink::written`): a sample whose row is not written yet is recovered for
+/// the sink after a crash, and needs its spilled fields from these segments. The wait is
+/// counted in `on_sink`, so a `flush` makes the sink write now instead of on its schedule.
+async fn delete_after_sink(
+    handover: &HandOver,
+    sink: Option<Arc<dyn FreedSink>>,
+    store: &dyn SpillStore,
+    journal: Option<Arc<dyn Journal>>,
+    dead: Vec<Arc<Segment>>,
+) {
+    if dead.is_empty() {
+        return;
+    }
+    if let Some(sink) = sink {
+        let written = sink.written();
+        *handover.on_sink.lock() += 1;
+        handover.done.notify_waiters();
+        let written = written.await;
+        *handover.on_sink.lock() -= 1;
+        if let Err(e) = written {
+            tracing::warn!(
+                error = %e, segments = dead.len(),
+                "spill segments kept: samples handed to the sink are not written yet"
+            );
+            return;
+        }
+    }
+    delete_all(store, journal, dead).await;
 }
 
 /// Deletes segments, logging the ones that would not go.

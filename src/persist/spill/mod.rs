@@ -18,7 +18,10 @@ mod encode;
 mod layout;
 mod pages;
 mod read;
+mod thrift;
 mod value;
+
+pub(crate) use thrift::check_chunk_pages;
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use value::take_tensor_padded;

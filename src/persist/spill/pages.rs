@@ -14,6 +14,7 @@
 //! makes [`decode_chunk`] answer `None`, and the caller uses Parquet's reader, which
 //! reads every valid file.
 
+use super::thrift::{Thrift, I32, STRUCT};
 use super::value::take_tensor_padded;
 use crate::persist::buffer_pool::BufferPool;
 use crate::persist::codec::{take_tensor, Reader};
@@ -257,131 +258,6 @@ impl PageHeader {
             compressed_size: size(compressed, "compressed size")?,
             num_values: size(num_values, "value count")? as u64,
         }))
-    }
-}
-
-// Thrift compact protocol types.
-const BOOL_TRUE: u8 = 1;
-const BOOL_FALSE: u8 = 2;
-const BYTE: u8 = 3;
-const I16: u8 = 4;
-const I32: u8 = 5;
-const I64: u8 = 6;
-const DOUBLE: u8 = 7;
-const BINARY: u8 = 8;
-const LIST: u8 = 9;
-const SET: u8 = 10;
-const MAP: u8 = 11;
-const STRUCT: u8 = 12;
-
-/// Nesting deeper than this is refused (a page header nests three levels).
-const MAX_DEPTH: usize = 16;
-
-/// A reader of Thrift compact-protocol bytes.
-struct Thrift<'a> {
-    bytes: &'a [u8],
-    at: usize,
-}
-
-impl Thrift<'_> {
-    fn byte(&mut self) -> Result<u8, String> {
-        let b = *self
-            .bytes
-            .get(self.at)
-            .ok_or_else(|| "header truncated".to_owned())?;
-        self.at += 1;
-        Ok(b)
-    }
-
-    fn varint(&mut self) -> Result<u64, String> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let b = self.byte()?;
-            v |= u64::from(b & 0x7f) << shift;
-            if b & 0x80 == 0 {
-                return Ok(v);
-            }
-        }
-        Err("varint too long".to_owned())
-    }
-
-    /// A zigzag-encoded integer (i16, i32 or i64).
-    fn int(&mut self) -> Result<i64, String> {
-        let v = self.varint()?;
-        Ok((v >> 1) as i64 ^ -((v & 1) as i64))
-    }
-
-    /// The next field's id and type, or `None` at the struct's end.
-    fn field(&mut self, last: &mut i16) -> Result<Option<(i16, u8)>, String> {
-        let b = self.byte()?;
-        if b == 0 {
-            return Ok(None);
-        }
-        let delta = b >> 4;
-        let id = if delta == 0 {
-            i16::try_from(self.int()?).map_err(|_| "field id out of range".to_owned())?
-        } else {
-            last.checked_add(i16::from(delta))
-                .ok_or_else(|| "field id out of range".to_owned())?
-        };
-        *last = id;
-        Ok(Some((id, b & 0x0f)))
-    }
-
-    /// Steps over a value of type `ty`: a field's (`in_field`), whose bool is in its
-    /// type, or an element's, whose bool is a byte.
-    fn skip(&mut self, ty: u8, depth: usize, in_field: bool) -> Result<(), String> {
-        if depth > MAX_DEPTH {
-            return Err("header nested too deep".to_owned());
-        }
-        match ty {
-            BOOL_TRUE | BOOL_FALSE if in_field => {}
-            BOOL_TRUE | BOOL_FALSE | BYTE => {
-                self.byte()?;
-            }
-            I16 | I32 | I64 => {
-                self.varint()?;
-            }
-            DOUBLE => self.advance(8)?,
-            BINARY => {
-                let n = self.varint()?;
-                self.advance(usize::try_from(n).map_err(|_| "binary too long".to_owned())?)?;
-            }
-            LIST | SET => {
-                let head = self.byte()?;
-                let n = match head >> 4 {
-                    15 => self.varint()?,
-                    n => u64::from(n),
-                };
-                for _ in 0..n {
-                    self.skip(head & 0x0f, depth + 1, false)?;
-                }
-            }
-            MAP => {
-                let n = self.varint()?;
-                if n > 0 {
-                    let kinds = self.byte()?;
-                    for _ in 0..n {
-                        self.skip(kinds >> 4, depth + 1, false)?;
-                        self.skip(kinds & 0x0f, depth + 1, false)?;
-                    }
-                }
-            }
-            STRUCT => {
-                let mut last = 0i16;
-                while let Some((_, ty)) = self.field(&mut last)? {
-                    self.skip(ty, depth + 1, true)?;
-                }
-            }
-            other => return Err(format!("unknown type {other}")),
-        }
-        Ok(())
-    }
-
-    fn advance(&mut self, n: usize) -> Result<(), String> {
-        let end = self.at.checked_add(n).filter(|&e| e <= self.bytes.len());
-        self.at = end.ok_or_else(|| "header truncated".to_owned())?;
-        Ok(())
     }
 }
 
