@@ -5,52 +5,15 @@
 
 mod common;
 
-use rollout_buffer::persist::{PersistOptions, RecoveryMode, Store};
-use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
-
-fn config() -> BufferConfig {
-    BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-}
-
-fn options(mode: RecoveryMode) -> PersistOptions {
-    PersistOptions::new().recovery(mode).archive(None)
-}
-
-async fn open(store: &Store, mode: RecoveryMode) -> Result<SequenceBuffer, Error> {
-    SequenceBuffer::open_in(store.clone(), config(), options(mode)).await
-}
-
-/// A store holding four samples, each put in its own log group: `wal` lists them in order.
-async fn four_groups() -> (Store, Vec<String>) {
-    let store = Store::open("memory://").expect("memory store");
-    let buf = open(&store, RecoveryMode::Strict).await.expect("opens");
-    for i in 0..4 {
-        buf.put_batch(vec![Sample::new(format!("s{i}")).with("tokens", vec![i])])
-            .await
-            .expect("put");
-    }
-    drop(buf);
-    let wal = store.list("wal").await.expect("list");
-    assert_eq!(wal.len(), 4, "{wal:?}");
-    (store, wal)
-}
+use common::groups::{checkpointed, four_groups, open, rewrite};
+use rollout_buffer::persist::RecoveryMode;
+use rollout_buffer::{Error, Sample, SequenceBuffer};
 
 async fn ids(buf: &SequenceBuffer) -> Vec<String> {
     buf.contents()
         .iter()
         .map(|s| s.sample.id().to_string())
         .collect()
-}
-
-async fn rewrite(store: &Store, path: &str, f: impl FnOnce(&mut Vec<u8>)) {
-    let mut bytes = store
-        .get(path)
-        .await
-        .expect("get")
-        .expect("exists")
-        .to_vec();
-    f(&mut bytes);
-    store.put(path, bytes.into()).await.expect("put");
 }
 
 fn corrupt_path(err: &Error) -> &str {
@@ -118,20 +81,6 @@ async fn garbage_in_every_byte_of_a_group_never_panics() {
             .expect_err("damaged first group");
         assert_eq!(corrupt_path(&err), wal[0], "byte {i}");
     }
-}
-
-/// A store whose samples are all in a checkpoint (opening folds the log into one).
-async fn checkpointed() -> (Store, String, String) {
-    let (store, _) = four_groups().await;
-    drop(
-        open(&store, RecoveryMode::Strict)
-            .await
-            .expect("checkpoints"),
-    );
-    let segments = store.list("segments").await.expect("list");
-    let manifests = store.list("manifest").await.expect("list");
-    assert_eq!((segments.len(), manifests.len()), (1, 1));
-    (store, segments[0].clone(), manifests[0].clone())
 }
 
 #[tokio::test]

@@ -3,32 +3,11 @@
 //! are moved aside (never deleted), and the report names what was lost.
 #![cfg(feature = "persist")]
 
-use rollout_buffer::persist::{repair, PersistOptions, RecoveryMode, Store};
-use rollout_buffer::{BufferConfig, Error, RpcDef, Sample, SequenceBuffer};
+mod common;
 
-fn config() -> BufferConfig {
-    BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-}
-
-async fn open(store: &Store, mode: RecoveryMode) -> Result<SequenceBuffer, Error> {
-    let options = PersistOptions::new().recovery(mode).archive(None);
-    SequenceBuffer::open_in(store.clone(), config(), options).await
-}
-
-/// A store holding four samples, each put in its own log group: `wal` lists them in order.
-async fn four_groups() -> (Store, Vec<String>) {
-    let store = Store::open("memory://").expect("memory store");
-    let buf = open(&store, RecoveryMode::Strict).await.expect("opens");
-    for i in 0..4 {
-        buf.put_batch(vec![Sample::new(format!("s{i}")).with("tokens", vec![i])])
-            .await
-            .expect("put");
-    }
-    drop(buf);
-    let wal = store.list("wal").await.expect("list");
-    assert_eq!(wal.len(), 4, "{wal:?}");
-    (store, wal)
-}
+use common::groups::{checkpointed, four_groups, open, rewrite};
+use rollout_buffer::persist::{repair, RecoveryMode, Store};
+use rollout_buffer::{Sample, SequenceBuffer};
 
 fn ids(buf: &SequenceBuffer) -> Vec<String> {
     buf.contents()
@@ -38,16 +17,11 @@ fn ids(buf: &SequenceBuffer) -> Vec<String> {
 }
 
 async fn flip_middle_byte(store: &Store, path: &str) -> Vec<u8> {
-    let mut bytes = store
-        .get(path)
-        .await
-        .expect("get")
-        .expect("exists")
-        .to_vec();
-    let mid = bytes.len() / 2;
-    bytes[mid] ^= 0x5a;
-    store.put(path, bytes.clone().into()).await.expect("put");
-    bytes
+    rewrite(store, path, |b| {
+        let mid = b.len() / 2;
+        b[mid] ^= 0x5a;
+    })
+    .await
 }
 
 #[tokio::test]
@@ -129,24 +103,15 @@ async fn salvage_mode_repairs_then_opens_and_a_clean_store_is_left_alone() {
 
 #[tokio::test]
 async fn a_damaged_checkpoint_is_moved_aside_with_its_segments() {
-    let (store, _) = four_groups().await;
-    // Opening folds the log into a checkpoint (one manifest, one segment).
-    drop(
-        open(&store, RecoveryMode::Strict)
-            .await
-            .expect("checkpoints"),
-    );
-    let manifests = store.list("manifest").await.expect("list");
-    let segments = store.list("segments").await.expect("list");
-    assert_eq!((manifests.len(), segments.len()), (1, 1));
-    flip_middle_byte(&store, &segments[0]).await;
+    let (store, segment, manifest) = checkpointed().await;
+    flip_middle_byte(&store, &segment).await;
     assert!(open(&store, RecoveryMode::Strict).await.is_err());
 
     let report = repair(&store).await.expect("repair");
     let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
-    assert_eq!(moved, [&manifests[0], &segments[0]]);
+    assert_eq!(moved, [&manifest, &segment]);
     assert_eq!(report.checkpoint, None);
-    let aside = format!("damaged/0/{}", segments[0]);
+    let aside = format!("damaged/0/{segment}");
     assert!(store.get(&aside).await.expect("get").is_some());
     let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
     assert!(

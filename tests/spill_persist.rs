@@ -248,7 +248,7 @@ async fn recovery_over_the_budgets_keeps_every_sample_then_spills() {
 /// goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_durable_spilled_buffer_archives_whole_samples() {
-    use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    use rollout_buffer::persist::ArchiveOptions;
     let spill_gets = |f: &FaultyStore| f.spill_gets.load(Ordering::SeqCst);
     for inputs in [&["tokens", "reward"][..], &["tokens", "logp", "reward"][..]] {
         let dir = TempDir::new("spill-archive");
@@ -281,14 +281,8 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
         } else {
             assert!(reads_back > 0, "the logprobs are read back");
         }
-        let rows = ArchiveWriter::new(store.clone())
-            .read_all()
-            .await
-            .expect("read the archive");
-        let mut archived: Vec<u64> = rows.iter().map(|r| check(&r.sample)).collect();
-        archived.sort_unstable();
         assert_eq!(
-            archived,
+            archived(&store).await,
             (0..N).collect::<Vec<_>>(),
             "trained on {inputs:?}"
         );
@@ -301,7 +295,7 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
 /// them whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
-    use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    use rollout_buffer::persist::ArchiveOptions;
     let dir = TempDir::new("spill-archive-crash");
     let store = Store::open(dir.path()).expect("store");
     let config = || {
@@ -336,12 +330,17 @@ async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
         .await
         .expect("recover");
     buf.flush().await.expect("flush");
-    let rows = ArchiveWriter::new(store.clone())
+    assert_eq!(archived(&store).await, (0..N).collect::<Vec<_>>());
+}
+
+/// The numbers of the samples in the store's archive, sorted; `check` asserts each row's
+/// every field (the spilled logprobs too) and its reward.
+async fn archived(store: &Store) -> Vec<u64> {
+    let rows = rollout_buffer::persist::ArchiveWriter::new(store.clone())
         .read_all()
         .await
         .expect("read the archive");
-    // `check` asserts every field (the spilled logprobs too) and the reward.
     let mut archived: Vec<u64> = rows.iter().map(|r| check(&r.sample)).collect();
     archived.sort_unstable();
-    assert_eq!(archived, (0..N).collect::<Vec<_>>());
+    archived
 }

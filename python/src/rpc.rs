@@ -2,7 +2,7 @@
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use rollout_buffer::{RpcDef, Selection};
+use rollout_buffer::{RateLimit, RpcDef, Selection};
 use std::time::Duration;
 
 /// One consumer of the buffer (see `RpcDef`).
@@ -15,7 +15,7 @@ pub(crate) struct PyRpc {
 #[pymethods]
 impl PyRpc {
     #[new]
-    #[pyo3(signature = (name, n_seqs, inputs=vec![], outputs=vec![], reads=1, selection="fifo", seed=0, lease_timeout=None, max_staleness=None, alpha=1.0, priority_key=None, exponent=1.0))]
+    #[pyo3(signature = (name, n_seqs, inputs=vec![], outputs=vec![], reads=1, selection="fifo", seed=0, lease_timeout=None, max_staleness=None, alpha=1.0, priority_key=None, exponent=1.0, samples_per_insert=None, min_size_to_sample=1, error_buffer=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
@@ -30,6 +30,9 @@ impl PyRpc {
         alpha: f64,
         priority_key: Option<String>,
         exponent: f64,
+        samples_per_insert: Option<f64>,
+        min_size_to_sample: usize,
+        error_buffer: Option<f64>,
     ) -> PyResult<Self> {
         let selection = match (selection, priority_key) {
             ("fifo", _) => Selection::Fifo,
@@ -64,6 +67,16 @@ impl PyRpc {
         }
         if let Some(s) = max_staleness {
             def = def.max_staleness(s);
+        }
+        // Reverb's `SampleToInsertRatio`; the error buffer defaults to the smallest that
+        // cannot deadlock, `(n_seqs + samples_per_insert) / 2`, rounded up.
+        if let Some(spi) = samples_per_insert {
+            let error_buffer = error_buffer.unwrap_or_else(|| ((n_seqs as f64 + spi) / 2.0).ceil());
+            def = def.rate_limit(RateLimit::new(spi, min_size_to_sample, error_buffer));
+        } else if error_buffer.is_some() {
+            return Err(PyValueError::new_err(
+                "error_buffer needs samples_per_insert (a rate limit)",
+            ));
         }
         Ok(Self { def })
     }

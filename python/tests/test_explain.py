@@ -39,3 +39,24 @@ def test_a_long_wait_is_logged_with_its_explanation(caplog):
     assert records[0].name.startswith("rollout_buffer")
     assert "eligible=1" in records[0].getMessage() and "batch_size=2" in records[0].getMessage()
     assert buf.stats()["rpcs"]["train"]["wait_warnings"] >= 1
+
+
+def test_a_rate_limited_getter_waits_and_explain_says_so():
+    # One sample per insert, min size 2, error buffer 1: two leases use up three inserts'
+    # worth (diff 3 -> 1), the third waits for a put.
+    buf = rb.Buffer(
+        8,
+        [rb.Rpc("train", 1, inputs=["prompt"], reads=100, samples_per_insert=1.0, min_size_to_sample=2, error_buffer=1.0)],
+    )
+    for i in range(3):
+        buf.put_columns_blocking({"prompt": np.zeros((1, 4), np.int32)}, ids=[f"s{i}"])
+    for _ in range(2):
+        buf.get_batch_for_rpc_blocking("train", timeout=1.0).commit_blocking()
+    with pytest.raises(rb.Timeout):
+        buf.get_batch_for_rpc_blocking("train", timeout=0.05)
+    why = buf.explain("train")
+    assert why["rate_limited"] and why["eligible"] == 3, why
+    buf.put_columns_blocking({"prompt": np.zeros((1, 4), np.int32)}, ids=["s3"])
+    buf.get_batch_for_rpc_blocking("train", timeout=1.0).commit_blocking()
+    with pytest.raises(ValueError, match="rate limit"):
+        rb.Buffer(8, [rb.Rpc("bad", 4, inputs=["prompt"], samples_per_insert=1.0, error_buffer=0.5)])

@@ -12,6 +12,20 @@ use std::fmt::Write as _;
 /// Cells of `--tail` text longer than this are cut (token lists run to thousands).
 const CELL: usize = 60;
 
+/// Fails, without creating anything, when `url` names a local directory that does not
+/// exist (opening a local store would create it; a look or a repair must not).
+pub fn require_stored_run(url: &str) -> Result<(), String> {
+    let local = match url.split_once("://") {
+        None => Some(url),
+        Some(("file", path)) => Some(path),
+        Some(_) => None,
+    };
+    match local.filter(|d| !std::path::Path::new(d).is_dir()) {
+        Some(dir) => Err(format!("no stored run at {url}: {dir} is not a directory")),
+        None => Ok(()),
+    }
+}
+
 /// The summary of the run at `url` and, with `tail > 0`, its latest archived rows; `json`
 /// prints one JSON document (`{"summary": ..., "tail": [...]}`) instead of text.
 ///
@@ -19,15 +33,7 @@ const CELL: usize = 60;
 ///
 /// The library's error for a store that cannot be read, as text.
 pub async fn run(url: &str, tail: usize, json: bool) -> Result<String, String> {
-    // Opening a local store creates its directory; a look must not.
-    let local = match url.split_once("://") {
-        None => Some(url),
-        Some(("file", path)) => Some(path),
-        Some(_) => None,
-    };
-    if let Some(dir) = local.filter(|d| !std::path::Path::new(d).is_dir()) {
-        return Err(format!("no stored run at {url}: {dir} is not a directory"));
-    }
+    require_stored_run(url)?;
     let summary = inspect(url)
         .await
         .map_err(|e| format!("cannot inspect {url}: {e}"))?;

@@ -11,14 +11,7 @@ use std::fmt::Write as _;
 ///
 /// The library's error for a store that cannot be opened, read or written, as text.
 pub async fn run(url: &str, json: bool) -> Result<String, String> {
-    let local = match url.split_once("://") {
-        None => Some(url),
-        Some(("file", path)) => Some(path),
-        Some(_) => None,
-    };
-    if let Some(dir) = local.filter(|d| !std::path::Path::new(d).is_dir()) {
-        return Err(format!("no stored run at {url}: {dir} is not a directory"));
-    }
+    super::inspect::require_stored_run(url)?;
     let store = Store::open(url).map_err(|e| format!("cannot open {url}: {e}"))?;
     let report = repair(&store)
         .await

@@ -3,6 +3,8 @@
 
 #[cfg(feature = "persist")]
 pub mod faulty;
+#[cfg(feature = "persist")]
+pub mod groups;
 pub mod payload;
 
 use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};

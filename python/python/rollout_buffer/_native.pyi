@@ -27,7 +27,8 @@ class Rpc:
     """One consumer: ``selection`` is ``"fifo"``, ``"lifo"``, ``"uniform"``, ``"recency"``
     (weight ``(i+1)**alpha`` by age rank) or ``"prioritized"`` (``priority_key`` field to
     the power ``exponent``), the random ones drawn from ``seed``; ``lease_timeout`` in
-    seconds."""
+    seconds. ``samples_per_insert`` (with ``min_size_to_sample`` and ``error_buffer``) is
+    Reverb's ``SampleToInsertRatio``: getters of this RPC and putters wait to keep it."""
     def __init__(
         self,
         name: str,
@@ -42,6 +43,9 @@ class Rpc:
         alpha: float = 1.0,
         priority_key: Optional[str] = None,
         exponent: float = 1.0,
+        samples_per_insert: Optional[float] = None,
+        min_size_to_sample: int = 1,
+        error_buffer: Optional[float] = None,
     ) -> None: ...
 
 class Batch:
