@@ -41,15 +41,8 @@ impl SlotTable {
         if self.ready.get(r)?.len() < n {
             return None;
         }
-        let size = self.len();
-        if let Some(limiter) = self.rate[r].as_mut() {
-            if !limiter.can_sample(n, size) {
-                limiter.held_gets += 1;
-                return None;
-            }
-            limiter.samples += n as u64;
-            // Putters held by this limiter may fit now.
-            self.deferred.space = true;
+        if self.rate[r].is_some() {
+            self.admit_lease(r, n)?;
         }
         let draw = step.unwrap_or(self.draws[r]);
         self.draws[r] += 1;
@@ -99,6 +92,21 @@ impl SlotTable {
             }
         };
         Some(self.grant(r, slots, deadline))
+    }
+
+    /// Whether RPC `r`'s rate limiter lets a lease of `n` through now; counts it (a sample
+    /// taken, or a getter held) either way.
+    fn admit_lease(&mut self, r: usize, n: usize) -> Option<()> {
+        let size = self.len();
+        let limiter = self.rate.get_mut(r)?.as_mut()?;
+        if !limiter.can_sample(n, size) {
+            limiter.held_gets += 1;
+            return None;
+        }
+        limiter.samples += n as u64;
+        // Putters held by this limiter may fit now.
+        self.deferred.space = true;
+        Some(())
     }
 
     /// Leases exactly `slots` to RPC `r` if every one of them is eligible for it now (the
