@@ -292,9 +292,10 @@ async fn a_durable_spilled_buffer_archives_whole_samples() {
 
 /// A crash after spilled samples were trained but before the archive wrote them: the spill
 /// segments they were read back from are kept for the archive, so the next open archives
-/// them whole.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
+/// them whole. The crashed buffer runs on a runtime of its own, shut down (every task
+/// stopped where it was) before the store is opened again.
+#[test]
+fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
     use rollout_buffer::persist::ArchiveOptions;
     let dir = TempDir::new("spill-archive-crash");
     let store = Store::open(dir.path()).expect("store");
@@ -312,7 +313,15 @@ async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
                 max_delay,
             }))
     };
-    {
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let crashed = runtime();
+    crashed.block_on(async {
         // An archive that only writes on flush: every row still waits when the run dies.
         let buf =
             SequenceBuffer::open_in(store.clone(), config(), options(Duration::from_secs(3600)))
@@ -324,13 +333,16 @@ async fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
             batch.commit().await.expect("commit");
         }
         common::wait_until(|| buf.stats().freed == N).await;
-        drop(buf); // the crash: no flush
-    }
-    let buf = SequenceBuffer::open_in(store.clone(), config(), options(Duration::from_secs(1)))
-        .await
-        .expect("recover");
-    buf.flush().await.expect("flush");
-    assert_eq!(archived(&store).await, (0..N).collect::<Vec<_>>());
+        std::mem::forget(buf); // the crash: no flush, no drop
+    });
+    crashed.shutdown_timeout(Duration::from_secs(10));
+    runtime().block_on(async {
+        let buf = SequenceBuffer::open_in(store.clone(), config(), options(Duration::from_secs(1)))
+            .await
+            .expect("recover");
+        buf.flush().await.expect("flush");
+        assert_eq!(archived(&store).await, (0..N).collect::<Vec<_>>());
+    });
 }
 
 /// The numbers of the samples in the store's archive, sorted; `check` asserts each row's

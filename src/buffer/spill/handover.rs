@@ -295,6 +295,9 @@ async fn delete_after_sink(
     }
     if let Some(sink) = sink {
         let written = sink.written();
+        // Only the buffer keeps its sink alive: once the buffer is gone, the archive stops
+        // (what waits is recovered at the next open) and this wait ends with an error.
+        drop(sink);
         *handover.on_sink.lock() += 1;
         handover.done.notify_waiters();
         let written = written.await;
