@@ -82,5 +82,11 @@ mod tests {
         rl.samples += 3; // diff 5
         assert!(!rl.can_sample(1, 4));
         assert!(rl.can_insert(3, 4), "5 + 6 = 11");
+        // Filling up to min size is free only while the put stays within it: at min size,
+        // the ratio decides.
+        rl.inserts += 3; // diff 11
+        assert!(!rl.can_insert(1, 4), "11 + 2 > 11 at min size");
+        assert!(rl.can_insert(1, 3), "3 + 1 only reaches min size");
+        assert!(!rl.can_insert(2, 3), "3 + 2 passes it, and 11 + 4 > 11");
     }
 }

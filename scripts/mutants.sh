@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Mutation testing of the state machine, the buffer and the RL layer with cargo-mutants.
+#
+#   scripts/mutants.sh [--minutes M] [--shard K/N] [--out DIR] [PATH...]
+#
+# PATH defaults to src/state src/buffer src/rollout. Each mutant is tested in two stages, so
+# the whole suite runs only where it is needed:
+#
+#   1. the quick stage: the unit tests and the model-based tests (proptest runs against a
+#      reference model), which catch most mutants in a few seconds;
+#   2. the full stage: every mutant the quick stage missed or timed out on, against the
+#      whole suite but the kill -9 harness and the byte-flip sweeps of the decoders
+#      (.cargo/mutants.toml).
+#
+# --minutes bounds the wall time of the whole call (default 60); a call cut short keeps what
+# it found, and the next call with the same --out and --shard picks up where it stopped.
+# --shard K/N takes every N-th mutant from the K-th (0-based), so N machines, or N calls,
+# split one run. Outcomes land in DIR (default target/mutants/shard-K-of-N): quick/ and
+# full/ hold each stage's settled lists and cargo-mutants' own output of its last call
+# (mutants.out/, with a log per mutant), and missed.txt at the top is the result: the
+# mutants no test catches. docs/testing.md says what the last full run found.
+#
+# Needs cargo-mutants (`cargo install cargo-mutants --locked`) and cargo-nextest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+minutes=60
+shard=0/1
+out=""
+paths=()
+while (($#)); do
+    case "$1" in
+        --minutes) minutes="$2"; shift 2 ;;
+        --shard) shard="$2"; shift 2 ;;
+        --out) out="$2"; shift 2 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        -*) echo "mutants.sh: unknown flag $1" >&2; exit 2 ;;
+        *) paths+=("$1"); shift ;;
+    esac
+done
+((${#paths[@]})) || paths=(src/state src/buffer src/rollout)
+[[ "$shard" =~ ^[0-9]+/[1-9][0-9]*$ ]] || { echo "mutants.sh: --shard takes K/N" >&2; exit 2; }
+out="${out:-target/mutants/shard-${shard/\//-of-}}"
+mkdir -p "$out"
+command -v cargo-mutants >/dev/null || { echo "mutants.sh: install cargo-mutants first" >&2; exit 2; }
+
+files=()
+for p in "${paths[@]}"; do
+    if [[ -d "$p" ]]; then files+=(-f "$p/**/*.rs"); else files+=(-f "$p"); fi
+done
+
+# The dependencies stay built between calls: cargo-mutants copies the source tree to a
+# scratch directory per call, and a shared target directory spares a cold build of
+# arrow and parquet each time.
+export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-$PWD/target/mutants-build}"
+deadline=$((SECONDS + minutes * 60))
+left() { echo $((deadline - SECONDS)); }
+
+# The shard: every N-th mutant from the K-th, by name (file:line:col: what it changes).
+# Names carry line numbers, so results recorded before an edit of a file no longer match
+# its mutants, which are then tested again.
+k=${shard%/*}; n=${shard#*/}
+cargo mutants "${files[@]}" --list | awk -v k="$k" -v n="$n" '(NR - 1) % n == k' | sort -u > "$out/all.txt"
+
+# Per stage, what is settled accumulates across calls: killed.txt (caught, or unviable: the
+# mutant does not build) and survived.txt (missed, or timed out).
+run_stage() { # STAGE INPUT [cargo test args...]
+    local stage=$1 input=$2; shift 2
+    local dir="$out/$stage" todo="$out/$stage/todo.txt"
+    mkdir -p "$dir"
+    touch "$dir/killed.txt" "$dir/survived.txt" "$dir/timeout.txt"
+    sort -u "$dir/killed.txt" "$dir/survived.txt" | comm -23 "$input" - > "$todo"
+    if [[ ! -s "$todo" ]] || (($(left) <= 0)); then return 0; fi
+    local regexes=()
+    while IFS= read -r name; do
+        regexes+=(-F "^$(printf '%s' "$name" | sed 's/[][\.*^$(){}?+|/]/\\&/g')\$")
+    done < "$todo"
+    echo "mutants.sh: $stage stage: $(wc -l < "$todo") mutants, $(left) s left"
+    timeout --foreground "$(left)" cargo mutants "${files[@]}" "${regexes[@]}" \
+        --baseline skip --timeout "$TEST_TIMEOUT" --build-timeout 600 --no-shuffle \
+        -o "$dir" "$@" || true
+    local o="$dir/mutants.out"
+    cat "$o/caught.txt" "$o/unviable.txt" 2>/dev/null >> "$dir/killed.txt" || true
+    cat "$o/missed.txt" "$o/timeout.txt" 2>/dev/null >> "$dir/survived.txt" || true
+    cat "$o/timeout.txt" 2>/dev/null >> "$dir/timeout.txt" || true
+    sort -u -o "$dir/killed.txt" "$dir/killed.txt"
+    sort -u -o "$dir/survived.txt" "$dir/survived.txt"
+    sort -u -o "$dir/timeout.txt" "$dir/timeout.txt"
+}
+
+# Stage 1: the unit tests (with the state machine's model test) and the integration tests
+# that drive the public API against a reference model.
+# Given as cargo arguments, so the build builds only these targets too.
+quick=()
+for target in --lib --test=model --test=persist_model --test=spill_model --test=selection --test=rate_limit; do
+    quick+=(--cargo-arg="$target")
+done
+TEST_TIMEOUT=60 run_stage quick "$out/all.txt" "${quick[@]}"
+# Stage 2: what the quick stage let through, against the whole suite.
+TEST_TIMEOUT=120 run_stage full "$out/quick/survived.txt"
+
+# The result. A mutant that makes the suite hang (timeout) is caught: the tests fail, by
+# time. Missed are the quick stage's survivors the full suite passed with.
+comm -23 "$out/full/survived.txt" "$out/full/timeout.txt" > "$out/missed.txt"
+untested=$(sort -u "$out/quick/killed.txt" "$out/quick/survived.txt" | comm -23 "$out/all.txt" - | wc -l)
+untested_full=$(sort -u "$out/full/killed.txt" "$out/full/survived.txt" | comm -23 "$out/quick/survived.txt" - | wc -l)
+echo "mutants.sh: shard $shard of ${paths[*]}: $(wc -l < "$out/all.txt") mutants;" \
+    "quick stage killed $(wc -l < "$out/quick/killed.txt"), passed $(wc -l < "$out/quick/survived.txt"), not yet run $untested;" \
+    "full stage killed $(wc -l < "$out/full/killed.txt") of those, hung $(wc -l < "$out/full/timeout.txt"), not yet run $untested_full"
+echo "mutants.sh: $(wc -l < "$out/missed.txt") missed: $out/missed.txt"
