@@ -8,7 +8,8 @@
 //! warm-up round. One JSON line per case:
 //!
 //! ```text
-//! cargo run --release --example selection [-- --sizes 1024,65536,1048576 --batches 2000 --rounds 5]
+//! cargo run --release --example selection [-- --sizes 1024,65536,1048576 --batches 2000 --rounds 5
+//!     --policies Fifo,Uniform,Recency,Prioritized]
 //! {"policy": "Prioritized", "eligible": 1048576, "batch": 64, "us_per_batch": ...}
 //! ```
 
@@ -19,6 +20,8 @@ const BATCH: usize = 64;
 
 struct Args {
     sizes: Vec<usize>,
+    /// Policy names to run (all when empty).
+    policies: Vec<String>,
     batches: usize,
     rounds: usize,
 }
@@ -26,6 +29,7 @@ struct Args {
 fn parse_args() -> Result<Args, String> {
     let mut args = Args {
         sizes: vec![1024, 65_536, 1 << 20],
+        policies: Vec::new(),
         batches: 2000,
         rounds: 5,
     };
@@ -35,6 +39,7 @@ fn parse_args() -> Result<Args, String> {
         let number = |v: &str| v.parse::<usize>().map_err(|e| format!("{flag} {v}: {e}"));
         match flag.as_str() {
             "--sizes" => args.sizes = value.split(',').map(number).collect::<Result<_, _>>()?,
+            "--policies" => args.policies = value.split(',').map(str::to_owned).collect(),
             "--batches" => args.batches = number(&value)?,
             "--rounds" => args.rounds = number(&value)?.max(1),
             _ => return Err(format!("unknown flag {flag}")),
@@ -108,6 +113,9 @@ async fn round(buf: &SequenceBuffer, batches: usize) -> Result<f64, String> {
 async fn run(args: Args) -> Result<(), String> {
     for &eligible in &args.sizes {
         for (name, selection) in policies() {
+            if !args.policies.is_empty() && !args.policies.iter().any(|p| p == name) {
+                continue;
+            }
             let buf = filled(selection, eligible).await?;
             round(&buf, args.batches / 4 + 1).await?;
             let mut times = Vec::with_capacity(args.rounds);

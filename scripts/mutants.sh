@@ -69,6 +69,7 @@ run_stage() { # STAGE INPUT [cargo test args...]
     local dir="$out/$stage" todo="$out/$stage/todo.txt"
     mkdir -p "$dir"
     touch "$dir/killed.txt" "$dir/survived.txt" "$dir/timeout.txt"
+    settle "$dir"
     sort -u "$dir/killed.txt" "$dir/survived.txt" | comm -23 "$input" - > "$todo"
     if [[ ! -s "$todo" ]] || (($(left) <= 0)); then return 0; fi
     local regexes=()
@@ -79,7 +80,13 @@ run_stage() { # STAGE INPUT [cargo test args...]
     timeout --foreground "$(left)" cargo mutants "${files[@]}" "${regexes[@]}" \
         --baseline skip --timeout "$TEST_TIMEOUT" --build-timeout 600 --no-shuffle \
         -o "$dir" "$@" || true
-    local o="$dir/mutants.out"
+    settle "$dir"
+}
+
+# Folds the outcomes of a stage's last cargo-mutants call (mutants.out, which the next call
+# moves aside) into the stage's settled lists; also after a call that was killed.
+settle() { # DIR
+    local dir=$1 o="$1/mutants.out"
     cat "$o/caught.txt" "$o/unviable.txt" 2>/dev/null >> "$dir/killed.txt" || true
     cat "$o/missed.txt" "$o/timeout.txt" 2>/dev/null >> "$dir/survived.txt" || true
     cat "$o/timeout.txt" 2>/dev/null >> "$dir/timeout.txt" || true
@@ -88,11 +95,13 @@ run_stage() { # STAGE INPUT [cargo test args...]
     sort -u -o "$dir/timeout.txt" "$dir/timeout.txt"
 }
 
-# Stage 1: the unit tests (with the state machine's model test) and the integration tests
-# that drive the public API against a reference model.
+# Stage 1: the unit tests (with the state machine's model test), the integration tests that
+# drive the public API against a reference model, and those of leases, staleness, eviction,
+# amends and gets.
 # Given as cargo arguments, so the build builds only these targets too.
 quick=()
-for target in --lib --test=model --test=persist_model --test=spill_model --test=selection --test=rate_limit; do
+for target in --lib --test=model --test=persist_model --test=spill_model --test=selection \
+    --test=rate_limit --test=lease --test=staleness --test=eviction --test=amend --test=get; do
     quick+=(--cargo-arg="$target")
 done
 TEST_TIMEOUT=60 run_stage quick "$out/all.txt" "${quick[@]}"

@@ -8,6 +8,7 @@
 //!
 //! Files, lowest first (each imports only the ones above it in this list):
 //!
+//! * `prefetch.rs`: the cache-line prefetch hint of the batch-wide passes;
 //! * `mask.rs`: word bitsets for the per-state masks;
 //! * `select.rs`: the randomised selection policies (seeded, deterministic);
 //! * `ranked.rs`: an ordered index with O(log n) lookup by age rank and by weight, for
@@ -26,6 +27,7 @@ mod budget;
 mod freshness;
 mod leases;
 mod mask;
+mod prefetch;
 mod ranked;
 mod rate;
 mod ready;

@@ -143,6 +143,14 @@ impl ReadyIndex {
         Some(self.ranked.as_mut()?.take_weighted(n, rng))
     }
 
+    /// Prefetches what putting `slots` back will read (see
+    /// [`RankedIndex::prefetch_returns`]); nothing for an index that is not ranked.
+    pub(crate) fn prefetch_returns(&self, slots: &[u32]) {
+        if let Some(ranked) = &self.ranked {
+            ranked.prefetch_returns(slots);
+        }
+    }
+
     /// Removes the slots at age ranks `ranks` (distinct, each below `len()`) and returns
     /// them in the order given; `None` for an index that is not ranked.
     pub(crate) fn take_ranks(&mut self, ranks: &[usize]) -> Option<Vec<u32>> {

@@ -5,6 +5,7 @@
 use super::SlotTable;
 use crate::rpc_defs::{KeySet, Selection};
 use crate::state::leases::{Lease, LeaseId};
+use crate::state::prefetch::prefetch;
 use crate::state::ready::ReadyIndex;
 use crate::state::select::{choose, draw_seed, policy_seed, sample_ranks, Candidate, Rng};
 use crate::state::slot::{LeaseEnd, LeaseGone, Wake};
@@ -192,6 +193,16 @@ impl SlotTable {
         let r = lease.rpc;
         let n_rpcs = self.rpcs.len();
         let mut wake = Wake::default();
+        // Every line the loop below touches per slot, requested at once (see grant).
+        for &s in &lease.slots {
+            let s = s as usize;
+            prefetch(&self.slots[s]);
+            prefetch(&self.reads_left[s * n_rpcs + r]);
+            if let Some(ln_weight) = self.ln_priority.get(r).and_then(|v| v.get(s)) {
+                prefetch(ln_weight);
+            }
+        }
+        self.ready[r].prefetch_returns(&lease.slots);
         for (i, &s) in lease.slots.iter().enumerate() {
             let s = s as usize;
             debug_assert!(self.slots[s].lease_bits.contains(r));

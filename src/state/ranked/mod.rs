@@ -4,20 +4,27 @@
 //! whole index.
 //!
 //! Entries `(order key, slot, weight)` live in sorted blocks of at most [`MAX_BLOCK`]. A
-//! sum tree over the blocks holds each block's entry count, weight sum and number of
-//! weighted entries. Finding the entry at age rank `k`, or the entry where the weights'
+//! sum tree over the blocks holds each block's count of live entries, weight sum and number
+//! of weighted entries. Finding the entry at age rank `k`, or the entry where the weights'
 //! running total crosses `u`, walks the tree (O(log blocks)) and then one block; inserting
 //! or removing finds the block by binary search over the blocks' first keys, edits it in
 //! place and updates the block's path up the tree. So a batch of `k` costs O(k log n)
-//! whatever the capacity. A block that outgrows `MAX_BLOCK` splits, one that shrinks below
-//! [`MIN_BLOCK`] merges into a neighbour; those rebuild the tree, O(blocks), at most once
-//! per `MIN_BLOCK` edits.
+//! whatever the capacity. A block that outgrows `MAX_BLOCK` splits, one whose live entries
+//! fall below [`MIN_BLOCK`] merges into a neighbour; those rebuild the moved part of the
+//! tree, at most once per `MIN_BLOCK` edits.
 //!
 //! Why blocks rather than a node per entry: a balanced tree over a million entries is some
 //! twenty dependent cache misses per lookup. The tree over a few thousand blocks stays in
-//! cache, so a lookup misses about twice (the block's keys, then its weights), and the
-//! order is the index's own (birth, put order), never slot numbers, so a recovered buffer
-//! whose samples sit in other slots draws the same batches.
+//! cache, so a lookup misses in one block only, and the order is the index's own (birth,
+//! put order), never slot numbers, so a recovered buffer whose samples sit in other slots
+//! draws the same batches.
+//!
+//! Removal leaves a tombstone: the entry stays where it is, marked absent in the block's
+//! `live` bits (with no weight), and an insert of the same key revives it in place. A
+//! leased sample goes back under the key it left with, so the take and release of a batch
+//! shift no entries: in a cold index of a million samples, shifting half a block on every
+//! take and release was most of a batch's cost. An insert of a new key compacts its block
+//! first, so tombstones never outnumber what one block holds.
 //!
 //! Weights are `exp` of the `ln`-weights the buffer computes, with the exponent capped at
 //! [`MAX_LN_WEIGHT`] so a million of the heaviest still sum to a finite number; a weight
@@ -25,11 +32,16 @@
 //! weights, never updated by subtraction, so removing a heavy entry cannot leave a
 //! rounding residue that would make a weightless entry drawable.
 
-use super::select::Rng;
+mod blocks;
 
-/// Largest entries per block; a block past it splits in two.
+use super::prefetch::prefetch;
+use super::select::Rng;
+use blocks::{low_bits, nth_set_bit, Block, Tree};
+
+/// Largest entries per block, live or tombstones (the width of a block's live bits); a
+/// block past it splits in two.
 const MAX_BLOCK: usize = 128;
-/// A block below this merges into a neighbour.
+/// A block with fewer live entries merges into a neighbour.
 const MIN_BLOCK: usize = 16;
 /// `ln` of the largest weight: `e^600` (about `10^260`) times a million entries is still
 /// finite.
@@ -44,216 +56,24 @@ pub(crate) fn weight_of(ln_weight: f64) -> f64 {
     }
 }
 
-#[derive(Debug, Clone)]
-struct Block<K> {
-    keys: Vec<K>,
-    slots: Vec<u32>,
-    /// Per entry, `>= 0`; empty in an unweighted index.
-    weights: Vec<f64>,
-    sum: f64,
-    /// Entries with a weight above zero.
-    weighted: u32,
-}
-
-impl<K> Default for Block<K> {
-    fn default() -> Self {
-        Self {
-            keys: Vec::new(),
-            slots: Vec::new(),
-            weights: Vec::new(),
-            sum: 0.0,
-            weighted: 0,
-        }
-    }
-}
-
-impl<K> Block<K> {
-    /// Recomputes `sum` and `weighted` from the weights. Four running sums in a fixed
-    /// order: the result is the same on every run, and the loop vectorises.
-    fn recount(&mut self) {
-        let mut acc = [0.0f64; 4];
-        let chunks = self.weights.chunks_exact(4);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for (a, w) in acc.iter_mut().zip(c) {
-                *a += w;
-            }
-        }
-        self.sum = tail
-            .iter()
-            .fold((acc[0] + acc[1]) + (acc[2] + acc[3]), |s, w| s + w);
-        self.weighted = self.weights.iter().filter(|&&w| w > 0.0).count() as u32;
-    }
-
-    fn len(&self) -> usize {
-        self.keys.len()
-    }
-
-    /// Moves the entries from `at` on into a new block.
-    fn split_off(&mut self, at: usize) -> Block<K> {
-        let weights = if self.weights.is_empty() {
-            Vec::new()
-        } else {
-            self.weights.split_off(at)
-        };
-        let mut tail = Block {
-            keys: self.keys.split_off(at),
-            slots: self.slots.split_off(at),
-            weights,
-            ..Block::default()
-        };
-        self.recount();
-        tail.recount();
-        tail
-    }
-
-    fn append(&mut self, other: &mut Block<K>) {
-        self.keys.append(&mut other.keys);
-        self.slots.append(&mut other.slots);
-        self.weights.append(&mut other.weights);
-        self.recount();
-    }
-}
-
-/// Counts, weight sums and weighted counts over the blocks, as an implicit binary tree:
-/// node 1 is the root, node `i` has children `2i` and `2i + 1`, and the block `b` is leaf
-/// `leaves + b`. A parent is always recomputed from its children (no subtraction).
-#[derive(Debug, Clone, Default)]
-struct Tree {
-    leaves: usize,
-    count: Vec<u32>,
-    sum: Vec<f64>,
-    weighted: Vec<u32>,
-}
-
-impl Tree {
-    fn rebuild<K>(&mut self, blocks: &[Block<K>]) {
-        self.leaves = blocks.len().next_power_of_two().max(1);
-        let nodes = 2 * self.leaves;
-        self.count.clear();
-        self.count.resize(nodes, 0);
-        self.sum.clear();
-        self.sum.resize(nodes, 0.0);
-        self.weighted.clear();
-        self.weighted.resize(nodes, 0);
-        for (b, block) in blocks.iter().enumerate() {
-            self.set_leaf(b, block);
-        }
-        for i in (1..self.leaves).rev() {
-            self.combine(i);
-        }
-    }
-
-    /// Refreshes the leaves of blocks `from..` after blocks were inserted or removed there
-    /// (`old_len` blocks before), and their ancestors: O(blocks moved + log), so a split
-    /// at the end, where in-order puts land, costs O(log blocks).
-    fn refresh_from<K>(&mut self, from: usize, blocks: &[Block<K>], old_len: usize) {
-        if blocks.len() > self.leaves {
-            self.rebuild(blocks);
-            return;
-        }
-        let end = blocks.len().max(old_len);
-        if from >= end {
-            return;
-        }
-        for b in from..end {
-            match blocks.get(b) {
-                Some(block) => self.set_leaf(b, block),
-                None => {
-                    let i = self.leaves + b;
-                    self.count[i] = 0;
-                    self.sum[i] = 0.0;
-                    self.weighted[i] = 0;
-                }
-            }
-        }
-        let (mut lo, mut hi) = ((self.leaves + from) / 2, (self.leaves + end - 1) / 2);
-        while lo >= 1 {
-            for i in lo..=hi {
-                self.combine(i);
-            }
-            lo /= 2;
-            hi /= 2;
-        }
-    }
-
-    fn set_leaf<K>(&mut self, b: usize, block: &Block<K>) {
-        let i = self.leaves + b;
-        self.count[i] = block.len() as u32;
-        self.sum[i] = block.sum;
-        self.weighted[i] = block.weighted;
-    }
-
-    fn combine(&mut self, i: usize) {
-        let (l, r) = (2 * i, 2 * i + 1);
-        self.count[i] = self.count[l] + self.count[r];
-        self.sum[i] = self.sum[l] + self.sum[r];
-        self.weighted[i] = self.weighted[l] + self.weighted[r];
-    }
-
-    fn update<K>(&mut self, b: usize, block: &Block<K>) {
-        self.set_leaf(b, block);
-        let mut i = (self.leaves + b) / 2;
-        while i >= 1 {
-            self.combine(i);
-            i /= 2;
-        }
-    }
-
-    fn total_weight(&self) -> f64 {
-        self.sum.get(1).copied().unwrap_or(0.0)
-    }
-
-    fn weighted_entries(&self) -> u32 {
-        self.weighted.get(1).copied().unwrap_or(0)
-    }
-
-    /// The block holding rank `k` (below the total count) and the rank within it.
-    fn find_rank(&self, mut k: usize) -> (usize, usize) {
-        let mut i = 1;
-        while i < self.leaves {
-            let left = 2 * i;
-            let here = self.count[left] as usize;
-            if k < here {
-                i = left;
-            } else {
-                k -= here;
-                i = left + 1;
-            }
-        }
-        (i - self.leaves, k)
-    }
-
-    /// The block where the running weight total crosses `u` (in `[0, total)`), and what is
-    /// left of `u` there. Only ever descends into a part holding a weighted entry, so
-    /// rounding cannot land on a weightless block.
-    fn find_weight(&self, mut u: f64) -> (usize, f64) {
-        let mut i = 1;
-        while i < self.leaves {
-            let (left, right) = (2 * i, 2 * i + 1);
-            let go_left =
-                self.weighted[left] > 0 && (u < self.sum[left] || self.weighted[right] == 0);
-            if go_left {
-                i = left;
-            } else {
-                u -= self.sum[left];
-                i = right;
-            }
-        }
-        (i - self.leaves, u.max(0.0))
-    }
-}
-
 /// Eligible slots of one RPC ordered by their keys `K` (unique; the ready index's (birth,
 /// put order)), with optional weights (see the module docs).
 #[derive(Debug, Clone)]
 pub(crate) struct RankedIndex<K> {
     blocks: Vec<Block<K>>,
-    /// The first key of each block, for the binary search that finds a key's block.
+    /// The first key of each block (live or not), for the binary search that finds a key's
+    /// block.
     firsts: Vec<K>,
     tree: Tree,
     weighted: bool,
+    /// Live entries.
     len: usize,
+    /// Per slot, where its entry was when last removed (block `<< 7 | position`): a
+    /// released lease puts its samples back under the keys they left with, and this finds
+    /// the tombstone without the binary search through a cold block (some six dependent
+    /// cache misses in a large index). Checked against the key before use, so a hint made
+    /// stale by a split, merge or compaction only costs the search.
+    hints: Vec<u32>,
 }
 
 impl<K: Ord + Copy> RankedIndex<K> {
@@ -265,6 +85,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
             tree: Tree::default(),
             weighted,
             len: 0,
+            hints: Vec::new(),
         }
     }
 
@@ -282,42 +103,77 @@ impl<K: Ord + Copy> RankedIndex<K> {
         self.firsts.partition_point(|f| *f <= key).saturating_sub(1)
     }
 
-    /// Adds `slot` under `key` (unique) with `weight` (ignored when unweighted).
+    /// Adds `slot` under `key` (unique) with `weight` (ignored when unweighted). A key
+    /// removed earlier whose tombstone is still in place comes back there.
     pub(crate) fn insert(&mut self, key: K, slot: u32, weight: f64) {
         if self.blocks.is_empty() {
             self.blocks.push(Block::default());
             self.firsts.push(key);
             self.tree.rebuild(&self.blocks);
         }
-        let b = self.locate(key);
-        let n_blocks = self.blocks.len();
+        let weight = if self.weighted { weight.max(0.0) } else { 0.0 };
+        let (b, mut at) = match self.hinted(key, slot) {
+            Some(position) => position,
+            None => {
+                let b = self.locate(key);
+                (b, self.blocks[b].entries.partition_point(|e| e.0 < key))
+            }
+        };
         let block = &mut self.blocks[b];
-        let at = block.keys.partition_point(|k| *k < key);
-        block.keys.insert(at, key);
-        block.slots.insert(at, slot);
-        if self.weighted {
-            block.weights.insert(at, weight.max(0.0));
+        if block.entries.get(at).is_some_and(|e| e.0 == key) {
+            // Revived in place (or, for a key already live, given the new slot and weight).
+            if !block.is_live(at) {
+                block.live |= 1 << at;
+                self.len += 1;
+            }
+            block.entries[at].1 = slot;
+            if self.weighted {
+                block.weights[at] = weight;
+            }
+            block.recount();
+            self.tree.update(b, &self.blocks[b]);
+            return;
         }
-        block.recount();
+        if block.live != low_bits(block.entries.len()) {
+            block.compact();
+            at = block.entries.partition_point(|e| e.0 < key);
+        }
+        block.entries.insert(at, (key, slot));
+        if self.weighted {
+            block.weights.insert(at, weight);
+        }
         if at == 0 {
             self.firsts[b] = key;
         }
         self.len += 1;
-        if self.blocks[b].len() > MAX_BLOCK {
+        let n_blocks = self.blocks.len();
+        if self.blocks[b].entries.len() > MAX_BLOCK {
             let tail = self.blocks[b].split_off(MAX_BLOCK / 2);
-            self.firsts.insert(b + 1, tail.keys[0]);
+            self.firsts.insert(b + 1, tail.entries[0].0);
             self.blocks.insert(b + 1, tail);
             self.tree.refresh_from(b, &self.blocks, n_blocks);
         } else {
+            let block = &mut self.blocks[b];
+            block.live = low_bits(block.entries.len());
+            block.recount();
             self.tree.update(b, &self.blocks[b]);
         }
     }
 
-    /// The block and position of `key`, if indexed.
+    /// Where `slot`'s entry under `key` was last removed, if it is still there.
+    fn hinted(&self, key: K, slot: u32) -> Option<(usize, usize)> {
+        let hint = *self.hints.get(slot as usize)?;
+        let (b, at) = ((hint >> 7) as usize, (hint & 127) as usize);
+        let entry = self.blocks.get(b)?.entries.get(at)?;
+        (entry.0 == key).then_some((b, at))
+    }
+
+    /// The block and position of the live entry under `key`.
     fn find(&self, key: K) -> Option<(usize, usize)> {
         let b = self.locate(key);
-        let at = self.blocks.get(b)?.keys.binary_search(&key).ok()?;
-        Some((b, at))
+        let block = self.blocks.get(b)?;
+        let at = block.entries.binary_search_by(|e| e.0.cmp(&key)).ok()?;
+        block.is_live(at).then_some((b, at))
     }
 
     /// Removes the entry under `key`; returns its slot.
@@ -326,40 +182,44 @@ impl<K: Ord + Copy> RankedIndex<K> {
         Some(self.remove_at(b, at))
     }
 
-    /// Removes entry `at` of block `b` (both valid); returns its slot.
+    /// Removes live entry `at` of block `b` (leaving a tombstone); returns its slot.
     fn remove_at(&mut self, b: usize, at: usize) -> u32 {
         let n_blocks = self.blocks.len();
         let block = &mut self.blocks[b];
-        block.keys.remove(at);
-        let slot = block.slots.remove(at);
+        block.live &= !(1 << at);
+        let slot = block.entries[at].1;
         if self.weighted {
-            block.weights.remove(at);
+            block.weights[at] = 0.0;
         }
+        let s = slot as usize;
+        if s >= self.hints.len() {
+            self.hints.resize(s + 1, u32::MAX);
+        }
+        // Blocks beyond 2^25 (four billion entries) get no hint.
+        self.hints[s] = u32::try_from(b << 7 | at).unwrap_or(u32::MAX);
         block.recount();
         self.len -= 1;
-        if block.keys.is_empty() {
+        let live = block.live_len();
+        if live == 0 {
             self.blocks.remove(b);
             self.firsts.remove(b);
             self.tree.refresh_from(b, &self.blocks, n_blocks);
-        } else if block.len() < MIN_BLOCK && n_blocks > 1 {
+        } else if live < MIN_BLOCK && n_blocks > 1 {
             // Merge into the next block (or the previous, for the last one), splitting
             // again if the two are too many for one.
             let first = if b + 1 < self.blocks.len() { b } else { b - 1 };
             let mut second = self.blocks.remove(first + 1);
             self.firsts.remove(first + 1);
             self.blocks[first].append(&mut second);
-            self.firsts[first] = self.blocks[first].keys[0];
-            if self.blocks[first].len() > MAX_BLOCK {
-                let half = self.blocks[first].len() / 2;
+            self.firsts[first] = self.blocks[first].entries[0].0;
+            if self.blocks[first].entries.len() > MAX_BLOCK {
+                let half = self.blocks[first].entries.len() / 2;
                 let tail = self.blocks[first].split_off(half);
-                self.firsts.insert(first + 1, tail.keys[0]);
+                self.firsts.insert(first + 1, tail.entries[0].0);
                 self.blocks.insert(first + 1, tail);
             }
             self.tree.refresh_from(first, &self.blocks, n_blocks);
         } else {
-            if at == 0 {
-                self.firsts[b] = block.keys[0];
-            }
             self.tree.update(b, &self.blocks[b]);
         }
         slot
@@ -380,7 +240,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// The key and slot at age rank `k` (0 = oldest).
     pub(crate) fn at_rank(&self, k: usize) -> Option<(K, u32)> {
         let (b, at) = self.rank_position(k)?;
-        Some((self.blocks[b].keys[at], self.blocks[b].slots[at]))
+        self.blocks[b].entries.get(at).copied()
     }
 
     /// The block and position of age rank `k`.
@@ -388,14 +248,21 @@ impl<K: Ord + Copy> RankedIndex<K> {
         if k >= self.len {
             return None;
         }
-        let (b, at) = self.tree.find_rank(k);
-        (at < self.blocks.get(b)?.len()).then_some((b, at))
+        let (b, k) = self.tree.find_rank(k);
+        let block = self.blocks.get(b)?;
+        (k < block.live_len()).then(|| (b, nth_set_bit(block.live, k as u32)))
     }
 
     /// Removes the entries at age ranks `ranks` (distinct, each below `len()`); returns
     /// their slots in the order given. Taken from the highest rank down, so each removal
     /// leaves the ranks still to take where they were.
     pub(crate) fn take_ranks(&mut self, ranks: &[usize]) -> Vec<u32> {
+        // The entries' lines first, all at once (the tree is in cache; the blocks are not).
+        for &rank in ranks {
+            if let Some((b, at)) = self.rank_position(rank) {
+                prefetch(&self.blocks[b].entries[at]);
+            }
+        }
         let mut order: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
         order.sort_unstable_by(|a, b| b.cmp(a));
         let mut out = vec![0u32; ranks.len()];
@@ -417,10 +284,10 @@ impl<K: Ord + Copy> RankedIndex<K> {
     #[cfg(test)]
     pub(crate) fn at_weight(&self, unit: f64) -> Option<(K, u32)> {
         let (b, at) = self.weight_position(unit)?;
-        Some((self.blocks[b].keys[at], self.blocks[b].slots[at]))
+        self.blocks[b].entries.get(at).copied()
     }
 
-    /// The block and position [`Self::at_weight`] finds.
+    /// The block and position [`Self::at_weight`] finds (tombstones weigh nothing).
     fn weight_position(&self, unit: f64) -> Option<(usize, usize)> {
         if self.weighted_len() == 0 {
             return None;
@@ -441,17 +308,66 @@ impl<K: Ord + Copy> RankedIndex<K> {
         Some((b, last?))
     }
 
-    /// Every entry, oldest first.
+    /// Prefetches the weights and entries `n` weighted draws from `rng` would read. Each
+    /// draw's removal changes the total by one weight, so the draws made against the
+    /// index as it is now land, nearly always, in the blocks the real draws read.
+    fn prefetch_draws(&self, n: usize, mut rng: Rng) {
+        if self.weighted_len() == 0 {
+            return;
+        }
+        let total = self.tree.total_weight();
+        for _ in 0..n.min(self.len) {
+            let (b, u) = self.tree.find_weight(rng.unit() * total);
+            let Some(block) = self.blocks.get(b) else {
+                continue;
+            };
+            // A cache line holds eight weights; the scan reads up to the crossing.
+            for w in block.weights.iter().step_by(8) {
+                prefetch(w);
+            }
+            // Where the crossing should be if the block's weights were even.
+            let guess = if block.sum > 0.0 { u / block.sum } else { 0.0 };
+            let at = (guess * block.entries.len() as f64) as usize;
+            if let Some(entry) = block.entries.get(at).or(block.entries.last()) {
+                prefetch(entry);
+            }
+        }
+    }
+
+    /// Prefetches what putting back `slots` (a released lease) will read: their hints,
+    /// then the entries the hints point at.
+    pub(crate) fn prefetch_returns(&self, slots: &[u32]) {
+        for &s in slots {
+            if let Some(hint) = self.hints.get(s as usize) {
+                prefetch(hint);
+            }
+        }
+        for &s in slots {
+            let Some(&hint) = self.hints.get(s as usize) else {
+                continue;
+            };
+            let (b, at) = ((hint >> 7) as usize, (hint & 127) as usize);
+            if let Some(entry) = self.blocks.get(b).and_then(|block| block.entries.get(at)) {
+                prefetch(entry);
+            }
+        }
+    }
+
+    /// Every live entry, oldest first.
     pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = (K, u32)> + '_ {
-        self.blocks
-            .iter()
-            .flat_map(|b| b.keys.iter().copied().zip(b.slots.iter().copied()))
+        self.blocks.iter().flat_map(|b| {
+            b.entries
+                .iter()
+                .enumerate()
+                .filter(|&(at, _)| b.is_live(at))
+                .map(|(_, &e)| e)
+        })
     }
 
     /// Whether `slot` is indexed under `key`.
     pub(crate) fn contains(&self, key: K, slot: u32) -> bool {
         self.find(key)
-            .is_some_and(|(b, at)| self.blocks[b].slots[at] == slot)
+            .is_some_and(|(b, at)| self.blocks[b].entries[at].1 == slot)
     }
 
     /// The weight of the entry under `key` (`None`: absent, or unweighted).
@@ -465,6 +381,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// successive sampling without replacement, the distribution the Gumbel-top-k pass
     /// gives, at O(log n) per entry.
     pub(crate) fn take_weighted(&mut self, n: usize, rng: &mut Rng) -> Vec<u32> {
+        self.prefetch_draws(n, rng.clone());
         let mut out = Vec::with_capacity(n.min(self.len));
         while out.len() < n && self.len > 0 {
             let picked = match self.weight_position(rng.unit()) {
@@ -497,12 +414,15 @@ mod tests {
         Remove(usize),
         Reweight(usize, u8),
         Take(usize, u64),
+        /// Puts back a removed or taken key (a released lease), with a new weight.
+        Reinsert(usize, u8),
     }
 
     proptest! {
         /// The index matches an ordered map entry for entry, rank for rank, and in its
-        /// weighted counts, across inserts, removals, reweighting and weighted takes big
-        /// enough to split and merge blocks.
+        /// weighted counts, across inserts, removals, reweighting, weighted takes big
+        /// enough to split and merge blocks, and removed keys put back (revived from their
+        /// tombstones, or inserted anew once compacted away).
         #[test]
         fn matches_an_ordered_map(
             ops in prop::collection::vec(prop_oneof![
@@ -510,10 +430,13 @@ mod tests {
                 3 => any::<usize>().prop_map(Op::Remove),
                 1 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reweight(i, w)),
                 1 => (1usize..40, any::<u64>()).prop_map(|(n, s)| Op::Take(n, s)),
+                3 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reinsert(i, w)),
             ], 1..1500),
         ) {
             let mut ix = RankedIndex::new(true);
             let mut model: BTreeMap<Key, (u32, f64)> = BTreeMap::new();
+            // Keys out of the index, with their slots, for `Reinsert`.
+            let mut out: Vec<(Key, u32)> = Vec::new();
             for (seq, op) in ops.into_iter().enumerate() {
                 match op {
                     Op::Insert(birth, w) => {
@@ -525,6 +448,13 @@ mod tests {
                         let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
                         let (slot, _) = model.remove(&key).unwrap_or_default();
                         prop_assert_eq!(ix.remove(key), Some(slot));
+                        prop_assert_eq!(ix.remove(key), None, "removed twice");
+                        out.push((key, slot));
+                    }
+                    Op::Reinsert(pick, w) if !out.is_empty() => {
+                        let (key, slot) = out.swap_remove(pick % out.len());
+                        ix.insert(key, slot, f64::from(w));
+                        model.insert(key, (slot, f64::from(w)));
                     }
                     Op::Reweight(pick, w) if !model.is_empty() => {
                         let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
@@ -541,6 +471,7 @@ mod tests {
                             let Some(key) = key else { return Err(TestCaseError::fail("taken twice or unknown")) };
                             let (_, w) = model.remove(&key).unwrap_or_default();
                             prop_assert_eq!(w > 0.0, i < weighted_before);
+                            out.push((key, *slot));
                         }
                     }
                     _ => {}
@@ -549,6 +480,11 @@ mod tests {
                 prop_assert_eq!(ix.weighted_len(), model.values().filter(|e| e.1 > 0.0).count());
             }
             prop_assert!(ix.iter().map(|e| e.1).eq(model.values().map(|e| e.0)));
+            prop_assert!(ix.iter().rev().map(|e| e.1).eq(model.values().rev().map(|e| e.0)));
+            for (key, slot) in &out {
+                prop_assert!(!ix.contains(*key, *slot));
+                prop_assert_eq!(ix.weight(*key), None);
+            }
             for (k, (key, (slot, w))) in model.iter().enumerate() {
                 prop_assert_eq!(ix.at_rank(k), Some((*key, *slot)));
                 prop_assert!(ix.contains(*key, *slot));

@@ -1,0 +1,266 @@
+//! The storage under [`RankedIndex`](super::RankedIndex): sorted blocks of entries with
+//! their tombstone bits and weight sums, and the implicit sum tree over the blocks. Plain
+//! data with no lock of its own; the index owns one of each and keeps them in step.
+
+use super::MAX_BLOCK;
+
+/// The first `n` bits set (`n <= 128`).
+pub(super) fn low_bits(n: usize) -> u128 {
+    if n >= 128 {
+        u128::MAX
+    } else {
+        (1u128 << n) - 1
+    }
+}
+
+/// The position of the `k`-th set bit of `bits` (0-based; `k` below its count).
+pub(super) fn nth_set_bit(bits: u128, mut k: u32) -> usize {
+    let low = bits as u64;
+    let (mut word, base) = if k < low.count_ones() {
+        (low, 0)
+    } else {
+        k -= low.count_ones();
+        ((bits >> 64) as u64, 64)
+    };
+    for _ in 0..k {
+        word &= word - 1;
+    }
+    base + word.trailing_zeros() as usize
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Block<K> {
+    /// Sorted by key; live entries and tombstones.
+    pub(super) entries: Vec<(K, u32)>,
+    /// Per entry, `>= 0`, zero for a tombstone; empty in an unweighted index.
+    pub(super) weights: Vec<f64>,
+    /// Bit `i`: entry `i` is live.
+    pub(super) live: u128,
+    pub(super) sum: f64,
+    /// Live entries with a weight above zero.
+    pub(super) weighted: u32,
+}
+
+impl<K> Default for Block<K> {
+    fn default() -> Self {
+        Self {
+            entries: Vec::new(),
+            weights: Vec::new(),
+            live: 0,
+            sum: 0.0,
+            weighted: 0,
+        }
+    }
+}
+
+impl<K: Copy> Block<K> {
+    /// Recomputes `sum` and `weighted` from the weights. Four running sums in a fixed
+    /// order: the result is the same on every run, and the loop vectorises.
+    pub(super) fn recount(&mut self) {
+        let mut acc = [0.0f64; 4];
+        let chunks = self.weights.chunks_exact(4);
+        let tail = chunks.remainder();
+        for c in chunks {
+            for (a, w) in acc.iter_mut().zip(c) {
+                *a += w;
+            }
+        }
+        self.sum = tail
+            .iter()
+            .fold((acc[0] + acc[1]) + (acc[2] + acc[3]), |s, w| s + w);
+        self.weighted = self.weights.iter().filter(|&&w| w > 0.0).count() as u32;
+    }
+
+    /// Live entries.
+    pub(super) fn live_len(&self) -> usize {
+        self.live.count_ones() as usize
+    }
+
+    pub(super) fn is_live(&self, at: usize) -> bool {
+        at < MAX_BLOCK && self.live & (1 << at) != 0
+    }
+
+    /// Drops the tombstones.
+    pub(super) fn compact(&mut self) {
+        if self.live == low_bits(self.entries.len()) {
+            return;
+        }
+        let live = self.live;
+        let mut at = 0;
+        self.entries.retain(|_| {
+            at += 1;
+            live & (1 << (at - 1)) != 0
+        });
+        if !self.weights.is_empty() {
+            let mut at = 0;
+            self.weights.retain(|_| {
+                at += 1;
+                live & (1 << (at - 1)) != 0
+            });
+        }
+        self.live = low_bits(self.entries.len());
+    }
+
+    /// Moves the entries from `at` on into a new block; both have no tombstones.
+    pub(super) fn split_off(&mut self, at: usize) -> Block<K> {
+        self.compact();
+        let weights = if self.weights.is_empty() {
+            Vec::new()
+        } else {
+            self.weights.split_off(at)
+        };
+        let mut tail = Block {
+            entries: self.entries.split_off(at),
+            weights,
+            ..Block::default()
+        };
+        self.live = low_bits(self.entries.len());
+        tail.live = low_bits(tail.entries.len());
+        self.recount();
+        tail.recount();
+        tail
+    }
+
+    /// Appends `other`'s live entries; leaves no tombstones.
+    pub(super) fn append(&mut self, other: &mut Block<K>) {
+        self.compact();
+        other.compact();
+        self.entries.append(&mut other.entries);
+        self.weights.append(&mut other.weights);
+        self.live = low_bits(self.entries.len().min(MAX_BLOCK));
+        self.recount();
+    }
+}
+
+/// Per tree node: live entries, weight sum and weighted entries below it, together so a
+/// walk or an update touches one line per level.
+#[derive(Debug, Clone, Copy, Default)]
+struct Node {
+    count: u32,
+    weighted: u32,
+    sum: f64,
+}
+
+/// The [`Node`]s over the blocks, as an implicit binary tree: node 1 is the root, node `i`
+/// has children `2i` and `2i + 1`, and the block `b` is leaf `leaves + b`. A parent is
+/// always recomputed from its children (no subtraction).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Tree {
+    leaves: usize,
+    nodes: Vec<Node>,
+}
+
+impl Tree {
+    pub(super) fn rebuild<K: Copy>(&mut self, blocks: &[Block<K>]) {
+        self.leaves = blocks.len().next_power_of_two().max(1);
+        self.nodes.clear();
+        self.nodes.resize(2 * self.leaves, Node::default());
+        for (b, block) in blocks.iter().enumerate() {
+            self.set_leaf(b, block);
+        }
+        for i in (1..self.leaves).rev() {
+            self.combine(i);
+        }
+    }
+
+    /// Refreshes the leaves of blocks `from..` after blocks were inserted or removed there
+    /// (`old_len` blocks before), and their ancestors: O(blocks moved + log), so a split
+    /// at the end, where in-order puts land, costs O(log blocks).
+    pub(super) fn refresh_from<K: Copy>(
+        &mut self,
+        from: usize,
+        blocks: &[Block<K>],
+        old_len: usize,
+    ) {
+        if blocks.len() > self.leaves {
+            self.rebuild(blocks);
+            return;
+        }
+        let end = blocks.len().max(old_len);
+        if from >= end {
+            return;
+        }
+        for b in from..end {
+            match blocks.get(b) {
+                Some(block) => self.set_leaf(b, block),
+                None => self.nodes[self.leaves + b] = Node::default(),
+            }
+        }
+        let (mut lo, mut hi) = ((self.leaves + from) / 2, (self.leaves + end - 1) / 2);
+        while lo >= 1 {
+            for i in lo..=hi {
+                self.combine(i);
+            }
+            lo /= 2;
+            hi /= 2;
+        }
+    }
+
+    fn set_leaf<K: Copy>(&mut self, b: usize, block: &Block<K>) {
+        self.nodes[self.leaves + b] = Node {
+            count: block.live_len() as u32,
+            weighted: block.weighted,
+            sum: block.sum,
+        };
+    }
+
+    fn combine(&mut self, i: usize) {
+        let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
+        self.nodes[i] = Node {
+            count: l.count + r.count,
+            weighted: l.weighted + r.weighted,
+            sum: l.sum + r.sum,
+        };
+    }
+
+    pub(super) fn update<K: Copy>(&mut self, b: usize, block: &Block<K>) {
+        self.set_leaf(b, block);
+        let mut i = (self.leaves + b) / 2;
+        while i >= 1 {
+            self.combine(i);
+            i /= 2;
+        }
+    }
+
+    pub(super) fn total_weight(&self) -> f64 {
+        self.nodes.get(1).map_or(0.0, |n| n.sum)
+    }
+
+    pub(super) fn weighted_entries(&self) -> u32 {
+        self.nodes.get(1).map_or(0, |n| n.weighted)
+    }
+
+    /// The block holding live rank `k` (below the total count) and the rank within it.
+    pub(super) fn find_rank(&self, mut k: usize) -> (usize, usize) {
+        let mut i = 1;
+        while i < self.leaves {
+            let left = 2 * i;
+            let here = self.nodes[left].count as usize;
+            if k < here {
+                i = left;
+            } else {
+                k -= here;
+                i = left + 1;
+            }
+        }
+        (i - self.leaves, k)
+    }
+
+    /// The block where the running weight total crosses `u` (in `[0, total)`), and what is
+    /// left of `u` there. Only ever descends into a part holding a weighted entry, so
+    /// rounding cannot land on a weightless block.
+    pub(super) fn find_weight(&self, mut u: f64) -> (usize, f64) {
+        let mut i = 1;
+        while i < self.leaves {
+            let (left, right) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
+            let go_left = left.weighted > 0 && (u < left.sum || right.weighted == 0);
+            if go_left {
+                i *= 2;
+            } else {
+                u -= left.sum;
+                i = 2 * i + 1;
+            }
+        }
+        (i - self.leaves, u.max(0.0))
+    }
+}
