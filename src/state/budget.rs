@@ -50,3 +50,19 @@ impl Budget {
             .is_none_or(|max| self.used.saturating_add(bytes) <= max)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fits_up_to_the_limit_and_always_without_one() {
+        let mut b = Budget::new(4, Some(100), false);
+        b.used = 60;
+        assert!(b.fits(40) && !b.fits(41));
+        b.used = 100;
+        assert!(b.fits(0) && !b.fits(1));
+        let unlimited = Budget::new(4, None, false);
+        assert!(unlimited.fits(u64::MAX));
+    }
+}

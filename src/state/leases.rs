@@ -152,3 +152,58 @@ impl LeaseTable {
         self.deadlines.len()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn lease(deadline: Option<Instant>) -> Lease {
+        Lease {
+            rpc: 0,
+            slots: vec![1, 2],
+            deadline,
+        }
+    }
+
+    #[test]
+    fn ids_name_one_lease_and_their_numbers_differ_across_reuse() {
+        let mut t = LeaseTable::default();
+        assert_eq!(t.live(), 0);
+        let a = t.insert(lease(None));
+        let b = t.insert(lease(None));
+        assert_eq!((a.number(), b.number(), t.live()), (0, 1, 2));
+        assert!(t.remove(a).is_some());
+        assert!(t.remove(a).is_none(), "removed twice");
+        // The entry is reused under the next generation: the old id names nothing.
+        let c = t.insert(lease(None));
+        assert_eq!(c.number(), 1 << 32);
+        assert!(t.get(a).is_none() && t.get(c).is_some());
+        assert_eq!(
+            t.iter().map(|(id, _)| id.number()).collect::<Vec<_>>(),
+            [c.number(), 1]
+        );
+    }
+
+    #[test]
+    fn a_pinned_lease_never_comes_due() {
+        let now = Instant::now();
+        let mut t = LeaseTable::default();
+        let a = t.insert(lease(Some(now)));
+        let b = t.insert(lease(Some(now + Duration::from_secs(1))));
+        assert_eq!(t.next_deadline(), Some(now));
+        assert!(t.has_deadline_entry(a, now));
+        t.pin(a);
+        assert_eq!(
+            (t.next_deadline(), t.deadline_entries()),
+            (Some(now + Duration::from_secs(1)), 1)
+        );
+        assert_eq!(t.get(a).map(|l| l.deadline), Some(None));
+        // A stale id pins nothing: the lease now in its entry keeps its deadline.
+        assert!(t.remove(b).is_some());
+        let c = t.insert(lease(Some(now)));
+        t.pin(b);
+        assert_eq!(t.pop_due(now + Duration::from_secs(2)), Some(c));
+        assert_eq!(t.pop_due(now + Duration::from_secs(2)), None);
+    }
+}
