@@ -1,6 +1,7 @@
 //! Tests of the state machine: unit tests of single transitions, and proptest runs of random
 //! operation sequences checked step by step against a plain reference model.
 
+mod audit;
 mod fresh;
 mod residency;
 

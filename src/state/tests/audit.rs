@@ -1,0 +1,175 @@
+//! The audit itself: every invariant `check_invariants` checks, broken on purpose in an
+//! otherwise valid table, is reported by name. Without these, an audit that checked less
+//! (or nothing) would pass every other test.
+
+use super::{ks, ok, put, spec, K0};
+use crate::rpc_defs::Selection;
+use crate::state::leases::Lease;
+use crate::state::ready::order_key;
+use crate::state::SlotTable;
+use std::time::{Duration, Instant};
+
+/// Capacity 6, one RPC (2 reads, batches of 2, a lease timeout): slots 0-3 stored, 0 and 1
+/// leased, 4 and 5 empty; a byte budget, with eviction when `evict`; `Prioritized`
+/// selection when `weighted`.
+fn fixture(evict: bool, weighted: bool) -> SlotTable {
+    let mut rpc = spec(&[K0], 2, 2, false);
+    rpc.lease_timeout = Some(Duration::from_secs(60));
+    if weighted {
+        rpc.selection = Selection::Prioritized {
+            key: "p".into(),
+            exponent: 1.0,
+            seed: 1,
+        };
+    }
+    let mut t = SlotTable::new(6, vec![rpc]).with_budget(Some(1_000), evict);
+    put(&mut t, &[1, 2, 3, 4], ks(&[K0]));
+    for s in 0..4 {
+        t.set_ln_priority(s, 0, s as f64);
+    }
+    if weighted {
+        // Weighted draws take any two; the checks below want 0 and 1 leased.
+        assert!(t
+            .try_lease_slots(0, &[0, 1], Some(Instant::now()))
+            .is_some());
+    } else {
+        assert!(t.try_lease(0, Some(Instant::now())).is_some());
+    }
+    ok(&t);
+    t
+}
+
+fn expect(t: &SlotTable, what: &str) {
+    match t.check_invariants() {
+        Ok(()) => panic!("the audit missed: {what}"),
+        Err(e) => assert!(e.contains(what), "expected {what:?}, the audit said {e:?}"),
+    }
+}
+
+#[test]
+fn every_broken_invariant_is_reported() {
+    type Break = fn(&mut SlotTable);
+    let cases: &[(&str, bool, Break)] = &[
+        // An empty slot (5) that carries state.
+        ("both empty and putting", false, |t| t.putting.set(5)),
+        ("empty/putting but amending/reading/idle", false, |t| {
+            t.reading.set(5)
+        }),
+        ("marked discarded", false, |t| t.discarded.set(5)),
+        ("amenders on a slot not stored", false, |t| {
+            t.slots[5].amenders = 1
+        }),
+        ("lease bits on a slot not stored", false, |t| {
+            t.slots[5].lease_bits.insert(0)
+        }),
+        ("ready entries on a slot not stored", false, |t| {
+            t.slots[5].in_ready.insert(0)
+        }),
+        ("reads on a slot not stored", false, |t| {
+            t.slots[5].reads_total = 1
+        }),
+        ("keys on a slot not stored", false, |t| {
+            t.slots[5].keys = ks(&[K0])
+        }),
+        // A stored, unheld, eligible slot (2) whose state disagrees with itself.
+        ("amending bit != (amenders > 0)", false, |t| {
+            t.amending.set(2)
+        }),
+        ("reading bit != (lease bits != 0)", false, |t| {
+            t.reading.set(2)
+        }),
+        ("idle bit wrong", false, |t| t.idle.clear(2)),
+        ("reads_total 3 != sum 2", false, |t| {
+            t.slots[2].reads_total = 3
+        }),
+        ("all reads used and nothing holds it", false, |t| {
+            t.reads_left[2] = 0;
+            t.slots[2].reads_total = 0;
+        }),
+        ("discarded and nothing holds it", false, |t| {
+            t.discarded.set(2)
+        }),
+        ("stale for an RPC that owes it reads", false, |t| {
+            t.slots[2].stale.insert(0)
+        }),
+        ("has 3 reads left, more than its 2", false, |t| {
+            t.reads_left[2] = 3;
+            t.slots[2].reads_total = 3;
+        }),
+        ("leased by rpc 0 with no reads left", false, |t| {
+            t.reads_left[0] = 0;
+            t.slots[0].reads_total = 0;
+        }),
+        ("in the eviction index false, evictable true", true, |t| {
+            let key = t.slots[2].order;
+            t.budget.evictable.remove(&key);
+        }),
+        ("eligible true but in_ready false", false, |t| {
+            t.slots[2].in_ready.remove(0)
+        }),
+        ("eligible true but indexed false", false, |t| {
+            let key = t.slots[2].order;
+            t.ready[0].remove(key);
+        }),
+        ("ready index has 3 entries, 2 slots flagged", false, |t| {
+            t.ready[0].insert(order_key(99, 99), 5, 0.0)
+        }),
+        // Free list, leases, putters and bytes.
+        ("free list has 3 slots, 2 empty", false, |t| t.free.push(5)),
+        ("free list holds slot 2, which is not empty", false, |t| {
+            t.free[0] = 2
+        }),
+        ("twice", false, |t| t.free[0] = t.free[1]),
+        ("names slot 99 out of range", false, |t| {
+            t.leases.insert(Lease {
+                rpc: 0,
+                slots: vec![99],
+                deadline: None,
+            });
+        }),
+        ("slot 0: two live leases of rpc 0", false, |t| {
+            t.leases.insert(Lease {
+                rpc: 0,
+                slots: vec![0],
+                deadline: None,
+            });
+        }),
+        ("lacks its deadline entry", false, |t| {
+            let far = Instant::now() + Duration::from_secs(3600);
+            assert!(t.leases.pop_due(far).is_some());
+        }),
+        ("slot 2: lease bits", false, |t| {
+            // Leased by no live lease, everything else consistent with the lease bit.
+            t.slots[2].lease_bits.insert(0);
+            t.reading.set(2);
+            t.idle.clear(2);
+            t.slots[2].in_ready.remove(0);
+            let key = t.slots[2].order;
+            t.ready[0].remove(key);
+        }),
+        ("per-RPC leased counts drifted", false, |t| t.leased[0] += 1),
+        ("bytes used 1 != sum over slots 0", false, |t| {
+            t.budget.used += 1
+        }),
+        ("slot 5: empty but holds 7 bytes", false, |t| {
+            t.budget.per_slot[5] = 7;
+            t.budget.used += 7;
+        }),
+    ];
+    for &(what, evict, break_it) in cases {
+        let mut t = fixture(evict, false);
+        break_it(&mut t);
+        expect(&t, what);
+    }
+}
+
+#[test]
+fn a_wrong_weight_in_the_index_is_reported() {
+    let mut t = fixture(false, true);
+    let key = t.slots[2].order;
+    t.ready[0].set_weight(key, 123.0);
+    expect(
+        &t,
+        "slot 2: rpc 0 indexed with weight 123, its priority gives",
+    );
+}
