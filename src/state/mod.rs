@@ -11,7 +11,7 @@
 //! * `prefetch.rs`: the cache-line prefetch hint of the batch-wide passes;
 //! * `mask.rs`: word bitsets for the per-state masks;
 //! * `select.rs`: the randomised selection policies (seeded, deterministic);
-//! * `ranked.rs`: an ordered index with O(log n) lookup by age rank and by weight, for
+//! * `ranked/`: an ordered index with O(log n) lookup by age rank and by weight, for
 //!   randomised selection;
 //! * `ready.rs`: per-RPC ready indexes, so no call scans the capacity;
 //! * `slot.rs`: per-slot metadata, generations, [`Wake`] and the other words transitions

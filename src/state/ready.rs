@@ -17,7 +17,7 @@
 //! compacted when tombstones outnumber live entries.
 //!
 //! An RPC with randomised selection needs entries by age rank, or by weight, anywhere in
-//! the order; its index is a [`RankedIndex`] instead (`ranked.rs`), where those cost
+//! the order; its index is a [`RankedIndex`] instead (`ranked/`), where those cost
 //! O(log n) rather than a walk.
 
 use super::ranked::RankedIndex;

@@ -3,6 +3,7 @@
 //! data with no lock of its own; the index owns one of each and keeps them in step.
 
 use super::MAX_BLOCK;
+use crate::state::prefetch::prefetch;
 
 /// The first `n` bits set (`n <= 128`).
 pub(super) fn low_bits(n: usize) -> u128 {
@@ -28,6 +29,27 @@ pub(super) fn nth_set_bit(bits: u128, mut k: u32) -> usize {
     base + word.trailing_zeros() as usize
 }
 
+/// Entries per group of a block's weights (one cache line of them).
+const GROUP: usize = 8;
+/// Groups per block.
+const GROUPS: usize = MAX_BLOCK.div_ceil(GROUP);
+
+/// The sum of a group's weights, in order.
+fn group_sum(weights: &[f64]) -> f64 {
+    weights.iter().fold(0.0, |s, w| s + w)
+}
+
+/// The sum of a block's group sums, pairwise in a fixed order.
+fn sum_of_groups(groups: &[f64; GROUPS]) -> f64 {
+    let mut acc = [0.0f64; 4];
+    for quad in groups.chunks_exact(4) {
+        for (a, s) in acc.iter_mut().zip(quad) {
+            *a += s;
+        }
+    }
+    (acc[0] + acc[1]) + (acc[2] + acc[3])
+}
+
 #[derive(Debug, Clone)]
 pub(super) struct Block<K> {
     /// Sorted by key; live entries and tombstones.
@@ -36,6 +58,10 @@ pub(super) struct Block<K> {
     pub(super) weights: Vec<f64>,
     /// Bit `i`: entry `i` is live.
     pub(super) live: u128,
+    /// Per group of [`GROUP`] consecutive entries, the sum of their weights: a weight
+    /// change recomputes its group and then the block's sum from the groups, and a
+    /// weighted draw walks the groups before it scans one group's weights.
+    groups: [f64; GROUPS],
     pub(super) sum: f64,
     /// Live entries with a weight above zero.
     pub(super) weighted: u32,
@@ -47,6 +73,7 @@ impl<K> Default for Block<K> {
             entries: Vec::new(),
             weights: Vec::new(),
             live: 0,
+            groups: [0.0; GROUPS],
             sum: 0.0,
             weighted: 0,
         }
@@ -54,21 +81,71 @@ impl<K> Default for Block<K> {
 }
 
 impl<K: Copy> Block<K> {
-    /// Recomputes `sum` and `weighted` from the weights. Four running sums in a fixed
-    /// order: the result is the same on every run, and the loop vectorises.
+    /// Recomputes the group sums, `sum` and `weighted` from the weights (after entries
+    /// moved). Every sum is added in a fixed order, so the result depends on the weights
+    /// only, never on the edits that led to them.
     pub(super) fn recount(&mut self) {
-        let mut acc = [0.0f64; 4];
-        let chunks = self.weights.chunks_exact(4);
-        let tail = chunks.remainder();
-        for c in chunks {
-            for (a, w) in acc.iter_mut().zip(c) {
-                *a += w;
+        self.groups = [0.0; GROUPS];
+        for (g, group) in self.weights.chunks(GROUP).enumerate() {
+            self.groups[g] = group_sum(group);
+        }
+        self.sum = sum_of_groups(&self.groups);
+        self.weighted = self.weights.iter().filter(|&&w| w > 0.0).count() as u32;
+    }
+
+    /// Sets entry `at`'s weight (`>= 0`) and the sums over it.
+    pub(super) fn reweigh(&mut self, at: usize, weight: f64) {
+        let Some(cell) = self.weights.get_mut(at) else {
+            return;
+        };
+        let was = std::mem::replace(cell, weight);
+        if (was > 0.0) != (weight > 0.0) {
+            if weight > 0.0 {
+                self.weighted += 1;
+            } else {
+                self.weighted -= 1;
             }
         }
-        self.sum = tail
-            .iter()
-            .fold((acc[0] + acc[1]) + (acc[2] + acc[3]), |s, w| s + w);
-        self.weighted = self.weights.iter().filter(|&&w| w > 0.0).count() as u32;
+        let g = at / GROUP;
+        let end = (g * GROUP + GROUP).min(self.weights.len());
+        self.groups[g] = group_sum(&self.weights[g * GROUP..end]);
+        self.sum = sum_of_groups(&self.groups);
+    }
+
+    /// The weighted entry where the running total of weights crosses `u` (in
+    /// `[0, sum)`): the group first, then the entry in it. Past the last weighted entry
+    /// (rounding), the last one.
+    pub(super) fn weighted_position(&self, mut u: f64) -> Option<usize> {
+        let mut last_group = None;
+        for (g, &s) in self.groups.iter().enumerate() {
+            if s > 0.0 {
+                last_group = Some(g);
+                if u < s {
+                    break;
+                }
+                u -= s;
+            }
+        }
+        let g = last_group?;
+        let end = (g * GROUP + GROUP).min(self.weights.len());
+        let mut last = None;
+        for (at, &w) in self.weights[g * GROUP..end].iter().enumerate() {
+            if w > 0.0 {
+                last = Some(g * GROUP + at);
+                if u < w {
+                    break;
+                }
+                u -= w;
+            }
+        }
+        last
+    }
+
+    /// Prefetches the group sums a weighted draw walks.
+    pub(super) fn prefetch_sums(&self) {
+        for quad in self.groups.chunks(GROUP) {
+            prefetch(&quad[0]);
+        }
     }
 
     /// Live entries.

@@ -127,10 +127,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
                 self.len += 1;
             }
             block.entries[at].1 = slot;
-            if self.weighted {
-                block.weights[at] = weight;
-            }
-            block.recount();
+            block.reweigh(at, weight);
             self.tree.update(b, &self.blocks[b]);
             return;
         }
@@ -188,16 +185,13 @@ impl<K: Ord + Copy> RankedIndex<K> {
         let block = &mut self.blocks[b];
         block.live &= !(1 << at);
         let slot = block.entries[at].1;
-        if self.weighted {
-            block.weights[at] = 0.0;
-        }
+        block.reweigh(at, 0.0);
         let s = slot as usize;
         if s >= self.hints.len() {
             self.hints.resize(s + 1, u32::MAX);
         }
         // Blocks beyond 2^25 (four billion entries) get no hint.
         self.hints[s] = u32::try_from(b << 7 | at).unwrap_or(u32::MAX);
-        block.recount();
         self.len -= 1;
         let live = block.live_len();
         if live == 0 {
@@ -231,8 +225,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
             return;
         }
         if let Some((b, at)) = self.find(key) {
-            self.blocks[b].weights[at] = weight.max(0.0);
-            self.blocks[b].recount();
+            self.blocks[b].reweigh(at, weight.max(0.0));
             self.tree.update(b, &self.blocks[b]);
         }
     }
@@ -292,20 +285,8 @@ impl<K: Ord + Copy> RankedIndex<K> {
         if self.weighted_len() == 0 {
             return None;
         }
-        let (b, mut u) = self.tree.find_weight(unit * self.tree.total_weight());
-        let block = self.blocks.get(b)?;
-        // Past the last weighted entry (rounding), the last one is taken.
-        let mut last = None;
-        for (at, &w) in block.weights.iter().enumerate() {
-            if w > 0.0 {
-                last = Some(at);
-                if u < w {
-                    break;
-                }
-                u -= w;
-            }
-        }
-        Some((b, last?))
+        let (b, u) = self.tree.find_weight(unit * self.tree.total_weight());
+        Some((b, self.blocks.get(b)?.weighted_position(u)?))
     }
 
     /// Prefetches the weights and entries `n` weighted draws from `rng` would read. Each
@@ -321,14 +302,15 @@ impl<K: Ord + Copy> RankedIndex<K> {
             let Some(block) = self.blocks.get(b) else {
                 continue;
             };
-            // A cache line holds eight weights; the scan reads up to the crossing.
-            for w in block.weights.iter().step_by(8) {
-                prefetch(w);
-            }
+            block.prefetch_sums();
             // Where the crossing should be if the block's weights were even.
             let guess = if block.sum > 0.0 { u / block.sum } else { 0.0 };
-            let at = (guess * block.entries.len() as f64) as usize;
-            if let Some(entry) = block.entries.get(at).or(block.entries.last()) {
+            let at = ((guess * block.entries.len() as f64) as usize)
+                .min(block.entries.len().saturating_sub(1));
+            if let Some(w) = block.weights.get(at) {
+                prefetch(w);
+            }
+            if let Some(entry) = block.entries.get(at) {
                 prefetch(entry);
             }
         }
