@@ -401,12 +401,17 @@ mod tests {
     }
 
     proptest! {
+        // Each case is some 1,500 operations on up to a dozen blocks.
+        #![proptest_config(ProptestConfig::with_cases(96))]
+
         /// The index matches an ordered map entry for entry, rank for rank, and in its
         /// weighted counts, across inserts, removals, reweighting, weighted takes big
         /// enough to split and merge blocks, and removed keys put back (revived from their
         /// tombstones, or inserted anew once compacted away).
         #[test]
         fn matches_an_ordered_map(
+            // Inserted first, so the ops below run on an index of many blocks.
+            fill in prop::collection::vec((0u64..1000, 0u8..4), 0..1200),
             ops in prop::collection::vec(prop_oneof![
                 6 => (0u64..1000, 0u8..4).prop_map(|(b, w)| Op::Insert(b, w)),
                 3 => any::<usize>().prop_map(Op::Remove),
@@ -419,7 +424,8 @@ mod tests {
             let mut model: BTreeMap<Key, (u32, f64)> = BTreeMap::new();
             // Keys out of the index, with their slots, for `Reinsert`.
             let mut out: Vec<(Key, u32)> = Vec::new();
-            for (seq, op) in ops.into_iter().enumerate() {
+            let fill = fill.into_iter().map(|(birth, w)| Op::Insert(birth, w));
+            for (seq, op) in fill.chain(ops).enumerate() {
                 match op {
                     Op::Insert(birth, w) => {
                         let key = key(birth, seq as u64);
