@@ -299,7 +299,7 @@ fn put_wakes_a_rate_limited_getter() {
         let getter = {
             let buf = buf.clone();
             thread::spawn(move || {
-                block_on(buf.get_batch_for_rpc("r")).expect("after the put");
+                drop(block_on(buf.get_batch_for_rpc("r")).expect("after the put"));
             })
         };
         block_on(buf.put_batch(vec![sample("b")])).expect("put");
