@@ -552,4 +552,39 @@ mod tests {
         assert_eq!(weight_of(f64::NEG_INFINITY), 0.0);
         assert!(weight_of(1e9).is_finite());
     }
+
+    /// Entries held, live or tombstones.
+    fn physical_len(ix: &RankedIndex<Key>) -> usize {
+        ix.blocks.iter().map(|b| b.entries.len()).sum()
+    }
+
+    #[test]
+    fn a_returned_key_revives_its_tombstone_even_when_its_hint_is_stale() {
+        // Three blocks (in-order inserts split at half): 0..64, 64..128, 128..200.
+        let mut ix = RankedIndex::new(false);
+        for i in 0..200u64 {
+            ix.insert(key(i, i), i as u32, 0.0);
+        }
+        assert_eq!(ix.blocks.len(), 3);
+        // A tombstone in the last block, then the first block merged away: the last
+        // block's index moves down one, and the tombstone's hint points past the end.
+        assert_eq!(ix.remove(key(150, 150)), Some(150));
+        assert_eq!(ix.remove(key(151, 151)), Some(151));
+        for i in 0..64u64 {
+            assert_eq!(ix.remove(key(i, i)), Some(i as u32));
+        }
+        assert_eq!(ix.blocks.len(), 2);
+        let held = physical_len(&ix);
+        ix.insert(key(150, 150), 150, 0.0);
+        assert_eq!(
+            physical_len(&ix),
+            held,
+            "revived in place, not inserted again"
+        );
+        assert_eq!((ix.len(), ix.remove(key(150, 150))), (135, Some(150)));
+        assert!(ix
+            .iter()
+            .map(|e| e.1)
+            .eq((64..200).filter(|&s| s != 150 && s != 151)));
+    }
 }
