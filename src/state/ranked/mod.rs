@@ -56,6 +56,17 @@ pub(crate) fn weight_of(ln_weight: f64) -> f64 {
     }
 }
 
+/// A position as a hint: block `<< 7 | position` (blocks beyond 2^25, four billion
+/// entries, get none).
+fn pack_hint(b: usize, at: usize) -> u32 {
+    u32::try_from(b << 7 | at).unwrap_or(u32::MAX)
+}
+
+/// The position a hint names.
+fn unpack_hint(hint: u32) -> (usize, usize) {
+    ((hint >> 7) as usize, (hint & 127) as usize)
+}
+
 /// Eligible slots of one RPC ordered by their keys `K` (unique; the ready index's (birth,
 /// put order)), with optional weights (see the module docs).
 #[derive(Debug, Clone)]
@@ -160,7 +171,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// Where `slot`'s entry under `key` was last removed, if it is still there.
     fn hinted(&self, key: K, slot: u32) -> Option<(usize, usize)> {
         let hint = *self.hints.get(slot as usize)?;
-        let (b, at) = ((hint >> 7) as usize, (hint & 127) as usize);
+        let (b, at) = unpack_hint(hint);
         let entry = self.blocks.get(b)?.entries.get(at)?;
         (entry.0 == key).then_some((b, at))
     }
@@ -190,8 +201,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
         if s >= self.hints.len() {
             self.hints.resize(s + 1, u32::MAX);
         }
-        // Blocks beyond 2^25 (four billion entries) get no hint.
-        self.hints[s] = u32::try_from(b << 7 | at).unwrap_or(u32::MAX);
+        self.hints[s] = pack_hint(b, at);
         self.len -= 1;
         let live = block.live_len();
         if live == 0 {
@@ -328,7 +338,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
             let Some(&hint) = self.hints.get(s as usize) else {
                 continue;
             };
-            let (b, at) = ((hint >> 7) as usize, (hint & 127) as usize);
+            let (b, at) = unpack_hint(hint);
             if let Some(entry) = self.blocks.get(b).and_then(|block| block.entries.get(at)) {
                 prefetch(entry);
             }
@@ -466,6 +476,11 @@ mod tests {
                 }
                 prop_assert_eq!(ix.len(), model.len());
                 prop_assert_eq!(ix.weighted_len(), model.values().filter(|e| e.1 > 0.0).count());
+                // Blocks stay between the bounds: thin ones merge, full ones split.
+                for block in &ix.blocks {
+                    prop_assert!(block.entries.len() <= MAX_BLOCK);
+                    prop_assert!(ix.blocks.len() == 1 || block.live_len() >= MIN_BLOCK);
+                }
             }
             prop_assert!(ix.iter().map(|e| e.1).eq(model.values().map(|e| e.0)));
             prop_assert!(ix.iter().rev().map(|e| e.1).eq(model.values().rev().map(|e| e.0)));
