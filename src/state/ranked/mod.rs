@@ -602,4 +602,22 @@ mod tests {
             .map(|e| e.1)
             .eq((64..200).filter(|&s| s != 150 && s != 151)));
     }
+
+    #[test]
+    fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
+        let mut ix = RankedIndex::new(false);
+        for i in 0..200u64 {
+            ix.insert(key(i, i), i as u32, 0.0);
+        }
+        assert_eq!(ix.blocks.len(), 3);
+        let first_block = ix.blocks[0].entries.len() as u64;
+        let keep = MIN_BLOCK as u64;
+        for i in 0..first_block - keep {
+            ix.remove(key(i, i));
+        }
+        assert_eq!((ix.blocks.len(), ix.blocks[0].live_len()), (3, MIN_BLOCK));
+        ix.remove(key(first_block - keep, first_block - keep));
+        assert_eq!(ix.blocks.len(), 2, "merged at {} live", MIN_BLOCK - 1);
+        assert_eq!(physical_len(&ix), ix.len(), "merging compacts");
+    }
 }
