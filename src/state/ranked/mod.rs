@@ -620,4 +620,28 @@ mod tests {
         assert_eq!(ix.blocks.len(), 2, "merged at {} live", MIN_BLOCK - 1);
         assert_eq!(physical_len(&ix), ix.len(), "merging compacts");
     }
+
+    #[test]
+    fn a_merge_too_large_for_one_block_splits_again() {
+        // Blocks 0..64 and 64..192 (full).
+        let mut ix = RankedIndex::new(false);
+        for i in 0..192u64 {
+            ix.insert(key(i, i), i as u32, 0.0);
+        }
+        assert_eq!(
+            ix.blocks
+                .iter()
+                .map(|b| b.entries.len())
+                .collect::<Vec<_>>(),
+            [64, 128]
+        );
+        for i in 0..49u64 {
+            ix.remove(key(i, i));
+        }
+        // 15 live merged into 128: split again, each half within bounds.
+        assert_eq!(ix.blocks.len(), 2);
+        assert!(ix.blocks.iter().all(|b| b.entries.len() <= MAX_BLOCK));
+        assert!(ix.iter().map(|e| e.1).eq(49..192));
+        assert_eq!(ix.at_rank(100), Some((key(149, 149), 149)));
+    }
 }
