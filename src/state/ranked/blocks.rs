@@ -29,6 +29,15 @@ pub(super) fn nth_set_bit(bits: u128, mut k: u32) -> usize {
     base + word.trailing_zeros() as usize
 }
 
+/// Keeps the items of `v` whose bit in `live` is set (an empty `v` stays empty).
+fn retain_live<T>(v: &mut Vec<T>, live: u128) {
+    let mut at = 0;
+    v.retain(|_| {
+        at += 1;
+        live & (1 << (at - 1)) != 0
+    });
+}
+
 /// Entries per group of a block's weights (one cache line of them).
 const GROUP: usize = 8;
 /// Groups per block.
@@ -162,19 +171,8 @@ impl<K: Copy> Block<K> {
         if self.live == low_bits(self.entries.len()) {
             return;
         }
-        let live = self.live;
-        let mut at = 0;
-        self.entries.retain(|_| {
-            at += 1;
-            live & (1 << (at - 1)) != 0
-        });
-        if !self.weights.is_empty() {
-            let mut at = 0;
-            self.weights.retain(|_| {
-                at += 1;
-                live & (1 << (at - 1)) != 0
-            });
-        }
+        retain_live(&mut self.entries, self.live);
+        retain_live(&mut self.weights, self.live);
         self.live = low_bits(self.entries.len());
     }
 

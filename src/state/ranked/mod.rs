@@ -568,6 +568,16 @@ mod tests {
         assert!(weight_of(1e9).is_finite());
     }
 
+    /// An unweighted index of keys `(i, i)` in slot `i`, for `i` in `0..n`, inserted in
+    /// order (so blocks split at half: 64 entries each, the last up to 128).
+    fn in_order(n: u64) -> RankedIndex<Key> {
+        let mut ix = RankedIndex::new(false);
+        for i in 0..n {
+            ix.insert(key(i, i), i as u32, 0.0);
+        }
+        ix
+    }
+
     /// Entries held, live or tombstones.
     fn physical_len(ix: &RankedIndex<Key>) -> usize {
         ix.blocks.iter().map(|b| b.entries.len()).sum()
@@ -576,10 +586,7 @@ mod tests {
     #[test]
     fn a_returned_key_revives_its_tombstone_even_when_its_hint_is_stale() {
         // Three blocks (in-order inserts split at half): 0..64, 64..128, 128..200.
-        let mut ix = RankedIndex::new(false);
-        for i in 0..200u64 {
-            ix.insert(key(i, i), i as u32, 0.0);
-        }
+        let mut ix = in_order(200);
         assert_eq!(ix.blocks.len(), 3);
         // A tombstone in the last block, then the first block merged away: the last
         // block's index moves down one, and the tombstone's hint points past the end.
@@ -605,10 +612,7 @@ mod tests {
 
     #[test]
     fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
-        let mut ix = RankedIndex::new(false);
-        for i in 0..200u64 {
-            ix.insert(key(i, i), i as u32, 0.0);
-        }
+        let mut ix = in_order(200);
         assert_eq!(ix.blocks.len(), 3);
         let first_block = ix.blocks[0].entries.len() as u64;
         let keep = MIN_BLOCK as u64;
@@ -624,10 +628,7 @@ mod tests {
     #[test]
     fn a_merge_too_large_for_one_block_splits_again() {
         // Blocks 0..64 and 64..192 (full).
-        let mut ix = RankedIndex::new(false);
-        for i in 0..192u64 {
-            ix.insert(key(i, i), i as u32, 0.0);
-        }
+        let mut ix = in_order(192);
         assert_eq!(
             ix.blocks
                 .iter()
