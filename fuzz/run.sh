@@ -40,6 +40,9 @@ for t in "${targets[@]}"; do
   failing=$(find "$artifacts" -type f ! -name 'slow-unit-*' | head -5)
   if [ -n "$failing" ]; then
     echo "fuzz: $t found a failing input:" $failing
+    # Replay the first one so the log says what failed (a panic message, a signal).
+    first=$(echo "$failing" | head -1)
+    "$CARGO_TARGET_DIR/$host/debug/$t" -rss_limit_mb=2048 "$first" 2>&1 | tail -40 || true
     exit 1
   fi
 done

@@ -10,6 +10,7 @@
 
 use super::layout::fetch_start;
 use super::pages::{decode_chunk, ValueEncoding};
+use super::thrift::{check_footer, chunk_byte_range};
 use super::value::take_tensor_padded;
 use crate::error::{Error, Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
@@ -29,6 +30,7 @@ use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use std::collections::HashMap;
 use std::ops::Range;
+use std::panic::AssertUnwindSafe;
 
 /// How much of a segment's end a footer fetch reads first: the footer of a segment with a
 /// few columns and row groups fits, so it takes one ranged read after the size.
@@ -52,6 +54,7 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReade
         .load_and_finish(&mut fetch, size)
         .await
         .map_err(|e| read_error(store, path, e))?;
+    check_footer(&meta).map_err(|e| corrupt(store, path, &e))?;
     ArrowReaderMetadata::try_new(Arc::new(meta), Default::default())
         .map_err(|e| corrupt_by(store, path, e))
 }
@@ -334,7 +337,7 @@ fn decode_group_direct(
             DataType::LargeBinary => ValueEncoding::Plain,
             _ => return None,
         };
-        let (start, len) = chunk.byte_range();
+        let (start, len) = chunk_byte_range(chunk).ok()?;
         let bytes = reader.prefetched(&(start..start.saturating_add(len)))?;
         let tensors = match decode_chunk(chunk, &bytes, &wanted, encoding, pages)? {
             Ok(t) if t.len() == out.len() => t,
@@ -371,17 +374,26 @@ async fn decode_group(
     let store = reader.store.clone();
     let path = reader.path.clone();
     let bad = |e: &dyn std::fmt::Display| corrupt(&store, &path, e);
-    let batches: Vec<RecordBatch> =
+    let rows = group.rows.len();
+    let decode = async {
         ParquetRecordBatchStreamBuilder::new_with_metadata(reader, meta)
             .with_projection(mask)
             .with_row_groups(vec![group.index])
             .with_row_selection(RowSelection::from(group.selection))
-            .with_batch_size(group.rows.len())
+            .with_batch_size(rows)
             .build()
             .map_err(|e| bad(&e))?
-            .try_collect()
+            .try_collect::<Vec<RecordBatch>>()
             .await
-            .map_err(|e| read_error(&store, &path, e))?;
+            .map_err(|e| read_error(&store, &path, e))
+    };
+    // The Parquet decoder is not panic-free on every malformed page (the footer is
+    // checked first, the pages are not): a damaged segment must come back as an error
+    // naming it, not take the loading task down.
+    let batches = AssertUnwindSafe(decode)
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|_| Err(bad(&"the Parquet decoder failed on this segment")))?;
     let mut out = Vec::with_capacity(group.rows.len());
     let mut rows_in_order = group.rows.iter();
     for batch in &batches {
@@ -429,16 +441,8 @@ fn chunk_ranges(
             if !roots.contains(&schema.get_column_root_idx(leaf)) {
                 continue;
             }
-            let start = chunk
-                .dictionary_page_offset()
-                .unwrap_or_else(|| chunk.data_page_offset());
-            let (Ok(start), Ok(len)) =
-                (u64::try_from(start), u64::try_from(chunk.compressed_size()))
-            else {
-                return Err(format!(
-                    "row group {g}, column {leaf}: negative offset or size"
-                ));
-            };
+            let (start, len) =
+                chunk_byte_range(chunk).map_err(|e| format!("row group {g}: {e}"))?;
             ranges.push(fetch_start(start)..start.saturating_add(len));
         }
     }

@@ -10,7 +10,7 @@ use arrow_schema::{Field, Schema};
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ColumnChunkMetaDataBuilder, ParquetMetaDataReader};
 
 fn row(i: i32) -> Fields {
     let mut f = Fields::default();
@@ -204,57 +204,66 @@ fn large_binary_segments_read_back() {
     });
 }
 
+/// Segment `segment` of `store` with each column chunk's metadata in its footer changed
+/// by `change` (given the column's name; the chunks' bytes stay), stored as segment 99.
+async fn store_with_changed_footer(
+    store: &Store,
+    segment: &Segment,
+    change: impl Fn(&str, ColumnChunkMetaDataBuilder) -> ColumnChunkMetaDataBuilder,
+) {
+    use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataWriter};
+    let bytes = store.get(&segment.path).await.expect("get").expect("there");
+    let meta = ParquetMetaDataReader::new()
+        .parse_and_finish(&bytes)
+        .expect("footer");
+    let row_groups = meta
+        .row_groups()
+        .iter()
+        .map(|rg| {
+            let columns = rg
+                .columns()
+                .iter()
+                .map(|c| {
+                    let name = c.column_descr().name().to_owned();
+                    change(&name, c.clone().into_builder())
+                        .build()
+                        .expect("column")
+                })
+                .collect();
+            rg.clone()
+                .into_builder()
+                .set_column_metadata(columns)
+                .build()
+                .expect("row group")
+        })
+        .collect();
+    let footer_len = u32::from_le_bytes(
+        bytes[bytes.len() - 8..bytes.len() - 4]
+            .try_into()
+            .expect("4 bytes"),
+    ) as usize;
+    let mut out = bytes[..bytes.len() - 8 - footer_len].to_vec();
+    let damaged = ParquetMetaData::new(meta.file_metadata().clone(), row_groups);
+    ParquetMetaDataWriter::new(&mut out, &damaged)
+        .with_preserve_page_index_locations(false)
+        .finish()
+        .expect("footer");
+    store
+        .put(&segment_path(99), Bytes::from(out))
+        .await
+        .expect("put");
+}
+
 /// A chunk the direct page decoder rejects (here: its footer says the chunk holds
 /// fewer uncompressed bytes than its page does, which the decoder takes for damage and
 /// Parquet's reader does not check) is read by Parquet's reader instead.
 #[test]
 fn a_chunk_the_page_decoder_rejects_is_read_by_parquet() {
-    use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataWriter};
     runtime().block_on(async {
         let store = Store::open("memory://").expect("store");
         let spill = ParquetSpill::new(store.clone());
         let segment = spill.write((0..4).map(row).collect()).await.expect("write");
-        let bytes = store.get(&segment.path).await.expect("get").expect("there");
-        let meta = ParquetMetaDataReader::new()
-            .parse_and_finish(&bytes)
-            .expect("footer");
-        let row_groups = meta
-            .row_groups()
-            .iter()
-            .map(|rg| {
-                let columns = rg
-                    .columns()
-                    .iter()
-                    .map(|c| {
-                        c.clone()
-                            .into_builder()
-                            .set_total_uncompressed_size(1)
-                            .build()
-                            .expect("column")
-                    })
-                    .collect();
-                rg.clone()
-                    .into_builder()
-                    .set_column_metadata(columns)
-                    .build()
-                    .expect("row group")
-            })
-            .collect();
-        let footer_len = u32::from_le_bytes(
-            bytes[bytes.len() - 8..bytes.len() - 4]
-                .try_into()
-                .expect("4 bytes"),
-        ) as usize;
-        let mut out = bytes[..bytes.len() - 8 - footer_len].to_vec();
-        let damaged = ParquetMetaData::new(meta.file_metadata().clone(), row_groups);
-        ParquetMetaDataWriter::new(&mut out, &damaged)
-            .with_preserve_page_index_locations(false)
-            .finish()
-            .expect("footer");
-        store
-            .put(&segment_path(99), Bytes::from(out))
-            .await
-            .expect("put");
+        store_with_changed_footer(&store, &segment, |_, c| c.set_total_uncompressed_size(1)).await;
         let reader = ParquetSpill::new(store);
         let got = reader
             .read(
@@ -267,6 +276,50 @@ fn a_chunk_the_page_decoder_rejects_is_read_by_parquet() {
         assert_eq!(got[0].get("tokens"), row(3).get("tokens"));
         assert_eq!(got[1].get("tokens"), row(1).get("tokens"));
     });
+}
+
+/// A footer giving a column chunk a negative offset or size is an error naming the
+/// segment and the column, also when the chunk is one the read does not ask for and the
+/// chunk it asks for goes to Parquet's reader (which asserts every chunk of a row group it
+/// reads is not negative: it panicked on such a footer).
+#[test]
+fn a_negative_chunk_offset_or_size_is_an_error_not_a_panic() {
+    type Change = fn(ColumnChunkMetaDataBuilder) -> ColumnChunkMetaDataBuilder;
+    let changes: [(&str, Change); 3] = [
+        ("offset", |c| c.set_data_page_offset(-3)),
+        ("dictionary offset", |c| {
+            c.set_dictionary_page_offset(Some(-8))
+        }),
+        ("size", |c| c.set_total_compressed_size(-1)),
+    ];
+    for (what, change) in changes {
+        runtime().block_on(async {
+            let store = Store::open("memory://").expect("store");
+            let spill = ParquetSpill::new(store.clone());
+            let segment = spill.write((0..4).map(row).collect()).await.expect("write");
+            // `tokens` is left to Parquet's reader (see the test above); `logp` is damaged.
+            store_with_changed_footer(&store, &segment, |name, c| match name {
+                "logp" => change(c),
+                _ => c.set_total_uncompressed_size(1),
+            })
+            .await;
+            let reader = ParquetSpill::new(store);
+            for keys in [vec!["tokens"], vec!["logp"], vec!["tokens", "logp"]] {
+                let keys = keys.into_iter().map(FieldKey::from).collect();
+                let err = reader
+                    .read(reader.segment(99, 4), vec![2], keys)
+                    .await
+                    .expect_err(what);
+                let msg = err.to_string();
+                assert!(
+                    msg.contains("`logp`")
+                        && msg.contains("negative")
+                        && msg.contains(&segment_path(99)),
+                    "{what}: {msg}"
+                );
+            }
+        });
+    }
 }
 
 /// A process whose clock is behind the one before it (resumed on another machine)

@@ -7,7 +7,7 @@
 //! chunk first and refuses one that claims more values than its chunk holds, more bytes
 //! uncompressed than the chunk, or that ends outside it.
 
-use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
 
 // Thrift compact protocol types.
 const BOOL_TRUE: u8 = 1;
@@ -134,10 +134,42 @@ impl Thrift<'_> {
     }
 }
 
+/// Where the column chunk `meta` describes starts in its file and how long it is, or an
+/// error if its footer gives a negative offset or size.
+///
+/// `ColumnChunkMetaData::byte_range` asserts those are not negative (it panics on a
+/// damaged footer, found by `fuzz/`, target `spill_segment`), and the `parquet` reader
+/// calls it on every column of a row group it reads: every footer read from a store goes
+/// through [`check_footer`] before the reader sees it.
+pub(crate) fn chunk_byte_range(meta: &ColumnChunkMetaData) -> Result<(u64, u64), String> {
+    let start = meta
+        .dictionary_page_offset()
+        .unwrap_or_else(|| meta.data_page_offset());
+    match (u64::try_from(start), u64::try_from(meta.compressed_size())) {
+        (Ok(start), Ok(len)) => Ok((start, len)),
+        _ => Err(format!(
+            "column `{}` at offset {start} with size {}: negative",
+            meta.column_path().string(),
+            meta.compressed_size()
+        )),
+    }
+}
+
+/// Checks that every column chunk of every row group in `footer` has a non-negative
+/// offset and size, which the `parquet` reader assumes (see [`chunk_byte_range`]).
+pub(crate) fn check_footer(footer: &ParquetMetaData) -> Result<(), String> {
+    for (g, group) in footer.row_groups().iter().enumerate() {
+        for column in group.columns() {
+            chunk_byte_range(column).map_err(|e| format!("row group {g}: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
 /// Checks every page header of the column chunk `meta` describes, in `file` (the whole
 /// Parquet file), against the chunk's own metadata (see the module docs).
 pub(crate) fn check_chunk_pages(meta: &ColumnChunkMetaData, file: &[u8]) -> Result<(), String> {
-    let (start, len) = meta.byte_range();
+    let (start, len) = chunk_byte_range(meta)?;
     let chunk = usize::try_from(start)
         .ok()
         .zip(usize::try_from(len).ok())
