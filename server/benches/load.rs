@@ -3,8 +3,8 @@
 //! Prints one JSON line per mode:
 //! `{"mode": "single" | "batch", "items_per_s", "p50_ms", "p99_ms", "rss_mb", ...}`
 //! (`single`: one item per `/buffer/write`; `batch`: 256 per `/buffer/write_batch` as a
-//! JSON array; `arrow`: the same as an Arrow IPC stream; latencies per request; `rss_mb`:
-//! the server's peak resident memory).
+//! JSON array; `arrow`: the same as an Arrow IPC stream, and reads answered as Arrow
+//! streams; latencies per request; `rss_mb`: the server's peak resident memory).
 //!
 //! ```sh
 //! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability] [modes]
@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const CONNECTIONS: usize = 64;
+const ARROW: &str = "application/vnd.apache.arrow.stream";
 const GROUP: usize = 8;
 const BATCH: usize = 256;
 /// Groups the server holds (its memory bound: about this many x 8 items x 4 KB).
@@ -168,12 +169,7 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
                             "application/json",
                         )
                     }
-                    "arrow" => (
-                        "/buffer/write_batch",
-                        arrow_body(w, n),
-                        BATCH as u64,
-                        "application/vnd.apache.arrow.stream",
-                    ),
+                    "arrow" => ("/buffer/write_batch", arrow_body(w, n), BATCH as u64, ARROW),
                     _ => (
                         "/buffer/write",
                         item(w, n).into_bytes(),
@@ -210,17 +206,28 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
     }
     let reader = {
         let (client, url, stop) = (client.clone(), url.clone(), Arc::clone(&stop));
+        // The client that writes Arrow reads Arrow (`Accept`); the others read slime's JSON.
+        let arrow = mode == "arrow";
         tokio::spawn(async move {
             let mut read = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                let body = client
+                let mut request = client
                     .post(format!("{url}/buffer/read"))
-                    .header("content-type", "application/json")
+                    .header("content-type", "application/json");
+                if arrow {
+                    request = request.header("accept", ARROW);
+                }
+                let body = request
                     .body(r#"{"batch_size": -1, "timeout": 0.2}"#)
                     .send()
                     .await;
                 if let Ok(r) = body {
-                    if let Ok(v) = r.json_text().await {
+                    let got = if arrow {
+                        r.arrow_rows().await
+                    } else {
+                        r.json_text().await
+                    };
+                    if let Ok(v) = got {
                         read += v;
                     }
                 }
@@ -255,12 +262,22 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
     })
 }
 
-/// The number of items a read answered (0 when it answered none).
-trait JsonText {
+/// The number of items a read answered (0 when it answered none), parsed as a client
+/// would: every item of a JSON answer into values, the columns of an Arrow one.
+trait ReadAnswer {
     async fn json_text(self) -> Result<u64, reqwest::Error>;
+    async fn arrow_rows(self) -> Result<u64, reqwest::Error>;
 }
 
-impl JsonText for reqwest::Response {
+impl ReadAnswer for reqwest::Response {
+    async fn arrow_rows(self) -> Result<u64, reqwest::Error> {
+        let bytes = self.bytes().await?;
+        let Ok(reader) = arrow_ipc::reader::StreamReader::try_new(&bytes[..], None) else {
+            return Ok(0);
+        };
+        Ok(reader.flatten().map(|b| b.num_rows() as u64).sum())
+    }
+
     async fn json_text(self) -> Result<u64, reqwest::Error> {
         let text = self.text().await?;
         Ok(serde_json::from_str::<Value>(&text)

@@ -38,6 +38,9 @@ pub enum ApiError {
     /// The buffer failed (storage, closed): 500.
     #[error(transparent)]
     Buffer(#[from] rollout_buffer::Error),
+    /// The server failed on its own side (encoding an answer): 500.
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl ApiError {
@@ -55,7 +58,7 @@ impl ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Buffer(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Buffer(_) | ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -66,6 +69,7 @@ impl ApiError {
             ApiError::NotFound(_) => "not_found",
             ApiError::Busy { .. } => "busy",
             ApiError::Buffer(_) => "buffer",
+            ApiError::Internal(_) => "internal",
         }
     }
 }

@@ -5,12 +5,13 @@
 //! is swapped whole when `/start_rollout` changes the group settings; its pending rollouts
 //! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
 
+use crate::answer::{self, Format, Items};
 use crate::api_error::{ApiBody, ApiError, ApiJson};
 use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{header, Uri};
+use axum::http::{header, HeaderMap, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -177,9 +178,6 @@ fn envelope<T>(
     })
 }
 
-/// A read's answer.
-type ItemsAnswer = Json<Envelope<Vec<slime::OutItem>>>;
-
 fn outcome(added: &Added) -> &'static str {
     match added {
         Added::Pending { .. } => "pending",
@@ -189,6 +187,18 @@ fn outcome(added: &Added) -> &'static str {
         Added::ReplicaCapped => "replica_capped",
         _ => "duplicate_group",
     }
+}
+
+/// A 503 when every slot holds a group and earlier adds are still on their way in: a
+/// write now would wait behind them. Checked before a body is parsed too, so that an
+/// overloaded server does not spend its CPU decoding bodies it then refuses. (A length
+/// read, not a stats snapshot: this runs for every write.)
+fn refuse_if_busy(app: &App) -> Result<(), ApiError> {
+    if app.buf.len() >= app.buf.capacity() && app.in_flight.available_permits() < app.max_in_flight
+    {
+        return Err(ApiError::Busy { retry_after: 1 });
+    }
+    Ok(())
 }
 
 /// Adds records, waiting at most the write timeout for room.
@@ -211,12 +221,7 @@ async fn add_all(
             app.max_in_flight
         )));
     }
-    // Every slot holds a group and earlier adds are still on their way in: this one would
-    // wait behind them. (A length read, not a stats snapshot: this runs for every write.)
-    if app.buf.len() >= app.buf.capacity() && app.in_flight.available_permits() < app.max_in_flight
-    {
-        return Err(ApiError::Busy { retry_after: 1 });
-    }
+    refuse_if_busy(app)?;
     let permit = u32::try_from(n)
         .ok()
         .and_then(|n| Arc::clone(&app.in_flight).try_acquire_many_owned(n).ok())
@@ -247,6 +252,7 @@ async fn write(
     State(app): State<Arc<App>>,
     body: ApiBody,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
+    refuse_if_busy(&app)?;
     let record = body.json::<Item>()?.into_record(&app.environment)?;
     let out = add_all(&app, vec![record]).await?;
     Ok(envelope(
@@ -263,6 +269,7 @@ async fn write_batch(
     State(app): State<Arc<App>>,
     body: ApiBody,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
+    refuse_if_busy(&app)?;
     let records = if body.is(arrow_items::ARROW_STREAM) {
         arrow_items::records(&body.body, &app.environment)?
     } else {
@@ -305,13 +312,18 @@ fn all() -> i64 {
 
 async fn get_rollout_data(
     State(app): State<Arc<App>>,
+    headers: HeaderMap,
     body: Bytes,
-) -> Result<ItemsAnswer, ApiError> {
+) -> Result<Response, ApiError> {
     let req: ReadRequest = lenient(&body)?;
-    read_groups(&app, req.batch_size, None).await
+    read_groups(&app, req.batch_size, None, Format::of(&headers)).await
 }
 
-async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<ItemsAnswer, ApiError> {
+async fn buffer_read(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     let wait = match (req.wait.unwrap_or(true), req.timeout) {
         (false, _) => None,
@@ -321,7 +333,7 @@ async fn buffer_read(State(app): State<Arc<App>>, body: Bytes) -> Result<ItemsAn
         (true, Some(t)) => return Err(ApiError::bad(format!("`timeout` must be >= 0, not {t}"))),
         (true, None) => Some(Duration::from_secs(10)),
     };
-    read_groups(&app, req.batch_size, wait).await
+    read_groups(&app, req.batch_size, wait, Format::of(&headers)).await
 }
 
 /// Takes groups for an answer (see [`slime::take`]); with `wait`, waits up to it for a new
@@ -330,7 +342,8 @@ async fn read_groups(
     app: &App,
     batch_size: i64,
     wait: Option<Duration>,
-) -> Result<ItemsAnswer, ApiError> {
+    format: Format,
+) -> Result<Response, ApiError> {
     if batch_size == 0 || batch_size < -1 {
         return Err(ApiError::bad(format!(
             "`batch_size` must be -1 (all) or > 0, not {batch_size}"
@@ -339,8 +352,8 @@ async fn read_groups(
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
     let _one_read = app.reads.lock().await;
     loop {
-        let taken = slime::take(&app.buf, &app.settings(), batch_size).await?;
-        if !taken.held_back.is_empty() || taken.items.is_empty() {
+        let taken = slime::take(&app.buf, &app.settings(), batch_size, format).await?;
+        if !taken.held_back.is_empty() || taken.count == 0 {
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             // Give the groups back, then wait for one more to be ready (and give it back
             // too): the next pass takes it with the rest.
@@ -364,14 +377,9 @@ async fn read_groups(
             } else {
                 "No data available".to_owned()
             };
-            return Ok(envelope(
-                false,
-                message,
-                Vec::new(),
-                Value::Object(taken.meta_info),
-            ));
+            return answer::respond(false, &message, Items::empty(format)?, taken.meta_info);
         }
-        let n = taken.items.len();
+        let n = taken.count;
         // All at once: with `Sync` durability their log records share writes.
         let commits: Vec<_> = taken
             .answered
@@ -385,12 +393,12 @@ async fn read_groups(
         }
         app.read.fetch_add(n as u64, Ordering::Relaxed);
         metrics::counter!("rollout_buffer_http_items_read_total").increment(n as u64);
-        return Ok(envelope(
+        return answer::respond(
             true,
-            format!("read {n} items"),
+            &format!("read {n} items"),
             taken.items,
-            Value::Object(taken.meta_info),
-        ));
+            taken.meta_info,
+        );
     }
 }
 

@@ -12,6 +12,7 @@
 //! `--listen 127.0.0.1:0` the port is the one the system chose). SIGTERM or Ctrl-C stops
 //! accepting, lets calls in flight finish, flushes the buffer and exits 0.
 
+mod answer;
 mod api_error;
 mod app;
 mod arrow_items;

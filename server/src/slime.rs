@@ -9,15 +9,17 @@
 //! fall short of `batch_size`, gives the valid ones back: unlike slime, a read that
 //! returns too little drops nothing. Groups that fail validity are archived as filtered.
 
+use crate::answer::{Format, Items, OutItem};
 use crate::api_error::ApiError;
 use rollout_buffer::rollout::{
     process_groups, Advantage, GroupConfig, GroupHooks, RolloutRecord, TrainGroup, Validity,
     GROUP_INPUTS,
 };
 use rollout_buffer::{Batch, MetaValue, RpcDef, SequenceBuffer};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// The RPC reads lease groups through.
@@ -315,28 +317,14 @@ impl GroupHooks for SlimeRatios {
     }
 }
 
-fn null() -> Box<RawValue> {
-    RawValue::from_string("null".to_owned()).unwrap_or_else(|_| unreachable!("`null` is JSON"))
-}
-
-/// An item as a read answers it: slime's keys plus `raw_reward` (the reward before
-/// normalization and padding). A padding copy repeats its original's uid, as slime's do.
-#[derive(Debug, Serialize)]
-pub struct OutItem {
-    uid: String,
-    instance_id: String,
-    messages: Box<RawValue>,
-    reward: f64,
-    raw_reward: f64,
-    extra_info: Box<RawValue>,
-}
-
 /// What a read took: the answer's items and meta info, and the leases to commit (or to
 /// drop, which gives the groups back).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Taken {
-    /// The processed items, padded.
-    pub items: Vec<OutItem>,
+    /// The processed items, padded, encoded (none when the read fell short).
+    pub items: Items,
+    /// How many items `items` holds.
+    pub count: usize,
     /// slime's meta info over every group taken, with `finished_groups`.
     pub meta_info: Map<String, Value>,
     /// Leases of the groups answered (committed once the answer is ready).
@@ -345,19 +333,46 @@ pub struct Taken {
     pub held_back: Vec<Batch>,
 }
 
+/// The texts of a leased group's items, borrowed from its lease.
+struct GroupTexts<'a> {
+    instance_id: &'a str,
+    messages: Vec<&'a str>,
+    extra_info: Vec<&'a str>,
+}
+
+impl<'a> GroupTexts<'a> {
+    fn of(lease: &'a Batch) -> Self {
+        let view = lease.samples().next();
+        let texts = |key: &str| -> Vec<&'a str> {
+            view.and_then(|v| v.get(key))
+                .and_then(|t| t.array::<String>())
+                .map(|a| a.into_iter().map(String::as_str).collect())
+                .unwrap_or_default()
+        };
+        Self {
+            instance_id: match view.and_then(|v| v.get_meta("example_id")) {
+                Some(MetaValue::Str(s)) => s.as_str(),
+                _ => "",
+            },
+            messages: texts("meta/messages"),
+            extra_info: texts("meta/extra_info"),
+        }
+    }
+}
+
 /// Leases every ready group (or until `batch_size` items, when positive), runs the
-/// hooks, and splits the leases: `answered` when the items reach `batch_size` (or any,
-/// with `batch_size <= 0`), else `held_back`. Groups the hooks reject are archived here.
+/// hooks, encodes the items as `format` asks, and splits the leases: `answered` when the
+/// items reach `batch_size` (or any, with `batch_size <= 0`), else `held_back`. Groups
+/// the hooks reject are archived here.
 pub async fn take(
     buf: &SequenceBuffer,
     settings: &Settings,
     batch_size: i64,
+    format: Format,
 ) -> Result<Taken, ApiError> {
     let hooks = settings.hooks();
     let mut leases = Vec::new();
     let mut groups = Vec::new();
-    let mut items_by_uid = std::collections::HashMap::new();
-    let mut instance = Vec::new();
     let mut valid_items = 0usize;
     while batch_size <= 0 || valid_items < batch_size as usize {
         let batch = match buf
@@ -372,84 +387,74 @@ pub async fn take(
             continue;
         };
         let group = TrainGroup::read(view.id().as_str(), |k| view.get(k), |k| view.get_meta(k))?;
-        let iid = match view.get_meta("example_id") {
-            Some(MetaValue::Str(s)) => s.clone(),
-            _ => String::new(),
-        };
-        let texts = |key: &str| view.get(key).and_then(|t| t.array::<String>());
-        let (messages, extra) = (texts("meta/messages"), texts("meta/extra_info"));
-        for (i, item) in group.items.iter().enumerate() {
-            // Stored as the generator sent them, so valid JSON; `null` if a value is gone.
-            let raw = |texts: &Option<rollout_buffer::ndarray::ArrayViewD<'_, String>>| {
-                texts
-                    .as_ref()
-                    .and_then(|a| a.as_slice().map_or_else(|| a.iter().nth(i), |s| s.get(i)))
-                    .and_then(|s| RawValue::from_string(s.clone()).ok())
-                    .unwrap_or_else(null)
-            };
-            items_by_uid.insert(
-                item.rollout_uid.clone(),
-                (raw(&messages), raw(&extra), iid.clone()),
-            );
-        }
         if hooks.is_valid_group(&group).valid {
             valid_items += hooks.group_size.max(group.items.len());
         }
-        instance.push(iid);
         groups.push(group);
         leases.push(batch);
     }
-    let mut meta_info = meta_info(&groups);
-    meta_info.insert("finished_groups".into(), json!(instance));
-    let processed = process_groups(&hooks, &Advantage::None, None, groups);
-    let rejected: std::collections::HashSet<String> = processed
-        .rejected
-        .iter()
-        .flat_map(|(g, _)| g.items.iter().map(|i| i.rollout_uid.clone()))
-        .collect();
-    let mut uses: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    for item in processed.kept.iter().flat_map(|g| g.items.iter()) {
-        *uses.entry(item.rollout_uid.as_str()).or_insert(0) += 1;
-    }
-    let mut items = Vec::new();
-    for group in &processed.kept {
-        for item in &group.items {
-            // Padding repeats items: all but the last use copy the texts, the last moves them.
-            let left = uses.entry(item.rollout_uid.as_str()).or_insert(0);
-            *left = left.saturating_sub(1);
-            let texts = if *left == 0 {
-                items_by_uid.remove(&item.rollout_uid)
-            } else {
-                items_by_uid.get(&item.rollout_uid).cloned()
-            };
-            if let Some((messages, extra_info, instance_id)) = texts {
-                items.push(OutItem {
-                    uid: item.rollout_uid.clone(),
-                    instance_id,
-                    messages,
-                    reward: item.reward,
-                    raw_reward: item.raw_reward,
-                    extra_info,
-                });
-            }
+    // Each item's texts, found by uid (padding repeats items), borrowed from the leases.
+    let texts: Vec<GroupTexts<'_>> = leases.iter().map(GroupTexts::of).collect();
+    let mut by_uid: HashMap<String, (usize, usize)> = HashMap::new();
+    for (g, group) in groups.iter().enumerate() {
+        for (i, item) in group.items.iter().enumerate() {
+            by_uid.insert(item.rollout_uid.clone(), (g, i));
         }
     }
+    let mut meta_info = meta_info(&groups);
+    let finished: Vec<&str> = texts.iter().map(|t| t.instance_id).collect();
+    meta_info.insert("finished_groups".into(), json!(finished));
+    let processed = process_groups(&hooks, &Advantage::None, None, groups);
+    let rejected: HashSet<&str> = processed
+        .rejected
+        .iter()
+        .flat_map(|(g, _)| g.items.iter().map(|i| i.rollout_uid.as_str()))
+        .collect();
+    let mut items = Vec::new();
+    for item in processed.kept.iter().flat_map(|g| g.items.iter()) {
+        let Some(&(g, i)) = by_uid.get(&item.rollout_uid) else {
+            continue;
+        };
+        let group = &texts[g];
+        items.push(OutItem {
+            uid: &item.rollout_uid,
+            instance_id: group.instance_id,
+            messages: group.messages.get(i).copied(),
+            reward: item.reward,
+            raw_reward: item.raw_reward,
+            extra_info: group.extra_info.get(i).copied(),
+        });
+    }
     let enough = batch_size <= 0 || items.len() >= batch_size as usize;
-    let mut out = Taken {
-        meta_info,
-        ..Taken::default()
+    let (items, count) = if enough {
+        (Items::encode(format, &items)?, items.len())
+    } else {
+        (Items::empty(format)?, 0)
     };
-    for lease in leases {
-        let is_rejected = lease
-            .samples()
-            .next()
-            .and_then(|v| {
-                v.get("rollout_uid").and_then(|t| {
-                    t.array::<String>()
-                        .map(|a| a.iter().any(|u| rejected.contains(u)))
+    let is_rejected: Vec<bool> = leases
+        .iter()
+        .map(|lease| {
+            lease
+                .samples()
+                .next()
+                .and_then(|v| {
+                    v.get("rollout_uid").and_then(|t| {
+                        t.array::<String>()
+                            .map(|a| a.iter().any(|u| rejected.contains(u.as_str())))
+                    })
                 })
-            })
-            .unwrap_or(false);
+                .unwrap_or(false)
+        })
+        .collect();
+    drop(texts);
+    let mut out = Taken {
+        items,
+        count,
+        meta_info,
+        answered: Vec::new(),
+        held_back: Vec::new(),
+    };
+    for (lease, is_rejected) in leases.into_iter().zip(is_rejected) {
         if is_rejected {
             lease.discard_with_reason("invalid_group")?;
         } else if enough {
@@ -457,9 +462,6 @@ pub async fn take(
         } else {
             out.held_back.push(lease);
         }
-    }
-    if enough {
-        out.items = items;
     }
     Ok(out)
 }

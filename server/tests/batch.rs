@@ -150,3 +150,81 @@ async fn debug_waiting_says_why_a_read_would_wait() {
     assert_eq!(body["rpcs"][0]["eligible"], 0, "{body}");
     assert_eq!(body["slots_free"].as_u64(), Some(4096));
 }
+
+/// A read with `Accept: application/vnd.apache.arrow.stream` answers an Arrow IPC stream:
+/// the items of the JSON answer, with `success`, `message` and `meta_info` in the schema's metadata; an empty read is an
+/// empty stream saying why.
+#[tokio::test]
+async fn reads_answer_arrow_streams_when_asked() {
+    let dir = store("arrow-read");
+    let server = Server::start(&dir, &["--group-size", "4"]);
+    let read_arrow = |path: &'static str| {
+        let url = format!("{}{path}", server.url);
+        async move {
+            let resp = client()
+                .post(url)
+                .header("accept", ARROW)
+                .header("content-type", "application/json")
+                .body(r#"{"batch_size": -1, "timeout": 0}"#)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(resp.status().as_u16(), 200);
+            assert_eq!(resp.headers()["content-type"], ARROW);
+            let bytes = resp.bytes().await.expect("body");
+            let reader =
+                arrow_ipc::reader::StreamReader::try_new(&bytes[..], None).expect("a stream");
+            let meta = reader.schema().metadata().clone();
+            let batches: Vec<RecordBatch> = reader.collect::<Result<_, _>>().expect("batches");
+            (meta, batches)
+        }
+    };
+    let (meta, batches) = read_arrow("/get_rollout_data").await;
+    assert_eq!(meta["success"], "false");
+    assert_eq!(meta["message"], "No data available");
+    assert_eq!(batches.iter().map(RecordBatch::num_rows).sum::<usize>(), 0);
+
+    // slime's start payload sets the group size to 3.
+    let (status, _) = post(
+        &server,
+        "/start_rollout",
+        &json!({"num_repeat_per_sample": 3}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, body) = post_arrow(&server, ipc(items(3, "a"))).await;
+    assert_eq!(status, 200, "{body}");
+    let (meta, batches) = read_arrow("/buffer/read").await;
+    assert_eq!(meta["success"], "true", "{meta:?}");
+    let info: Value = serde_json::from_str(&meta["meta_info"]).expect("JSON meta info");
+    assert_eq!(info["finished_groups"], json!(["7"]));
+    assert_eq!(info["total_samples"], 3);
+    assert_eq!(batches.len(), 1);
+    let b = &batches[0];
+    let text = |name: &str| -> Vec<String> {
+        let c = b.column_by_name(name).expect("column");
+        let c = c.as_any().downcast_ref::<StringArray>().expect("strings");
+        c.iter().map(|v| v.unwrap_or_default().to_owned()).collect()
+    };
+    assert_eq!(text("uid"), ["a0", "a1", "a2"]);
+    assert_eq!(text("instance_id"), ["7", "7", "7"]);
+    let messages: Vec<Value> = text("messages")
+        .iter()
+        .map(|m| serde_json::from_str(m).expect("JSON text"))
+        .collect();
+    assert_eq!(messages[2][0]["content"], "answer 2");
+    let extra: Value = serde_json::from_str(&text("extra_info")[0]).expect("JSON text");
+    assert_eq!(extra["policy_version"], 3);
+    let raw = b
+        .column_by_name("raw_reward")
+        .and_then(|c| {
+            c.as_any()
+                .downcast_ref::<arrow_array::Float64Array>()
+                .cloned()
+        })
+        .expect("raw_reward");
+    assert_eq!(raw.values().to_vec(), [0.0, 1.0, 0.0]);
+    // Taken: a JSON read now finds nothing.
+    let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(read["success"], false);
+}

@@ -194,6 +194,15 @@ async fn a_full_buffer_answers_503_with_retry_after() {
     // Refused at once while that put waits.
     let (status, _) = post(&server, "/buffer/write", &item("q2-0", "q2", 1.0)).await;
     assert_eq!(status, 503);
+    // Before its body is parsed: an overloaded server does not decode what it refuses.
+    let resp = client()
+        .post(format!("{}/buffer/write_batch", server.url))
+        .header("content-type", "application/json")
+        .body("[{not json")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 503);
     // Reading makes room: the waiting put lands, the retried write is a duplicate (200),
     // and q1 is whole (read with a wait: the put lands in the background).
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;

@@ -1,0 +1,324 @@
+//! A read's answer, in slime's JSON envelope or, for a client that sends `Accept:
+//! application/vnd.apache.arrow.stream`, as an Arrow IPC stream.
+//!
+//! The items' `messages` and `extra_info` are JSON text checked when they were written
+//! (a JSON body parses them; an Arrow body's are parsed one by one), and the store's
+//! records are checksummed, so an answer copies that text into its body as it is: it is
+//! not parsed again, which on a read of thousands of 4 KB items was the read's largest
+//! cost. The Arrow answer has one row per item, the columns of an Arrow batch write plus
+//! `raw_reward`, and carries `success`, `message` and `meta_info` (JSON text) in its
+//! schema's metadata.
+
+use crate::api_error::ApiError;
+use crate::arrow_items::ARROW_STREAM;
+use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How a client wants its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// slime's `BufferResponse` envelope.
+    Json,
+    /// An Arrow IPC stream.
+    Arrow,
+}
+
+impl Format {
+    /// Arrow when the request's `Accept` names the Arrow stream media type, else JSON.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let arrow = headers
+            .get_all(header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|m| m.split(';').next().map(str::trim) == Some(ARROW_STREAM));
+        if arrow {
+            Self::Arrow
+        } else {
+            Self::Json
+        }
+    }
+}
+
+/// One item of an answer, its texts borrowed from the leased groups.
+#[derive(Debug, Clone, Copy)]
+pub struct OutItem<'a> {
+    /// The rollout's uid (a padding copy repeats its original's, as slime's do).
+    pub uid: &'a str,
+    /// The group key.
+    pub instance_id: &'a str,
+    /// The message list as JSON text; `None` if the value is gone.
+    pub messages: Option<&'a str>,
+    /// The reward after normalization and padding.
+    pub reward: f64,
+    /// The reward as written.
+    pub raw_reward: f64,
+    /// An object as JSON text; `None` if the value is gone.
+    pub extra_info: Option<&'a str>,
+}
+
+/// An answer's items, encoded.
+#[derive(Debug)]
+pub enum Items {
+    /// A JSON array.
+    Json(Vec<u8>),
+    /// One batch.
+    Arrow(RecordBatch),
+}
+
+impl Items {
+    /// `items` encoded as `format` asks.
+    pub fn encode(format: Format, items: &[OutItem<'_>]) -> Result<Self, ApiError> {
+        match format {
+            Format::Json => json_items(items).map(Self::Json),
+            Format::Arrow => arrow_items(items).map(Self::Arrow),
+        }
+    }
+
+    /// No items.
+    pub fn empty(format: Format) -> Result<Self, ApiError> {
+        Self::encode(format, &[])
+    }
+}
+
+fn encoding_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::Internal(format!("encoding the answer: {e}"))
+}
+
+fn json_items(items: &[OutItem<'_>]) -> Result<Vec<u8>, ApiError> {
+    let text: usize = items
+        .iter()
+        .map(|i| i.messages.map_or(4, str::len) + i.extra_info.map_or(4, str::len) + 128)
+        .sum();
+    let mut out = Vec::with_capacity(text + 2);
+    out.push(b'[');
+    for (n, item) in items.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"uid\":");
+        serde_json::to_writer(&mut out, item.uid).map_err(encoding_error)?;
+        out.extend_from_slice(b",\"instance_id\":");
+        serde_json::to_writer(&mut out, item.instance_id).map_err(encoding_error)?;
+        out.extend_from_slice(b",\"messages\":");
+        out.extend_from_slice(item.messages.unwrap_or("null").as_bytes());
+        out.extend_from_slice(b",\"reward\":");
+        serde_json::to_writer(&mut out, &item.reward).map_err(encoding_error)?;
+        out.extend_from_slice(b",\"raw_reward\":");
+        serde_json::to_writer(&mut out, &item.raw_reward).map_err(encoding_error)?;
+        out.extend_from_slice(b",\"extra_info\":");
+        out.extend_from_slice(item.extra_info.unwrap_or("null").as_bytes());
+        out.push(b'}');
+    }
+    out.push(b']');
+    Ok(out)
+}
+
+/// The schema of an Arrow answer.
+fn arrow_schema() -> Schema {
+    let text = |name: &str, nullable: bool| Field::new(name, DataType::Utf8, nullable);
+    Schema::new(vec![
+        text("uid", false),
+        text("instance_id", false),
+        text("messages", true),
+        Field::new("reward", DataType::Float64, false),
+        Field::new("raw_reward", DataType::Float64, false),
+        text("extra_info", true),
+    ])
+}
+
+fn arrow_items(items: &[OutItem<'_>]) -> Result<RecordBatch, ApiError> {
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from_iter_values(items.iter().map(|i| i.uid))),
+        Arc::new(StringArray::from_iter_values(
+            items.iter().map(|i| i.instance_id),
+        )),
+        Arc::new(items.iter().map(|i| i.messages).collect::<StringArray>()),
+        Arc::new(Float64Array::from_iter_values(
+            items.iter().map(|i| i.reward),
+        )),
+        Arc::new(Float64Array::from_iter_values(
+            items.iter().map(|i| i.raw_reward),
+        )),
+        Arc::new(items.iter().map(|i| i.extra_info).collect::<StringArray>()),
+    ];
+    RecordBatch::try_new(Arc::new(arrow_schema()), columns).map_err(encoding_error)
+}
+
+/// The HTTP answer: slime's envelope around `items`, or the Arrow stream of them with
+/// `success`, `message` and `meta_info` in its schema's metadata.
+pub fn respond(
+    success: bool,
+    message: &str,
+    items: Items,
+    meta_info: Map<String, Value>,
+) -> Result<Response, ApiError> {
+    let meta_info = Value::Object(meta_info);
+    match items {
+        Items::Json(array) => {
+            let mut body = Vec::with_capacity(array.len() + 256);
+            body.extend_from_slice(b"{\"success\":");
+            body.extend_from_slice(if success { b"true" } else { b"false" });
+            body.extend_from_slice(b",\"message\":");
+            serde_json::to_writer(&mut body, message).map_err(encoding_error)?;
+            body.extend_from_slice(b",\"data\":{\"data\":");
+            body.extend_from_slice(&array);
+            body.extend_from_slice(b",\"meta_info\":");
+            serde_json::to_writer(&mut body, &meta_info).map_err(encoding_error)?;
+            body.extend_from_slice(b"}}");
+            Ok(with_type(body, "application/json"))
+        }
+        Items::Arrow(batch) => {
+            let metadata = HashMap::from([
+                ("success".to_owned(), success.to_string()),
+                ("message".to_owned(), message.to_owned()),
+                ("meta_info".to_owned(), meta_info.to_string()),
+            ]);
+            let schema = batch.schema().as_ref().clone().with_metadata(metadata);
+            let batch = batch
+                .with_schema(Arc::new(schema))
+                .map_err(encoding_error)?;
+            let mut body = Vec::new();
+            let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut body, &batch.schema())
+                .map_err(encoding_error)?;
+            writer.write(&batch).map_err(encoding_error)?;
+            writer.finish().map_err(encoding_error)?;
+            drop(writer);
+            Ok(with_type(body, ARROW_STREAM))
+        }
+    }
+}
+
+fn with_type(body: Vec<u8>, media_type: &'static str) -> Response {
+    let mut response = body.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(media_type));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items() -> Vec<OutItem<'static>> {
+        vec![
+            OutItem {
+                uid: "a\"1",
+                instance_id: "q",
+                messages: Some(r#"[{"role":"user","content":"hi \u00e9"}]"#),
+                reward: 0.5,
+                raw_reward: 1.0,
+                extra_info: Some(r#"{"k":[1,2]}"#),
+            },
+            OutItem {
+                uid: "b",
+                instance_id: "q",
+                messages: None,
+                reward: f64::NAN,
+                raw_reward: -2.0,
+                extra_info: None,
+            },
+        ]
+    }
+
+    /// The JSON array is what serializing the items as values gives: texts inserted as
+    /// they are, strings escaped, a missing text and a non-finite number as null.
+    #[test]
+    fn json_items_are_valid_json_with_the_texts_in_place() {
+        let Ok(Items::Json(bytes)) = Items::encode(Format::Json, &items()) else {
+            panic!("a JSON answer");
+        };
+        let got: Value = serde_json::from_slice(&bytes).expect("valid JSON");
+        let want = serde_json::json!([
+            {"uid": "a\"1", "instance_id": "q",
+             "messages": [{"role": "user", "content": "hi é"}],
+             "reward": 0.5, "raw_reward": 1.0, "extra_info": {"k": [1, 2]}},
+            {"uid": "b", "instance_id": "q", "messages": null,
+             "reward": null, "raw_reward": -2.0, "extra_info": null},
+        ]);
+        assert_eq!(got, want);
+        let Ok(Items::Json(empty)) = Items::empty(Format::Json) else {
+            panic!("a JSON answer");
+        };
+        assert_eq!(empty, b"[]");
+    }
+
+    /// The envelope is slime's, and an Arrow answer carries the same items and metadata.
+    #[test]
+    fn envelopes_of_both_formats() {
+        let mut meta = Map::new();
+        meta.insert("finished_groups".into(), serde_json::json!(["q"]));
+        for format in [Format::Json, Format::Arrow] {
+            let encoded = Items::encode(format, &items()).expect("items");
+            let response = respond(true, "read 2 items", encoded, meta.clone()).expect("answer");
+            let media = response.headers()[header::CONTENT_TYPE].clone();
+            let body = futures_body(response);
+            match format {
+                Format::Json => {
+                    assert_eq!(media, "application/json");
+                    let v: Value = serde_json::from_slice(&body).expect("JSON");
+                    assert_eq!(v["success"], true);
+                    assert_eq!(v["message"], "read 2 items");
+                    assert_eq!(v["data"]["data"][1]["uid"], "b");
+                    assert_eq!(v["data"]["meta_info"]["finished_groups"][0], "q");
+                }
+                Format::Arrow => {
+                    assert_eq!(media, ARROW_STREAM);
+                    let reader = arrow_ipc::reader::StreamReader::try_new(&body[..], None)
+                        .expect("an IPC stream");
+                    let schema = reader.schema();
+                    assert_eq!(schema.metadata()["success"], "true");
+                    assert_eq!(schema.metadata()["message"], "read 2 items");
+                    let meta: Value =
+                        serde_json::from_str(&schema.metadata()["meta_info"]).expect("JSON");
+                    assert_eq!(meta["finished_groups"][0], "q");
+                    let batches: Vec<RecordBatch> =
+                        reader.collect::<Result<_, _>>().expect("batches");
+                    assert_eq!(batches.len(), 1);
+                    let b = &batches[0];
+                    assert_eq!(b.num_rows(), 2);
+                    let uid = b
+                        .column_by_name("uid")
+                        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                        .expect("uid");
+                    assert_eq!(uid.value(0), "a\"1");
+                    let messages = b
+                        .column_by_name("messages")
+                        .and_then(|c| c.as_any().downcast_ref::<StringArray>())
+                        .expect("messages");
+                    assert_eq!(messages.value(0), items()[0].messages.unwrap_or_default());
+                    assert!(arrow_array::Array::is_null(messages, 1));
+                }
+            }
+        }
+    }
+
+    fn futures_body(response: Response) -> Vec<u8> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        runtime
+            .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
+            .expect("body")
+            .to_vec()
+    }
+
+    #[test]
+    fn accept_chooses_the_format() {
+        let mut h = HeaderMap::new();
+        assert_eq!(Format::of(&h), Format::Json);
+        h.insert(
+            header::ACCEPT,
+            HeaderValue::from_static("application/json, application/vnd.apache.arrow.stream;q=0.9"),
+        );
+        assert_eq!(Format::of(&h), Format::Arrow);
+        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+        assert_eq!(Format::of(&h), Format::Json);
+    }
+}
