@@ -161,15 +161,19 @@ pub fn respond(
     let meta_info = Value::Object(meta_info);
     match items {
         Items::Json(array) => {
-            let mut body = Vec::with_capacity(array.len() + 256);
+            // Sized exactly: an answer of thousands of items is tens of megabytes, and
+            // growing it would copy it and hold twice its size.
+            let message = serde_json::to_vec(message).map_err(encoding_error)?;
+            let meta_info = serde_json::to_vec(&meta_info).map_err(encoding_error)?;
+            let mut body = Vec::with_capacity(array.len() + message.len() + meta_info.len() + 64);
             body.extend_from_slice(b"{\"success\":");
             body.extend_from_slice(if success { b"true" } else { b"false" });
             body.extend_from_slice(b",\"message\":");
-            serde_json::to_writer(&mut body, message).map_err(encoding_error)?;
+            body.extend_from_slice(&message);
             body.extend_from_slice(b",\"data\":{\"data\":");
             body.extend_from_slice(&array);
             body.extend_from_slice(b",\"meta_info\":");
-            serde_json::to_writer(&mut body, &meta_info).map_err(encoding_error)?;
+            body.extend_from_slice(&meta_info);
             body.extend_from_slice(b"}}");
             Ok(with_type(body, "application/json"))
         }

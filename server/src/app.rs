@@ -22,7 +22,7 @@ use rollout_buffer::SequenceBuffer;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -44,6 +44,8 @@ pub struct App {
     /// Items being added now (see [`add_all`]).
     in_flight: Arc<tokio::sync::Semaphore>,
     max_in_flight: usize,
+    /// Items of writes waiting for their place among those being added.
+    queued: AtomicUsize,
     written: AtomicU64,
     read: AtomicU64,
 }
@@ -92,6 +94,7 @@ impl App {
             write_timeout: options.write_timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
             max_in_flight,
+            queued: AtomicUsize::new(0),
             written: AtomicU64::new(0),
             read: AtomicU64::new(0),
         }))
@@ -189,43 +192,60 @@ fn outcome(added: &Added) -> &'static str {
     }
 }
 
-/// A 503 when every slot holds a group and earlier adds are still on their way in: a
-/// write now would wait behind them. Checked before a body is parsed too, so that an
-/// overloaded server does not spend its CPU decoding bodies it then refuses. (A length
-/// read, not a stats snapshot: this runs for every write.)
+/// A 503 at once when a buffer's worth of items already waits to get on its way in (see
+/// [`add_all`]): a write now would only wait behind them. Checked before a body is parsed
+/// too, so that an overloaded server does not spend its CPU decoding bodies it then
+/// refuses.
 fn refuse_if_busy(app: &App) -> Result<(), ApiError> {
-    if app.buf.len() >= app.buf.capacity() && app.in_flight.available_permits() < app.max_in_flight
-    {
+    if app.queued.load(Ordering::Relaxed) >= app.max_in_flight {
         return Err(ApiError::Busy { retry_after: 1 });
     }
     Ok(())
 }
 
-/// Adds records, waiting at most the write timeout for room.
+/// Takes back the items a write queued when its wait ends, however it ends.
+struct Queued<'a>(&'a AtomicUsize, usize);
+
+impl Drop for Queued<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(self.1, Ordering::Relaxed);
+    }
+}
+
+/// Adds records, waiting at most the write timeout (in all) for a place among the items
+/// on their way in and then for room.
 ///
+/// At most one buffer's worth of items (`--capacity` x group size) is being added at any
+/// time, and at most as many more wait their turn (in arrival order): a write beyond that
+/// answers 503 at once, so what writes hold stays bounded however many clients write.
 /// The adds run in a task of their own: an add that seals a group must not be cancelled
 /// halfway (the group would leave the ingest's memory and wait in the log for the next
 /// start), so a write that times out answers 503 while its adds go on and land once a read
-/// makes room; the client's retry is then a duplicate, answered 200. What such writes
-/// hold is bounded: at most `in_flight` items are being added at any time, and a write
-/// that would pass it, or that finds the buffer full with puts already waiting, answers
-/// 503 at once.
+/// makes room; the client's retry is then a duplicate, answered 200.
 async fn add_all(
     app: &App,
     records: Vec<rollout_buffer::rollout::RolloutRecord>,
 ) -> Result<Vec<Value>, ApiError> {
     let n = records.len();
-    if n > app.max_in_flight {
+    let Some(permits) = u32::try_from(n).ok().filter(|_| n <= app.max_in_flight) else {
         return Err(ApiError::bad(format!(
             "{n} items in one write; this server takes at most {} at once",
             app.max_in_flight
         )));
-    }
-    refuse_if_busy(app)?;
-    let permit = u32::try_from(n)
-        .ok()
-        .and_then(|n| Arc::clone(&app.in_flight).try_acquire_many_owned(n).ok())
-        .ok_or(ApiError::Busy { retry_after: 1 })?;
+    };
+    let deadline = tokio::time::Instant::now() + app.write_timeout;
+    let permit = {
+        let queued = app.queued.fetch_add(n, Ordering::Relaxed);
+        let _queued = Queued(&app.queued, n);
+        if queued >= app.max_in_flight {
+            return Err(ApiError::Busy { retry_after: 1 });
+        }
+        let acquire = Arc::clone(&app.in_flight).acquire_many_owned(permits);
+        match tokio::time::timeout_at(deadline, acquire).await {
+            Ok(Ok(permit)) => permit,
+            _ => return Err(ApiError::Busy { retry_after: 1 }),
+        }
+    };
     let uids: Vec<String> = records.iter().map(|r| r.rollout_uid.clone()).collect();
     let ingest = app.ingest();
     let task = tokio::spawn(async move {
@@ -233,7 +253,7 @@ async fn add_all(
         drop(permit);
         answers
     });
-    let answers = match tokio::time::timeout(app.write_timeout, task).await {
+    let answers = match tokio::time::timeout_at(deadline, task).await {
         Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
         Ok(Err(joined)) => return Err(ApiError::bad(format!("the write failed: {joined}"))),
         Ok(Ok(answers)) => answers,
@@ -414,6 +434,8 @@ async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
         "groups_ready": s.rpcs.iter().map(|r| r.eligible).sum::<usize>(),
         "groups_leased": s.live_leases,
         "slots_free": s.empty,
+        "items_adding": app.max_in_flight - app.in_flight.available_permits().min(app.max_in_flight),
+        "items_queued": app.queued.load(Ordering::Relaxed),
     });
     envelope(true, "buffer stats", data, json!("buffer stats"))
 }

@@ -12,6 +12,12 @@
 //! `--listen 127.0.0.1:0` the port is the one the system chose). SIGTERM or Ctrl-C stops
 //! accepting, lets calls in flight finish, flushes the buffer and exits 0.
 
+/// The server moves many large request and answer bodies (a batch of 256 items of 4 KB is
+/// 1 MB); with glibc's allocator each took fresh pages from the kernel (page faults were a
+/// fifth of the server's time under load), mimalloc reuses them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 mod answer;
 mod api_error;
 mod app;

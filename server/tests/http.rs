@@ -175,7 +175,7 @@ async fn a_full_buffer_answers_503_with_retry_after() {
             "--capacity",
             "1",
             "--write-timeout",
-            "0.2",
+            "1",
         ],
     );
     write_group(&server, "q0", &[0.0, 1.0]).await;
@@ -191,10 +191,40 @@ async fn a_full_buffer_answers_503_with_retry_after() {
         .expect("send");
     assert_eq!(resp.status().as_u16(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
-    // Refused at once while that put waits.
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["items_adding"], 1, "{stats}");
+    // An item that seals nothing needs no slot: it gets in beside the waiting one.
     let (status, _) = post(&server, "/buffer/write", &item("q2-0", "q2", 1.0)).await;
-    assert_eq!(status, 503);
-    // Before its body is parsed: an overloaded server does not decode what it refuses.
+    assert_eq!(status, 200);
+    // Two items (at most two may be on their way in, one is): this write queues for
+    // its turn, and while it waits, a buffer's worth is queued, so the next write is
+    // refused at once, before its body is parsed.
+    let queued = {
+        let url = format!("{}/buffer/write_batch", server.url);
+        let body = json!([item("q3-0", "q3", 1.0), item("q3-1", "q3", 0.0)]).to_string();
+        tokio::spawn(async move {
+            client()
+                .post(url)
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("send")
+                .status()
+                .as_u16()
+        })
+    };
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let (_, stats) = get(&server, "/buffer/stats").await;
+            if stats["data"]["data"]["items_queued"] == 2 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the batch write never queued");
     let resp = client()
         .post(format!("{}/buffer/write_batch", server.url))
         .header("content-type", "application/json")
@@ -203,6 +233,9 @@ async fn a_full_buffer_answers_503_with_retry_after() {
         .await
         .expect("send");
     assert_eq!(resp.status().as_u16(), 503);
+    assert_eq!(queued.await.expect("the queued write"), 503);
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["items_queued"], 0, "{stats}");
     // Reading makes room: the waiting put lands, the retried write is a duplicate (200),
     // and q1 is whole (read with a wait: the put lands in the background).
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;

@@ -2,9 +2,10 @@
 
 use crate::sync::Arc;
 use crate::tensor::{DType, Element};
+use arrow_array::builder::StringBuilder;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int32Type, Int64Type, UInt8Type};
-use arrow_array::{Array, ArrayRef, BooleanArray, PrimitiveArray, StringArray};
+use arrow_array::{Array, ArrayRef, BooleanArray, PrimitiveArray};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer, ScalarBuffer};
 use arrow_schema::DataType;
 
@@ -89,15 +90,16 @@ impl ArrowElement for String {
         DataType::Utf8
     }
     fn to_array(values: Vec<Self>, nulls: Option<NullBuffer>) -> ArrayRef {
-        let array: StringArray = match &nulls {
-            Some(n) => values
-                .iter()
-                .enumerate()
-                .map(|(i, v)| n.is_valid(i).then_some(v.as_str()))
-                .collect(),
-            None => values.iter().map(|v| Some(v.as_str())).collect(),
-        };
-        Arc::new(array)
+        // Sized up front: a column of long texts (chats of kilobytes each) grown by
+        // doubling is copied again at each step and holds up to twice its size.
+        let mut builder = StringBuilder::with_capacity(values.len(), Self::text_bytes(&values));
+        for (i, v) in values.iter().enumerate() {
+            match &nulls {
+                Some(n) if n.is_null(i) => builder.append_null(),
+                _ => builder.append_value(v),
+            }
+        }
+        Arc::new(builder.finish())
     }
     fn text_bytes(values: &[Self]) -> usize {
         values
