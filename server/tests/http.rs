@@ -175,7 +175,7 @@ async fn a_full_buffer_answers_503_with_retry_after() {
             "--capacity",
             "1",
             "--write-timeout",
-            "1",
+            "0.2",
         ],
     );
     write_group(&server, "q0", &[0.0, 1.0]).await;
@@ -196,46 +196,6 @@ async fn a_full_buffer_answers_503_with_retry_after() {
     // An item that seals nothing needs no slot: it gets in beside the waiting one.
     let (status, _) = post(&server, "/buffer/write", &item("q2-0", "q2", 1.0)).await;
     assert_eq!(status, 200);
-    // Two items (at most two may be on their way in, one is): this write queues for
-    // its turn, and while it waits, a buffer's worth is queued, so the next write is
-    // refused at once, before its body is parsed.
-    let queued = {
-        let url = format!("{}/buffer/write_batch", server.url);
-        let body = json!([item("q3-0", "q3", 1.0), item("q3-1", "q3", 0.0)]).to_string();
-        tokio::spawn(async move {
-            client()
-                .post(url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .expect("send")
-                .status()
-                .as_u16()
-        })
-    };
-    let waited = tokio::time::timeout(std::time::Duration::from_secs(10), async {
-        loop {
-            let (_, stats) = get(&server, "/buffer/stats").await;
-            if stats["data"]["data"]["items_queued"] == 2 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "the batch write never queued");
-    let resp = client()
-        .post(format!("{}/buffer/write_batch", server.url))
-        .header("content-type", "application/json")
-        .body("[{not json")
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(resp.status().as_u16(), 503);
-    assert_eq!(queued.await.expect("the queued write"), 503);
-    let (_, stats) = get(&server, "/buffer/stats").await;
-    assert_eq!(stats["data"]["data"]["items_queued"], 0, "{stats}");
     // Reading makes room: the waiting put lands, the retried write is a duplicate (200),
     // and q1 is whole (read with a wait: the put lands in the background).
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
@@ -250,6 +210,101 @@ async fn a_full_buffer_answers_503_with_retry_after() {
     )
     .await;
     assert_eq!(uids(&body), ["q1-0", "q1-1"]);
+}
+
+/// Polls `/buffer/stats` until `key` is `want` (10 s at most).
+async fn stat_reaches(server: &Server, key: &str, want: u64) {
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let (_, stats) = get(server, "/buffer/stats").await;
+            if stats["data"]["data"][key] == want {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(seen.is_ok(), "`{key}` never reached {want}");
+}
+
+/// A write POSTed in the background: its status when it is answered.
+fn spawn_write(server: &Server, path: &str, body: Value) -> tokio::task::JoinHandle<u16> {
+    let url = format!("{}{path}", server.url);
+    tokio::spawn(async move {
+        client()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .expect("send")
+            .status()
+            .as_u16()
+    })
+}
+
+/// At most one buffer's worth of items is on its way in and as many more wait their turn;
+/// past that a write is refused at once, before its body is parsed. The waiting writes
+/// land, in turn, as reads make room.
+#[tokio::test]
+async fn writes_wait_their_turn_and_past_a_buffers_worth_are_refused_at_once() {
+    let dir = store("queue");
+    let server = Server::start(
+        &dir,
+        &[
+            "--group-size",
+            "2",
+            "--capacity",
+            "1",
+            "--write-timeout",
+            "60",
+        ],
+    );
+    write_group(&server, "q0", &[0.0, 1.0]).await;
+    let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
+    assert_eq!(status, 200);
+    // q1-1 seals q1 and waits for the slot q0 holds: one of the two items that may be on
+    // their way in at once.
+    let sealing = spawn_write(&server, "/buffer/write", item("q1-1", "q1", 0.0));
+    stat_reaches(&server, "items_adding", 1).await;
+    // Two more items wait their turn: a buffer's worth is queued.
+    let queued = spawn_write(
+        &server,
+        "/buffer/write_batch",
+        json!([item("q2-0", "q2", 1.0), item("q2-1", "q2", 0.0)]),
+    );
+    stat_reaches(&server, "items_queued", 2).await;
+    let resp = client()
+        .post(format!("{}/buffer/write_batch", server.url))
+        .header("content-type", "application/json")
+        .body("[{not json")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(resp.status().as_u16(), 503, "refused before it is parsed");
+    assert_eq!(resp.headers()["retry-after"], "1");
+    // Each read makes room for the next group, in the order written.
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["q0-0", "q0-1"]);
+    assert_eq!(sealing.await.expect("q1-1"), 200);
+    let (_, body) = post(
+        &server,
+        "/buffer/read",
+        &json!({"batch_size": 2, "timeout": 10}),
+    )
+    .await;
+    assert_eq!(uids(&body), ["q1-0", "q1-1"]);
+    assert_eq!(queued.await.expect("q2"), 200);
+    let (_, body) = post(
+        &server,
+        "/buffer/read",
+        &json!({"batch_size": 2, "timeout": 10}),
+    )
+    .await;
+    assert_eq!(uids(&body), ["q2-0", "q2-1"]);
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["items_queued"], 0, "{stats}");
+    assert_eq!(stats["data"]["data"]["items_adding"], 0, "{stats}");
 }
 
 #[tokio::test]
