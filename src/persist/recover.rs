@@ -11,11 +11,7 @@ use super::log::{decode_group, log_path};
 use super::state::DurableState;
 use super::store::Store;
 use crate::error::{Error, Result};
-use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeSet;
-
-/// How many log groups recovery reads at once.
-const LOG_READS_AT_ONCE: usize = 16;
 
 /// What recovery found.
 #[derive(Debug)]
@@ -76,21 +72,10 @@ async fn recover_until(
     let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
     let mut files = checkpoint::log_files(store, log_from).await?;
     files.retain(|&(seq, _)| seq < until);
-    // Read several at a time, in order: a log of small group commits is thousands of
-    // files, and one read after the other waits on each (a round trip on an object
-    // store, a hand-off to a blocking thread on local disk).
-    let read: Vec<(u64, String, Option<bytes::Bytes>)> = futures::stream::iter(files)
-        .map(|(seq, path)| async move {
-            let bytes = store.get(&path).await?;
-            Ok::<_, Error>((seq, path, bytes))
-        })
-        .buffered(LOG_READS_AT_ONCE)
-        .try_collect()
-        .await?;
-    let mut groups = Vec::with_capacity(read.len());
-    for (seq, path, bytes) in read {
+    let mut groups = Vec::with_capacity(files.len());
+    for (seq, path) in files {
         // A file deleted between the listing and the read is a missing group, handled below.
-        let Some(bytes) = bytes else {
+        let Some(bytes) = store.get(&path).await? else {
             continue;
         };
         let decoded = decode_group(&bytes).and_then(|g| {
