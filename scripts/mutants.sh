@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the state machine, the buffer and the RL layer with cargo-mutants.
 #
-#   scripts/mutants.sh [--minutes M] [--shard K/N] [--out DIR] [PATH...]
+#   scripts/mutants.sh [--minutes M] [--shard K/N] [--out DIR] [--full-only] [PATH...]
 #
 # PATH defaults to src/state src/buffer src/rollout. Each mutant is tested in two stages, so
 # the whole suite runs only where it is needed:
@@ -14,6 +14,8 @@
 #
 # --minutes bounds the wall time of the whole call (default 60); a call cut short keeps what
 # it found, and the next call with the same --out and --shard picks up where it stopped.
+# --full-only runs only the full stage, on what the quick stage let through so far (to
+# settle those before the quick stage has seen every mutant).
 # --shard K/N takes every N-th mutant from the K-th (0-based), so N machines, or N calls,
 # split one run. Outcomes land in DIR (default target/mutants/shard-K-of-N): quick/ and
 # full/ hold each stage's settled lists and cargo-mutants' own output of its last call
@@ -27,13 +29,15 @@ cd "$(dirname "$0")/.."
 minutes=60
 shard=0/1
 out=""
+full_only=0
 paths=()
 while (($#)); do
     case "$1" in
         --minutes) minutes="$2"; shift 2 ;;
         --shard) shard="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+        --full-only) full_only=1; shift ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         -*) echo "mutants.sh: unknown flag $1" >&2; exit 2 ;;
         *) paths+=("$1"); shift ;;
     esac
@@ -104,7 +108,13 @@ for target in --lib --test=model --test=persist_model --test=spill_model --test=
     --test=rate_limit --test=lease --test=staleness --test=eviction --test=amend --test=get; do
     quick+=(--cargo-arg="$target")
 done
-TEST_TIMEOUT=60 run_stage quick "$out/all.txt" "${quick[@]}"
+if ((full_only)); then
+    mkdir -p "$out/quick"
+    touch "$out/quick/killed.txt" "$out/quick/survived.txt"
+    settle "$out/quick"
+else
+    TEST_TIMEOUT=60 run_stage quick "$out/all.txt" "${quick[@]}"
+fi
 # Stage 2: what the quick stage let through, against the whole suite.
 TEST_TIMEOUT=120 run_stage full "$out/quick/survived.txt"
 
