@@ -49,6 +49,7 @@ async fn later_calls_fail_closed_but_held_leases_can_finish() {
     let buf = ppo(4, 1);
     let h = buf.put_batch(prompts("s", 2)).await.expect("put");
     let held = buf.get_batch_for_rpc("gen").await.expect("gen");
+    assert!(!buf.is_closed(), "open until closed");
     buf.close();
     assert!(buf.is_closed());
     assert_eq!(
