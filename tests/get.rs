@@ -202,3 +202,25 @@ async fn each_rpc_uses_each_sample_reads_times_then_frees() {
     assert_eq!((st.put, st.read, st.freed), (1, 3, 1));
     assert_invariants(&buf);
 }
+
+/// A batch names its RPC's declared outputs, the keys `complete` takes (none for the
+/// last reader).
+#[tokio::test]
+async fn a_batch_names_its_rpcs_outputs() {
+    let buf = ppo(4, 1);
+    buf.put_batch(prompts("s", 1)).await.expect("put");
+    let gen = buf.get_batch_for_rpc("gen").await.expect("gen");
+    assert_eq!(gen.output_keys(), ["tokens"]);
+    gen.complete(vec![Patch::new().with("tokens", vec![1i32, 2])])
+        .await
+        .expect("complete");
+    let reward = buf.get_batch_for_rpc("reward").await.expect("reward");
+    assert_eq!(reward.output_keys(), ["reward"]);
+    reward
+        .complete(vec![Patch::new().with("reward", 1.0f64)])
+        .await
+        .expect("complete");
+    let train = buf.get_batch_for_rpc("train").await.expect("train");
+    assert!(train.output_keys().is_empty());
+    train.commit().await.expect("commit");
+}

@@ -4,7 +4,7 @@
 mod common;
 
 use common::TempDir;
-use rollout_buffer::persist::PersistOptions;
+use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::rollout::{
     group_id, Added, GroupConfig, GroupIngest, GroupKey, GroupMode, RolloutRecord,
 };
@@ -384,4 +384,41 @@ async fn whole_groups_in_one_call_are_logged_once() {
         bytes[0],
         bytes[1]
     );
+}
+
+/// With an interval log a pending rollout is answered at once, as every other write is,
+/// and is durable once the log is flushed: only a sync log makes the write wait for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_interval_log_pending_rollouts_are_answered_before_the_flush() {
+    let dir = TempDir::new("groups-interval");
+    let open = || async {
+        SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+            PersistOptions::default().durability(Durability::Interval(Duration::from_secs(3600))),
+        )
+        .await
+        .expect("open")
+    };
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(8))
+            .await
+            .expect("start");
+        for k in 0..3 {
+            // The log's next write is an hour away.
+            tokio::time::timeout(Duration::from_secs(10), ingest.add(rollout(1, k, 0)))
+                .await
+                .expect("answered before the log is written")
+                .expect("add");
+        }
+        assert_eq!(ingest.assembler_counters().pending_rollouts, 3);
+        buf.flush().await.expect("flush");
+    }
+    let buf = open().await;
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(8))
+        .await
+        .expect("start");
+    assert_eq!(ingest.counters().recovered_rollouts, 3);
 }
