@@ -240,3 +240,21 @@ async fn complete_is_atomic_with_the_read() {
     assert!(buf.is_empty());
     assert_invariants(&buf);
 }
+
+/// `live_leases` counts the batches handed out and not yet finished or released.
+#[tokio::test]
+async fn live_leases_counts_batches_until_they_end() {
+    let buf = ppo(4, 1);
+    buf.put_batch(prompts("s", 2)).await.expect("put");
+    assert_eq!(buf.live_leases(), 0);
+    let first = buf.get_batch_for_rpc("gen").await.expect("gen");
+    let second = buf.get_batch_for_rpc("gen").await.expect("gen");
+    assert_eq!(buf.live_leases(), 2);
+    drop(first);
+    assert_eq!(buf.live_leases(), 1, "released on drop");
+    second
+        .complete(vec![Patch::new().with("tokens", vec![1i32])])
+        .await
+        .expect("complete");
+    assert_eq!(buf.live_leases(), 0);
+}

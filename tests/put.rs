@@ -213,3 +213,21 @@ async fn settle() {
         tokio::task::yield_now().await;
     }
 }
+
+/// `contains` finds a sample from its put until it is freed, and never one not put.
+#[tokio::test]
+async fn contains_finds_a_sample_from_its_put_until_it_is_freed() {
+    let buf = SequenceBuffer::new(4, [RpcDef::new("train", 1).inputs(["prompt"])]).expect("valid");
+    assert!(!buf.contains("p-0"));
+    buf.put_batch(prompts("p", 2)).await.expect("put");
+    assert!(buf.contains("p-0") && buf.contains("p-1"));
+    assert!(!buf.contains("p-2"));
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    let id = batch
+        .samples()
+        .next()
+        .map(|v| v.id().as_str().to_owned())
+        .expect("one");
+    batch.commit().await.expect("commit");
+    assert!(!buf.contains(&id), "freed after its last read");
+}

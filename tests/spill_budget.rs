@@ -1,0 +1,70 @@
+//! A spilling buffer's bookkeeping: the byte budget counts spilled fields, and a dropped
+//! buffer's spiller task ends.
+
+mod common;
+use common::assert_invariants;
+use common::payload::{rollout, SAMPLE_BYTES};
+use rollout_buffer::persist::Store;
+use rollout_buffer::{BufferConfig, Patch, RpcDef, SequenceBuffer};
+
+/// A spilling buffer dropped while its spiller is idle leaves no task behind: the drop
+/// wakes the spiller, which finds the buffer gone and ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_buffer_leaves_no_spiller_behind() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp"]))
+            .memory_budget(4 * SAMPLE_BYTES)
+            .spill_to(Store::open("memory://").expect("store")),
+    )
+    .expect("buffer");
+    buf.put_batch((0..16).map(rollout).collect())
+        .await
+        .expect("put");
+    common::wait_until(|| buf.stats().spill.spilled_samples > 0).await;
+    // Caught up: the spiller is parked, waiting for more to spill.
+    buf.flush().await.expect("flush");
+    assert!(metrics.num_alive_tasks() > before, "the spiller runs");
+    drop(buf);
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while metrics.num_alive_tasks() > before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    assert!(
+        ended.is_ok(),
+        "{} tasks left behind",
+        metrics.num_alive_tasks() - before
+    );
+}
+
+/// Under a byte budget a spilled sample counts whole, its spilled fields too, and an
+/// amend adds the patch's bytes to that, whether the sample is spilled or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp", "reward"]))
+            .external_keys(["reward"])
+            .memory_budget(SAMPLE_BYTES)
+            .max_bytes(64 * SAMPLE_BYTES)
+            .spill_to(Store::open("memory://").expect("store")),
+    )
+    .expect("buffer");
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    let before = buf.stats().bytes;
+    assert_eq!(before, 4 * SAMPLE_BYTES, "spilled fields count");
+    let patches = (0..4)
+        .map(|i| Patch::new().with("reward", i as f64))
+        .collect();
+    buf.amend_batch(&handles, patches).await.expect("amend");
+    assert_eq!(buf.stats().bytes, before + 4 * 8, "each amend adds its f64");
+    assert_invariants(&buf);
+}
