@@ -164,9 +164,10 @@ async fn start_rollout_sets_the_group_size_as_slime_sends_it() {
     assert_eq!(status, 400);
 }
 
-#[tokio::test]
-async fn a_full_buffer_answers_503_with_retry_after() {
-    let dir = store("full");
+/// A server of one slot for groups of two, with write timeout `timeout` (seconds): group
+/// q0 fills the slot, and q1-0 is pending (it needs no room yet).
+async fn one_full_slot(tag: &str, timeout: &str) -> Server {
+    let dir = store(tag);
     let server = Server::start(
         &dir,
         &[
@@ -175,12 +176,18 @@ async fn a_full_buffer_answers_503_with_retry_after() {
             "--capacity",
             "1",
             "--write-timeout",
-            "0.2",
+            timeout,
         ],
     );
     write_group(&server, "q0", &[0.0, 1.0]).await;
     let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
     assert_eq!(status, 200, "pending: no room needed yet");
+    server
+}
+
+#[tokio::test]
+async fn a_full_buffer_answers_503_with_retry_after() {
+    let server = one_full_slot("full", "0.2").await;
     // The second item seals q1, which needs the one slot q0 holds.
     let resp = client()
         .post(format!("{}/buffer/write", server.url))
@@ -248,21 +255,7 @@ fn spawn_write(server: &Server, path: &str, body: Value) -> tokio::task::JoinHan
 /// land, in turn, as reads make room.
 #[tokio::test]
 async fn writes_wait_their_turn_and_past_a_buffers_worth_are_refused_at_once() {
-    let dir = store("queue");
-    let server = Server::start(
-        &dir,
-        &[
-            "--group-size",
-            "2",
-            "--capacity",
-            "1",
-            "--write-timeout",
-            "60",
-        ],
-    );
-    write_group(&server, "q0", &[0.0, 1.0]).await;
-    let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
-    assert_eq!(status, 200);
+    let server = one_full_slot("queue", "60").await;
     // q1-1 seals q1 and waits for the slot q0 holds: one of the two items that may be on
     // their way in at once.
     let sealing = spawn_write(&server, "/buffer/write", item("q1-1", "q1", 0.0));
@@ -286,22 +279,16 @@ async fn writes_wait_their_turn_and_past_a_buffers_worth_are_refused_at_once() {
     // Each read makes room for the next group, in the order written.
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
     assert_eq!(uids(&body), ["q0-0", "q0-1"]);
-    assert_eq!(sealing.await.expect("q1-1"), 200);
-    let (_, body) = post(
-        &server,
-        "/buffer/read",
-        &json!({"batch_size": 2, "timeout": 10}),
-    )
-    .await;
-    assert_eq!(uids(&body), ["q1-0", "q1-1"]);
-    assert_eq!(queued.await.expect("q2"), 200);
-    let (_, body) = post(
-        &server,
-        "/buffer/read",
-        &json!({"batch_size": 2, "timeout": 10}),
-    )
-    .await;
-    assert_eq!(uids(&body), ["q2-0", "q2-1"]);
+    for (write, group) in [(sealing, "q1"), (queued, "q2")] {
+        assert_eq!(write.await.expect("the write"), 200, "{group}");
+        let (_, body) = post(
+            &server,
+            "/buffer/read",
+            &json!({"batch_size": 2, "timeout": 10}),
+        )
+        .await;
+        assert_eq!(uids(&body), [format!("{group}-0"), format!("{group}-1")]);
+    }
     let (_, stats) = get(&server, "/buffer/stats").await;
     assert_eq!(stats["data"]["data"]["items_queued"], 0, "{stats}");
     assert_eq!(stats["data"]["data"]["items_adding"], 0, "{stats}");
