@@ -39,7 +39,7 @@ fn retain_live<T>(v: &mut Vec<T>, live: u128) {
 }
 
 /// Entries per group of a block's weights (one cache line of them).
-const GROUP: usize = 8;
+pub(super) const GROUP: usize = 8;
 /// Groups per block.
 const GROUPS: usize = MAX_BLOCK.div_ceil(GROUP);
 
@@ -124,18 +124,8 @@ impl<K: Copy> Block<K> {
     /// The weighted entry where the running total of weights crosses `u` (in
     /// `[0, sum)`): the group first, then the entry in it. Past the last weighted entry
     /// (rounding), the last one.
-    pub(super) fn weighted_position(&self, mut u: f64) -> Option<usize> {
-        let mut last_group = None;
-        for (g, &s) in self.groups.iter().enumerate() {
-            if s > 0.0 {
-                last_group = Some(g);
-                if u < s {
-                    break;
-                }
-                u -= s;
-            }
-        }
-        let g = last_group?;
+    pub(super) fn weighted_position(&self, u: f64) -> Option<usize> {
+        let (g, mut u) = self.weighted_group(u)?;
         let end = (g * GROUP + GROUP).min(self.weights.len());
         let mut last = None;
         for (at, &w) in self.weights[g * GROUP..end].iter().enumerate() {
@@ -148,6 +138,39 @@ impl<K: Copy> Block<K> {
             }
         }
         last
+    }
+
+    /// The group of [`Self::weighted_position`], and what is left of `u` there.
+    fn weighted_group(&self, mut u: f64) -> Option<(usize, f64)> {
+        let mut last_group = None;
+        for (g, &s) in self.groups.iter().enumerate() {
+            if s > 0.0 {
+                last_group = Some((g, u));
+                if u < s {
+                    break;
+                }
+                u -= s;
+            }
+        }
+        last_group
+    }
+
+    /// Prefetches the weights of the group [`Self::weighted_position`] of `u` scans,
+    /// and the entries beside them; returns that group's first entry.
+    pub(super) fn prefetch_weighted(&self, u: f64) -> Option<usize> {
+        let (g, _) = self.weighted_group(u)?;
+        let first = g * GROUP;
+        prefetch(self.weights.get(first)?);
+        Some(first)
+    }
+
+    /// Prefetches the fields every lookup in the block reads first: its live bits and
+    /// where its entries and weights are, and its weight sum.
+    pub(super) fn prefetch_header(&self) {
+        prefetch(&self.live);
+        prefetch(&self.sum);
+        prefetch(&self.entries);
+        prefetch(&self.weights);
     }
 
     /// Prefetches the group sums a weighted draw walks.
@@ -288,12 +311,27 @@ impl Tree {
         };
     }
 
+    /// Sets block `b`'s leaf and recomputes its ancestors. The new node is carried up in
+    /// registers and each level adds its sibling (`a + b == b + a` exactly, so this is the
+    /// same sum [`Self::combine`] makes): the siblings' loads do not wait on each other,
+    /// only the adds do, where reading each parent back after storing it made every level
+    /// wait on the one below.
     pub(super) fn update<K: Copy>(&mut self, b: usize, block: &Block<K>) {
         self.set_leaf(b, block);
-        let mut i = (self.leaves + b) / 2;
-        while i >= 1 {
-            self.combine(i);
+        let mut i = self.leaves + b;
+        let Some(&leaf) = self.nodes.get(i) else {
+            return;
+        };
+        let mut node = leaf;
+        while i > 1 {
+            let sibling = self.nodes[i ^ 1];
+            node = Node {
+                count: node.count + sibling.count,
+                weighted: node.weighted + sibling.weighted,
+                sum: node.sum + sibling.sum,
+            };
             i /= 2;
+            self.nodes[i] = node;
         }
     }
 
@@ -306,19 +344,59 @@ impl Tree {
     }
 
     /// The block holding live rank `k` (below the total count) and the rank within it.
+    /// Branch-free: which way a walk turns is a coin toss a branch predictor loses half the
+    /// time, and without branches the walks of a batch's ranks overlap.
     pub(super) fn find_rank(&self, mut k: usize) -> (usize, usize) {
         let mut i = 1;
         while i < self.leaves {
-            let left = 2 * i;
-            let here = self.nodes[left].count as usize;
-            if k < here {
-                i = left;
-            } else {
-                k -= here;
-                i = left + 1;
-            }
+            let here = self.nodes[2 * i].count as usize;
+            let right = usize::from(k >= here);
+            k -= here * right;
+            i = 2 * i + right;
         }
         (i - self.leaves, k)
+    }
+
+    /// [`Self::find_rank`] of each of `ranks`, the walks taken level by level together:
+    /// one walk's loads each wait for the one before, but at one level the walks' loads
+    /// are independent, so where the lower levels are out of cache their misses overlap.
+    pub(super) fn find_ranks(&self, ranks: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
+        let mut walks: Vec<(usize, usize)> = ranks.map(|k| (1, k)).collect();
+        let mut level = 1;
+        while level < self.leaves {
+            for (i, k) in &mut walks {
+                let here = self.nodes[2 * *i].count as usize;
+                let right = usize::from(*k >= here);
+                *k -= here * right;
+                *i = 2 * *i + right;
+            }
+            level *= 2;
+        }
+        for (i, _) in &mut walks {
+            *i -= self.leaves;
+        }
+        walks
+    }
+
+    /// [`Self::find_weight`] of each of `targets`, level by level together (see
+    /// [`Self::find_ranks`]).
+    pub(super) fn find_weights(&self, targets: impl Iterator<Item = f64>) -> Vec<(usize, f64)> {
+        let mut walks: Vec<(usize, f64)> = targets.map(|u| (1, u)).collect();
+        let mut level = 1;
+        while level < self.leaves {
+            for (i, u) in &mut walks {
+                let (left, right) = (self.nodes[2 * *i], self.nodes[2 * *i + 1]);
+                let go_left = (left.weighted > 0) & ((*u < left.sum) | (right.weighted == 0));
+                *u -= if go_left { 0.0 } else { left.sum };
+                *i = 2 * *i + usize::from(!go_left);
+            }
+            level *= 2;
+        }
+        for (i, u) in &mut walks {
+            *i -= self.leaves;
+            *u = u.max(0.0);
+        }
+        walks
     }
 
     /// The block where the running weight total crosses `u` (in `[0, total)`), and what is
@@ -328,13 +406,10 @@ impl Tree {
         let mut i = 1;
         while i < self.leaves {
             let (left, right) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
-            let go_left = left.weighted > 0 && (u < left.sum || right.weighted == 0);
-            if go_left {
-                i *= 2;
-            } else {
-                u -= left.sum;
-                i = 2 * i + 1;
-            }
+            // Branch-free, as in `find_rank`.
+            let go_left = (left.weighted > 0) & ((u < left.sum) | (right.weighted == 0));
+            u -= if go_left { 0.0 } else { left.sum };
+            i = 2 * i + usize::from(!go_left);
         }
         (i - self.leaves, u.max(0.0))
     }

@@ -36,7 +36,7 @@ mod blocks;
 
 use super::prefetch::prefetch;
 use super::select::Rng;
-use blocks::{low_bits, nth_set_bit, Block, Tree};
+use blocks::{low_bits, nth_set_bit, Block, Tree, GROUP};
 
 /// Largest entries per block, live or tombstones (the width of a block's live bits); a
 /// block past it splits in two.
@@ -260,10 +260,22 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// their slots in the order given. Taken from the highest rank down, so each removal
     /// leaves the ranks still to take where they were.
     pub(crate) fn take_ranks(&mut self, ranks: &[usize]) -> Vec<u32> {
-        // The entries' lines first, all at once (the tree is in cache; the blocks are not).
-        for &rank in ranks {
-            if let Some((b, at)) = self.rank_position(rank) {
-                prefetch(&self.blocks[b].entries[at]);
+        // What the removals read, all at once, so the misses overlap: the tree is in cache,
+        // the blocks are not. First each block's header (its live bits say where rank `k`
+        // is), then the entries.
+        let found = self
+            .tree
+            .find_ranks(ranks.iter().copied().filter(|&rank| rank < self.len));
+        for &(b, _) in &found {
+            if let Some(block) = self.blocks.get(b) {
+                block.prefetch_header();
+            }
+        }
+        for &(b, k) in &found {
+            if let Some(block) = self.blocks.get(b).filter(|block| k < block.live_len()) {
+                if let Some(entry) = block.entries.get(nth_set_bit(block.live, k as u32)) {
+                    prefetch(entry);
+                }
             }
         }
         let mut order: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
@@ -307,20 +319,24 @@ impl<K: Ord + Copy> RankedIndex<K> {
             return;
         }
         let total = self.tree.total_weight();
-        for _ in 0..n.min(self.len) {
-            let (b, u) = self.tree.find_weight(rng.unit() * total);
-            let Some(block) = self.blocks.get(b) else {
-                continue;
-            };
-            block.prefetch_sums();
-            // Where the crossing should be if the block's weights were even.
-            let guess = if block.sum > 0.0 { u / block.sum } else { 0.0 };
-            let at = ((guess * block.entries.len() as f64) as usize)
-                .min(block.entries.len().saturating_sub(1));
-            if let Some(w) = block.weights.get(at) {
-                prefetch(w);
+        // Three passes, so the misses of each overlap: the blocks' headers and group
+        // sums, then the group of weights each draw scans, then its entries.
+        let found = self
+            .tree
+            .find_weights((0..n.min(self.len)).map(|_| rng.unit() * total));
+        for &(b, _) in &found {
+            if let Some(block) = self.blocks.get(b) {
+                block.prefetch_header();
+                block.prefetch_sums();
             }
-            if let Some(entry) = block.entries.get(at) {
+        }
+        let groups: Vec<(usize, usize)> = found
+            .iter()
+            .filter_map(|&(b, u)| Some((b, self.blocks.get(b)?.prefetch_weighted(u)?)))
+            .collect();
+        for (b, first) in groups {
+            // The draw lands on one of the group's entries, which span a few lines.
+            for entry in self.blocks[b].entries.iter().skip(first).take(GROUP) {
                 prefetch(entry);
             }
         }
@@ -549,6 +565,31 @@ mod tests {
         // 17 degrees of freedom: 40.8 is the 0.999 quantile.
         let chi = chi_square(&counts, &weights);
         assert!(chi < 40.8, "chi-square {chi:.1} over 17 degrees of freedom");
+    }
+
+    #[test]
+    fn the_walks_of_a_batch_land_where_single_walks_do() {
+        // Many blocks, some thinned, weights uneven with weightless runs: the level-by-level
+        // walks that prefetch a batch must find the blocks the draws themselves find.
+        let mut ix = RankedIndex::new(true);
+        for i in 0..5000u64 {
+            ix.insert(
+                key(i, i),
+                i as u32,
+                if i % 7 < 2 { 0.0 } else { (i % 13) as f64 },
+            );
+        }
+        for i in (0..5000u64).step_by(3) {
+            ix.remove(key(i, i));
+        }
+        let ranks: Vec<usize> = (0..ix.len()).step_by(37).collect();
+        let singles: Vec<(usize, usize)> = ranks.iter().map(|&k| ix.tree.find_rank(k)).collect();
+        assert_eq!(ix.tree.find_ranks(ranks.iter().copied()), singles);
+        let total = ix.tree.total_weight();
+        let targets: Vec<f64> = (0..200).map(|i| total * f64::from(i) / 200.0).collect();
+        let singles: Vec<(usize, f64)> = targets.iter().map(|&u| ix.tree.find_weight(u)).collect();
+        assert_eq!(ix.tree.find_weights(targets.iter().copied()), singles);
+        assert!(singles.windows(2).all(|w| w[0].0 <= w[1].0), "{singles:?}");
     }
 
     #[test]
