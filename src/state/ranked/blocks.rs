@@ -39,7 +39,7 @@ fn retain_live<T>(v: &mut Vec<T>, live: u128) {
 }
 
 /// Entries per group of a block's weights (one cache line of them).
-pub(super) const GROUP: usize = 8;
+const GROUP: usize = 8;
 /// Groups per block.
 const GROUPS: usize = MAX_BLOCK.div_ceil(GROUP);
 
@@ -155,13 +155,24 @@ impl<K: Copy> Block<K> {
         last_group
     }
 
-    /// Prefetches the weights of the group [`Self::weighted_position`] of `u` scans,
-    /// and the entries beside them; returns that group's first entry.
-    pub(super) fn prefetch_weighted(&self, u: f64) -> Option<usize> {
-        let (g, _) = self.weighted_group(u)?;
-        let first = g * GROUP;
-        prefetch(self.weights.get(first)?);
-        Some(first)
+    /// Prefetches the weights of the group [`Self::weighted_position`] of `u` scans.
+    pub(super) fn prefetch_weights(&self, u: f64) {
+        if let Some(w) = self
+            .weighted_group(u)
+            .and_then(|(g, _)| self.weights.get(g * GROUP))
+        {
+            prefetch(w);
+        }
+    }
+
+    /// Prefetches the entries of the group [`Self::weighted_position`] of `u` lands in
+    /// (one of them; they span a few lines).
+    pub(super) fn prefetch_entries(&self, u: f64) {
+        if let Some((g, _)) = self.weighted_group(u) {
+            for entry in self.entries.iter().skip(g * GROUP).take(GROUP) {
+                prefetch(entry);
+            }
+        }
     }
 
     /// Prefetches the fields every lookup in the block reads first: its live bits and

@@ -1,0 +1,328 @@
+//! Tests of the ranked index against an ordered map, and of its draws' distributions.
+
+use super::super::select::Rng;
+use super::*;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+
+type Key = (u64, u64);
+
+fn key(birth: u64, seq: u64) -> Key {
+    (birth, seq)
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u64, u8),
+    Remove(usize),
+    Reweight(usize, u8),
+    Take(usize, u64),
+    /// Puts back a removed or taken key (a released lease), with a new weight.
+    Reinsert(usize, u8),
+}
+
+proptest! {
+    // Each case is some 1,500 operations on up to a dozen blocks.
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// The index matches an ordered map entry for entry, rank for rank, and in its
+    /// weighted counts, across inserts, removals, reweighting, weighted takes big
+    /// enough to split and merge blocks, and removed keys put back (revived from their
+    /// tombstones, or inserted anew once compacted away).
+    #[test]
+    fn matches_an_ordered_map(
+        // Inserted first, so the ops below run on an index of many blocks.
+        fill in prop::collection::vec((0u64..1000, 0u8..4), 0..1200),
+        ops in prop::collection::vec(prop_oneof![
+            6 => (0u64..1000, 0u8..4).prop_map(|(b, w)| Op::Insert(b, w)),
+            3 => any::<usize>().prop_map(Op::Remove),
+            1 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reweight(i, w)),
+            1 => (1usize..40, any::<u64>()).prop_map(|(n, s)| Op::Take(n, s)),
+            3 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reinsert(i, w)),
+        ], 1..1500),
+    ) {
+        let mut ix = RankedIndex::new(true);
+        let mut model: BTreeMap<Key, (u32, f64)> = BTreeMap::new();
+        // Keys out of the index, with their slots, for `Reinsert`.
+        let mut out: Vec<(Key, u32)> = Vec::new();
+        let fill = fill.into_iter().map(|(birth, w)| Op::Insert(birth, w));
+        for (seq, op) in fill.chain(ops).enumerate() {
+            match op {
+                Op::Insert(birth, w) => {
+                    let key = key(birth, seq as u64);
+                    ix.insert(key, seq as u32, f64::from(w));
+                    model.insert(key, (seq as u32, f64::from(w)));
+                }
+                Op::Remove(pick) if !model.is_empty() => {
+                    let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
+                    let (slot, _) = model.remove(&key).unwrap_or_default();
+                    prop_assert_eq!(ix.remove(key), Some(slot));
+                    prop_assert_eq!(ix.remove(key), None, "removed twice");
+                    out.push((key, slot));
+                }
+                Op::Reinsert(pick, w) if !out.is_empty() => {
+                    let (key, slot) = out.swap_remove(pick % out.len());
+                    ix.insert(key, slot, f64::from(w));
+                    model.insert(key, (slot, f64::from(w)));
+                }
+                Op::Reweight(pick, w) if !model.is_empty() => {
+                    let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
+                    ix.set_weight(key, f64::from(w));
+                    if let Some(e) = model.get_mut(&key) { e.1 = f64::from(w); }
+                }
+                Op::Take(n, seed) => {
+                    let weighted_before = model.values().filter(|e| e.1 > 0.0).count();
+                    let taken = ix.take_weighted(n, &mut Rng::new(seed));
+                    prop_assert_eq!(taken.len(), n.min(model.len()));
+                    // Weighted entries go first: no weightless one while some weigh.
+                    for (i, slot) in taken.iter().enumerate() {
+                        let key = model.iter().find(|e| e.1.0 == *slot).map(|e| *e.0);
+                        let Some(key) = key else { return Err(TestCaseError::fail("taken twice or unknown")) };
+                        let (_, w) = model.remove(&key).unwrap_or_default();
+                        prop_assert_eq!(w > 0.0, i < weighted_before);
+                        out.push((key, *slot));
+                    }
+                }
+                _ => {}
+            }
+            prop_assert_eq!(ix.len(), model.len());
+            prop_assert_eq!(ix.weighted_len(), model.values().filter(|e| e.1 > 0.0).count());
+            // Blocks stay between the bounds: thin ones merge, full ones split.
+            for block in &ix.blocks {
+                prop_assert!(block.entries.len() <= MAX_BLOCK);
+                prop_assert!(ix.blocks.len() == 1 || block.live_len() >= MIN_BLOCK);
+            }
+        }
+        prop_assert!(ix.iter().map(|e| e.1).eq(model.values().map(|e| e.0)));
+        prop_assert!(ix.iter().rev().map(|e| e.1).eq(model.values().rev().map(|e| e.0)));
+        for (key, slot) in &out {
+            prop_assert!(!ix.contains(*key, *slot));
+            prop_assert_eq!(ix.weight(*key), None);
+        }
+        for (k, (key, (slot, w))) in model.iter().enumerate() {
+            prop_assert_eq!(ix.at_rank(k), Some((*key, *slot)));
+            prop_assert!(ix.contains(*key, *slot));
+            prop_assert_eq!(ix.weight(*key), Some(*w));
+        }
+        prop_assert_eq!(ix.at_rank(model.len()), None);
+    }
+}
+
+/// Chi-square of `counts` against probabilities proportional to `weights`.
+fn chi_square(counts: &[u64], weights: &[f64]) -> f64 {
+    let n: u64 = counts.iter().sum();
+    let total: f64 = weights.iter().sum();
+    counts
+        .iter()
+        .zip(weights)
+        .map(|(&c, &w)| {
+            let e = n as f64 * w / total;
+            (c as f64 - e).powi(2) / e
+        })
+        .sum()
+}
+
+#[test]
+fn a_weighted_draw_follows_the_weights_across_many_blocks() {
+    // 2,000 entries (many blocks), weights 1..=20 repeating, and a weightless tenth.
+    let mut ix = RankedIndex::new(true);
+    let weight = |i: u64| {
+        if i % 10 == 9 {
+            0.0
+        } else {
+            (i % 20 + 1) as f64
+        }
+    };
+    for i in 0..2000u64 {
+        ix.insert(key(i, i), i as u32, weight(i));
+    }
+    let mut rng = Rng::new(7);
+    let mut counts = [0u64; 20];
+    for _ in 0..200_000 {
+        let Some((_, slot)) = ix.at_weight(rng.unit()) else {
+            panic!("weighted entries exist");
+        };
+        assert!(
+            weight(u64::from(slot)) > 0.0,
+            "a weightless entry was drawn"
+        );
+        counts[(slot % 20) as usize] += 1;
+    }
+    let weights: Vec<f64> = (0..20u64)
+        .map(|c| if c % 10 == 9 { 0.0 } else { (c + 1) as f64 })
+        .collect();
+    let (counts, weights): (Vec<u64>, Vec<f64>) = counts
+        .iter()
+        .zip(&weights)
+        .filter(|(_, &w)| w > 0.0)
+        .map(|(&c, &w)| (c, w))
+        .unzip();
+    // 17 degrees of freedom: 40.8 is the 0.999 quantile.
+    let chi = chi_square(&counts, &weights);
+    assert!(chi < 40.8, "chi-square {chi:.1} over 17 degrees of freedom");
+}
+
+#[test]
+fn the_walks_of_a_batch_land_where_single_walks_do() {
+    // Many blocks, some thinned, weights uneven with weightless runs: the level-by-level
+    // walks that prefetch a batch must find the blocks the draws themselves find.
+    let mut ix = RankedIndex::new(true);
+    for i in 0..5000u64 {
+        ix.insert(
+            key(i, i),
+            i as u32,
+            if i % 7 < 2 { 0.0 } else { (i % 13) as f64 },
+        );
+    }
+    for i in (0..5000u64).step_by(3) {
+        ix.remove(key(i, i));
+    }
+    let ranks: Vec<usize> = (0..ix.len()).step_by(37).collect();
+    let singles: Vec<(usize, usize)> = ranks.iter().map(|&k| ix.tree.find_rank(k)).collect();
+    assert_eq!(ix.tree.find_ranks(ranks.iter().copied()), singles);
+    let total = ix.tree.total_weight();
+    let targets: Vec<f64> = (0..200).map(|i| total * f64::from(i) / 200.0).collect();
+    let singles: Vec<(usize, f64)> = targets.iter().map(|&u| ix.tree.find_weight(u)).collect();
+    assert_eq!(ix.tree.find_weights(targets.iter().copied()), singles);
+    assert!(singles.windows(2).all(|w| w[0].0 <= w[1].0), "{singles:?}");
+}
+
+#[test]
+fn a_weighted_batch_comes_out_as_successive_draws_without_replacement() {
+    // Weights 1, 2, 3, 4 in four blocks among weightless entries. Batches of 2 and of
+    // 3 (where repeats are common and the draws fall back to one at a time): the
+    // counts of each ordered outcome against the successive-draw probabilities.
+    let heavy = [(0u64, 1.0), (70, 2.0), (140, 3.0), (210, 4.0)];
+    let mut ix = RankedIndex::new(true);
+    for i in 0..214u64 {
+        let w = heavy.iter().find(|h| h.0 == i).map_or(0.0, |h| h.1);
+        ix.insert(key(i, i), i as u32, w);
+    }
+    assert!(ix.blocks.len() >= 3);
+    let weight = |slot: u32| {
+        heavy
+            .iter()
+            .find(|h| h.0 == u64::from(slot))
+            .map_or(0.0, |h| h.1)
+    };
+    for (n, quantile) in [(2usize, 31.3), (3, 49.7)] {
+        let mut counts: BTreeMap<Vec<u32>, u64> = BTreeMap::new();
+        for seed in 0..60_000u64 {
+            let mut copy = ix.clone();
+            let taken = copy.take_weighted(n, &mut Rng::new(seed));
+            assert_eq!((taken.len(), copy.len()), (n, ix.len() - n));
+            *counts.entry(taken).or_default() += 1;
+        }
+        let (mut observed, mut expected) = (Vec::new(), Vec::new());
+        for (order, &count) in &counts {
+            let mut left = 10.0;
+            let mut p = 1.0;
+            for &slot in order {
+                p *= weight(slot) / left;
+                left -= weight(slot);
+            }
+            assert!(p > 0.0, "a weightless entry drawn: {order:?}");
+            observed.push(count);
+            expected.push(p);
+        }
+        let outcomes = if n == 2 { 12 } else { 24 };
+        assert_eq!(counts.len(), outcomes, "{counts:?}");
+        let chi = chi_square(&observed, &expected);
+        assert!(chi < quantile, "batch of {n}: chi-square {chi:.1}");
+    }
+}
+
+#[test]
+fn removing_the_heavy_entries_leaves_no_residue() {
+    let mut ix = RankedIndex::new(true);
+    ix.insert(key(0, 0), 0, 1e250);
+    ix.insert(key(1, 1), 1, 0.0);
+    ix.insert(key(2, 2), 2, 1e-300);
+    assert_eq!(ix.remove(key(0, 0)), Some(0));
+    for i in 0..100 {
+        let unit = f64::from(i) / 100.0;
+        assert_eq!(ix.at_weight(unit).map(|e| e.1), Some(2));
+    }
+    ix.set_weight(key(2, 2), 0.0);
+    assert_eq!(ix.at_weight(0.5), None);
+    assert_eq!(weight_of(f64::NEG_INFINITY), 0.0);
+    assert!(weight_of(1e9).is_finite());
+}
+
+/// An unweighted index of keys `(i, i)` in slot `i`, for `i` in `0..n`, inserted in
+/// order (so blocks split at half: 64 entries each, the last up to 128).
+fn in_order(n: u64) -> RankedIndex<Key> {
+    let mut ix = RankedIndex::new(false);
+    for i in 0..n {
+        ix.insert(key(i, i), i as u32, 0.0);
+    }
+    ix
+}
+
+/// Entries held, live or tombstones.
+fn physical_len(ix: &RankedIndex<Key>) -> usize {
+    ix.blocks.iter().map(|b| b.entries.len()).sum()
+}
+
+#[test]
+fn a_returned_key_revives_its_tombstone_even_when_its_hint_is_stale() {
+    // Three blocks (in-order inserts split at half): 0..64, 64..128, 128..200.
+    let mut ix = in_order(200);
+    assert_eq!(ix.blocks.len(), 3);
+    // A tombstone in the last block, then the first block merged away: the last
+    // block's index moves down one, and the tombstone's hint points past the end.
+    assert_eq!(ix.remove(key(150, 150)), Some(150));
+    assert_eq!(ix.remove(key(151, 151)), Some(151));
+    for i in 0..64u64 {
+        assert_eq!(ix.remove(key(i, i)), Some(i as u32));
+    }
+    assert_eq!(ix.blocks.len(), 2);
+    let held = physical_len(&ix);
+    ix.insert(key(150, 150), 150, 0.0);
+    assert_eq!(
+        physical_len(&ix),
+        held,
+        "revived in place, not inserted again"
+    );
+    assert_eq!((ix.len(), ix.remove(key(150, 150))), (135, Some(150)));
+    assert!(ix
+        .iter()
+        .map(|e| e.1)
+        .eq((64..200).filter(|&s| s != 150 && s != 151)));
+}
+
+#[test]
+fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
+    let mut ix = in_order(200);
+    assert_eq!(ix.blocks.len(), 3);
+    let first_block = ix.blocks[0].entries.len() as u64;
+    let keep = MIN_BLOCK as u64;
+    for i in 0..first_block - keep {
+        ix.remove(key(i, i));
+    }
+    assert_eq!((ix.blocks.len(), ix.blocks[0].live_len()), (3, MIN_BLOCK));
+    ix.remove(key(first_block - keep, first_block - keep));
+    assert_eq!(ix.blocks.len(), 2, "merged at {} live", MIN_BLOCK - 1);
+    assert_eq!(physical_len(&ix), ix.len(), "merging compacts");
+}
+
+#[test]
+fn a_merge_too_large_for_one_block_splits_again() {
+    // Blocks 0..64 and 64..192 (full).
+    let mut ix = in_order(192);
+    assert_eq!(
+        ix.blocks
+            .iter()
+            .map(|b| b.entries.len())
+            .collect::<Vec<_>>(),
+        [64, 128]
+    );
+    for i in 0..49u64 {
+        ix.remove(key(i, i));
+    }
+    // 15 live merged into 128: split again, each half within bounds.
+    assert_eq!(ix.blocks.len(), 2);
+    assert!(ix.blocks.iter().all(|b| b.entries.len() <= MAX_BLOCK));
+    assert!(ix.iter().map(|e| e.1).eq(49..192));
+    assert_eq!(ix.at_rank(100), Some((key(149, 149), 149)));
+}
