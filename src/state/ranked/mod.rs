@@ -26,6 +26,12 @@
 //! take and release was most of a batch's cost. An insert of a new key compacts its block
 //! first, so tombstones never outnumber what one block holds.
 //!
+//! A batch finds all its entries in the index as it is, then removes them together
+//! (tombstones first, then each block it touched rebalanced, the last first), so its tree
+//! walks go level by level side by side and its misses overlap rather than queue. Weighted
+//! batches draw with replacement and draw a repeat again, which is exactly successive
+//! sampling without replacement (see [`RankedIndex::take_weighted`]).
+//!
 //! Weights are `exp` of the `ln`-weights the buffer computes, with the exponent capped at
 //! [`MAX_LN_WEIGHT`] so a million of the heaviest still sum to a finite number; a weight
 //! that underflows to zero weighs nothing. A block's sum is always recomputed from its
