@@ -16,6 +16,7 @@ use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
 use crate::error::{Error, Result, Unstored};
 use crate::rpc_defs::Selection;
 use crate::sample::Sample;
+use crate::state::prefetch::prefetch;
 use crate::state::{LeaseId, Wake};
 use crate::sync::Arc;
 use std::pin::pin;
@@ -385,6 +386,12 @@ fn plan_loads(
 /// so the cache misses of a large, cold buffer overlap, then the atomic increments, which
 /// would otherwise each wait for their own miss (a locked add orders the loads after it).
 fn snapshot(samples: &[Option<Arc<Sample>>], slots: &[u32]) -> Vec<Arc<Sample>> {
+    // The references' own lines before the counts they point to.
+    for &s in slots {
+        if let Some(sample) = samples.get(s as usize) {
+            prefetch(sample);
+        }
+    }
     let mut warm = 0usize;
     for &s in slots {
         if let Some(Some(sample)) = samples.get(s as usize) {

@@ -27,7 +27,7 @@ mod budget;
 mod freshness;
 mod leases;
 mod mask;
-mod prefetch;
+pub(crate) mod prefetch;
 mod ranked;
 mod rate;
 mod ready;

@@ -398,7 +398,8 @@ impl Tree {
             for (i, u) in &mut walks {
                 let (left, right) = (self.nodes[2 * *i], self.nodes[2 * *i + 1]);
                 let go_left = (left.weighted > 0) & ((*u < left.sum) | (right.weighted == 0));
-                *u -= if go_left { 0.0 } else { left.sum };
+                // A product, not a select: LLVM turns a float select into a branch.
+                *u -= left.sum * f64::from(u8::from(!go_left));
                 *i = 2 * *i + usize::from(!go_left);
             }
             level *= 2;
@@ -419,7 +420,7 @@ impl Tree {
             let (left, right) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
             // Branch-free, as in `find_rank`.
             let go_left = (left.weighted > 0) & ((u < left.sum) | (right.weighted == 0));
-            u -= if go_left { 0.0 } else { left.sum };
+            u -= left.sum * f64::from(u8::from(!go_left));
             i = 2 * i + usize::from(!go_left);
         }
         (i - self.leaves, u.max(0.0))

@@ -257,6 +257,16 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// so no removal moves the positions still to take, then each block touched brought
     /// back within bounds, the last first. Returns the slots in the order given.
     fn take_positions(&mut self, positions: &[(usize, usize)]) -> Vec<u32> {
+        // Each tombstone writes its slot's hint: those lines first, all at once.
+        for &(b, at) in positions {
+            if let Some(hint) = self.blocks[b]
+                .entries
+                .get(at)
+                .and_then(|e| self.hints.get(e.1 as usize))
+            {
+                prefetch(hint);
+            }
+        }
         let slots = positions
             .iter()
             .map(|&(b, at)| self.tombstone(b, at))
