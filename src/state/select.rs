@@ -92,7 +92,7 @@ pub(crate) fn sample_ranks(selection: &Selection, m: usize, n: usize, seed: u64)
             let a1 = alpha + 1.0;
             let top = (m as f64 + 1.0).powf(a1);
             let mut picked = Vec::with_capacity(n);
-            let mut seen = std::collections::BTreeSet::new();
+            let mut seen = RankSet::with_room(n);
             while picked.len() < n {
                 let u = rng.unit();
                 let x = (u * top + (1.0 - u)).powf(1.0 / a1) - 1.0;
@@ -115,16 +115,61 @@ pub(crate) fn sample_ranks(selection: &Selection, m: usize, n: usize, seed: u64)
         }
         _ => {
             // Floyd: for j in m-n..m, draw t in 0..=j; take t, or j if t was taken.
-            let mut seen = std::collections::BTreeSet::new();
+            let mut seen = RankSet::with_room(n);
             let mut picked = Vec::with_capacity(n);
             for j in m - n..m {
                 let t = rng.below(j + 1);
-                let take = if seen.contains(&t) { j } else { t };
+                let take = if seen.contains(t) { j } else { t };
                 seen.insert(take);
                 picked.push(take);
             }
             picked
         }
+    }
+}
+
+/// The set of ranks drawn so far in one batch: open addressing over a table at least
+/// twice the batch, so a lookup is a probe or two in one or two cache lines (a
+/// `BTreeSet` cost more than the rest of a batch's draws).
+struct RankSet {
+    /// `usize::MAX`: empty.
+    table: Vec<usize>,
+    /// `64 - log2(table.len())`: a rank's home is the top bits of its hash.
+    shift: u32,
+}
+
+impl RankSet {
+    fn with_room(n: usize) -> Self {
+        let len = (2 * n).next_power_of_two().max(8);
+        Self {
+            table: vec![usize::MAX; len],
+            shift: 64 - len.trailing_zeros(),
+        }
+    }
+
+    /// Where the probe for `rank` ends: its place, or the empty one it would take.
+    fn probe(&self, rank: usize) -> usize {
+        let mask = self.table.len() - 1;
+        // Fibonacci hashing: consecutive ranks spread over the table.
+        let hash = (rank as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> self.shift;
+        let mut at = hash as usize & mask;
+        while self.table[at] != usize::MAX && self.table[at] != rank {
+            at = (at + 1) & mask;
+        }
+        at
+    }
+
+    /// Adds `rank` (below `usize::MAX`); whether it was new. The table never fills: it
+    /// has room for twice the ranks one batch draws.
+    fn insert(&mut self, rank: usize) -> bool {
+        let at = self.probe(rank);
+        let new = self.table[at] == usize::MAX;
+        self.table[at] = rank;
+        new
+    }
+
+    fn contains(&self, rank: usize) -> bool {
+        self.table[self.probe(rank)] == rank
     }
 }
 
@@ -218,6 +263,27 @@ fn top_k(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rank_set_holds_what_was_inserted_and_nothing_else() {
+        // A batch's worth of ranks, many sharing a home (multiples of the table size),
+        // inserted twice: the set answers as a `BTreeSet` does.
+        let mut set = RankSet::with_room(64);
+        let mut model = std::collections::BTreeSet::new();
+        let mut rng = Rng::new(5);
+        for i in 0..64usize {
+            let rank = if i % 2 == 0 {
+                i * 128
+            } else {
+                rng.below(1 << 40)
+            };
+            assert_eq!(set.insert(rank), model.insert(rank));
+            assert!(!set.insert(rank), "{rank} inserted twice");
+        }
+        for probe in (0..10_000).chain(model.iter().copied()) {
+            assert_eq!(set.contains(probe), model.contains(&probe), "{probe}");
+        }
+    }
 
     fn cands(versions: &[u64]) -> Vec<Candidate> {
         versions
