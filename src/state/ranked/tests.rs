@@ -163,6 +163,24 @@ fn a_weighted_draw_follows_the_weights_across_many_blocks() {
 }
 
 #[test]
+fn the_nth_set_bit_is_found_in_any_word() {
+    let mut rng = Rng::new(11);
+    for case in 0..2000 {
+        // Dense, sparse and one-sided words.
+        let bits = match case % 4 {
+            0 => u128::from(rng.next_u64()) << 64 | u128::from(rng.next_u64()),
+            1 => u128::from(rng.next_u64() & rng.next_u64() & rng.next_u64()),
+            2 => u128::from(rng.next_u64()) << 64,
+            _ => u128::MAX >> (case % 128),
+        };
+        let set: Vec<usize> = (0..128).filter(|&i| bits >> i & 1 == 1).collect();
+        for (k, &at) in set.iter().enumerate() {
+            assert_eq!(nth_set_bit(bits, k as u32), at, "{bits:#x}, k = {k}");
+        }
+    }
+}
+
+#[test]
 fn the_walks_of_a_batch_land_where_single_walks_do() {
     // Many blocks, some thinned, weights uneven with weightless runs: the level-by-level
     // walks that prefetch a batch must find the blocks the draws themselves find.
