@@ -171,3 +171,28 @@ async fn evict_oldest_also_applies_to_the_slot_count() {
     assert_eq!(ids(&batch), ["b"]);
     assert_invariants(&buf);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reject_fails_at_once_when_slots_run_out() {
+    // No byte budget: two slots, both taken, so the third put is refused at once.
+    let (buf, _) = trainer(2, None, Overflow::Reject);
+    buf.put_batch(vec![rollout("a"), rollout("b")])
+        .await
+        .expect("put");
+    let refused = tokio::time::timeout(Duration::from_secs(30), buf.put_batch(vec![rollout("c")]))
+        .await
+        .expect("refused at once, not left waiting");
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Full {
+                requested: 1,
+                free: 0,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!((buf.len(), buf.stats().rejected), (2, 1));
+    assert_invariants(&buf);
+}

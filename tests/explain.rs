@@ -23,6 +23,11 @@ async fn missing_keys_are_named_with_their_counts() {
     )
     .expect("config");
     buf.put_batch(prompts("p", 3)).await.expect("put");
+    let gen = buf.explain("gen").expect("gen");
+    assert!(
+        gen.eligible >= 2 && !gen.rate_limited,
+        "no limiter holds gen: {gen:?}"
+    );
     let train = buf.explain("train").expect("train");
     assert_eq!(
         (train.eligible, train.batch_size, train.incomplete),

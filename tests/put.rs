@@ -231,3 +231,31 @@ async fn contains_finds_a_sample_from_its_put_until_it_is_freed() {
     batch.commit().await.expect("commit");
     assert!(!buf.contains(&id), "freed after its last read");
 }
+
+#[tokio::test]
+async fn a_timed_put_waits_for_room_within_its_timeout() {
+    // One slot, taken: the second put waits, and a commit makes room well within its
+    // timeout (a deadline counted from the wrong end fails it at once).
+    let buf = SequenceBuffer::new(1, [RpcDef::new("train", 1).inputs(["prompt"])]).expect("config");
+    buf.put_batch(vec![prompt("a")]).await.expect("put");
+    let putter = {
+        let buf = buf.clone();
+        tokio::spawn(async move {
+            buf.put_batch_timeout(vec![prompt("b")], Duration::from_secs(60))
+                .await
+        })
+    };
+    for _ in 0..10_000 {
+        if buf.stats().waiting_putters == 1 || putter.is_finished() {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(buf.stats().waiting_putters, 1, "the put waits for room");
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    batch.commit().await.expect("commit");
+    let handles = putter.await.expect("task").expect("put within its timeout");
+    assert_eq!((handles.len(), buf.len()), (1, 1));
+    assert!(buf.contains("b"));
+    assert_invariants(&buf);
+}

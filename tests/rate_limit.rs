@@ -6,7 +6,7 @@
 mod common;
 
 use common::assert_invariants;
-use rollout_buffer::{Error, RateLimit, RpcDef, Sample, SequenceBuffer};
+use rollout_buffer::{BufferConfig, Error, Overflow, RateLimit, RpcDef, Sample, SequenceBuffer};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -248,4 +248,44 @@ async fn a_long_random_run_keeps_the_ratio_within_its_error_buffer() {
         );
         assert_invariants(&buf);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_up_to_the_minimum_size_passes_and_one_held_by_the_limiter_waits_even_under_reject() {
+    // min size 4, error buffer 2, batches of 1: the largest put the limit always lets
+    // through is 3, but a put that leaves the buffer at or under the minimum size (4)
+    // passes too; one of 5 can never pass and is refused.
+    let limit = RateLimit::new(1.0, 4, 2.0);
+    let config = |overflow| {
+        BufferConfig::new(16)
+            .rpc(
+                RpcDef::new("train", 1)
+                    .inputs(["x"])
+                    .reads(u32::from(u16::MAX))
+                    .rate_limit(limit),
+            )
+            .overflow(overflow)
+    };
+    let buf = SequenceBuffer::with_config(config(Overflow::Wait)).expect("config");
+    let five = (0..5).map(|i| sample(format!("f{i}"))).collect();
+    assert!(
+        matches!(
+            buf.put_batch(five).await,
+            Err(Error::RateLimitedPut { len: 5, max: 3, .. })
+        ),
+        "a put of 5 can never pass"
+    );
+    let four = (0..4).map(|i| sample(format!("s{i}"))).collect();
+    buf.put_batch(four).await.expect("up to the minimum size");
+    assert_eq!(buf.len(), 4);
+    // Under `Overflow::Reject` a put held only by the limiter still waits: it is not full.
+    let buf = SequenceBuffer::with_config(config(Overflow::Reject)).expect("config");
+    for i in 0..6 {
+        buf.put_batch(vec![sample(format!("s{i}"))])
+            .await
+            .expect("put");
+    }
+    let held = buf.put_batch_timeout(vec![sample("late")], SHORT).await;
+    assert!(matches!(held, Err(Error::Timeout { .. })), "{held:?}");
+    assert_invariants(&buf);
 }

@@ -344,3 +344,36 @@ async fn draw_from(buf: &SequenceBuffer, rpc: &str, draws: usize) -> Vec<String>
     }
     out
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_may_be_metadata_and_an_infinite_one_weighs_nothing() {
+    // `meta` weighs 10^6 through float metadata, `count` 1 through integer metadata,
+    // `field` 1 through a field; `inf` has an infinite priority, which weighs nothing.
+    let buf = SequenceBuffer::new(
+        4,
+        [RpcDef::new("train", 1)
+            .inputs(["tokens"])
+            .reads(u32::from(u16::MAX))
+            .selection(Selection::Prioritized {
+                key: "p".into(),
+                exponent: 1.0,
+                seed: 2,
+            })],
+    )
+    .expect("config");
+    buf.put_batch(vec![
+        Sample::new("meta").with("tokens", vec![1]).meta("p", 1e6),
+        Sample::new("count").with("tokens", vec![2]).meta("p", 1i64),
+        Sample::new("field").with("tokens", vec![3]).with("p", 1.0),
+        Sample::new("inf")
+            .with("tokens", vec![4])
+            .with("p", f64::INFINITY),
+    ])
+    .await
+    .expect("put");
+    let drawn = draw_from(&buf, "train", 300).await;
+    let count = |id: &str| drawn.iter().filter(|d| *d == id).count();
+    assert!(count("meta") >= 295, "{drawn:?}");
+    assert_eq!(count("inf"), 0, "an infinite priority was drawn");
+    assert_invariants(&buf);
+}

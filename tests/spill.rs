@@ -335,10 +335,14 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
     // `Lifo` reads no samples ahead, so the segment's last rows sit idle once it is sparse.
     let buf = one_spilled_segment(&dir, Selection::Lifo).await;
     let mut trained = Vec::new();
-    for _ in 0..13 {
+    for _ in 0..12 {
         trained.extend(train_one(&buf).await);
     }
-    // 3 live rows of 16: the segment is rewritten with them.
+    // 4 live rows of 16 is not below one in four: no rewrite (`flush` waits for one in
+    // flight). At 3 the segment is rewritten with them.
+    buf.flush().await.expect("flush");
+    assert_eq!(buf.stats().spill.segments_rewritten, 0);
+    trained.extend(train_one(&buf).await);
     common::wait_until(|| buf.stats().spill.segments_rewritten == 1).await;
     let spill = buf.stats().spill;
     assert_eq!(spill.live_segments, 1, "{spill:?}");

@@ -68,3 +68,37 @@ async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() 
     assert_eq!(buf.stats().bytes, before + 4 * 8, "each amend adds its f64");
     assert_invariants(&buf);
 }
+
+/// A patch that replaces every spilled field of a sample leaves nothing of it spilled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_patch_replacing_the_spilled_fields_leaves_the_sample_unspilled() {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(Store::open("memory://").expect("store")),
+    )
+    .expect("buffer");
+    let mut handles = Vec::new();
+    for i in 0..4 {
+        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    // Small values, kept in memory whatever the budget.
+    let patches = (0..4)
+        .map(|_| {
+            Patch::new()
+                .with("tokens", vec![1i32])
+                .with("logp", vec![0f32])
+        })
+        .collect();
+    buf.amend_batch(&handles, patches).await.expect("amend");
+    assert_eq!(buf.stats().spill.spilled_now, 0, "{:?}", buf.stats().spill);
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    assert!(batch.samples().all(|s| s
+        .get("tokens")
+        .and_then(|t| t.array::<i32>())
+        .map(|a| a.len())
+        == Some(1)));
+    assert_invariants(&buf);
+}

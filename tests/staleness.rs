@@ -77,6 +77,7 @@ async fn marin_window_at_its_boundaries() {
     let stats = buf.stats();
     assert_eq!((stats.put, stats.stale, buf.len()), (3, 1, 2));
     // The future is rejected whole, nothing stored.
+    let rejected = buf.stats().rejected;
     let err = buf
         .put_batch(vec![versioned("ok", 5), versioned("future", 6)])
         .await
@@ -86,6 +87,11 @@ async fn marin_window_at_its_boundaries() {
         "{err}"
     );
     assert_eq!(buf.len(), 2);
+    assert_eq!(
+        buf.stats().rejected - rejected,
+        2,
+        "both samples of the put counted"
+    );
     let first = buf.get_batch_for_rpc("train").await.expect("get");
     assert_eq!(ids(&first), ["in"]);
     first.commit().await.expect("commit");

@@ -20,7 +20,8 @@ pub(super) struct Prepared {
     pub(super) samples: Vec<Arc<Sample>>,
     pub(super) births: Vec<u64>,
     pub(super) keys: Vec<KeySet>,
-    /// Each sample's policy version and age; empty when no sample has either.
+    /// Each sample's policy version and age, up to the last sample with either (a missing
+    /// entry reads as the default: none).
     pub(super) fresh: Vec<Freshness>,
     /// Each sample's tensor bytes, when the buffer has a byte budget (else empty).
     pub(super) bytes: Vec<u64>,
@@ -87,9 +88,6 @@ impl Shared {
                     fresh.resize(i, Freshness::default());
                     fresh.push(f);
                 }
-            }
-            if !fresh.is_empty() {
-                fresh.resize(samples.len(), Freshness::default());
             }
             Ok((keys, fresh))
         });

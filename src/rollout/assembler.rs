@@ -410,6 +410,23 @@ mod tests {
     }
 
     #[test]
+    fn seal_times_run_from_a_groups_first_rollout() -> Result<()> {
+        // Groups of 2 sealing 1 s, 2 s, ... 100 s after their first rollout.
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut a = GroupAssembler::new(GroupConfig::new(2));
+        assert_eq!(a.seal_time_quantiles(), None, "none before a seal");
+        for g in 1..=100u32 {
+            let example = format!("e{g}");
+            a.add(rollout(&example, 0, &format!("{g}a"), "r"), t0)?;
+            a.add(rollout(&example, 0, &format!("{g}b"), "r"), t0 + g * s)?;
+        }
+        // Median of 1..=100 s at rank round(99 * 0.5) = 50 (51 s), p99 at 98 (99 s).
+        assert_eq!(a.seal_time_quantiles(), Some((51 * s, 99 * s)));
+        Ok(())
+    }
+
+    #[test]
     fn strict_keys_split_versions_and_mixed_keys_do_not() -> Result<()> {
         let t0 = Instant::now();
         let mut strict = GroupAssembler::new(GroupConfig::new(2));

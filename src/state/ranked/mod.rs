@@ -456,6 +456,9 @@ impl<K: Ord + Copy> RankedIndex<K> {
                     .get(b)
                     .and_then(|block| block.weighted_position(u))
                 else {
+                    // Not expected (a walk only ends in a block with weight), but counted,
+                    // so the loop ends whatever the draws find.
+                    repeats += 1;
                     continue;
                 };
                 // Taken ones are marked by their live bit alone until all are drawn: their

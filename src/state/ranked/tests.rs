@@ -17,6 +17,8 @@ enum Op {
     Remove(usize),
     Reweight(usize, u8),
     Take(usize, u64),
+    /// Takes the entries at distinct age ranks (picked by these numbers).
+    TakeRanks(Vec<usize>),
     /// Puts back a removed or taken key (a released lease), with a new weight.
     Reinsert(usize, u8),
 }
@@ -26,9 +28,9 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(96))]
 
     /// The index matches an ordered map entry for entry, rank for rank, and in its
-    /// weighted counts, across inserts, removals, reweighting, weighted takes big
-    /// enough to split and merge blocks, and removed keys put back (revived from their
-    /// tombstones, or inserted anew once compacted away).
+    /// weighted counts, across inserts, removals, reweighting, weighted takes and takes
+    /// by rank big enough to split and merge blocks, and removed keys put back (revived
+    /// from their tombstones, or inserted anew once compacted away).
     #[test]
     fn matches_an_ordered_map(
         // Inserted first, so the ops below run on an index of many blocks.
@@ -38,6 +40,7 @@ proptest! {
             3 => any::<usize>().prop_map(Op::Remove),
             1 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reweight(i, w)),
             1 => (1usize..40, any::<u64>()).prop_map(|(n, s)| Op::Take(n, s)),
+            1 => prop::collection::vec(any::<usize>(), 1..70).prop_map(Op::TakeRanks),
             3 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reinsert(i, w)),
         ], 1..1500),
     ) {
@@ -81,6 +84,26 @@ proptest! {
                         let (_, w) = model.remove(&key).unwrap_or_default();
                         prop_assert_eq!(w > 0.0, i < weighted_before);
                         out.push((key, *slot));
+                    }
+                }
+                Op::TakeRanks(picks) if !model.is_empty() => {
+                    // Distinct ranks in the order picked; each names the entry at that
+                    // rank before the first removal.
+                    let mut ranks: Vec<usize> = Vec::new();
+                    for pick in picks {
+                        let rank = pick % model.len();
+                        if !ranks.contains(&rank) {
+                            ranks.push(rank);
+                        }
+                    }
+                    let by_rank: Vec<(Key, u32)> = model.iter().map(|(k, e)| (*k, e.0)).collect();
+                    let taken = ix.take_ranks(&ranks);
+                    let expected: Vec<u32> = ranks.iter().map(|&r| by_rank[r].1).collect();
+                    prop_assert_eq!(&taken, &expected);
+                    for &r in &ranks {
+                        let (key, slot) = by_rank[r];
+                        model.remove(&key);
+                        out.push((key, slot));
                     }
                 }
                 _ => {}
