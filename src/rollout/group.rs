@@ -357,6 +357,62 @@ mod tests {
     }
 
     #[test]
+    fn rollout_metadata_becomes_one_typed_column_per_key() -> Result<()> {
+        // Sorted by uid: a, b, c. Each key typed by its values; a missing value is 0, NaN,
+        // false or ""; mixed types become text.
+        let with = |uid: &str, meta: &[(&str, MetaValue)]| {
+            let mut r = record(uid, 1, None);
+            for (k, v) in meta {
+                r.metadata.insert((*k).to_owned(), v.clone());
+            }
+            r
+        };
+        let rs = vec![
+            with(
+                "b",
+                &[
+                    ("turns", MetaValue::Int(2)),
+                    ("temp", MetaValue::Float(0.5)),
+                    ("ok", MetaValue::Bool(true)),
+                    ("tool", MetaValue::Str("calc".into())),
+                    ("mixed", MetaValue::Int(7)),
+                ],
+            ),
+            with(
+                "a",
+                &[
+                    ("turns", MetaValue::Int(3)),
+                    ("mixed", MetaValue::Str("x".into())),
+                ],
+            ),
+            with(
+                "c",
+                &[
+                    ("temp", MetaValue::Float(1.5)),
+                    ("ok", MetaValue::Bool(false)),
+                ],
+            ),
+        ];
+        let key = GroupKey::of(&rs[0], GroupMode::Strict);
+        let s = SealedGroup::new(key, rs, SealReason::Full).to_sample()?;
+        fn column<T: crate::tensor::Element>(s: &Sample, key: &str) -> Option<Vec<T>> {
+            Some(s.get(key)?.array::<T>()?.iter().cloned().collect())
+        }
+        let ints = |k: &str| column::<i64>(&s, k);
+        let floats = |k: &str| column::<f64>(&s, k);
+        let texts = |k: &str| column::<String>(&s, k);
+        assert_eq!(ints("meta/turns"), Some(vec![3, 2, 0]));
+        let temp = floats("meta/temp").unwrap_or_default();
+        assert!(temp[0].is_nan() && temp[1..] == [0.5, 1.5], "{temp:?}");
+        let ok = column::<bool>(&s, "meta/ok");
+        assert_eq!(ok, Some(vec![false, true, false]));
+        let text = |v: &[&str]| Some(v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>());
+        assert_eq!(texts("meta/tool"), text(&["", "calc", ""]));
+        assert_eq!(texts("meta/mixed"), text(&["x", "7", ""]));
+        Ok(())
+    }
+
+    #[test]
     fn the_id_depends_on_the_key_and_the_set_of_uids_only() {
         let key = GroupKey::of(&record("a", 3, None), GroupMode::Strict);
         let id = group_id(&key, ["b", "a", "c"]);
