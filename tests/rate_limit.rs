@@ -62,10 +62,9 @@ async fn a_getter_waits_for_the_minimum_size_then_for_the_ratio() {
     assert_invariants(&buf);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_putter_waits_while_inserts_run_ahead_and_a_lease_lets_it_in() {
-    let buf = limited(16, 1, u32::from(u16::MAX), RateLimit::new(1.0, 4, 2.0));
-    // Free up to min size (4), then diff 5 and 6 = max_diff.
+/// Under `RateLimit::new(1.0, 4, 2.0)` with batches of 1: puts free up to the minimum size
+/// (4), then to diff 5 and 6 (`max_diff`); the next put is held, and times out.
+async fn fill_until_puts_are_held(buf: &SequenceBuffer) {
     for i in 0..6 {
         buf.put_batch(vec![sample(format!("s{i}"))])
             .await
@@ -73,6 +72,12 @@ async fn a_putter_waits_while_inserts_run_ahead_and_a_lease_lets_it_in() {
     }
     let held = buf.put_batch_timeout(vec![sample("late")], SHORT).await;
     assert!(matches!(held, Err(Error::Timeout { .. })), "{held:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_putter_waits_while_inserts_run_ahead_and_a_lease_lets_it_in() {
+    let buf = limited(16, 1, u32::from(u16::MAX), RateLimit::new(1.0, 4, 2.0));
+    fill_until_puts_are_held(&buf).await;
     let stats = buf.stats().rpcs[0].rate_limit.expect("limited");
     assert!(!stats.can_insert && stats.held_puts >= 1, "{stats:?}");
     let putter = {
@@ -280,12 +285,6 @@ async fn a_put_up_to_the_minimum_size_passes_and_one_held_by_the_limiter_waits_e
     assert_eq!(buf.len(), 4);
     // Under `Overflow::Reject` a put held only by the limiter still waits: it is not full.
     let buf = SequenceBuffer::with_config(config(Overflow::Reject)).expect("config");
-    for i in 0..6 {
-        buf.put_batch(vec![sample(format!("s{i}"))])
-            .await
-            .expect("put");
-    }
-    let held = buf.put_batch_timeout(vec![sample("late")], SHORT).await;
-    assert!(matches!(held, Err(Error::Timeout { .. })), "{held:?}");
+    fill_until_puts_are_held(&buf).await;
     assert_invariants(&buf);
 }

@@ -5,7 +5,7 @@ mod common;
 use common::assert_invariants;
 use common::payload::{rollout, SAMPLE_BYTES};
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, Patch, RpcDef, SequenceBuffer};
+use rollout_buffer::{BufferConfig, Patch, RpcDef, SequenceBuffer, SlotHandle};
 
 /// A spilling buffer dropped while its spiller is idle leaves no task behind: the drop
 /// wakes the spiller, which finds the buffer gone and ends.
@@ -41,16 +41,12 @@ async fn a_dropped_buffer_leaves_no_spiller_behind() {
     );
 }
 
-/// Under a byte budget a spilled sample counts whole, its spilled fields too, and an
-/// amend adds the patch's bytes to that, whether the sample is spilled or not.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() {
+/// A buffer of `config` with a memory budget of one sample, spilling to memory, holding
+/// four samples put one at a time, at least three of them spilled; with their handles.
+async fn four_spilled(config: BufferConfig) -> (SequenceBuffer, Vec<SlotHandle>) {
     let buf = SequenceBuffer::with_config(
-        BufferConfig::new(64)
-            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp", "reward"]))
-            .external_keys(["reward"])
+        config
             .memory_budget(SAMPLE_BYTES)
-            .max_bytes(64 * SAMPLE_BYTES)
             .spill_to(Store::open("memory://").expect("store")),
     )
     .expect("buffer");
@@ -59,6 +55,20 @@ async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() 
         handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
     }
     common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    (buf, handles)
+}
+
+/// Under a byte budget a spilled sample counts whole, its spilled fields too, and an
+/// amend adds the patch's bytes to that, whether the sample is spilled or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() {
+    let (buf, handles) = four_spilled(
+        BufferConfig::new(64)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp", "reward"]))
+            .external_keys(["reward"])
+            .max_bytes(64 * SAMPLE_BYTES),
+    )
+    .await;
     let before = buf.stats().bytes;
     assert_eq!(before, 4 * SAMPLE_BYTES, "spilled fields count");
     let patches = (0..4)
@@ -72,18 +82,9 @@ async fn a_spilled_sample_counts_whole_against_the_byte_budget_after_an_amend() 
 /// A patch that replaces every spilled field of a sample leaves nothing of it spilled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_patch_replacing_the_spilled_fields_leaves_the_sample_unspilled() {
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(64)
-            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp"]))
-            .memory_budget(SAMPLE_BYTES)
-            .spill_to(Store::open("memory://").expect("store")),
-    )
-    .expect("buffer");
-    let mut handles = Vec::new();
-    for i in 0..4 {
-        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
-    }
-    common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    let (buf, handles) =
+        four_spilled(BufferConfig::new(64).rpc(RpcDef::new("train", 4).inputs(["tokens", "logp"])))
+            .await;
     // Small values, kept in memory whatever the budget.
     let patches = (0..4)
         .map(|_| {
