@@ -366,17 +366,34 @@ impl Tree {
     }
 
     /// The block holding live rank `k` (below the total count) and the rank within it.
-    /// Branch-free: which way a walk turns is a coin toss a branch predictor loses half the
-    /// time, and without branches the walks of a batch's ranks overlap.
     pub(super) fn find_rank(&self, mut k: usize) -> (usize, usize) {
         let mut i = 1;
         while i < self.leaves {
-            let here = self.nodes[2 * i].count as usize;
-            let right = usize::from(k >= here);
-            k -= here * right;
-            i = 2 * i + right;
+            self.rank_step(&mut i, &mut k);
         }
         (i - self.leaves, k)
+    }
+
+    /// One level of a walk to rank `k` from node `i`. Branch-free: which way a walk turns
+    /// is a coin toss a branch predictor loses half the time, and without branches the
+    /// walks of a batch's ranks overlap.
+    #[inline(always)]
+    fn rank_step(&self, i: &mut usize, k: &mut usize) {
+        let here = self.nodes[2 * *i].count as usize;
+        let right = usize::from(*k >= here);
+        *k -= here * right;
+        *i = 2 * *i + right;
+    }
+
+    /// One level of a walk to where the running weight crosses `u`, from node `i` (see
+    /// [`Self::find_weight`]). Branch-free, as [`Self::rank_step`]; the subtraction is a
+    /// product, not a select, because LLVM turns a float select into a branch.
+    #[inline(always)]
+    fn weight_step(&self, i: &mut usize, u: &mut f64) {
+        let (left, right) = (self.nodes[2 * *i], self.nodes[2 * *i + 1]);
+        let go_left = (left.weighted > 0) & ((*u < left.sum) | (right.weighted == 0));
+        *u -= left.sum * f64::from(u8::from(!go_left));
+        *i = 2 * *i + usize::from(!go_left);
     }
 
     /// [`Self::find_rank`] of each of `ranks`, the walks taken level by level together:
@@ -387,10 +404,7 @@ impl Tree {
         let mut level = 1;
         while level < self.leaves {
             for (i, k) in &mut walks {
-                let here = self.nodes[2 * *i].count as usize;
-                let right = usize::from(*k >= here);
-                *k -= here * right;
-                *i = 2 * *i + right;
+                self.rank_step(i, k);
             }
             level *= 2;
         }
@@ -407,11 +421,7 @@ impl Tree {
         let mut level = 1;
         while level < self.leaves {
             for (i, u) in &mut walks {
-                let (left, right) = (self.nodes[2 * *i], self.nodes[2 * *i + 1]);
-                let go_left = (left.weighted > 0) & ((*u < left.sum) | (right.weighted == 0));
-                // A product, not a select: LLVM turns a float select into a branch.
-                *u -= left.sum * f64::from(u8::from(!go_left));
-                *i = 2 * *i + usize::from(!go_left);
+                self.weight_step(i, u);
             }
             level *= 2;
         }
@@ -428,11 +438,7 @@ impl Tree {
     pub(super) fn find_weight(&self, mut u: f64) -> (usize, f64) {
         let mut i = 1;
         while i < self.leaves {
-            let (left, right) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
-            // Branch-free, as in `find_rank`.
-            let go_left = (left.weighted > 0) & ((u < left.sum) | (right.weighted == 0));
-            u -= left.sum * f64::from(u8::from(!go_left));
-            i = 2 * i + usize::from(!go_left);
+            self.weight_step(&mut i, &mut u);
         }
         (i - self.leaves, u.max(0.0))
     }
