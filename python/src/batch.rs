@@ -114,6 +114,20 @@ impl PyBatch {
             .unwrap_or_default())
     }
 
+    /// The samples' slots as an int64 numpy array, in the batch's order (the first half of
+    /// `handles()`, as a column).
+    fn slots<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, numpy::PyArray1<i64>>> {
+        let guard = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
+        let slots = guard.as_ref().map(|b| b.handles()).unwrap_or_default();
+        Ok(numpy::PyArray1::from_iter(
+            py,
+            slots.iter().map(|h| i64::from(h.slot())),
+        ))
+    }
+
     fn __len__(&self) -> usize {
         self.inner
             .lock()

@@ -246,6 +246,14 @@ impl PyBuffer_ {
         })
     }
 
+    /// A batch for `rpc` if one is ready now, else `None`; never waits.
+    fn try_get_batch_for_rpc(&self, rpc: &str) -> PyResult<Option<PyBatch>> {
+        let batch = self.buf.try_get_batch_for_rpc(rpc).map_err(py_err)?;
+        Ok(batch.map(|batch| PyBatch {
+            inner: Mutex::new(Some(batch)),
+        }))
+    }
+
     /// Blocking `get_batch_for_rpc`.
     #[pyo3(signature = (rpc, timeout=None))]
     fn get_batch_for_rpc_blocking(

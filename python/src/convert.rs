@@ -92,9 +92,10 @@ pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
     let id = dict
         .get_item("id")?
         .ok_or_else(|| PyValueError::new_err("a sample needs an \"id\""))?;
-    let mut sample = match id.extract::<u64>() {
-        Ok(n) => Sample::new(n),
-        Err(_) => Sample::new(id.extract::<String>()?),
+    // Strings first: a failed integer conversion costs a Python exception.
+    let mut sample = match id.cast::<PyString>() {
+        Ok(s) => Sample::new(&*s.to_cow()?),
+        Err(_) => Sample::new(id.extract::<u64>()?),
     };
     for (k, v) in dict.iter() {
         let key: String = k.extract()?;

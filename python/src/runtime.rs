@@ -67,13 +67,18 @@ where
 {
     // The event loop first: without one, fail before anything is done (a sync journal
     // would otherwise finish a change whose caller was told it failed).
-    let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+    pyo3_async_runtimes::tokio::get_current_loop(py)?;
     match py.detach(|| poll_once(Box::pin(fut))) {
         Ok(result) => {
             let value = result.and_then(|v| v.into_py_any(py));
             Ok(Bound::new(py, Ready { value: Some(value) })?.into_any())
         }
-        Err(pending) => pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, pending),
+        Err(pending) => {
+            // Only a call that waits needs the task's context (copied here, still inside
+            // the caller's call): a call that finished at once skips that copy.
+            let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
+            pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, pending)
+        }
     }
 }
 

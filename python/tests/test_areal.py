@@ -3,6 +3,7 @@
 ``MFCDef`` written here (AReaL itself is not installed), and the module's own stand-ins."""
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
@@ -120,6 +121,35 @@ def test_mfcs_sharing_input_keys_read_independently():
     run(go())
 
 
+def test_waiting_getters_wake_on_amend_and_on_a_put_from_another_thread():
+    """A getter waiting for a key is woken by the amend that adds it, and a getter waiting
+    in an event loop is woken by a put made on another thread (AReaL's synced put)."""
+
+    async def go():
+        e, x = Mfc("e", 1, ["p"]), Mfc("x", 2, ["k"])
+        buf = AsyncIOSequenceBuffer([e, x], 4)
+        waiting_x = asyncio.ensure_future(buf.get_batch_for_rpc(x))
+        waiting_e = asyncio.ensure_future(buf.get_batch_for_rpc(e))
+        await asyncio.sleep(0)
+        # A plain thread: nothing but the buffer's own wake-up rouses the idle loop.
+        put = {}
+        thread = threading.Thread(target=lambda: put.update(idx=buf.put_batch_synced([Sample("a", ["p"]), Sample("b", ["p"])])))
+        thread.start()
+        got_e, _ = await asyncio.wait_for(waiting_e, 5)
+        thread.join()
+        idx = put["idx"]
+        assert got_e.tolist()[0] in idx.tolist()
+        assert not waiting_x.done()
+        await buf.amend_batch(idx[:1], [Sample("a", ["k"])])
+        await asyncio.sleep(0)
+        assert not waiting_x.done(), "one entry holds k; x takes two"
+        await buf.amend_batch(idx[1:], [Sample("b", ["k"])])
+        got_x, gathered = await asyncio.wait_for(waiting_x, 5)
+        assert sorted(got_x.tolist()) == sorted(idx.tolist()) and gathered.ids == ["a", "b"]
+
+    run(go())
+
+
 def test_mfc_without_inputs_and_unknown_keys():
     """§4.4 items 9, 10, 12: an MFC with no inputs is ready at put; keys no MFC reads do not
     count; an unknown MFC is a ValueError; the entry is freed after both MFCs read it."""
@@ -180,8 +210,14 @@ def test_refusals_change_nothing():
         t = Mfc("t", 1, ["p"])
         buf = AsyncIOSequenceBuffer([t], 4)
         idx = await buf.put_batch([Sample("a", ["p"])])
-        with pytest.raises(ValueError, match="duplicate sample id 'a'"):
+        with pytest.raises(ValueError, match="sample `a` .* is a duplicate"):
             await buf.put_batch([Sample("a", ["p"])])
+        # Within one put too, whether the samples share a key set or not: nothing stored.
+        with pytest.raises(ValueError, match=r"[`\"]b[`\"] .*(appears|duplicate)"):
+            await buf.put_batch([Sample("b", ["p"]), Sample("b", ["p"])])
+        with pytest.raises(ValueError, match=r"[`\"]b[`\"] .*(appears|duplicate)"):
+            await buf.put_batch([Sample("b", ["p"]), Sample("b", ["q"])])
+        assert buf.size == 1
         with pytest.raises(ValueError, match="do not match"):
             await buf.amend_batch(idx, [Sample("zzz", ["q"])])
         await buf.get_batch_for_rpc(t)

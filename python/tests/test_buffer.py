@@ -235,9 +235,14 @@ def test_amends_by_handle_and_a_stale_handle_is_refused(tmp_path):
     (handle,) = buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])
     with pytest.raises(rb.Timeout):
         buf.get_batch_for_rpc_blocking("train", timeout=0.05)  # no score yet
+    assert buf.try_get_batch_for_rpc("train") is None  # no score yet
     asyncio.run(buf.amend_batch([handle], [{"score": 0.5}]))
-    batch = buf.get_batch_for_rpc_blocking("train", timeout=1)
+    batch = buf.try_get_batch_for_rpc("train")
     assert batch.samples()[0]["score"] == 0.5 and batch.handles() == [tuple(handle)]
+    assert batch.slots().dtype == np.int64 and batch.slots().tolist() == [handle[0]]
+    assert buf.try_get_batch_for_rpc("train") is None, "the one sample is leased"
+    with pytest.raises(ValueError):
+        buf.try_get_batch_for_rpc("nope")
     batch.commit_blocking()
     with pytest.raises(rb.StaleHandle):
         buf.amend_batch_blocking([handle], [{"score": 1.0}])

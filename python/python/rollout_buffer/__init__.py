@@ -164,6 +164,11 @@ class Buffer:
         """Blocking :meth:`get_batch_for_rpc`."""
         return self._native.get_batch_for_rpc_blocking(rpc, timeout)
 
+    def try_get_batch_for_rpc(self, rpc: str) -> Optional[Batch]:
+        """A batch for ``rpc`` if one is ready now, else ``None``: never waits (a poll for
+        loops that must not block)."""
+        return self._native.try_get_batch_for_rpc(rpc)
+
     @contextlib.asynccontextmanager
     async def lease(self, rpc: str, timeout: Optional[float] = None) -> AsyncIterator[Batch]:
         """``async with buf.lease("train") as batch:``: commits the batch when the block

@@ -61,9 +61,10 @@ __all__ = [
 
 
 def _marks(n: int) -> np.ndarray:
-    """A key present on ``n`` entries, as a column of empty rows: readiness is decided in
-    Rust from which keys an entry holds, while the data stays in the Python sample."""
-    return np.zeros((n, 0), np.uint8)
+    """A key present on ``n`` entries, as a column of one byte per entry: readiness is
+    decided in Rust from which keys an entry holds, while the data stays in the Python
+    sample. One value per row is stored inline in the entry, with no allocation."""
+    return np.zeros(n, np.uint8)
 
 
 class AsyncIOSequenceBuffer:
@@ -87,8 +88,11 @@ class AsyncIOSequenceBuffer:
         self._generation = np.zeros(self._max_size, np.int64)
         # Reads left per slot: every MFC reads every entry once; 0 means freed.
         self._reads_left = np.zeros(self._max_size, np.int64)
-        self._ids: dict = {}
         self._lock = asyncio.Condition()
+        # Getters that found nothing wait on this event (with the loop they wait in); a
+        # put or an amend, the only calls that make entries ready, sets it. It lives in
+        # Python so that a wake-up within one event loop never crosses a thread.
+        self._changed: Optional[tuple] = None
 
     # ----- AReaL's attributes ----------------------------------------------------------
 
@@ -141,54 +145,106 @@ class AsyncIOSequenceBuffer:
                 f"cannot put {n} samples: {free} of {self._max_size} slots are free "
                 f"(raise max_size, as REAL_MASTER_BUFFER_SIZE does in AReaL)"
             )
-        ids = [_entry_id(s) for s in samples]
-        taken = [i for i in ids if i in self._ids]
-        if taken or len(set(ids)) != n:
-            dup = taken[0] if taken else next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"duplicate sample id {dup!r}")
-        # Samples sharing a key set go in one call (usually the whole batch).
-        by_keys: dict = {}
-        for j, s in enumerate(samples):
-            by_keys.setdefault(frozenset(s.keys) & self._key_set, []).append(j)
-        slots = np.empty(n, np.int64)
-        for keys, rows in by_keys.items():
-            columns = {k: _marks(len(rows)) for k in keys}
+        ids = _entry_ids(samples)
+        # Duplicate ids (in the buffer or within the batch) are refused by the one native
+        # put below with a ValueError, before anything is stored.
+        first = samples[0].keys
+        if all(s.keys == first for s in samples):
+            # One key set for the batch (the usual case): one put of one column per key.
+            columns = {k: _marks(n) for k in self._key_set.intersection(first)}
             if birth_times is not None:
-                columns["birth"] = births[rows].astype(np.uint64)
-            handles = self._buf.put_columns_blocking(columns, [ids[j] for j in rows], None)
-            for j, (slot, gen) in zip(rows, handles):
-                slots[j] = slot
-                self._generation[slot] = gen
+                columns["birth"] = births.astype(np.uint64)
+            handles = self._buf.put_columns_blocking(columns, ids, None)
+        else:
+            rows = [dict.fromkeys(self._key_set.intersection(s.keys), 0) for s in samples]
+            for j, row in enumerate(rows):
+                row["id"] = ids[j]
+                if birth_times is not None:
+                    row["birth"] = int(births[j])
+            handles = self._buf.put_batch_blocking(rows)
+        slot_list, generations = zip(*handles)
+        slots = np.array(slot_list, np.int64)
+        self._generation[slots] = generations
         self._reads_left[slots] = len(self._rpcs)
-        for j, slot in enumerate(slots.tolist()):
-            self._samples[slot] = samples[j]
-            self._ids[ids[j]] = slot
-        # AReaL hands the indices back lowest first within a put.
+        stored = self._samples
+        for slot, sample in zip(slot_list, samples):
+            stored[slot] = sample
+        self._wake()
         return slots
 
     async def amend_batch(self, indices: Sequence[int], samples: Sequence[Any]) -> None:
         """Merges ``samples[j]`` into the entry at ``indices[j]`` (AReaL's ``update_``: new
         keys added, existing ones replaced); the entries become ready for the MFCs whose
         input keys they now hold. ``StaleHandle`` for a slot that was freed."""
-        idx = [int(i) for i in indices]
+        array = np.asarray(indices, np.int64).reshape(-1)
+        idx = array.tolist()
         if len(idx) != len(samples):
             raise ValueError(f"{len(samples)} samples for {len(idx)} indices")
-        for i, s in zip(idx, samples):
-            if not 0 <= i < self._max_size or self._reads_left[i] == 0:
-                raise StaleHandle(f"slot {i} holds no entry (it was freed or never put)")
-            stored = self._samples[i]
-            # Equal lists of str pass at once; other id types compare as str, as AReaL's do.
-            if stored.ids != s.ids and list(map(str, stored.ids)) != list(map(str, s.ids)):
-                raise ValueError(f"slot {i}: ids {list(s.ids)} do not match the entry's {list(stored.ids)}")
-        by_keys: dict = {}
-        for i, s in zip(idx, samples):
-            by_keys.setdefault(frozenset(s.keys) & self._key_set, []).append(i)
-        for keys, slots in by_keys.items():
+        if not idx:
+            return
+        stored = self._samples
+        if min(idx) < 0 or max(idx) >= self._max_size or not self._reads_left[array].all():
+            bad = next(i for i in idx if not 0 <= i < self._max_size or self._reads_left[i] == 0)
+            raise StaleHandle(f"slot {bad} holds no entry (it was freed or never put)")
+        entries = [stored[i] for i in idx]
+        if [e.ids for e in entries] != [s.ids for s in samples]:
+            for i, e, s in zip(idx, entries, samples):
+                # Other id types compare as str, as AReaL's do.
+                if e.ids != s.ids and list(map(str, e.ids)) != list(map(str, s.ids)):
+                    raise ValueError(f"slot {i}: ids {list(s.ids)} do not match the entry's {list(e.ids)}")
+        first = samples[0].keys
+        if all(s.keys == first for s in samples):
+            groups = {frozenset(self._key_set.intersection(first)): idx}
+        else:
+            groups = {}
+            for i, s in zip(idx, samples):
+                groups.setdefault(frozenset(self._key_set.intersection(s.keys)), []).append(i)
+        for keys, slots in groups.items():
             if keys:
-                handles = [(i, int(self._generation[i])) for i in slots]
+                handles = list(zip(slots, self._generation[slots].tolist()))
                 self._buf.amend_columns_blocking(handles, {k: _marks(len(slots)) for k in keys})
-        for i, s in zip(idx, samples):
-            _update(self._samples[i], s)
+        for e, s in zip(entries, samples):
+            _update(e, s)
+        self._wake()
+
+    async def _next_batch(self, name: str, timeout: Optional[float]):
+        """A batch for MFC ``name`` once one is ready (``Timeout`` after ``timeout``
+        seconds). The event is taken before the buffer is asked, so a put or amend landing
+        in between sets the event being waited on: no wake-up is lost."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            if self._changed is None or self._changed[1] is not loop:
+                self._changed = (asyncio.Event(), loop)
+            changed = self._changed[0]
+            batch = self._buf.try_get_batch_for_rpc(name)
+            if batch is not None:
+                return batch
+            if deadline is None:
+                await changed.wait()
+                continue
+            left = deadline - loop.time()
+            try:
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                await asyncio.wait_for(changed.wait(), left)
+            except asyncio.TimeoutError:
+                raise Timeout(f"no batch for MFC {name!r} within {timeout} s") from None
+
+    def _wake(self) -> None:
+        """Wakes every waiting getter (each asks the buffer again)."""
+        waiting, self._changed = self._changed, None
+        if waiting is None:
+            return
+        event, loop = waiting
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            event.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
 
     async def get_batch_for_rpc(self, rpc: Any, timeout: Optional[float] = None):
         """Waits until ``rpc.n_seqs`` entries are ready for ``rpc`` and unread by it, takes
@@ -203,21 +259,21 @@ class AsyncIOSequenceBuffer:
             raise ValueError(
                 f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
             )
-        batch = await self._buf.get_batch_for_rpc(rpc.name, timeout)
-        slots = np.fromiter((h[0] for h in batch.handles()), np.int64, len(batch))
-        samples = [self._samples[s] for s in slots.tolist()]
+        batch = await self._next_batch(rpc.name, timeout)
+        slots = batch.slots()
+        stored = self._samples
+        samples = [stored[s] for s in slots.tolist()]
         batch.commit_blocking()
         left = self._reads_left[slots] - 1
         self._reads_left[slots] = left
         for s in slots[left == 0].tolist():
-            del self._ids[_entry_id(self._samples[s])]
-            self._samples[s] = None
+            stored[s] = None
         return slots, gather(samples, keys=list(rpc.input_keys))
 
 
-def _entry_id(sample: Any) -> str:
-    ids = list(sample.ids)
-    return str(ids[0]) if len(ids) == 1 else "|".join(map(str, ids))
+def _entry_ids(samples: Sequence[Any]) -> List[str]:
+    """One id per entry: a sample's id, or its ids joined by ``|`` when it holds several."""
+    return [str(i[0]) if len(i) == 1 else "|".join(map(str, i)) for i in [s.ids for s in samples]]
 
 
 def _update(stored: Any, other: Any) -> None:

@@ -125,9 +125,10 @@ class SequenceSample:
         if not samples:
             raise ValueError("gather of no samples")
         keys = list(samples[0].keys if keys is None else keys)
+        wanted = set(keys)
         for s in samples:
-            missing = [k for k in keys if k not in s.keys]
-            if missing:
+            if not wanted.issubset(s.keys):
+                missing = [k for k in keys if k not in s.keys]
                 raise KeyError(f"sample {list(s.ids)} has no key(s) {missing}")
         first = samples[0]
         data = None
@@ -135,12 +136,14 @@ class SequenceSample:
             data = {k: _concat([s.data[k] for s in samples]) for k in keys}
         metadata: Dict[str, List[Any]] = {}
         for s in samples:
-            for mk, mv in s.metadata.items():
-                metadata.setdefault(mk, []).extend(mv)
+            if s.metadata:
+                for mk, mv in s.metadata.items():
+                    metadata.setdefault(mk, []).extend(mv)
         out = cls.__new__(cls)
-        out.keys = set(keys)
+        out.keys = wanted
         out.ids = [i for s in samples for i in s.ids]
-        out.seqlens = {k: [lens for s in samples for lens in s.seqlens[k]] for k in keys}
+        seqlens = [s.seqlens for s in samples]
+        out.seqlens = {k: [lens for sl in seqlens for lens in sl[k]] for k in keys}
         out.trailing_shapes = {k: first.trailing_shapes.get(k, ()) for k in keys}
         out.dtypes = {k: first.dtypes.get(k) for k in keys}
         out.data = data
@@ -188,10 +191,17 @@ class SequenceSample:
         if other.ids != self.ids and [str(i) for i in other.ids] != [str(i) for i in self.ids]:
             raise ValueError(f"ids {list(other.ids)} differ from {list(self.ids)}")
         self.keys = self.keys | set(other.keys)
-        self.trailing_shapes.update(getattr(other, "trailing_shapes", {}))
-        self.dtypes.update(getattr(other, "dtypes", {}))
+        if type(other) is type(self):
+            # Every field is there (the common case, and the fast one).
+            self.trailing_shapes.update(other.trailing_shapes)
+            self.dtypes.update(other.dtypes)
+            if other.metadata:
+                self.metadata.update(other.metadata)
+        else:
+            self.trailing_shapes.update(getattr(other, "trailing_shapes", {}))
+            self.dtypes.update(getattr(other, "dtypes", {}))
+            self.metadata.update(getattr(other, "metadata", {}))
         self.seqlens.update(other.seqlens)
-        self.metadata.update(getattr(other, "metadata", {}))
         other_data = getattr(other, "data", None)
         if other_data is not None:
             if self.data is None:
