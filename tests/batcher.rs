@@ -102,6 +102,59 @@ async fn token_shares_stay_within_one_group_of_their_targets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_furthest_below_its_target_relative_to_it_goes_next() {
+    // Targets of 20 tokens each in a batch of 40; a's groups hold 12 tokens, b's 6. By
+    // share of target: a (12), b (6), b (12), then a at an equal share (24); b's next
+    // group would pass 40 and goes back. Taking by tokens alone, or ignoring the budget,
+    // would give b more than a.
+    let a = env_buffer("a", 10, 6).await;
+    let b = env_buffer("b", 10, 3).await;
+    let batch = Batcher::new(
+        vec![source("a", &a, 0.5), source("b", &b, 0.5)],
+        config(4, 10, Shortfall::FillFromOthers),
+    )
+    .expect("batcher")
+    .next_batch()
+    .await
+    .expect("batch");
+    assert_eq!((tokens(&batch, 0), tokens(&batch, 1)), (24, 12));
+    assert!(batch.rejected.is_empty(), "{:?}", batch.rejected);
+    assert!(!batch.short);
+    // Only what fits was taken: the group over the budget went back at once, not after
+    // packing (when it would count in the batch's stats).
+    assert_eq!(batch.stats.groups, 4);
+    assert_eq!(b.stats().rpcs[0].redelivered, 1);
+    drop(batch);
+    assert_eq!(b.stats().rpcs[0].eligible, 10);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_sources_share_goes_to_the_others_in_proportion_to_theirs() {
+    // Fractions 0.5, 0.25, 0.25 of 4,000 tokens; c is dry, so its 1,000 go 2 : 1 to a and
+    // b: targets 2,667 and 1,333 (groups of 100 tokens).
+    let a = env_buffer("a", 100, 50).await;
+    let b = env_buffer("b", 100, 50).await;
+    let c = env_buffer("c", 0, 50).await;
+    let batch = Batcher::new(
+        vec![
+            source("a", &a, 0.5),
+            source("b", &b, 0.25),
+            source("c", &c, 0.25),
+        ],
+        config(4, 1000, Shortfall::FillFromOthers),
+    )
+    .expect("batcher")
+    .next_batch()
+    .await
+    .expect("batch");
+    let (ta, tb) = (tokens(&batch, 0), tokens(&batch, 1));
+    assert!((ta as f64 - 8000.0 / 3.0).abs() <= 100.0, "a took {ta}");
+    assert!((tb as f64 - 4000.0 / 3.0).abs() <= 100.0, "b took {tb}");
+    assert_eq!(tokens(&batch, 2), 0);
+    assert!(!batch.short);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_source_is_filled_from_the_others_or_returned_short() {
     let a = env_buffer("a", 200, 50).await;
     let b = env_buffer("b", 0, 150).await;
