@@ -47,6 +47,8 @@ mod handover;
 mod int_map;
 mod load;
 mod spiller;
+#[cfg(test)]
+mod tests;
 
 pub(crate) use handover::{use_loaded, FreedSpill, HandOver, LoadedFields};
 use load::Loading;
