@@ -148,6 +148,59 @@ async fn groups_seal_at_their_timeout_without_new_traffic() {
     );
 }
 
+/// The first deadline wakes the timer task parked with none: a lone rollout's group is
+/// sealed at its timeout with no other traffic at all.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_first_deadline_wakes_the_idle_timer() {
+    let buf = trainer(8);
+    let ingest = GroupIngest::start(
+        buf.clone(),
+        GroupConfig::new(4).seal_after(Duration::from_secs(10), 1),
+    )
+    .await
+    .expect("start");
+    // The timer task runs and parks with no deadline before the rollout comes.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ingest.add(rollout(1, 0, 0)).await.expect("add");
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    assert_eq!(buf.len(), 1, "sealed at its timeout, 1 of 4");
+    assert_eq!(ingest.assembler_counters().sealed_timeout, 1);
+}
+
+/// The ids of the last `remember` stored groups outlive the groups and a restart of the
+/// ingest: a group resent within that window is a duplicate, an older one is stored again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_remembered_groups_are_known_after_they_are_trained() {
+    let buf = trainer(8);
+    let mut config = GroupConfig::new(2);
+    config.remember = 2;
+    let whole = |e: usize| (0..2).map(move |k| rollout(e, k, 0));
+    {
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        for e in 0..3 {
+            for r in whole(e) {
+                ingest.add(r).await.expect("add");
+            }
+        }
+        assert_eq!(ingest.counters().stored_groups, 3);
+    }
+    for _ in 0..3 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        batch.commit().await.expect("commit");
+    }
+    assert_eq!(buf.len(), 0, "only their markers know them now");
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    let answers = ingest
+        .add_many(whole(1).chain(whole(2)).chain(whole(0)).collect())
+        .await;
+    let c = ingest.counters();
+    assert_eq!((c.duplicate_groups, c.stored_groups), (2, 1), "{answers:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_policy_groups_record_every_version() {
     let buf = trainer(8);

@@ -10,7 +10,9 @@ use rollout_buffer::rollout::{
     Advantage, Batcher, BatcherConfig, GroupConfig, GroupIngest, MetricsTracker, Packer,
     RolloutRecord, Shortfall, SlimeHooks, Source, GROUP_INPUTS,
 };
-use rollout_buffer::{BufferConfig, RpcDef, Selection, SequenceBuffer};
+use rollout_buffer::{
+    BufferConfig, Overflow, RpcDef, Sample, Selection, SequenceBuffer, POLICY_VERSION,
+};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -143,6 +145,11 @@ async fn a_snapshot_describes_the_buffer_and_what_came_in() {
         (m.new_rollouts, m.batch_rollouts_used, m.batch_tokens_used),
         (0, 6, 60)
     );
+    assert_eq!(
+        (m.new_tokens, m.new_generated_tokens),
+        (0, 0),
+        "counted since the previous snapshot"
+    );
     assert!((m.batch_frac_used - 60.0 / 64.0).abs() < 1e-12);
     assert!((m.frac_used_in_batch - 1.0).abs() < 1e-12);
     assert_eq!(m.rollouts_in_buffer, 0);
@@ -150,6 +157,40 @@ async fn a_snapshot_describes_the_buffer_and_what_came_in() {
     assert_eq!(
         m.batch_rollouts_used, 0,
         "counted since the previous snapshot"
+    );
+}
+
+/// The buffer's drops (stale, evicted and filtered samples) are the environment's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_counts_stale_and_evicted_samples() {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(3)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]).max_staleness(1))
+            .overflow(Overflow::EvictOldest),
+    )
+    .expect("config");
+    buf.set_policy_version(5).expect("version");
+    let sample = |id: &str, version: i64| {
+        Sample::new(id)
+            .with("tokens", vec![1i32, 2])
+            .meta(POLICY_VERSION, version)
+    };
+    // One too old (dropped at once), then four in three slots: the oldest is evicted.
+    buf.put_batch(vec![sample("old", 3), sample("a", 5), sample("b", 5)])
+        .await
+        .expect("put");
+    buf.put_batch(vec![sample("c", 5), sample("d", 5)])
+        .await
+        .expect("put");
+    // And one discarded by its reader.
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    batch.discard().expect("discard");
+    let m = MetricsTracker::new("math").snapshot(&buf, None);
+    assert_eq!((m.stale, m.evicted, m.filtered), (1, 1, 1));
+    let stats = buf.stats();
+    assert_eq!(
+        (m.stale, m.evicted, m.filtered),
+        (stats.stale, stats.evicted, stats.filtered)
     );
 }
 

@@ -73,6 +73,11 @@ proptest! {
         for &g in &packed.leftover { prop_assert!(fate.insert(g, "leftover").is_none()); }
         for &g in &packed.rejected { prop_assert!(fate.insert(g, "rejected").is_none()); }
         prop_assert_eq!(fate.len(), groups.len());
+        // Only `Reject` rejects, and only groups with an item over `S` (one of exactly
+        // `S` fits).
+        for &g in &packed.rejected {
+            prop_assert!(reject && groups[g].items.iter().any(|it| it.len() > seq_len), "group {}", g);
+        }
         // Each packed group's items appear exactly once, intact (or truncated to S).
         let mut seen: BTreeMap<(String, usize), usize> = BTreeMap::new();
         let mut real = 0;
@@ -84,6 +89,7 @@ proptest! {
                 let it = &groups[g].items[seg.item];
                 let tokens: Vec<i32> = it.prompt_tokens.iter().chain(&it.output_tokens).copied().collect();
                 prop_assert_eq!(seg.len, tokens.len().min(seq_len));
+                prop_assert_eq!(seg.truncated, tokens.len() > seq_len);
                 prop_assert!(seg.start + seg.len <= width);
                 real += seg.len;
                 for (p, &token) in tokens.iter().enumerate().take(seg.len) {
@@ -115,6 +121,19 @@ proptest! {
             }
         }
         prop_assert_eq!(real, b.real_tokens);
+        // Width: `S`, or the longest row rounded up to the multiple (at most `S`).
+        let longest = b.rows.iter().map(|r| r.iter().map(|seg| seg.len).sum::<usize>()).max().unwrap_or(0);
+        match multiple {
+            Some(m) => prop_assert_eq!(width, longest.max(1).div_ceil(m).saturating_mul(m).min(seq_len)),
+            None => prop_assert_eq!(width, seq_len),
+        }
+        // Reference log-probs when every packed item has them.
+        let packed_items: Vec<&TrainItem> = b.rows.iter().flatten().map(|seg| {
+            let g: usize = seg.group_id[1..].parse().unwrap_or(usize::MAX);
+            &groups[g].items[seg.item]
+        }).collect();
+        let with_refs = !packed_items.is_empty() && packed_items.iter().all(|it| it.ref_logprobs.is_some());
+        prop_assert_eq!(b.ref_logprobs.is_some(), with_refs);
         for id in &b.group_ids {
             let g: usize = id[1..].parse().unwrap_or(usize::MAX);
             for i in 0..groups[g].items.len() {

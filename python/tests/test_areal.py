@@ -150,6 +150,33 @@ def test_waiting_getters_wake_on_amend_and_on_a_put_from_another_thread():
     run(go())
 
 
+def test_getters_in_two_event_loops_are_both_woken():
+    """Each waiting getter is woken whatever event loop (and thread) it waits in."""
+    e, x = Mfc("e", 1, ["p"]), Mfc("x", 1, ["p"])
+    buf = AsyncIOSequenceBuffer([e, x], 4)
+    results, waiting = {}, threading.Barrier(3)
+
+    def getter(rpc):
+        async def go():
+            task = asyncio.ensure_future(buf.get_batch_for_rpc(rpc, timeout=30))
+            await asyncio.sleep(0)  # the getter is waiting before the put is let go
+            waiting.wait()
+            idx, _ = await task
+            results[rpc.name] = idx.tolist()
+
+        asyncio.run(go())
+
+    threads = [threading.Thread(target=getter, args=(m,)) for m in (e, x)]
+    for t in threads:
+        t.start()
+    waiting.wait()
+    idx = buf.put_batch_synced([Sample("a", ["p"])])
+    for t in threads:
+        t.join()
+    assert results == {"e": idx.tolist(), "x": idx.tolist()}
+    assert buf.size == 0
+
+
 def test_mfc_without_inputs_and_unknown_keys():
     """§4.4 items 9, 10, 12: an MFC with no inputs is ready at put; keys no MFC reads do not
     count; an unknown MFC is a ValueError; the entry is freed after both MFCs read it."""

@@ -472,9 +472,10 @@ impl GroupIngest {
                 Ok(Added::Sealed(group))
             }
             Err(Error::DuplicateId { .. }) => {
-                // Stored by an earlier run whose marker write did not survive: the
-                // members are still to be forgotten.
-                writes.retain(|w| w.value.is_none() && w.key.starts_with(PENDING));
+                // Already stored (the buffer refused the id): the members are still to
+                // be forgotten, and the oldest markers `mark_sealed` let go of are
+                // removed, as after a store (the window in memory no longer holds them).
+                writes.retain(|w| w.value.is_none());
                 shared.buf.aux_write(writes).await?;
                 shared.state.lock().counters.duplicate_groups += 1;
                 Ok(Added::DuplicateGroup { id: group.id })

@@ -252,6 +252,16 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_newest_version_is_the_newest_of_its_tokens_or_the_record() {
+        let mut r = RolloutRecord::new("math", "ex-1", 3, "u-1");
+        assert_eq!(r.newest_version(), 3, "no token versions: the record's");
+        r.token_versions = Some(vec![2, 5, 4]);
+        assert_eq!(r.newest_version(), 5);
+        r.token_versions = Some(vec![1, 2]);
+        assert_eq!(r.newest_version(), 3, "never older than the record's");
+    }
+
+    #[test]
     fn a_record_survives_its_sample_form() -> crate::error::Result<()> {
         let mut r = RolloutRecord::new("math", "ex-1", 3, "u-1");
         r.replica_id = "rep-2".into();

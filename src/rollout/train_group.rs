@@ -234,6 +234,13 @@ mod tests {
             assert_eq!(item.truncated, r.truncated);
         }
         assert_eq!(g.tokens(), 2 * 3 + 1 + 2 + 3);
+        assert!(g
+            .items
+            .iter()
+            .all(|i| !i.is_empty() && i.len() == 2 + i.output_tokens.len()));
+        let mut empty = g.items[0].clone();
+        (empty.prompt_tokens, empty.output_tokens) = (Vec::new(), Vec::new());
+        assert!(empty.is_empty());
         Ok(())
     }
 }

@@ -41,6 +41,7 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
@@ -89,10 +90,12 @@ class AsyncIOSequenceBuffer:
         # Reads left per slot: every MFC reads every entry once; 0 means freed.
         self._reads_left = np.zeros(self._max_size, np.int64)
         self._lock = asyncio.Condition()
-        # Getters that found nothing wait on this event (with the loop they wait in); a
-        # put or an amend, the only calls that make entries ready, sets it. It lives in
-        # Python so that a wake-up within one event loop never crosses a thread.
-        self._changed: Optional[tuple] = None
+        # Getters that found nothing wait on an event of their event loop; a put or an
+        # amend, the only calls that make entries ready, sets every one. The events live
+        # in Python so that a wake-up within one event loop never crosses a thread; the
+        # lock keeps the map whole when calls come from several threads.
+        self._waiting: dict = {}
+        self._waiting_lock = threading.Lock()
 
     # ----- AReaL's attributes ----------------------------------------------------------
 
@@ -214,9 +217,10 @@ class AsyncIOSequenceBuffer:
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            if self._changed is None or self._changed[1] is not loop:
-                self._changed = (asyncio.Event(), loop)
-            changed = self._changed[0]
+            with self._waiting_lock:
+                changed = self._waiting.get(loop)
+                if changed is None:
+                    changed = self._waiting[loop] = asyncio.Event()
             batch = self._buf.try_get_batch_for_rpc(name)
             if batch is not None:
                 return batch
@@ -232,19 +236,21 @@ class AsyncIOSequenceBuffer:
                 raise Timeout(f"no batch for MFC {name!r} within {timeout} s") from None
 
     def _wake(self) -> None:
-        """Wakes every waiting getter (each asks the buffer again)."""
-        waiting, self._changed = self._changed, None
-        if waiting is None:
+        """Wakes every waiting getter (each asks the buffer again), in whichever event
+        loop it waits."""
+        if not self._waiting:
             return
-        event, loop = waiting
+        with self._waiting_lock:
+            waiting, self._waiting = self._waiting, {}
         try:
             here = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        if here is loop:
-            event.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(event.set)
+        for loop, event in waiting.items():
+            if loop is here:
+                event.set()
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(event.set)
 
     async def get_batch_for_rpc(self, rpc: Any, timeout: Optional[float] = None):
         """Waits until ``rpc.n_seqs`` entries are ready for ``rpc`` and unread by it, takes
