@@ -35,6 +35,11 @@ fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
         ])
         .arg("--store")
         .arg(store)
+        .args(
+            std::env::var("LOAD_SERVER_ARGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()

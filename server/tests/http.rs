@@ -5,6 +5,7 @@ mod common;
 
 use common::{client, get, item, post, send, store, uids, write_group, Server};
 use serde_json::{json, Value};
+use std::time::Duration;
 
 #[tokio::test]
 async fn slime_generator_and_consumer_round_trip() {
@@ -82,6 +83,54 @@ async fn a_killed_server_restarts_with_every_answered_write() {
     assert!(
         got.contains(&"q2-0".to_owned()),
         "the pending half survived: {got:?}"
+    );
+}
+
+/// Three seconds of writes and reads with a checkpoint after every few groups, so log files
+/// are retired and written again as the store recycles them; then kill -9: every answered
+/// write comes back once, and nothing a read answered comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_after_many_checkpoints_has_every_answered_write_once() {
+    let dir = store("kill-checkpoints");
+    let args = ["--group-size", "4", "--checkpoint-mb", "0"];
+    let server = Server::start(&dir, &args);
+    let (mut written, mut read) = (Vec::new(), Vec::new());
+    let started = std::time::Instant::now();
+    let mut round = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let batch: Vec<Value> = (0..8)
+            .map(|i| {
+                let group = format!("g{round}-{}", i / 4);
+                item(&format!("r{round}-{i}"), &group, f64::from(i % 2))
+            })
+            .collect();
+        let (status, body) = post(&server, "/buffer/write_batch", &json!(batch)).await;
+        assert_eq!(status, 200, "{body}");
+        written.extend((0..8).map(|i| format!("r{round}-{i}")));
+        if round % 3 == 0 {
+            let (_, body) = post(&server, "/buffer/read", &json!({"timeout": 0})).await;
+            read.extend(uids(&body));
+        }
+        round += 1;
+    }
+    assert!(
+        std::fs::read_dir(dir.join("wal")).expect("log").count() < written.len() / 8,
+        "checkpoints retired log files"
+    );
+    drop(server); // SIGKILL
+    let server = Server::start(&dir, &args);
+    let (_, body) = post(&server, "/buffer/read", &json!({"timeout": 0})).await;
+    let after = uids(&body);
+    let mut all: Vec<String> = read.iter().chain(&after).cloned().collect();
+    all.sort();
+    let mut want = written.clone();
+    want.sort();
+    assert_eq!(
+        all,
+        want,
+        "{} read before, {} after",
+        read.len(),
+        after.len()
     );
 }
 

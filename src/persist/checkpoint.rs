@@ -336,7 +336,7 @@ async fn write_segments_with(
 async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
     for path in store.list(LOG_DIR).await? {
         if parse_log_path(&path).is_some_and(|seq| seq < manifest.log_from) {
-            store.delete(&path).await?;
+            store.retire(&path).await?;
         }
     }
     for path in store.list(SEGMENT_DIR).await? {

@@ -1,4 +1,4 @@
-//! Ranged reads of local files into pooled buffers.
+//! Reads of local files (whole, or ranges of them) into pooled buffers.
 //!
 //! `object_store`'s local backend reads each range into a new, zero-filled buffer; a
 //! spilled trainer reads a megabyte or so per batch, and faulting in that fresh memory
@@ -19,7 +19,14 @@ pub(crate) fn read_ranges(
     path: &Path,
     ranges: &[Range<u64>],
 ) -> std::io::Result<Vec<Bytes>> {
-    let file = std::fs::File::open(path)?;
+    read_ranges_of(pool, &std::fs::File::open(path)?, ranges)
+}
+
+fn read_ranges_of(
+    pool: &Arc<BufferPool>,
+    file: &std::fs::File,
+    ranges: &[Range<u64>],
+) -> std::io::Result<Vec<Bytes>> {
     ranges
         .iter()
         .map(|range| {
@@ -40,6 +47,19 @@ pub(crate) fn read_ranges(
             }
         })
         .collect()
+}
+
+/// The whole file at `path`, read into a buffer from `pool`; `None` if there is no file.
+/// Blocking.
+pub(crate) fn read_whole(pool: &Arc<BufferPool>, path: &Path) -> std::io::Result<Option<Bytes>> {
+    let file = match std::fs::File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let mut got = read_ranges_of(pool, &file, std::slice::from_ref(&(0..len)))?;
+    Ok(got.pop())
 }
 
 #[cfg(test)]
@@ -76,6 +96,27 @@ mod tests {
         assert!(read_one(&pool, &path, 199_000..201_000).is_err());
         let after = read_one(&pool, &path, 5..6).expect("read");
         assert_eq!(&after[..], &data[5..6]);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_whole_file_reads_back_and_a_missing_one_is_none() {
+        let dir = std::env::temp_dir().join(format!("rb-local-whole-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let path = dir.join("f");
+        let data: Vec<u8> = (0..70_000u32).map(|i| (i % 253) as u8).collect();
+        std::fs::write(&path, &data).expect("write");
+        let pool = Arc::new(BufferPool::default());
+        let got = read_whole(&pool, &path).expect("read").expect("there");
+        assert_eq!(&got[..], &data[..]);
+        assert!(read_whole(&pool, &dir.join("missing"))
+            .expect("read")
+            .is_none());
+        std::fs::write(&path, b"").expect("write");
+        assert!(read_whole(&pool, &path)
+            .expect("read")
+            .expect("there")
+            .is_empty());
         std::fs::remove_dir_all(&dir).expect("clean up");
     }
 }

@@ -52,6 +52,8 @@ mod local_read;
 mod log;
 mod open;
 mod recover;
+#[cfg(unix)]
+mod recycle;
 mod repair;
 mod spill;
 mod state;

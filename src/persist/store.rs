@@ -2,15 +2,18 @@
 //!
 //! Credentials and endpoints come from the environment variables each backend documents
 //! (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_ALLOW_HTTP`, `GOOGLE_SERVICE_ACCOUNT`,
-//! `AZURE_STORAGE_ACCOUNT_NAME`, ...). One code path special-cases the local disk beyond
-//! choosing `LocalFileSystem` for it: ranged reads (spill loads), which read into pooled
-//! buffers of their own (`local_read.rs`) instead of `object_store`'s fresh zero-filled
-//! ones.
+//! `AZURE_STORAGE_ACCOUNT_NAME`, ...). Two code paths special-case the local disk beyond
+//! choosing `LocalFileSystem` for it: reads, which go into pooled buffers of their own
+//! (`local_read.rs`) instead of `object_store`'s fresh zero-filled ones; and deletes and
+//! writes, which recycle files instead of freeing and creating one each time
+//! (`recycle.rs`). Both fall back to `object_store` for anything they do not handle.
 
 #[cfg(unix)]
 use super::buffer_pool::BufferPool;
+#[cfg(unix)]
+use super::recycle::Recycler;
 use crate::error::{Error, ErrorSource, Result, StorageKind};
-use crate::sync::Arc;
+use crate::sync::{Arc, Mutex};
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::aws::AmazonS3Builder;
@@ -41,9 +44,55 @@ pub struct Store {
     inner: Arc<dyn ObjectStore>,
     prefix: Path,
     url: Arc<str>,
-    /// On local disk: the filesystem (for its paths) and the pool ranged reads use.
+    /// On local disk: see [`Local`].
     #[cfg(unix)]
-    local: Option<(Arc<LocalFileSystem>, Arc<BufferPool>)>,
+    local: Option<Arc<Local>>,
+}
+
+/// What a store on local disk keeps besides `object_store`'s backend; shared by clones.
+#[cfg(unix)]
+#[derive(Debug)]
+struct Local {
+    /// The filesystem, for its paths.
+    fs: Arc<LocalFileSystem>,
+    /// The store's directory.
+    root: std::path::PathBuf,
+    /// Buffers reads go into.
+    pool: Arc<BufferPool>,
+    /// Spare files, made on the first write or delete (a store only read never makes
+    /// one: `inspect` runs beside a live buffer).
+    /// `None` until the first retire; then `Some(None)` if no folder could be made.
+    recycler: Mutex<Option<Option<Arc<Recycler>>>>,
+}
+
+#[cfg(unix)]
+impl Local {
+    /// The recycler, made on first use. Blocking.
+    fn recycler(&self) -> Option<Arc<Recycler>> {
+        self.recycler
+            .lock()
+            .get_or_insert_with(|| Recycler::new(&self.root).map(Arc::new))
+            .clone()
+    }
+
+    /// The recycler if it exists and has a spare ready (never blocks on the disk).
+    fn ready_recycler(&self) -> bool {
+        self.recycler
+            .lock()
+            .as_ref()
+            .and_then(Option::as_ref)
+            .is_some_and(|r| r.has_spare())
+    }
+
+    /// Runs blocking `op` on the blocking pool (inline outside a runtime).
+    async fn blocking<T: Send + 'static>(
+        op: impl FnOnce() -> T + Send + 'static,
+    ) -> std::result::Result<T, tokio::task::JoinError> {
+        match tokio::runtime::Handle::try_current() {
+            Ok(_) => tokio::task::spawn_blocking(op).await,
+            Err(_) => Ok(op()),
+        }
+    }
 }
 
 impl fmt::Debug for Store {
@@ -176,7 +225,12 @@ impl Store {
                 let fs = Arc::new(LocalFileSystem::new_with_prefix(&dir).map_err(store_err)?);
                 #[cfg(unix)]
                 {
-                    local = Some((Arc::clone(&fs), Arc::default()));
+                    local = Some(Arc::new(Local {
+                        fs: Arc::clone(&fs),
+                        root: dir.clone(),
+                        pool: Arc::default(),
+                        recycler: Mutex::new(None),
+                    }));
                 }
                 (fs, "")
             }
@@ -273,6 +327,10 @@ impl Store {
     ///
     /// [`Error::Storage`] when the store refuses or fails the write.
     pub async fn put(&self, rel: &str, bytes: Bytes) -> Result<()> {
+        #[cfg(unix)]
+        if self.recycled_write(rel, &bytes, false).await? == Some(true) {
+            return Ok(());
+        }
         self.inner
             .put(&self.path(rel), PutPayload::from(bytes))
             .await
@@ -288,6 +346,10 @@ impl Store {
     /// [`Error::Storage`] when the store fails the write for any other reason than an
     /// object already there.
     pub async fn put_if_absent(&self, rel: &str, bytes: Bytes) -> Result<bool> {
+        #[cfg(unix)]
+        if let Some(written) = self.recycled_write(rel, &bytes, true).await? {
+            return Ok(written);
+        }
         let opts = PutOptions {
             mode: PutMode::Create,
             ..PutOptions::default()
@@ -309,6 +371,15 @@ impl Store {
     ///
     /// [`Error::Storage`] when the read fails for any other reason than a missing object.
     pub async fn get(&self, rel: &str) -> Result<Option<Bytes>> {
+        #[cfg(unix)]
+        if let Some(local) = &self.local {
+            let path = self.local_path(local, rel)?;
+            let pool = Arc::clone(&local.pool);
+            return Local::blocking(move || super::local_read::read_whole(&pool, &path))
+                .await
+                .map_err(|e| storage_err(&self.url, rel, e))?
+                .map_err(|e| storage_err(&self.url, rel, e));
+        }
         let found = match self.inner.get(&self.path(rel)).await {
             Ok(found) => found,
             Err(object_store::Error::NotFound { .. }) => return Ok(None),
@@ -335,19 +406,13 @@ impl Store {
     /// own, from a pool (`local_read.rs`), whatever the ranges.
     pub(crate) async fn get_ranges(&self, rel: &str, ranges: &[Range<u64>]) -> Result<Vec<Bytes>> {
         #[cfg(unix)]
-        if let Some((fs, pool)) = &self.local {
-            let path = fs
-                .path_to_filesystem(&self.path(rel))
-                .map_err(|e| storage_err(&self.url, rel, e))?;
-            let (pool, ranges) = (Arc::clone(pool), ranges.to_vec());
-            let read = move || super::local_read::read_ranges(&pool, &path, &ranges);
-            let read = match tokio::runtime::Handle::try_current() {
-                Ok(_) => tokio::task::spawn_blocking(read)
-                    .await
-                    .map_err(|e| storage_err(&self.url, rel, e))?,
-                Err(_) => read(),
-            };
-            return read.map_err(|e| storage_err(&self.url, rel, e));
+        if let Some(local) = &self.local {
+            let path = self.local_path(local, rel)?;
+            let (pool, ranges) = (Arc::clone(&local.pool), ranges.to_vec());
+            return Local::blocking(move || super::local_read::read_ranges(&pool, &path, &ranges))
+                .await
+                .map_err(|e| storage_err(&self.url, rel, e))?
+                .map_err(|e| storage_err(&self.url, rel, e));
         }
         self.inner
             .get_ranges(&self.path(rel), ranges)
@@ -394,6 +459,64 @@ impl Store {
             .collect();
         listed.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(listed)
+    }
+
+    /// Deletes the object at `rel`, which no reader opens again once this returns: on local
+    /// disk its file may be written again as another object (see `recycle.rs`). Deleting a
+    /// missing object is not an error.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Storage`] when the store refuses or fails the delete.
+    pub(crate) async fn retire(&self, rel: &str) -> Result<()> {
+        #[cfg(unix)]
+        if let Some(local) = &self.local {
+            let path = self.local_path(local, rel)?;
+            let local = Arc::clone(local);
+            let retired = Local::blocking(move || local.recycler().map(|r| r.delete(&path)))
+                .await
+                .map_err(|e| storage_err(&self.url, rel, e))?;
+            if let Some(retired) = retired {
+                return retired.map_err(|e| storage_err(&self.url, rel, e));
+            }
+        }
+        self.delete(rel).await
+    }
+
+    /// On local disk, writes `bytes` at `rel` through a spare file if there is one (see
+    /// [`Recycler::write`]); `None` otherwise.
+    #[cfg(unix)]
+    async fn recycled_write(
+        &self,
+        rel: &str,
+        bytes: &Bytes,
+        create_only: bool,
+    ) -> Result<Option<bool>> {
+        let Some(local) = &self.local else {
+            return Ok(None);
+        };
+        // Spares exist only once something was retired; until then, no detour.
+        if !local.ready_recycler() {
+            return Ok(None);
+        }
+        let path = self.local_path(local, rel)?;
+        let (local, bytes) = (Arc::clone(local), bytes.clone());
+        Local::blocking(move || {
+            local
+                .recycler()
+                .and_then(|r| r.write(&path, &bytes, create_only))
+        })
+        .await
+        .map_err(|e| storage_err(&self.url, rel, e))
+    }
+
+    /// The file of `rel` in a store on local disk.
+    #[cfg(unix)]
+    fn local_path(&self, local: &Local, rel: &str) -> Result<std::path::PathBuf> {
+        local
+            .fs
+            .path_to_filesystem(&self.path(rel))
+            .map_err(|e| storage_err(&self.url, rel, e))
     }
 
     /// Deletes the object at `rel`; deleting a missing object is not an error.
