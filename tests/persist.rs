@@ -354,3 +354,71 @@ async fn durability_none_starts_from_the_store_and_logs_nothing() {
         .collect();
     assert_eq!(ids, ["s1"], "the unlogged put is not in the store");
 }
+
+/// A checkpoint holding more than one segment's bytes (32 MiB) of live samples and of
+/// freed ones waiting for the archive writes several segments of each, and both come back
+/// whole: the live ones in the buffer, the freed ones as archive rows, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_larger_than_a_segment_splits_and_reloads_whole() {
+    use rollout_buffer::persist::{ArchiveOptions, ArchiveWriter};
+    let dir = TempDir::new("big-checkpoint");
+    let store = || Store::open(dir.path()).expect("store");
+    let config = || BufferConfig::new(64).rpc(RpcDef::new("train", 4).inputs(["prompt"]));
+    // The archive holds its rows until a flush: freed samples stay in the durable state.
+    let held = || {
+        PersistOptions::new().archive(Some(ArchiveOptions {
+            max_rows: 1 << 20,
+            max_delay: Duration::from_secs(3600),
+        }))
+    };
+    let big = |i: usize| {
+        Sample::new(format!("b{i}"))
+            .with("prompt", vec![i as i32; 1 << 18]) // 1 MiB
+            .meta("environment", "math")
+            .meta("policy_version", 0i64)
+    };
+    // No checkpoint of its own: it is dropped unflushed, and one still running would race
+    // the next open.
+    let first = held().checkpoint_bytes(u64::MAX);
+    let buf = SequenceBuffer::open_in(store(), config(), first)
+        .await
+        .expect("opens");
+    buf.put_batch((0..40).map(big).collect())
+        .await
+        .expect("put");
+    for _ in 0..10 {
+        common::commit_next(&buf, "train").await;
+    }
+    buf.put_batch((40..80).map(big).collect())
+        .await
+        .expect("put");
+    let live = by_id(buf.contents());
+    drop(buf); // no flush: the archive never wrote
+               // Opening folds the log into a checkpoint of 40 live and 40 freed samples.
+    let again = SequenceBuffer::open_in(store(), config(), held())
+        .await
+        .expect("opens");
+    drop(again);
+    let segments = store().list("segments").await.expect("list");
+    let count = |kind: &str| segments.iter().filter(|p| p.contains(kind)).count();
+    assert!(count("/seg-") >= 2, "{segments:?}");
+    assert!(count("/freed-") >= 2, "{segments:?}");
+    let third = SequenceBuffer::open_in(store(), config(), held())
+        .await
+        .expect("opens");
+    assert_eq!(by_id(third.contents()), live);
+    third.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(store()).read_all().await.expect("read");
+    let mut ids: Vec<String> = rows.iter().map(|r| r.sample.id().to_string()).collect();
+    ids.sort();
+    let mut want: Vec<String> = (0..40).map(|i| format!("b{i}")).collect();
+    want.sort();
+    assert_eq!(ids, want);
+    for r in &rows {
+        let i: i32 = r.sample.id().as_str()[1..].parse().expect("id");
+        assert_eq!(
+            r.sample.get("prompt"),
+            Some(&Tensor::from(vec![i; 1 << 18]))
+        );
+    }
+}

@@ -5,6 +5,15 @@
 //! truncated) that is the last one is a torn tail, the write a crash interrupted: it is
 //! skipped with a warning. Any other damaged or missing group is an error naming its path,
 //! or a warning under lenient recovery. Nothing here panics on what it reads.
+//!
+//! Recovery streams: it reads, decodes and applies one group at a time, so it holds one
+//! group besides the state (the log writer's checkpoints recover the whole log since the
+//! last one, often hundreds of megabytes). Whether a group is abandoned is only known for
+//! sure once every later group is read, but a group is only ever declared abandoned after
+//! its write failed, so the streaming pass gives up at the first sign of a failure (a
+//! declaration naming a group it applied, a gap not known to be abandoned, a damaged group
+//! before the last) and recovery starts over with a pass that reads every group before it
+//! applies any.
 
 use super::checkpoint::{self, Manifest, StoredConfig};
 use super::log::{decode_group, log_path};
@@ -59,8 +68,21 @@ async fn recover_until(
     until: u64,
     abandoned: &[u64],
 ) -> Result<Recovered> {
-    let loaded = checkpoint::load(store, lenient).await?;
-    let (manifest, mut state) = match loaded.checkpoint {
+    if let Some(recovered) = streaming(store, lenient, archiving, until, abandoned).await? {
+        return Ok(recovered);
+    }
+    tracing::debug!("log holds abandoned or damaged groups: recovering with a full pass");
+    full_pass(store, lenient, archiving, until, abandoned).await
+}
+
+/// The checkpoint to recover from, ready for the log after it.
+async fn start(
+    store: &Store,
+    lenient: bool,
+    archiving: bool,
+) -> Result<(checkpoint::Loaded, Option<Manifest>, DurableState)> {
+    let mut loaded = checkpoint::load(store, lenient).await?;
+    let (manifest, mut state) = match loaded.checkpoint.take() {
         Some((m, s)) => (Some(m), s),
         None => (None, DurableState::default()),
     };
@@ -69,6 +91,107 @@ async fn recover_until(
         // Opened without an archive: samples left over from one are not kept.
         state.unarchived.clear();
     }
+    Ok((loaded, manifest, state))
+}
+
+/// Recovery one group at a time; `None` when the log shows a failed write (see the module
+/// docs), for [`full_pass`] to recover from.
+async fn streaming(
+    store: &Store,
+    lenient: bool,
+    archiving: bool,
+    until: u64,
+    abandoned: &[u64],
+) -> Result<Option<Recovered>> {
+    let (loaded, manifest, mut state) = start(store, lenient, archiving).await?;
+    let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
+    let mut files = checkpoint::log_files(store, log_from).await?;
+    files.retain(|&(seq, _)| seq < until);
+    let last = files.last().map(|(seq, _)| *seq);
+    let mut declared: BTreeSet<u64> = abandoned.iter().copied().collect();
+    let (mut applied, mut skipped) = (Vec::new(), Vec::new());
+    let mut expected = log_from;
+    for (seq, path) in files {
+        if (expected..seq).any(|s| !declared.contains(&s)) {
+            return Ok(None);
+        }
+        expected = seq + 1;
+        if declared.contains(&seq) {
+            continue;
+        }
+        // A file deleted between the listing and the read is a gap: a failed write.
+        let Some(bytes) = store.get(&path).await? else {
+            return Ok(None);
+        };
+        let group = match decode_group(&bytes) {
+            Ok(group) if group.seq == seq => group,
+            Err(detail) if Some(seq) == last => {
+                tracing::warn!(%path, %detail, "torn last log group skipped");
+                skipped.push(seq);
+                continue;
+            }
+            _ => return Ok(None),
+        };
+        drop(bytes);
+        if group
+            .abandoned
+            .iter()
+            .any(|s| applied.binary_search(s).is_ok())
+        {
+            return Ok(None);
+        }
+        declared.extend(group.abandoned.iter().copied());
+        // A record that does not apply is damage, or the sign of a group a later one
+        // abandons: the full pass tells which.
+        if group.records.iter().any(|r| state.apply(r).is_err()) {
+            return Ok(None);
+        }
+        applied.push(seq);
+    }
+    Ok(Some(finish(
+        &loaded,
+        manifest,
+        state,
+        expected,
+        skipped,
+        applied.len(),
+    )))
+}
+
+fn finish(
+    loaded: &checkpoint::Loaded,
+    manifest: Option<Manifest>,
+    state: DurableState,
+    next_seq: u64,
+    skipped: Vec<u64>,
+    replayed: usize,
+) -> Recovered {
+    if state.unmatched > 0 {
+        tracing::warn!(
+            records = state.unmatched,
+            "log records named samples the recovered state does not hold"
+        );
+    }
+    Recovered {
+        manifest,
+        next_manifest: loaded.highest.map_or(0, |n| n + 1),
+        state,
+        next_seq,
+        skipped,
+        replayed,
+    }
+}
+
+/// Recovery that reads and decodes every group before it applies any, so that a group a
+/// later one declares abandoned is never applied.
+async fn full_pass(
+    store: &Store,
+    lenient: bool,
+    archiving: bool,
+    until: u64,
+    abandoned: &[u64],
+) -> Result<Recovered> {
+    let (loaded, manifest, mut state) = start(store, lenient, archiving).await?;
     let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
     let mut files = checkpoint::log_files(store, log_from).await?;
     files.retain(|&(seq, _)| seq < until);
@@ -139,18 +262,7 @@ async fn recover_until(
             Err(detail) => return Err(damaged(&path, detail)),
         }
     }
-    if state.unmatched > 0 {
-        tracing::warn!(
-            records = state.unmatched,
-            "log records named samples the recovered state does not hold"
-        );
-    }
-    Ok(Recovered {
-        manifest,
-        next_manifest: loaded.highest.map_or(0, |n| n + 1),
-        state,
-        next_seq: expected,
-        skipped,
-        replayed,
-    })
+    Ok(finish(
+        &loaded, manifest, state, expected, skipped, replayed,
+    ))
 }

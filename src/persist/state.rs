@@ -83,6 +83,15 @@ impl Entry {
         Ok(())
     }
 
+    /// About how many bytes [`Self::encode_sample`] appends (exact for a sample still
+    /// encoded; its fields' bytes for a decoded one).
+    pub(crate) fn encoded_len_hint(&self) -> usize {
+        match &self.body {
+            Body::Encoded(bytes) => bytes.len(),
+            Body::Decoded(sample) => sample.fields().map(|(_, t)| t.nbytes()).sum(),
+        }
+    }
+
     /// Appends the sample's encoding (the same bytes `put_sample` writes).
     pub(crate) fn encode_sample(&self, w: &mut Writer) {
         match &self.body {
