@@ -1,6 +1,6 @@
 //! Samples to an Arrow `RecordBatch` (see the module docs for the layout).
 
-use super::elements::ArrowElement;
+use super::elements::{ArrowElement, Gather};
 use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
@@ -164,30 +164,40 @@ fn nested<T: ArrowElement>(
         _ => None,
     }
     .and_then(|(owner, range)| T::view_array(bytes::Bytes::from_owner(OwnerRange(owner, range))));
-    let mut values: Vec<T> = Vec::new();
-    let mut levels: Vec<Vec<usize>> = vec![Vec::new(); depth];
-    let mut valid: Vec<bool> = Vec::with_capacity(tensors.len());
-    for t in tensors {
-        let Some(t) = t else {
-            valid.push(false);
-            match levels.first_mut() {
-                Some(outer) => outer.push(0),
-                None => values.push(T::default()),
-            }
-            continue;
-        };
+    // The element arrays first: the values are gathered into buffers sized for all of them.
+    let mut arrays = Vec::with_capacity(tensors.len());
+    for t in tensors.iter().flatten() {
         let Some(array) = t.array::<T>() else {
             return Err(arrow_err(
                 name,
                 "tensor does not hold the column's element type",
             ));
         };
+        arrays.push(array);
+    }
+    let mut values = if shared.is_some() {
+        T::Gather::for_arrays(&[])
+    } else {
+        T::Gather::for_arrays(&arrays)
+    };
+    let mut arrays = arrays.into_iter();
+    let mut levels: Vec<Vec<usize>> = vec![Vec::new(); depth];
+    let mut valid: Vec<bool> = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        let (Some(t), Some(array)) = (t, t.and_then(|_| arrays.next())) else {
+            valid.push(false);
+            match levels.first_mut() {
+                Some(outer) => outer.push(0),
+                None => values.push_default(),
+            }
+            continue;
+        };
         valid.push(true);
         match array.as_slice() {
             _ if shared.is_some() => {}
             // Contiguous, row-major: one copy (memcpy for numbers).
             Some(flat) => values.extend_from_slice(flat),
-            None => values.extend(array.iter().cloned()),
+            None => values.extend(array.iter()),
         }
         let shape = array.shape();
         // Dense dimension d of the values is a list level holding, per sample,
@@ -214,16 +224,16 @@ fn nested<T: ArrowElement>(
             count = lists.saturating_mul(extent);
         }
     }
-    if T::text_bytes(&values) > MAX_LIST_ENTRIES {
+    if values.text_bytes() > MAX_LIST_ENTRIES {
         return Err(arrow_err(name, "more than 2 GiB of text in one column"));
     }
     let nulls = valid.iter().any(|v| !v).then(|| NullBuffer::from(valid));
     if depth == 0 {
-        return Ok(T::to_array(values, nulls));
+        return Ok(values.finish(nulls));
     }
     let mut child = match shared {
         Some(view) => view,
-        None => T::to_array(values, None),
+        None => values.finish(None),
     };
     let mut data_type = T::data_type();
     let mut nulls = nulls;
