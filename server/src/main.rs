@@ -96,8 +96,8 @@ struct Serve {
     /// MiB of log written before a checkpoint folds it into segments (it also waits until
     /// the log outgrows the last checkpoint). Larger: less checkpoint work per item
     /// written, more log to replay after a crash and more disk; memory does not grow with
-    /// it (recovery reads the log one group at a time). The library's default is 64.
-    #[arg(long, default_value_t = 256)]
+    /// it (recovery reads the log one group at a time).
+    #[arg(long, default_value_t = 64)]
     checkpoint_mb: u64,
     /// Seconds a write waits for room before answering 503 with Retry-After.
     #[arg(long, default_value_t = 2.0)]
