@@ -9,6 +9,9 @@
 //! ```sh
 //! cargo bench -p rollout-buffer-server --bench load -- [seconds] [durability] [modes]
 //! ```
+//!
+//! `LOAD_CAPACITY` sets the server's `--capacity` (groups, 1024 by default) and
+//! `LOAD_SERVER_ARGS` adds options to its command line.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -21,12 +24,14 @@ const CONNECTIONS: usize = 64;
 const ARROW: &str = "application/vnd.apache.arrow.stream";
 const GROUP: usize = 8;
 const BATCH: usize = 256;
-/// Groups the server holds (its memory bound: about this many x 8 items x 4 KB).
+/// Groups the server holds (its memory bound: about this many x 8 items x 4 KB), unless
+/// `LOAD_CAPACITY` says otherwise.
 const CAPACITY: &str = "1024";
 
 fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--capacity", CAPACITY])
+        .args(["serve", "--listen", "127.0.0.1:0", "--capacity"])
+        .arg(std::env::var("LOAD_CAPACITY").unwrap_or_else(|_| CAPACITY.into()))
         .args([
             "--group-size",
             &GROUP.to_string(),
