@@ -75,12 +75,17 @@ async fn recover_until(
     full_pass(store, lenient, archiving, until, abandoned).await
 }
 
-/// The checkpoint to recover from, ready for the log after it.
-async fn start(
-    store: &Store,
-    lenient: bool,
-    archiving: bool,
-) -> Result<(checkpoint::Loaded, Option<Manifest>, DurableState)> {
+/// What recovery starts from: the checkpoint (loaded, its manifest and state) and the log
+/// files after it, before `until`, in sequence order.
+struct Start {
+    loaded: checkpoint::Loaded,
+    manifest: Option<Manifest>,
+    state: DurableState,
+    log_from: u64,
+    files: Vec<(u64, String)>,
+}
+
+async fn start(store: &Store, lenient: bool, archiving: bool, until: u64) -> Result<Start> {
     let mut loaded = checkpoint::load(store, lenient).await?;
     let (manifest, mut state) = match loaded.checkpoint.take() {
         Some((m, s)) => (Some(m), s),
@@ -91,7 +96,16 @@ async fn start(
         // Opened without an archive: samples left over from one are not kept.
         state.unarchived.clear();
     }
-    Ok((loaded, manifest, state))
+    let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
+    let mut files = checkpoint::log_files(store, log_from).await?;
+    files.retain(|&(seq, _)| seq < until);
+    Ok(Start {
+        loaded,
+        manifest,
+        state,
+        log_from,
+        files,
+    })
 }
 
 /// Recovery one group at a time; `None` when the log shows a failed write (see the module
@@ -103,10 +117,13 @@ async fn streaming(
     until: u64,
     abandoned: &[u64],
 ) -> Result<Option<Recovered>> {
-    let (loaded, manifest, mut state) = start(store, lenient, archiving).await?;
-    let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
-    let mut files = checkpoint::log_files(store, log_from).await?;
-    files.retain(|&(seq, _)| seq < until);
+    let Start {
+        loaded,
+        manifest,
+        mut state,
+        log_from,
+        files,
+    } = start(store, lenient, archiving, until).await?;
     let last = files.last().map(|(seq, _)| *seq);
     let mut declared: BTreeSet<u64> = abandoned.iter().copied().collect();
     let (mut applied, mut skipped) = (Vec::new(), Vec::new());
@@ -191,10 +208,13 @@ async fn full_pass(
     until: u64,
     abandoned: &[u64],
 ) -> Result<Recovered> {
-    let (loaded, manifest, mut state) = start(store, lenient, archiving).await?;
-    let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
-    let mut files = checkpoint::log_files(store, log_from).await?;
-    files.retain(|&(seq, _)| seq < until);
+    let Start {
+        loaded,
+        manifest,
+        mut state,
+        log_from,
+        files,
+    } = start(store, lenient, archiving, until).await?;
     let mut groups = Vec::with_capacity(files.len());
     for (seq, path) in files {
         // A file deleted between the listing and the read is a missing group, handled below.
