@@ -286,3 +286,51 @@ async fn full_pass(
         &loaded, manifest, state, expected, skipped, replayed,
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::buffer::Record;
+    use crate::sample::Sample;
+    use crate::sync::Arc;
+    use bytes::Bytes;
+
+    async fn write(store: &Store, seq: u64, abandoned: &[u64], id: &str) {
+        let sample = Arc::new(Sample::new(id).with("prompt", vec![1i32]));
+        let bytes = super::super::log::encode_group(
+            seq,
+            abandoned,
+            &[Record::Put(vec![sample])],
+            Vec::new(),
+        );
+        store
+            .put(&log_path(seq), Bytes::from(bytes))
+            .await
+            .expect("put");
+    }
+
+    /// A group whose write failed but landed is declared abandoned by the next group, or
+    /// (after a lenient recovery skipped it) by a later one: either way it is never
+    /// applied, although the streaming pass applied it before it read the declaration.
+    #[tokio::test]
+    async fn a_group_declared_abandoned_after_it_was_applied_is_not_recovered() {
+        for declared_by in [2, 3] {
+            let store = Store::open("memory://").expect("store");
+            write(&store, 0, &[], "a").await;
+            write(&store, 1, &[], "ghost").await;
+            let declare = |seq: u64| if seq == declared_by { vec![1] } else { vec![] };
+            write(&store, 2, &declare(2), "c").await;
+            write(&store, 3, &declare(3), "d").await;
+            let recovered = recover(&store, false, false).await.expect("recovers");
+            let mut ids: Vec<String> = recovered
+                .state
+                .entries()
+                .map(|e| e.id.to_string())
+                .collect();
+            ids.sort();
+            assert_eq!(ids, ["a", "c", "d"], "declared by group {declared_by}");
+            assert_eq!(recovered.next_seq, 4);
+            assert_eq!(recovered.replayed, 3);
+        }
+    }
+}
