@@ -200,11 +200,12 @@ async fn serve(args: Serve) -> Result<(), String> {
     let addr = listener
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
+    let stop = shutdown();
     // The line tests and scripts wait for; stdout is flushed per line.
     println!("listening on http://{addr}");
     tracing::info!(%addr, store = %args.store, "serving");
     axum::serve(listener, app::router(app, app_options.body_limit))
-        .with_graceful_shutdown(shutdown())
+        .with_graceful_shutdown(stop)
         .await
         .map_err(|e| format!("server error: {e}"))?;
     tracing::info!("stopping: flushing the buffer");
@@ -215,29 +216,38 @@ async fn serve(args: Serve) -> Result<(), String> {
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown() {
-    let ctrl_c = async {
+///
+/// The handlers are installed when this is called, not when the future is first polled:
+/// the caller calls it before announcing the address, so a signal sent as soon as the
+/// "listening on" line appears stops the server gracefully instead of killing it.
+fn shutdown() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handlers = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        );
+        async move {
+            match handlers {
+                (Ok(mut int), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "no signal handler; stop with SIGKILL");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::warn!(error = %e, "no Ctrl-C handler");
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "no SIGTERM handler");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }

@@ -369,3 +369,15 @@ async fn metrics_and_a_graceful_stop() {
     let status = server.terminate();
     assert!(status.success(), "{status:?}");
 }
+
+/// SIGTERM sent the moment the server announces its address stops it gracefully (exit 0),
+/// never by the signal's default action: the handlers are installed before the line.
+#[test]
+fn sigterm_right_after_the_listening_line_exits_cleanly() {
+    let dir = store("sigterm-at-start");
+    for round in 0..30 {
+        let server = Server::start(&dir, &[]);
+        let status = server.terminate();
+        assert!(status.success(), "round {round}: {status:?}");
+    }
+}
