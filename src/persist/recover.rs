@@ -291,7 +291,8 @@ async fn full_pass(
 mod tests {
     use super::*;
     use crate::buffer::Record;
-    use crate::sample::Sample;
+    use crate::persist::codec::Replayed;
+    use crate::sample::{Sample, SampleId};
     use crate::sync::Arc;
     use bytes::Bytes;
 
@@ -307,6 +308,64 @@ mod tests {
             .put(&log_path(seq), Bytes::from(bytes))
             .await
             .expect("put");
+    }
+
+    /// A checksummed group whose sample does not decode (written damaged): the record that
+    /// decodes it later (an amend) does not apply, and recovery names the damage rather
+    /// than recovering a state without the amend.
+    #[tokio::test]
+    async fn a_record_that_does_not_apply_is_damage_even_when_streaming() {
+        use crate::persist::archive::content_hash;
+        use crate::persist::codec::{take_sample, Reader};
+        // Ragged: the lengths must add up to the values, which only a full decode checks.
+        let tokens =
+            crate::tensor::Tensor::ragged(vec![1i32, 2, 3], vec![1, 2]).expect("lengths add up");
+        let sample = Arc::new(Sample::new("a").with("tokens", tokens));
+        let good = super::super::log::encode_group(0, &[], &[Record::Put(vec![sample])], vec![]);
+        let good = Bytes::from(good);
+        // Where the sample's bytes lie in the file.
+        let Ok(group) = decode_group(&good) else {
+            panic!("the written group decodes")
+        };
+        let [Replayed::Put(puts)] = &group.records[..] else {
+            panic!("one put")
+        };
+        let start = puts[0].bytes.as_ptr() as usize - good.as_ptr() as usize;
+        let end = start + puts[0].bytes.len();
+        // A byte of the sample changed and the checksum made to match: the group decodes,
+        // the sample does not.
+        let damaged = (start..end)
+            .find_map(|i| {
+                let mut bytes = good.to_vec();
+                bytes[i] ^= 0xff;
+                let body = bytes.len() - 8;
+                let checksum = content_hash(&bytes[..body]).to_le_bytes();
+                bytes[body..].copy_from_slice(&checksum);
+                let sample_bytes = &bytes[start..end];
+                let undecodable = take_sample(&mut Reader::new(sample_bytes)).is_err();
+                let bytes = Bytes::from(bytes);
+                (undecodable && decode_group(&bytes).is_ok()).then_some(bytes)
+            })
+            .expect("a byte whose change the sample decoder refuses");
+        let store = Store::open("memory://").expect("store");
+        store.put(&log_path(0), damaged).await.expect("put");
+        let amend = Record::Amend {
+            ids: vec![SampleId::from("a")],
+            patches: vec![crate::sample::Patch::new().with("reward", 1.0f64)].into(),
+        };
+        let bytes = super::super::log::encode_group(1, &[], &[amend], vec![]);
+        store
+            .put(&log_path(1), Bytes::from(bytes))
+            .await
+            .expect("put");
+        let err = match recover(&store, false, false).await {
+            Ok(_) => panic!("recovered a state without the amend"),
+            Err(e) => e,
+        };
+        assert!(
+            matches!(&err, Error::Corrupt { path, .. } if *path == log_path(1)),
+            "{err}"
+        );
     }
 
     /// A group whose write failed but landed is declared abandoned by the next group, or
