@@ -346,3 +346,35 @@ async fn a_lease_being_completed_does_not_expire_while_its_record_is_written() {
     assert_eq!(buf.len(), 0);
     assert_eq!(buf.stats().redelivered, 0);
 }
+
+/// A rollout waiting for its group is logged as the buffer's own writes are: with a sync
+/// log its `add` answers once the entry is on storage, so a failed write reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_rollout_whose_sync_write_fails_reports_it() {
+    use rollout_buffer::rollout::{GroupConfig, GroupIngest, RolloutRecord};
+    let (faults, store) = faulty();
+    let config = BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["output_tokens"]));
+    let options = PersistOptions::new()
+        .durability(Durability::Sync)
+        .archive(None);
+    let buf = SequenceBuffer::open_in(store.clone(), config, options)
+        .await
+        .expect("opens");
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
+        .await
+        .expect("start");
+    let rollout = |uid: &str| {
+        let mut r = RolloutRecord::new("math", "ex-0", 0, uid);
+        r.output_tokens = vec![1, 2];
+        r.logprobs = vec![-0.5; 2];
+        r.reward = Some(1.0);
+        r
+    };
+    ingest.add(rollout("u-0")).await.expect("stored");
+    faults.set(Fault::Fail);
+    let err = ingest
+        .add(rollout("u-1"))
+        .await
+        .expect_err("its log write failed");
+    assert!(is_storage(&err), "{err}");
+}
