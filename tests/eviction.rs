@@ -71,7 +71,13 @@ async fn over_budget_puts_wait_until_bytes_are_freed() {
     assert_eq!((buf.len(), buf.stats().bytes), (3, 96));
     // A batch larger than the whole budget can never fit.
     let big: Vec<Sample> = (0..4).map(|i| rollout(&format!("big{i}"))).collect();
+    let rejected = buf.stats().rejected;
     let err = buf.put_batch(big).await.expect_err("too big");
+    assert_eq!(
+        buf.stats().rejected,
+        rejected + 4,
+        "each sample refused counted"
+    );
     assert!(
         matches!(
             err,

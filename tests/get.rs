@@ -224,3 +224,26 @@ async fn a_batch_names_its_rpcs_outputs() {
     assert!(train.output_keys().is_empty());
     train.commit().await.expect("commit");
 }
+
+/// A waiting getter shows in the RPC's `waiting` count while it waits, and leaves it when
+/// served or when its future is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_getter_counts_as_waiting_only_while_it_waits() {
+    let buf = births_buffer(Selection::Fifo);
+    let waiting = |buf: &SequenceBuffer| buf.stats().rpcs[0].waiting;
+    let getter = tokio::spawn({
+        let buf = buf.clone();
+        async move { buf.get_batch_for_rpc("r").await }
+    });
+    wait_until(|| waiting(&buf) == 1).await;
+    buf.put_batch(with_births(&[1, 2, 3])).await.expect("put");
+    // Held, so the next getter finds nothing.
+    let held = getter.await.expect("join").expect("served");
+    assert_eq!(held.len(), 3);
+    assert_eq!(waiting(&buf), 0, "served");
+
+    let cancelled = tokio::time::timeout(Duration::from_millis(20), buf.get_batch_for_rpc("r"));
+    assert!(cancelled.await.is_err(), "nothing to serve: it waits");
+    assert_eq!(waiting(&buf), 0, "dropped");
+    drop(held);
+}
