@@ -107,3 +107,17 @@ fn a_failed_load_is_forgotten_so_the_next_get_reads_again() {
     assert_eq!(spill.counters.loaded_samples, 2);
     drop(plan);
 }
+
+#[test]
+fn a_segment_whose_last_row_is_released_is_retired_and_counted() {
+    let mut spill = with_segment(&[0, 1]);
+    spill.release_row(SEGMENT, 0);
+    assert_eq!(spill.counters.segments_deleted, 0, "row 1 still needs it");
+    assert!(spill.retired.is_empty());
+    spill.release_row(SEGMENT, 1);
+    assert_eq!(spill.counters.segments_deleted, 1);
+    assert_eq!(spill.retired.len(), 1, "queued for deletion");
+    assert!(!spill.segments.contains_key(&SEGMENT));
+    spill.release_row(SEGMENT, 1);
+    assert_eq!(spill.counters.segments_deleted, 1, "released once only");
+}
