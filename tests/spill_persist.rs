@@ -356,3 +356,27 @@ async fn archived(store: &Store) -> Vec<u64> {
     archived.sort_unstable();
     archived
 }
+
+/// A spilled sample counts whole against the byte budget (stub plus spilled fields), and
+/// still does once recovered: the buffer reopens holding the bytes it held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recovered_spilled_samples_count_whole_against_the_byte_budget() {
+    let dir = TempDir::new("spill-bytes");
+    let store = || Store::open(dir.path()).expect("store");
+    let config = || config(Some(4 * SAMPLE_BYTES)).max_bytes(4 * N * SAMPLE_BYTES);
+    let buf = SequenceBuffer::open_in(store(), config(), options(Durability::Sync))
+        .await
+        .expect("open");
+    put_spill_and_reward(&buf).await;
+    buf.flush().await.expect("flush");
+    let held = buf.stats().bytes;
+    assert!(held >= N * SAMPLE_BYTES, "{held} bytes for {N} samples");
+    drop(buf);
+    let buf = SequenceBuffer::open_in(store(), config(), options(Durability::Sync))
+        .await
+        .expect("reopen");
+    let stats = buf.stats();
+    assert!(stats.spill.spilled_now > 0, "{:?}", stats.spill);
+    assert_eq!(stats.bytes, held);
+    common::assert_invariants(&buf);
+}
