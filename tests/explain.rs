@@ -130,3 +130,37 @@ async fn a_long_wait_warns_at_growing_intervals() {
     let batch = getter.await.expect("join").expect("served");
     assert_eq!(batch.len(), 2);
 }
+
+/// A waiting getter also wakes for other timers (a lease of another RPC expiring here);
+/// those wake-ups say nothing: the warning comes only once the getter has waited the
+/// threshold.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_wake_up_before_the_threshold_does_not_warn() {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(4)
+            .rpc(
+                RpcDef::new("gen", 1)
+                    .inputs(["prompt"])
+                    .outputs(["tokens"])
+                    .lease_timeout(Duration::from_secs(3)),
+            )
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .wait_warning(Duration::from_secs(10)),
+    )
+    .expect("config");
+    buf.put_batch(prompts("p", 1)).await.expect("put");
+    let held = buf.get_batch_for_rpc("gen").await.expect("leased");
+    let getter = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.get_batch_for_rpc("train").await })
+    };
+    let warnings = |buf: &SequenceBuffer| buf.stats().rpcs[1].wait_warnings;
+    // The lease expires at 3 s, waking the train getter's timer too.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(buf.stats().rpcs[0].expired_leases, 1, "the lease expired");
+    assert_eq!(warnings(&buf), 0, "5 s of waiting is below the threshold");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(warnings(&buf), 1, "warned at 10 s");
+    drop(held);
+    getter.abort();
+}
