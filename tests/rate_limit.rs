@@ -261,8 +261,9 @@ async fn a_put_up_to_the_minimum_size_passes_and_one_held_by_the_limiter_waits_e
     // through is 3, but a put that leaves the buffer at or under the minimum size (4)
     // passes too; one of 5 can never pass and is refused.
     let limit = RateLimit::new(1.0, 4, 2.0);
+    // Room for 7: the held put of one (after six) finds exactly the room it needs.
     let config = |overflow| {
-        BufferConfig::new(16)
+        BufferConfig::new(7)
             .rpc(
                 RpcDef::new("train", 1)
                     .inputs(["x"])
