@@ -23,8 +23,12 @@ fn config() -> BufferConfig {
 }
 
 async fn open(store: &Store, durability: Durability) -> SequenceBuffer {
+    open_with(store, config(), durability).await
+}
+
+async fn open_with(store: &Store, config: BufferConfig, durability: Durability) -> SequenceBuffer {
     let options = PersistOptions::new().durability(durability).archive(None);
-    SequenceBuffer::open_in(store.clone(), config(), options)
+    SequenceBuffer::open_in(store.clone(), config, options)
         .await
         .expect("opens")
 }
@@ -320,12 +324,7 @@ async fn a_lease_being_completed_does_not_expire_while_its_record_is_written() {
             .inputs(["prompt"])
             .lease_timeout(Duration::from_millis(50)),
     );
-    let options = PersistOptions::new()
-        .durability(Durability::Sync)
-        .archive(None);
-    let buf = SequenceBuffer::open_in(store.clone(), config, options)
-        .await
-        .expect("opens");
+    let buf = open_with(&store, config, Durability::Sync).await;
     buf.put_batch(vec![prompt("a")]).await.expect("put");
     let batch = buf.get_batch_for_rpc("train").await.expect("get");
     faults.set(Fault::Stall);
@@ -354,12 +353,7 @@ async fn a_pending_rollout_whose_sync_write_fails_reports_it() {
     use rollout_buffer::rollout::{GroupConfig, GroupIngest, RolloutRecord};
     let (faults, store) = faulty();
     let config = BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["output_tokens"]));
-    let options = PersistOptions::new()
-        .durability(Durability::Sync)
-        .archive(None);
-    let buf = SequenceBuffer::open_in(store.clone(), config, options)
-        .await
-        .expect("opens");
+    let buf = open_with(&store, config, Durability::Sync).await;
     let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
         .await
         .expect("start");
