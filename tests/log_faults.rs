@@ -372,3 +372,22 @@ async fn a_pending_rollout_whose_sync_write_fails_reports_it() {
         .expect_err("its log write failed");
     assert!(is_storage(&err), "{err}");
 }
+
+/// A step's batch is handed out only once the step's choice is on storage: with a sync log
+/// whose write fails, the get fails and the samples go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_sync_log_write_fails_hands_out_nothing() {
+    let (faults, store) = faulty();
+    let buf = open(&store, Durability::Sync).await;
+    buf.put_batch(vec![prompt("a")]).await.expect("put");
+    faults.set(Fault::Fail);
+    let err = buf
+        .get_batch_for_step("gen", 0)
+        .await
+        .expect_err("the step's choice was not stored");
+    assert!(is_storage(&err), "{err}");
+    assert_eq!(buf.stats().rpcs[0].eligible, 1, "the sample went back");
+    faults.set(Fault::None);
+    let batch = buf.get_batch_for_step("gen", 0).await.expect("get");
+    assert_eq!(batch.len(), 1);
+}
