@@ -128,6 +128,26 @@ async fn the_source_furthest_below_its_target_relative_to_it_goes_next() {
     assert_eq!(b.stats().rpcs[0].eligible, 10);
 }
 
+/// The share of every source is relative to its own target, the one compared with as well
+/// as the one compared against. Groups of 4 (a) and 12 (b) tokens, targets of 20 each in
+/// a batch of 40: a 4, b 12, a 8, 12, 16 (b is at 0.6), b 24 (a at 0.8), then a's next
+/// group would pass 40. Comparing b's raw token count with a's share would give a 20 and
+/// b 12.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shares_are_compared_both_ways_relative_to_their_targets() {
+    let a = env_buffer("a", 10, 2).await;
+    let b = env_buffer("b", 10, 6).await;
+    let batch = Batcher::new(
+        vec![source("a", &a, 0.5), source("b", &b, 0.5)],
+        config(4, 10, Shortfall::FillFromOthers),
+    )
+    .expect("batcher")
+    .next_batch()
+    .await
+    .expect("batch");
+    assert_eq!((tokens(&batch, 0), tokens(&batch, 1)), (16, 24));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_sources_share_goes_to_the_others_in_proportion_to_theirs() {
     // Fractions 0.5, 0.25, 0.25 of 4,000 tokens; c is dry, so its 1,000 go 2 : 1 to a and
