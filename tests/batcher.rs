@@ -174,6 +174,36 @@ async fn a_dry_sources_share_goes_to_the_others_in_proportion_to_theirs() {
     assert!(!batch.short);
 }
 
+/// What a source that runs dry leaves over is what it had not yet taken of its target,
+/// not more: c (one group of 4 tokens, a third of 60) leaves 16, 8 each to a (groups of
+/// 4) and b (groups of 6), whose targets become 28: a 28, b 24 (its next group would pass
+/// the batch's 60), c 4. Handing out more than the unmet part would let a take 32, one
+/// group more than the packer then fits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_source_hands_out_only_its_unmet_share() {
+    let a = env_buffer("a", 20, 2).await;
+    let b = env_buffer("b", 20, 3).await;
+    let c = env_buffer("c", 1, 2).await;
+    let batch = Batcher::new(
+        vec![
+            source("a", &a, 1.0),
+            source("b", &b, 1.0),
+            source("c", &c, 1.0),
+        ],
+        config(6, 10, Shortfall::FillFromOthers),
+    )
+    .expect("batcher")
+    .next_batch()
+    .await
+    .expect("batch");
+    let taken: Vec<usize> = (0..3).map(|s| tokens(&batch, s)).collect();
+    assert_eq!(taken, [28, 24, 4]);
+    // Nothing of a's was taken and then left over by the packer; b's group over the
+    // budget went back.
+    assert_eq!(a.stats().rpcs[0].redelivered, 0);
+    assert_eq!(b.stats().rpcs[0].redelivered, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dry_source_is_filled_from_the_others_or_returned_short() {
     let a = env_buffer("a", 200, 50).await;
