@@ -318,6 +318,26 @@ mod tests {
     }
 
     #[test]
+    fn slime_padding_scales_advantages_too_and_takes_exactly_half() {
+        let hooks = SlimeHooks { group_size: 8 };
+        let mut g = group(&[0.1, 0.2, 0.3, 0.4]);
+        for item in &mut g.items {
+            item.advantage = item.reward;
+        }
+        assert!(hooks.pad(&mut g), "4 of 8 is half: padded");
+        let advantages: Vec<f64> = g.items.iter().map(|i| i.advantage).collect();
+        assert!(
+            advantages
+                .iter()
+                .zip(rewards(&g))
+                .all(|(a, r)| (a - r).abs() < 1e-12),
+            "advantages {advantages:?} scaled and halved as the rewards"
+        );
+        assert!((advantages[0] - 0.1 * 2.0 / 2.0).abs() < 1e-12);
+        assert_eq!(g.items.len(), 8);
+    }
+
+    #[test]
     fn slime_normalize_validity_and_filter() {
         let hooks = SlimeHooks { group_size: 4 };
         // (r - mean) / (std + 1e-8), population std, raw reward kept.
@@ -334,6 +354,10 @@ mod tests {
         hooks.normalize(&mut g);
         assert_eq!(rewards(&g), vec![0.0; 4]);
         let mut g = group(&[0.5; 4]);
+        hooks.normalize(&mut g);
+        assert_eq!(rewards(&g), vec![0.0; 4]);
+        // Not quite equal (std 5e-10): zeros as well.
+        let mut g = group(&[0.5, 0.5 + 1e-9, 0.5, 0.5 + 1e-9]);
         hooks.normalize(&mut g);
         assert_eq!(rewards(&g), vec![0.0; 4]);
         // Valid: finished and not all equal.
