@@ -69,6 +69,15 @@ fn source(name: &str, buffer: &SequenceBuffer, fraction: f64) -> Source {
     }
 }
 
+/// The first batch of a batcher over `sources`.
+async fn one_batch(sources: Vec<Source>, config: BatcherConfig) -> GroupBatch {
+    Batcher::new(sources, config)
+        .expect("batcher")
+        .next_batch()
+        .await
+        .expect("batch")
+}
+
 fn tokens(batch: &GroupBatch, source: usize) -> usize {
     batch.tokens_by_source[source].1
 }
@@ -109,14 +118,11 @@ async fn the_source_furthest_below_its_target_relative_to_it_goes_next() {
     // would give b more than a.
     let a = env_buffer("a", 10, 6).await;
     let b = env_buffer("b", 10, 3).await;
-    let batch = Batcher::new(
+    let batch = one_batch(
         vec![source("a", &a, 0.5), source("b", &b, 0.5)],
         config(4, 10, Shortfall::FillFromOthers),
     )
-    .expect("batcher")
-    .next_batch()
-    .await
-    .expect("batch");
+    .await;
     assert_eq!((tokens(&batch, 0), tokens(&batch, 1)), (24, 12));
     assert!(batch.rejected.is_empty(), "{:?}", batch.rejected);
     assert!(!batch.short);
@@ -137,14 +143,11 @@ async fn the_source_furthest_below_its_target_relative_to_it_goes_next() {
 async fn shares_are_compared_both_ways_relative_to_their_targets() {
     let a = env_buffer("a", 10, 2).await;
     let b = env_buffer("b", 10, 6).await;
-    let batch = Batcher::new(
+    let batch = one_batch(
         vec![source("a", &a, 0.5), source("b", &b, 0.5)],
         config(4, 10, Shortfall::FillFromOthers),
     )
-    .expect("batcher")
-    .next_batch()
-    .await
-    .expect("batch");
+    .await;
     assert_eq!((tokens(&batch, 0), tokens(&batch, 1)), (16, 24));
 }
 
@@ -155,7 +158,7 @@ async fn a_dry_sources_share_goes_to_the_others_in_proportion_to_theirs() {
     let a = env_buffer("a", 100, 50).await;
     let b = env_buffer("b", 100, 50).await;
     let c = env_buffer("c", 0, 50).await;
-    let batch = Batcher::new(
+    let batch = one_batch(
         vec![
             source("a", &a, 0.5),
             source("b", &b, 0.25),
@@ -163,10 +166,7 @@ async fn a_dry_sources_share_goes_to_the_others_in_proportion_to_theirs() {
         ],
         config(4, 1000, Shortfall::FillFromOthers),
     )
-    .expect("batcher")
-    .next_batch()
-    .await
-    .expect("batch");
+    .await;
     let (ta, tb) = (tokens(&batch, 0), tokens(&batch, 1));
     assert!((ta as f64 - 8000.0 / 3.0).abs() <= 100.0, "a took {ta}");
     assert!((tb as f64 - 4000.0 / 3.0).abs() <= 100.0, "b took {tb}");
@@ -184,7 +184,7 @@ async fn a_dry_source_hands_out_only_its_unmet_share() {
     let a = env_buffer("a", 20, 2).await;
     let b = env_buffer("b", 20, 3).await;
     let c = env_buffer("c", 1, 2).await;
-    let batch = Batcher::new(
+    let batch = one_batch(
         vec![
             source("a", &a, 1.0),
             source("b", &b, 1.0),
@@ -192,10 +192,7 @@ async fn a_dry_source_hands_out_only_its_unmet_share() {
         ],
         config(6, 10, Shortfall::FillFromOthers),
     )
-    .expect("batcher")
-    .next_batch()
-    .await
-    .expect("batch");
+    .await;
     let taken: Vec<usize> = (0..3).map(|s| tokens(&batch, s)).collect();
     assert_eq!(taken, [28, 24, 4]);
     // Nothing of a's was taken and then left over by the packer; b's group over the
@@ -209,20 +206,12 @@ async fn a_dry_source_is_filled_from_the_others_or_returned_short() {
     let a = env_buffer("a", 200, 50).await;
     let b = env_buffer("b", 0, 150).await;
     let sources = || vec![source("a", &a, 0.5), source("b", &b, 0.5)];
-    let filled = Batcher::new(sources(), config(2, 1000, Shortfall::FillFromOthers))
-        .expect("batcher")
-        .next_batch()
-        .await
-        .expect("batch");
+    let filled = one_batch(sources(), config(2, 1000, Shortfall::FillFromOthers)).await;
     assert_eq!((tokens(&filled, 0), tokens(&filled, 1)), (2000, 0));
     assert!(!filled.short);
     drop(filled); // gives every group back
     assert_eq!(a.stats().rpcs[0].eligible, 200);
-    let short = Batcher::new(sources(), config(2, 1000, Shortfall::ReturnShort))
-        .expect("batcher")
-        .next_batch()
-        .await
-        .expect("batch");
+    let short = one_batch(sources(), config(2, 1000, Shortfall::ReturnShort)).await;
     assert!(short.short);
     assert!(tokens(&short, 0) <= 1100, "a stopped near its own share");
 }
