@@ -182,6 +182,8 @@ impl PyIngest {
         d.set_item("dropped_groups", a.dropped_groups)?;
         d.set_item("stored_groups", c.stored_groups)?;
         d.set_item("duplicate_groups", c.duplicate_groups)?;
+        d.set_item("refused_groups", c.refused_groups)?;
+        d.set_item("reopened_groups", c.reopened_groups)?;
         Ok(d)
     }
 }

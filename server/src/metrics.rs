@@ -45,6 +45,8 @@ pub fn publish(buf: &SequenceBuffer, ingest: &GroupIngest, tracker: &mut Metrics
     for (name, value) in [
         ("rollout_buffer_ingest_stored_groups", c.stored_groups),
         ("rollout_buffer_ingest_duplicate_groups", c.duplicate_groups),
+        ("rollout_buffer_ingest_refused_groups", c.refused_groups),
+        ("rollout_buffer_ingest_reopened_groups", c.reopened_groups),
         ("rollout_buffer_ingest_stored_rollouts", c.stored_rollouts),
         (
             "rollout_buffer_ingest_recovered_rollouts",

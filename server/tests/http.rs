@@ -365,6 +365,7 @@ async fn metrics_and_a_graceful_stop() {
     };
     assert_eq!(value("rollout_buffer_http_items_written_total"), 2.0);
     assert_eq!(value("rollout_buffer_ingest_stored_groups"), 1.0);
+    assert_eq!(value("rollout_buffer_ingest_reopened_groups"), 0.0);
     assert_eq!(value("rollout_buffer_rpc_eligible{rpc=\"train\"}"), 1.0);
     let status = server.terminate();
     assert!(status.success(), "{status:?}");

@@ -276,6 +276,89 @@ impl GroupAssembler {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
         }
+        let group = self.open_group(&key, now);
+        group.uids.insert(record.rollout_uid.clone());
+        *group
+            .by_replica
+            .entry(record.replica_id.clone())
+            .or_default() += 1;
+        group.rollouts.push(record);
+        let (size, overdue) = (group.rollouts.len(), group.overdue);
+        if size >= self.config.target_size {
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Full, now)));
+        }
+        if overdue && size >= self.config.min_size {
+            return Ok(Added::Sealed(self.seal(&key, SealReason::Timeout, now)));
+        }
+        Ok(Added::Pending { key, size })
+    }
+
+    /// Takes a pending rollout back out of its group, as if it had never arrived, when its
+    /// arrival could not be made durable: the group forgets its uid and its replica's
+    /// share (a group left empty goes, with its deadline), and the uid is not remembered,
+    /// so a resend is taken as new. `false` when `uid` is not pending under `key` (its
+    /// group sealed meanwhile, say).
+    pub fn withdraw(&mut self, key: &GroupKey, uid: &str) -> bool {
+        let Some(group) = self.pending.get_mut(key) else {
+            return false;
+        };
+        let Some(at) = group.rollouts.iter().position(|r| r.rollout_uid == uid) else {
+            return false;
+        };
+        let record = group.rollouts.remove(at);
+        group.uids.remove(uid);
+        if let Some(n) = group.by_replica.get_mut(&record.replica_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                group.by_replica.remove(&record.replica_id);
+            }
+        }
+        if group.rollouts.is_empty() {
+            let deadline = group.deadline;
+            self.deadlines.remove(&(deadline, key.clone()));
+            self.pending.remove(key);
+        }
+        true
+    }
+
+    /// Puts the rollouts of a sealed group back as pending, when storing the group failed
+    /// for a reason that may pass (the store unreachable, say): the seal is no longer
+    /// counted, no uid of the group is remembered as gone, and its rollouts but those in
+    /// `leave_out` (whose senders were told of the failure, so that their resends complete
+    /// the group) are pending again. The group seals again when a rollout completes it or
+    /// at its timeout, counted from `now`. A rollout pending again already (resent
+    /// meanwhile) is not held twice.
+    pub fn reopen(&mut self, group: SealedGroup, leave_out: &[String], now: Instant) {
+        match group.reason {
+            SealReason::Full => {
+                self.counters.sealed_full = self.counters.sealed_full.saturating_sub(1)
+            }
+            SealReason::Timeout => {
+                self.counters.sealed_timeout = self.counters.sealed_timeout.saturating_sub(1)
+            }
+        }
+        let key = group.key;
+        for record in group.rollouts {
+            // Its entry in `gone_order` stays: the window of remembered uids only bounds
+            // memory, so forgetting it early later is harmless.
+            self.gone.remove(&record.rollout_uid);
+            if leave_out.contains(&record.rollout_uid) {
+                continue;
+            }
+            let group = self.open_group(&key, now);
+            if group.uids.insert(record.rollout_uid.clone()) {
+                *group
+                    .by_replica
+                    .entry(record.replica_id.clone())
+                    .or_default() += 1;
+                group.rollouts.push(record);
+            }
+        }
+    }
+
+    /// The pending group under `key`, created with its deadline from `now` if there is
+    /// none (or it is empty).
+    fn open_group(&mut self, key: &GroupKey, now: Instant) -> &mut Pending {
         let timeout = self.config.seal_timeout;
         let group = self.pending.entry(key.clone()).or_insert_with(|| Pending {
             rollouts: Vec::new(),
@@ -291,20 +374,7 @@ impl GroupAssembler {
         if group.rollouts.is_empty() {
             self.deadlines.insert((group.deadline, key.clone()));
         }
-        group.uids.insert(record.rollout_uid.clone());
-        *group
-            .by_replica
-            .entry(record.replica_id.clone())
-            .or_default() += 1;
-        group.rollouts.push(record);
-        let size = group.rollouts.len();
-        if size >= self.config.target_size {
-            return Ok(Added::Sealed(self.seal(&key, SealReason::Full, now)));
-        }
-        if group.overdue && size >= self.config.min_size {
-            return Ok(Added::Sealed(self.seal(&key, SealReason::Timeout, now)));
-        }
-        Ok(Added::Pending { key, size })
+        group
     }
 
     /// Seals (or drops) every group whose timeout passed at `now`.
@@ -472,6 +542,60 @@ mod tests {
             panic!("overdue group reached min_size");
         };
         assert_eq!((g.rollouts.len(), g.reason), (2, SealReason::Timeout));
+        Ok(())
+    }
+
+    #[test]
+    fn a_withdrawn_rollout_is_as_if_it_never_arrived() -> Result<()> {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut a = GroupAssembler::new(GroupConfig::new(3).max_per_replica(1));
+        let Added::Pending { key, .. } = a.add(rollout("e", 1, "u1", "r1"), t0)? else {
+            panic!("pending");
+        };
+        a.add(rollout("e", 1, "u2", "r2"), t0 + s)?;
+        assert!(a.withdraw(&key, "u2"));
+        assert!(!a.withdraw(&key, "u2"), "already out");
+        assert_eq!(a.counters().pending_rollouts, 1);
+        // Its uid and its replica's share are free again: the resend is taken.
+        assert!(matches!(
+            a.add(rollout("e", 1, "u2", "r2"), t0 + s)?,
+            Added::Pending { size: 2, .. }
+        ));
+        // A group emptied by withdrawals goes, with its deadline.
+        assert!(a.withdraw(&key, "u1") && a.withdraw(&key, "u2"));
+        assert_eq!((a.counters().pending_groups, a.next_deadline()), (0, None));
+        assert!(!a.withdraw(&key, "u1"), "no group");
+        Ok(())
+    }
+
+    #[test]
+    fn a_reopened_group_is_pending_again_and_seals_on_its_completion() -> Result<()> {
+        let t0 = Instant::now();
+        let s = Duration::from_secs(1);
+        let mut a = GroupAssembler::new(GroupConfig::new(3).seal_after(10 * s, 3));
+        a.add(rollout("e", 1, "u1", "r"), t0)?;
+        a.add(rollout("e", 1, "u2", "r"), t0)?;
+        let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
+            panic!("full");
+        };
+        // Its store failed; u3's sender was told, so u3 is left out.
+        let id = g.id.clone();
+        a.reopen(g, &["u3".to_owned()], t0 + 5 * s);
+        let c = a.counters();
+        assert_eq!((c.sealed_full, c.pending_rollouts), (0, 2));
+        assert_eq!(a.next_deadline(), Some(t0 + 15 * s), "from the reopening");
+        // A resend of a reopened member is a duplicate; u3's completes the same group.
+        assert_eq!(
+            a.add(rollout("e", 1, "u1", "r"), t0 + 6 * s)?,
+            Added::Duplicate
+        );
+        let Added::Sealed(again) = a.add(rollout("e", 1, "u3", "r"), t0 + 6 * s)? else {
+            panic!("complete again");
+        };
+        assert_eq!(again.id, id);
+        assert_eq!(a.counters().sealed_full, 1);
+        assert_eq!(a.next_deadline(), None);
         Ok(())
     }
 

@@ -48,6 +48,10 @@ fn sealed_key(id: &str) -> String {
     format!("{SEALED}{id}")
 }
 
+/// A sealed group to store, with the uids of its members never logged as pending (see
+/// [`GroupIngest::store`]).
+type ToStore = (SealedGroup, Vec<String>);
+
 /// Counts of what ingestion did, besides the assembler's own.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -58,6 +62,9 @@ pub struct IngestCounters {
     pub duplicate_groups: u64,
     /// Sealed groups the buffer refused (a future policy version, say).
     pub refused_groups: u64,
+    /// Sealed groups whose store failed for a reason that may pass (the store unreachable,
+    /// the buffer closing), put back as pending to seal again.
+    pub reopened_groups: u64,
     /// Pending rollouts added back at start.
     pub recovered_rollouts: u64,
     /// Rollouts in the groups stored.
@@ -169,7 +176,7 @@ impl GroupIngest {
             }
         }
         for group in sealed {
-            ingest.store(group).await?;
+            ingest.store(group, Vec::new()).await?;
         }
         let weak = Arc::downgrade(&ingest.shared);
         tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
@@ -218,10 +225,19 @@ impl GroupIngest {
             (added, durable)
         };
         if let Some(durable) = durable {
-            durable.await?;
+            if let Err(e) = durable.await {
+                // Not durable, so not acknowledged: a resend must be taken as new, not
+                // answered as a duplicate of a rollout that lives only in memory.
+                if let Added::Pending { key, .. } = &added {
+                    shared.state.lock().assembler.withdraw(key, &uid);
+                }
+                return Err(e);
+            }
         }
         match added {
-            Added::Sealed(group) => self.store(group).await,
+            // The completing rollout was never logged as pending: if the group cannot be
+            // stored, its sender is told and the group waits for the resend.
+            Added::Sealed(group) => self.store(group, vec![uid]).await,
             other => Ok(other),
         }
     }
@@ -249,8 +265,9 @@ impl GroupIngest {
         let mut answers: Vec<Option<Result<Added>>> = Vec::with_capacity(n);
         // Rollouts of this call still pending, by uid: their answers.
         let mut pending_here: HashMap<String, usize> = HashMap::new();
-        // Per group sealed here: its answer, and the answers of its members from this call.
-        let mut sealed: Vec<(usize, Vec<usize>, SealedGroup)> = Vec::new();
+        // Per group sealed here: its answer, the answers of its members from this call, and
+        // the uids of those and of the rollout that completed it (none of them logged).
+        let mut sealed: Vec<(usize, Vec<usize>, SealedGroup, Vec<String>)> = Vec::new();
         let durable = {
             let mut state = shared.state.lock();
             let before = state.assembler.next_deadline();
@@ -261,12 +278,16 @@ impl GroupIngest {
                     Ok(Added::Sealed(group)) => {
                         // Members that came in this call are not logged as pending: the
                         // group's put carries them, and their answers wait for it.
-                        let members: Vec<usize> = group
+                        let (members, mut unlogged): (Vec<usize>, Vec<String>) = group
                             .rollouts
                             .iter()
-                            .filter_map(|r| pending_here.remove(&r.rollout_uid))
-                            .collect();
-                        sealed.push((at, members, group));
+                            .filter_map(|r| {
+                                let at = pending_here.remove(&r.rollout_uid)?;
+                                Some((at, r.rollout_uid.clone()))
+                            })
+                            .unzip();
+                        unlogged.push(uid);
+                        sealed.push((at, members, group, unlogged));
                         answers.push(None);
                     }
                     Ok(added @ Added::Pending { .. }) => {
@@ -300,13 +321,18 @@ impl GroupIngest {
                 .aux_submit(writes.into_iter().map(|(_, w)| w).collect())
         };
         if let Err(e) = durable.await {
-            for &at in pending_here.values() {
+            // As in `add`: what is not durable is taken back out.
+            let mut state = shared.state.lock();
+            for (uid, &at) in &pending_here {
+                if let Some(Ok(Added::Pending { key, .. })) = &answers[at] {
+                    state.assembler.withdraw(key, uid);
+                }
                 answers[at] = Some(Err(e.clone()));
             }
         }
-        let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<SealedGroup>) = sealed
+        let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<ToStore>) = sealed
             .into_iter()
-            .map(|(at, members, group)| ((at, members), group))
+            .map(|(at, members, group, unlogged)| ((at, members), (group, unlogged)))
             .unzip();
         for ((at, members), result) in heads.into_iter().zip(self.store_many(groups).await) {
             if let Err(e) = &result {
@@ -359,37 +385,38 @@ impl GroupIngest {
             .flat_map(|(_, rollouts)| rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        self.shared.buf.aux_write(forget).await?;
-        let mut first_error = None;
+        // A failed forget leaves the dropped rollouts in the log (a restart adds them back
+        // and drops them again); the sealed groups are stored all the same.
+        let mut first_error = self.shared.buf.aux_write(forget).await.err();
         for group in due.sealed {
-            if let Err(e) = self.store(group).await {
+            if let Err(e) = self.store(group, Vec::new()).await {
                 first_error.get_or_insert(e);
             }
         }
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
-    /// (one log unit). If that put fails, each is stored on its own, so one bad group
-    /// refuses only itself.
-    async fn store_many(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+    /// Stores sealed groups as [`Self::store`] does (each with its unlogged uids), those
+    /// not stored before in one put (one log unit). If that put fails, each is stored on
+    /// its own, so one bad group refuses only itself.
+    async fn store_many(&self, groups: Vec<ToStore>) -> Vec<Result<Added>> {
         let shared = &self.shared;
-        let known = |g: &SealedGroup| {
+        let known = |(g, _): &ToStore| {
             shared.buf.aux_get(&sealed_key(&g.id)).is_some() || shared.buf.contains(&g.id)
         };
         if groups.len() < 2 || groups.iter().any(known) {
             return self.store_each(groups).await;
         }
-        let samples = match groups.iter().map(SealedGroup::to_sample).collect() {
+        let samples = match groups.iter().map(|(g, _)| g.to_sample()).collect() {
             Ok(samples) => samples,
             Err(_) => return self.store_each(groups).await,
         };
         let mut writes: Vec<AuxWrite> = groups
             .iter()
-            .flat_map(|g| g.rollouts.iter())
+            .flat_map(|(g, _)| g.rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
+        self.mark_sealed(groups.iter().map(|(g, _)| g.id.as_str()), &mut writes);
         if shared
             .buf
             .put_batch_with_aux(samples, writes)
@@ -398,7 +425,7 @@ impl GroupIngest {
         {
             // Nothing was stored: each group alone, with its own marker.
             let ids: std::collections::HashSet<&str> =
-                groups.iter().map(|g| g.id.as_str()).collect();
+                groups.iter().map(|(g, _)| g.id.as_str()).collect();
             shared
                 .state
                 .lock()
@@ -407,11 +434,14 @@ impl GroupIngest {
             return self.store_each(groups).await;
         }
         let mut state = shared.state.lock();
-        for g in &groups {
+        for (g, _) in &groups {
             state.counters.count_stored(g);
         }
         drop(state);
-        groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
+        groups
+            .into_iter()
+            .map(|(g, _)| Ok(Added::Sealed(g)))
+            .collect()
     }
 
     /// Remembers `ids` as stored: their markers go into `writes` (the put's log unit),
@@ -435,17 +465,20 @@ impl GroupIngest {
         }
     }
 
-    async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+    async fn store_each(&self, groups: Vec<ToStore>) -> Vec<Result<Added>> {
         let mut out = Vec::with_capacity(groups.len());
-        for group in groups {
-            out.push(self.store(group).await);
+        for (group, unlogged) in groups {
+            out.push(self.store(group, unlogged).await);
         }
         out
     }
 
     /// Stores a sealed group unless its id was stored before; in the same log unit, its
-    /// members stop being pending and its marker is written.
-    async fn store(&self, group: SealedGroup) -> Result<Added> {
+    /// members stop being pending and its marker is written. `unlogged` names the members
+    /// never logged as pending, whose senders get this call's error: if the store fails for
+    /// a reason that may pass, the other members are pending again (see
+    /// [`GroupAssembler::reopen`]) and stay so in the log, and those wait for a resend.
+    async fn store(&self, group: SealedGroup, unlogged: Vec<String>) -> Result<Added> {
         let shared = &self.shared;
         let mut writes: Vec<AuxWrite> = group
             .rollouts
@@ -480,6 +513,11 @@ impl GroupIngest {
                 shared.state.lock().counters.duplicate_groups += 1;
                 Ok(Added::DuplicateGroup { id: group.id })
             }
+            Err(e) if may_pass(&e) => {
+                tracing::warn!(group = %group.id, error = %e, "storing a sealed group failed; its rollouts are pending again");
+                self.reopen(group, &unlogged);
+                Err(e)
+            }
             Err(e) => {
                 writes.retain(|w| w.value.is_none() && w.key.starts_with(PENDING));
                 let _ = shared.buf.aux_write(writes).await;
@@ -489,6 +527,38 @@ impl GroupIngest {
             }
         }
     }
+
+    /// Puts a group whose store failed back into the assembler, without the members in
+    /// `unlogged` (see [`Self::store`]), and takes its id out of the remembered markers.
+    fn reopen(&self, group: SealedGroup, unlogged: &[String]) {
+        let shared = &self.shared;
+        let mut state = shared.state.lock();
+        // `mark_sealed` pushed it last, or nearly so.
+        if let Some(at) = state.sealed.iter().rposition(|id| *id == group.id) {
+            state.sealed.remove(at);
+        }
+        state.counters.reopened_groups += 1;
+        let before = state.assembler.next_deadline();
+        state
+            .assembler
+            .reopen(group, unlogged, crate::buffer::now());
+        if state.assembler.next_deadline() != before {
+            shared.timer.wake.notify_one();
+        }
+    }
+}
+
+/// Whether storing a group failed for a reason that may pass (the store or the buffer
+/// unavailable for now), rather than the buffer refusing the group itself.
+fn may_pass(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Storage { .. }
+            | Error::Closed
+            | Error::Timeout { .. }
+            | Error::Full { .. }
+            | Error::Backlog { .. }
+    )
 }
 
 impl Drop for Shared {

@@ -1,0 +1,225 @@
+//! Group ingestion over a store that fails: a rollout is acknowledged only once it is
+//! durable, and nothing acknowledged is lost or answered as a duplicate while it lives only
+//! in memory. A pending rollout whose log write failed is taken back out; a group whose
+//! store failed goes back to pending and seals again when its last rollout is resent (or
+//! at its timeout).
+#![cfg(feature = "persist")]
+
+mod common;
+
+use common::faulty::{Fault, FaultyStore};
+use object_store::memory::InMemory;
+use rollout_buffer::persist::{Durability, PersistOptions, Store};
+use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
+use rollout_buffer::{BufferConfig, Error, RpcDef, SequenceBuffer};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+fn faulty() -> (Arc<FaultyStore>, Store) {
+    let faulty = FaultyStore::new(Arc::new(InMemory::new()));
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "run");
+    (faulty, store)
+}
+
+async fn open(store: &Store) -> SequenceBuffer {
+    let config = BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["output_tokens"]));
+    let options = PersistOptions::new()
+        .durability(Durability::Sync)
+        .archive(None);
+    SequenceBuffer::open_in(store.clone(), config, options)
+        .await
+        .expect("opens")
+}
+
+/// Groups of 3 that seal only when full (or, for `seal_due` tests, after an hour with 2).
+async fn start_ingest(buf: &SequenceBuffer) -> GroupIngest {
+    GroupIngest::start(buf.clone(), GroupConfig::new(3).seal_after(HOUR, 2))
+        .await
+        .expect("start")
+}
+
+fn rollout(example: &str, uid: &str) -> RolloutRecord {
+    let mut r = RolloutRecord::new("math", example, 0, uid);
+    r.output_tokens = vec![1, 2];
+    r.logprobs = vec![-0.5; 2];
+    r.reward = Some(1.0);
+    r
+}
+
+fn is_storage(e: &Error) -> bool {
+    matches!(e, Error::Storage { .. })
+}
+
+fn pending_rollouts(ingest: &GroupIngest) -> u64 {
+    ingest.assembler_counters().pending_rollouts
+}
+
+/// A crash: the buffer and the ingest stop without a word, and a new pair starts on the
+/// same store.
+async fn crash_and_restart(
+    store: &Store,
+    buf: SequenceBuffer,
+    ingest: GroupIngest,
+) -> (SequenceBuffer, GroupIngest) {
+    std::mem::forget(ingest);
+    std::mem::forget(buf);
+    let buf = open(store).await;
+    let ingest = start_ingest(&buf).await;
+    (buf, ingest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_rollout_whose_write_failed_is_taken_as_new_when_resent() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    faults.set(Fault::Fail);
+    let err = ingest
+        .add(rollout("e", "u-1"))
+        .await
+        .expect_err("its write failed");
+    assert!(is_storage(&err), "{err}");
+    assert_eq!(pending_rollouts(&ingest), 1, "u-1 was taken back out");
+    faults.set(Fault::None);
+    // The resend is a new rollout, logged as such, not a duplicate of one in memory only.
+    assert!(matches!(
+        ingest.add(rollout("e", "u-1")).await,
+        Ok(Added::Pending { size: 2, .. })
+    ));
+    let (_buf, ingest) = crash_and_restart(&store, buf, ingest).await;
+    assert_eq!(ingest.counters().recovered_rollouts, 2, "both acknowledged");
+    assert!(matches!(
+        ingest.add(rollout("e", "u-2")).await,
+        Ok(Added::Sealed(g)) if g.rollouts.len() == 3
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_whose_store_failed_seals_again_when_its_last_rollout_is_resent() {
+    // `Ghost`: the put reached the store but was reported failed; the buffer abandons it,
+    // so it is as absent after a restart as a put that failed outright.
+    for fault in [Fault::Fail, Fault::Ghost] {
+        let (faults, store) = faulty();
+        let buf = open(&store).await;
+        let ingest = start_ingest(&buf).await;
+        ingest.add(rollout("e", "u-0")).await.expect("pending");
+        ingest.add(rollout("e", "u-1")).await.expect("pending");
+        faults.set(fault);
+        let err = ingest
+            .add(rollout("e", "u-2"))
+            .await
+            .expect_err("the group's put failed");
+        assert!(is_storage(&err), "{fault:?}: {err}");
+        faults.set(Fault::None);
+        assert_eq!(buf.len(), 0, "{fault:?}");
+        assert_eq!(ingest.counters().reopened_groups, 1, "{fault:?}");
+        assert_eq!(
+            pending_rollouts(&ingest),
+            2,
+            "{fault:?}: the acknowledged two"
+        );
+        assert_eq!(
+            ingest.add(rollout("e", "u-0")).await.ok(),
+            Some(Added::Duplicate),
+            "{fault:?}: u-0 is still pending"
+        );
+        let Ok(Added::Sealed(group)) = ingest.add(rollout("e", "u-2")).await else {
+            panic!("{fault:?}: the resend completes the group");
+        };
+        assert_eq!(group.rollouts.len(), 3, "{fault:?}");
+        assert!(buf.contains(&group.id), "{fault:?}");
+        assert_eq!(ingest.counters().stored_groups, 1, "{fault:?}");
+
+        let (again, _ingest) = crash_and_restart(&store, buf, ingest).await;
+        assert_eq!(again.len(), 1, "{fault:?}: stored once");
+        assert!(again.contains(&group.id), "{fault:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_group_store_keeps_its_acknowledged_rollouts_across_a_crash() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    ingest.add(rollout("e", "u-1")).await.expect("pending");
+    faults.set(Fault::Fail);
+    ingest
+        .add(rollout("e", "u-2"))
+        .await
+        .expect_err("the group's put failed");
+    faults.set(Fault::None);
+    let (buf, ingest) = crash_and_restart(&store, buf, ingest).await;
+    assert_eq!(pending_rollouts(&ingest), 2);
+    assert!(matches!(
+        ingest.add(rollout("e", "u-2")).await,
+        Ok(Added::Sealed(_))
+    ));
+    assert_eq!(buf.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_writes_failed_is_taken_whole_when_resent() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    faults.set(Fault::Fail);
+    // A whole group (its put fails) and a pending rollout of another (its entry fails).
+    let batch = || {
+        vec![
+            rollout("a", "a-0"),
+            rollout("a", "a-1"),
+            rollout("b", "b-0"),
+            rollout("a", "a-2"),
+        ]
+    };
+    let answers = ingest.add_many(batch()).await;
+    assert!(
+        answers.iter().all(|a| matches!(a, Err(e) if is_storage(e))),
+        "{answers:?}"
+    );
+    assert_eq!(
+        pending_rollouts(&ingest),
+        0,
+        "nothing of the batch was kept"
+    );
+    assert_eq!(buf.len(), 0);
+    faults.set(Fault::None);
+    let answers = ingest.add_many(batch()).await;
+    assert!(matches!(answers[3], Ok(Added::Sealed(_))), "{answers:?}");
+    assert!(
+        matches!(answers[2], Ok(Added::Pending { size: 1, .. })),
+        "{answers:?}"
+    );
+    assert_eq!(buf.len(), 1);
+    let (_buf, ingest) = crash_and_restart(&store, buf, ingest).await;
+    assert_eq!(ingest.counters().recovered_rollouts, 1, "b-0 is durable");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_sealed_at_its_timeout_whose_store_failed_seals_again_at_the_next() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    // `x` reaches the minimum of 2, `y` does not (dropped at the timeout).
+    for (example, uid) in [("x", "x-0"), ("x", "x-1"), ("y", "y-0")] {
+        ingest.add(rollout(example, uid)).await.expect("pending");
+    }
+    faults.set(Fault::Fail);
+    let later = Instant::now() + 2 * HOUR;
+    let err = ingest
+        .seal_due(later)
+        .await
+        .expect_err("forgetting y and storing x failed");
+    assert!(is_storage(&err), "{err}");
+    // Forgetting `y` failed, and `x` was tried all the same: it is pending again.
+    assert_eq!(ingest.counters().reopened_groups, 1);
+    assert_eq!(pending_rollouts(&ingest), 2);
+    faults.set(Fault::None);
+    ingest.seal_due(later + 2 * HOUR).await.expect("stored");
+    assert_eq!(buf.len(), 1);
+    assert_eq!(ingest.counters().stored_groups, 1);
+}
