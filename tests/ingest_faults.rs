@@ -1,17 +1,20 @@
 //! Group ingestion over a store that fails: a rollout is acknowledged only once it is
 //! durable, and nothing acknowledged is lost or answered as a duplicate while it lives only
 //! in memory. A pending rollout whose log write failed is taken back out; a group whose
-//! store failed goes back to pending and seals again when its last rollout is resent (or
-//! at its timeout).
+//! store failed goes back to pending with its durable members, and seals again when the
+//! rest are resent (or at its timeout); a resend while the outcome is undecided waits for
+//! it.
 #![cfg(feature = "persist")]
 
 mod common;
 
 use common::faulty::{Fault, FaultyStore};
+use common::wait_until;
 use object_store::memory::InMemory;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
 use rollout_buffer::{BufferConfig, Error, RpcDef, SequenceBuffer};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -222,4 +225,99 @@ async fn a_group_sealed_at_its_timeout_whose_store_failed_seals_again_at_the_nex
     ingest.seal_due(later + 2 * HOUR).await.expect("stored");
     assert_eq!(buf.len(), 1);
     assert_eq!(ingest.counters().stored_groups, 1);
+}
+
+/// Adds `uid` of example `e` in a task of its own.
+fn spawn_add(ingest: &GroupIngest, uid: &str) -> tokio::task::JoinHandle<Result<Added, Error>> {
+    let (ingest, record) = (ingest.clone(), rollout("e", uid));
+    tokio::spawn(async move { ingest.add(record).await })
+}
+
+/// Waits until a write is held in the store's stall.
+async fn a_write_stalls(faults: &FaultyStore) {
+    wait_until(|| faults.stalled.load(Ordering::SeqCst) >= 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_while_the_write_is_undecided_waits_for_its_outcome() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    faults.set(Fault::Stall);
+    let first = spawn_add(&ingest, "u-1");
+    a_write_stalls(&faults).await;
+    // The sender gives up waiting and resends: not answered `Duplicate` while u-1's
+    // write may yet fail.
+    let resend = spawn_add(&ingest, "u-1");
+    faults.set(Fault::Fail);
+    let first = first.await.expect("joins");
+    assert!(matches!(&first, Err(e) if is_storage(e)), "{first:?}");
+    // The write failed, so the resend was a new rollout, whose own write failed too.
+    let resend = resend.await.expect("joins");
+    assert!(matches!(&resend, Err(e) if is_storage(e)), "{resend:?}");
+    faults.set(Fault::None);
+    assert!(matches!(
+        ingest.add(rollout("e", "u-1")).await,
+        Ok(Added::Pending { size: 2, .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_while_its_group_is_being_stored_waits_for_the_outcome() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    for uid in ["u-0", "u-1"] {
+        ingest.add(rollout("e", uid)).await.expect("pending");
+    }
+    faults.set(Fault::Stall);
+    let first = spawn_add(&ingest, "u-2");
+    a_write_stalls(&faults).await;
+    let resend = spawn_add(&ingest, "u-2");
+    faults.set(Fault::Fail);
+    let first = first.await.expect("joins");
+    assert!(matches!(&first, Err(e) if is_storage(e)), "{first:?}");
+    let resend = resend.await.expect("joins");
+    assert!(matches!(&resend, Err(e) if is_storage(e)), "{resend:?}");
+    assert_eq!(pending_rollouts(&ingest), 2);
+    faults.set(Fault::None);
+    assert!(matches!(
+        ingest.add(rollout("e", "u-2")).await,
+        Ok(Added::Sealed(g)) if g.rollouts.len() == 3
+    ));
+    assert_eq!(buf.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_group_is_reopened_without_a_member_whose_own_write_failed() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    faults.set(Fault::Stall);
+    // u-1's write is held; u-2 completes the group (with u-1) meanwhile.
+    let pending = spawn_add(&ingest, "u-1");
+    a_write_stalls(&faults).await;
+    let completing = spawn_add(&ingest, "u-2");
+    wait_until(|| ingest.assembler_counters().sealed_full == 1).await;
+    faults.set(Fault::Fail);
+    for task in [pending, completing] {
+        let answer = task.await.expect("joins");
+        assert!(matches!(&answer, Err(e) if is_storage(e)), "{answer:?}");
+    }
+    // Only u-0 is durable, so only u-0 is pending again.
+    assert_eq!(pending_rollouts(&ingest), 1);
+    faults.set(Fault::None);
+    assert!(matches!(
+        ingest.add(rollout("e", "u-1")).await,
+        Ok(Added::Pending { size: 2, .. })
+    ));
+    let (buf, ingest) = crash_and_restart(&store, buf, ingest).await;
+    assert_eq!(ingest.counters().recovered_rollouts, 2);
+    assert!(matches!(
+        ingest.add(rollout("e", "u-2")).await,
+        Ok(Added::Sealed(g)) if g.rollouts.len() == 3
+    ));
+    assert_eq!(buf.len(), 1);
 }

@@ -38,7 +38,9 @@ mod train_group;
 
 pub use admission::{Admission, AdmissionCounters, AdmissionLimits};
 pub use advantage::{mean_std, Advantage, AdvantageFn};
-pub use assembler::{Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized};
+pub use assembler::{
+    Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized, RETRY_AFTER,
+};
 #[cfg(not(rollout_buffer_loom))]
 pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source};
 pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};

@@ -20,10 +20,28 @@
 //!   whose id has a marker or is in the buffer is not stored again, so replicas that resend
 //!   after a restart cannot double a group. The newest `remember_groups` markers are kept.
 //!
+//! # Failures: nothing acknowledged lives in memory alone
+//!
+//! A rollout's outcome is undecided while its pending entry is being written, and while a
+//! group holding it is being stored; its uid is then *in flight* (`State::in_flight`), and
+//! a resend waits for the outcome instead of being answered `Duplicate` at once:
+//!
+//! * a pending rollout whose write fails is taken back out of its group
+//!   ([`GroupAssembler::withdraw`]): its sender gets the error, and its resend is new;
+//! * a group whose store fails for a reason that may pass (the store failing, the buffer
+//!   closed or full) goes back to pending ([`GroupAssembler::reopen`]) with the members
+//!   whose pending entries are durable; the others (the rollout that completed it, never
+//!   logged on its own, and any whose write failed) get the error, and their resends
+//!   complete the same group again. It seals again at the latest at its new timeout.
+//!
 //! # Locking
 //!
-//! The assembler's mutex is taken before the buffer's lock (auxiliary appends), never the
-//! other way round, and is never held across an await.
+//! The assembler's mutex (`Shared::state`, which also guards the in-flight uids) is taken
+//! before the buffer's lock (auxiliary appends and reads), never the other way round, and
+//! is never held across an await. `Shared::settled` is notified, after the lock is
+//! dropped, whenever uids leave the in-flight set.
+
+mod taken;
 
 use super::assembler::{Added, GroupAssembler, GroupConfig};
 use super::group::SealedGroup;
@@ -36,6 +54,7 @@ use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
 use crate::SequenceBuffer;
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
+use taken::Taken;
 
 const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
@@ -48,10 +67,6 @@ fn sealed_key(id: &str) -> String {
     format!("{SEALED}{id}")
 }
 
-/// A sealed group to store, with the uids of its members never logged as pending (see
-/// [`GroupIngest::store`]).
-type ToStore = (SealedGroup, Vec<String>);
-
 /// Counts of what ingestion did, besides the assembler's own.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -62,8 +77,8 @@ pub struct IngestCounters {
     pub duplicate_groups: u64,
     /// Sealed groups the buffer refused (a future policy version, say).
     pub refused_groups: u64,
-    /// Sealed groups whose store failed for a reason that may pass (the store unreachable,
-    /// the buffer closing), put back as pending to seal again.
+    /// Sealed groups whose store failed for a reason that may pass, put back as pending
+    /// to seal again (see the module docs).
     pub reopened_groups: u64,
     /// Pending rollouts added back at start.
     pub recovered_rollouts: u64,
@@ -97,6 +112,8 @@ struct Shared {
     buf: SequenceBuffer,
     state: Mutex<State>,
     timer: Arc<Timer>,
+    /// Wakes resends waiting for in-flight uids to be decided.
+    settled: Notify,
     remember_groups: usize,
 }
 
@@ -116,6 +133,9 @@ struct State {
     sealed: VecDeque<String>,
     next_seal: u64,
     counters: IngestCounters,
+    /// Uids whose outcome is undecided: a pending entry being written, or a member of a
+    /// group being stored (see the module docs).
+    in_flight: HashMap<String, u32>,
 }
 
 impl GroupIngest {
@@ -150,11 +170,13 @@ impl GroupIngest {
                 sealed: markers.into_iter().map(|(_, id)| id).collect(),
                 next_seal,
                 counters: IngestCounters::default(),
+                in_flight: HashMap::new(),
             }),
             timer: Arc::new(Timer {
                 wake: Notify::new(),
                 stopped: AtomicBool::new(false),
             }),
+            settled: Notify::new(),
             remember_groups,
         });
         let ingest = Self { shared };
@@ -176,7 +198,7 @@ impl GroupIngest {
             }
         }
         for group in sealed {
-            ingest.store(group, Vec::new()).await?;
+            ingest.store(group).await?;
         }
         let weak = Arc::downgrade(&ingest.shared);
         tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
@@ -193,41 +215,53 @@ impl GroupIngest {
     ///   [`RolloutRecord::validate`]), with nothing changed.
     /// * With a sync journal, [`Error::Storage`] when a log write (the pending rollout, or
     ///   the forgetting of a group's members) fails, and [`Error::Closed`] when the
-    ///   journal's writer stopped.
+    ///   journal's writer stopped. The rollout is then not held: resend it.
     /// * The buffer's error when it refuses the completed group (see
     ///   [`SequenceBuffer::put_batch`]; a group id already stored counts as a duplicate
-    ///   group instead). Its pending rollouts are then forgotten.
+    ///   group instead). If the refusal may pass (a storage error, the buffer closed or
+    ///   full), the group is pending again without this rollout, which is to be resent;
+    ///   otherwise the group's pending rollouts are forgotten.
+    ///
+    /// A resend of a rollout whose outcome is still undecided (its write or its group's
+    /// store in flight) waits for it, then is answered as it then stands.
     ///
     /// # Cancel safety
     ///
     /// The rollout enters the assembler at the first poll and its pending entry is logged
-    /// whether or not the future is still polled. If it completes a group, a future dropped
-    /// before the group's put is claimed leaves the group unstored, its rollouts pending in
-    /// the log only (added back by the next [`Self::start`]).
+    /// whether or not the future is still polled; a future dropped before the write is
+    /// decided leaves the rollout in its group even if the write fails. If it completes a
+    /// group, a future dropped before the group's put is claimed leaves the group unstored,
+    /// its rollouts pending in the log only (added back by the next [`Self::start`]).
     pub async fn add(&self, record: RolloutRecord) -> Result<Added> {
         let shared = &self.shared;
         let uid = record.rollout_uid.clone();
         let logged = record.to_sample(pending_key(&uid));
-        let (added, durable) = {
-            let mut state = shared.state.lock();
-            let before = state.assembler.next_deadline();
-            let added = state.assembler.add(record, crate::buffer::now())?;
-            let durable = match &added {
-                Added::Pending { .. } => {
-                    let write = AuxWrite::set(pending_key(&uid), logged);
-                    Some(shared.buf.aux_submit(vec![write]))
+        let (added, durable, _in_flight) = loop {
+            {
+                let mut state = shared.state.lock();
+                if !state.in_flight.contains_key(&uid) {
+                    let before = state.assembler.next_deadline();
+                    let added = state.assembler.add(record, crate::buffer::now())?;
+                    let (durable, watched) = match &added {
+                        Added::Pending { .. } => {
+                            let write = AuxWrite::set(pending_key(&uid), logged);
+                            (Some(shared.buf.aux_submit(vec![write])), vec![uid.clone()])
+                        }
+                        Added::Sealed(group) => (None, members(group).collect()),
+                        _ => (None, Vec::new()),
+                    };
+                    if state.assembler.next_deadline() != before {
+                        shared.timer.wake.notify_one();
+                    }
+                    let in_flight = InFlight::mark(shared, &mut state, watched);
+                    break (added, durable, in_flight);
                 }
-                _ => None,
-            };
-            if state.assembler.next_deadline() != before {
-                shared.timer.wake.notify_one();
             }
-            (added, durable)
+            self.settled(&uid).await;
         };
         if let Some(durable) = durable {
             if let Err(e) = durable.await {
-                // Not durable, so not acknowledged: a resend must be taken as new, not
-                // answered as a duplicate of a rollout that lives only in memory.
+                // Not durable, so not acknowledged: a resend must be taken as new.
                 if let Added::Pending { key, .. } = &added {
                     shared.state.lock().assembler.withdraw(key, &uid);
                 }
@@ -235,10 +269,21 @@ impl GroupIngest {
             }
         }
         match added {
-            // The completing rollout was never logged as pending: if the group cannot be
-            // stored, its sender is told and the group waits for the resend.
-            Added::Sealed(group) => self.store(group, vec![uid]).await,
+            Added::Sealed(group) => self.store(group).await,
             other => Ok(other),
+        }
+    }
+
+    /// Waits until `uid` is not in flight.
+    async fn settled(&self, uid: &str) {
+        loop {
+            let notified = self.shared.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.shared.state.lock().in_flight.contains_key(uid) {
+                return;
+            }
+            notified.await;
         }
     }
 
@@ -261,65 +306,34 @@ impl GroupIngest {
     pub async fn add_many(&self, records: Vec<RolloutRecord>) -> Vec<Result<Added>> {
         let shared = &self.shared;
         let now = crate::buffer::now();
-        let n = records.len();
-        let mut answers: Vec<Option<Result<Added>>> = Vec::with_capacity(n);
-        // Rollouts of this call still pending, by uid: their answers.
-        let mut pending_here: HashMap<String, usize> = HashMap::new();
-        // Per group sealed here: its answer, the answers of its members from this call, and
-        // the uids of those and of the rollout that completed it (none of them logged).
-        let mut sealed: Vec<(usize, Vec<usize>, SealedGroup, Vec<String>)> = Vec::new();
-        let durable = {
-            let mut state = shared.state.lock();
-            let before = state.assembler.next_deadline();
-            for record in records {
-                let uid = record.rollout_uid.clone();
-                let at = answers.len();
-                match state.assembler.add(record, now) {
-                    Ok(Added::Sealed(group)) => {
-                        // Members that came in this call are not logged as pending: the
-                        // group's put carries them, and their answers wait for it.
-                        let (members, mut unlogged): (Vec<usize>, Vec<String>) = group
-                            .rollouts
-                            .iter()
-                            .filter_map(|r| {
-                                let at = pending_here.remove(&r.rollout_uid)?;
-                                Some((at, r.rollout_uid.clone()))
-                            })
-                            .unzip();
-                        unlogged.push(uid);
-                        sealed.push((at, members, group, unlogged));
-                        answers.push(None);
+        let (taken, durable, _in_flight) = loop {
+            let busy = {
+                let mut state = shared.state.lock();
+                let busy = records
+                    .iter()
+                    .find(|r| state.in_flight.contains_key(&r.rollout_uid));
+                match busy {
+                    Some(r) => r.rollout_uid.clone(),
+                    None => {
+                        let before = state.assembler.next_deadline();
+                        let mut taken = Taken::add_all(&mut state.assembler, records, now);
+                        if state.assembler.next_deadline() != before {
+                            shared.timer.wake.notify_one();
+                        }
+                        let durable = shared.buf.aux_submit(std::mem::take(&mut taken.writes));
+                        let watched = std::mem::take(&mut taken.watched);
+                        break (taken, durable, InFlight::mark(shared, &mut state, watched));
                     }
-                    Ok(added @ Added::Pending { .. }) => {
-                        pending_here.insert(uid, at);
-                        answers.push(Some(Ok(added)));
-                    }
-                    other => answers.push(Some(other)),
                 }
-            }
-            // Only what is still pending is logged, read from the assembler (which holds
-            // the records now), in input order.
-            let mut writes: Vec<(usize, AuxWrite)> = if pending_here.is_empty() {
-                Vec::new()
-            } else {
-                state
-                    .assembler
-                    .pending()
-                    .filter_map(|r| {
-                        let at = *pending_here.get(&r.rollout_uid)?;
-                        let key = pending_key(&r.rollout_uid);
-                        Some((at, AuxWrite::set(key.clone(), r.to_sample(key))))
-                    })
-                    .collect()
             };
-            writes.sort_unstable_by_key(|(at, _)| *at);
-            if state.assembler.next_deadline() != before {
-                shared.timer.wake.notify_one();
-            }
-            shared
-                .buf
-                .aux_submit(writes.into_iter().map(|(_, w)| w).collect())
+            self.settled(&busy).await;
         };
+        let Taken {
+            mut answers,
+            pending_here,
+            sealed,
+            ..
+        } = taken;
         if let Err(e) = durable.await {
             // As in `add`: what is not durable is taken back out.
             let mut state = shared.state.lock();
@@ -330,9 +344,9 @@ impl GroupIngest {
                 answers[at] = Some(Err(e.clone()));
             }
         }
-        let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<ToStore>) = sealed
+        let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<SealedGroup>) = sealed
             .into_iter()
-            .map(|(at, members, group, unlogged)| ((at, members), (group, unlogged)))
+            .map(|(at, members, group)| ((at, members), group))
             .unzip();
         for ((at, members), result) in heads.into_iter().zip(self.store_many(groups).await) {
             if let Err(e) = &result {
@@ -369,8 +383,8 @@ impl GroupIngest {
     /// # Errors
     ///
     /// With a sync journal, [`Error::Storage`] or [`Error::Closed`] when forgetting the
-    /// rollouts of groups dropped unsealed fails to be logged; otherwise the first error
-    /// storing a group (as in [`Self::add`]), after every due group was tried.
+    /// rollouts of groups dropped unsealed fails to be logged, or the first error storing a
+    /// group (as in [`Self::add`]); every due group is tried either way.
     ///
     /// # Cancel safety
     ///
@@ -378,7 +392,12 @@ impl GroupIngest {
     /// group's put is claimed leaves that group unstored, its rollouts pending in the log
     /// only (added back by the next [`Self::start`]).
     pub async fn seal_due(&self, now: Instant) -> Result<()> {
-        let due = self.shared.state.lock().assembler.seal_due(now);
+        let (due, _in_flight) = {
+            let mut state = self.shared.state.lock();
+            let due = state.assembler.seal_due(now);
+            let watched = due.sealed.iter().flat_map(members).collect();
+            (due, InFlight::mark(&self.shared, &mut state, watched))
+        };
         let forget: Vec<AuxWrite> = due
             .dropped
             .iter()
@@ -389,34 +408,34 @@ impl GroupIngest {
         // and drops them again); the sealed groups are stored all the same.
         let mut first_error = self.shared.buf.aux_write(forget).await.err();
         for group in due.sealed {
-            if let Err(e) = self.store(group, Vec::new()).await {
+            if let Err(e) = self.store(group).await {
                 first_error.get_or_insert(e);
             }
         }
         first_error.map_or(Ok(()), Err)
     }
 
-    /// Stores sealed groups as [`Self::store`] does (each with its unlogged uids), those
-    /// not stored before in one put (one log unit). If that put fails, each is stored on
-    /// its own, so one bad group refuses only itself.
-    async fn store_many(&self, groups: Vec<ToStore>) -> Vec<Result<Added>> {
+    /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
+    /// (one log unit). If that put fails, each is stored on its own, so one bad group
+    /// refuses only itself.
+    async fn store_many(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
         let shared = &self.shared;
-        let known = |(g, _): &ToStore| {
+        let known = |g: &SealedGroup| {
             shared.buf.aux_get(&sealed_key(&g.id)).is_some() || shared.buf.contains(&g.id)
         };
         if groups.len() < 2 || groups.iter().any(known) {
             return self.store_each(groups).await;
         }
-        let samples = match groups.iter().map(|(g, _)| g.to_sample()).collect() {
+        let samples = match groups.iter().map(SealedGroup::to_sample).collect() {
             Ok(samples) => samples,
             Err(_) => return self.store_each(groups).await,
         };
         let mut writes: Vec<AuxWrite> = groups
             .iter()
-            .flat_map(|(g, _)| g.rollouts.iter())
+            .flat_map(|g| g.rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        self.mark_sealed(groups.iter().map(|(g, _)| g.id.as_str()), &mut writes);
+        self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
         if shared
             .buf
             .put_batch_with_aux(samples, writes)
@@ -425,7 +444,7 @@ impl GroupIngest {
         {
             // Nothing was stored: each group alone, with its own marker.
             let ids: std::collections::HashSet<&str> =
-                groups.iter().map(|(g, _)| g.id.as_str()).collect();
+                groups.iter().map(|g| g.id.as_str()).collect();
             shared
                 .state
                 .lock()
@@ -434,14 +453,11 @@ impl GroupIngest {
             return self.store_each(groups).await;
         }
         let mut state = shared.state.lock();
-        for (g, _) in &groups {
+        for g in &groups {
             state.counters.count_stored(g);
         }
         drop(state);
-        groups
-            .into_iter()
-            .map(|(g, _)| Ok(Added::Sealed(g)))
-            .collect()
+        groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
     }
 
     /// Remembers `ids` as stored: their markers go into `writes` (the put's log unit),
@@ -465,20 +481,17 @@ impl GroupIngest {
         }
     }
 
-    async fn store_each(&self, groups: Vec<ToStore>) -> Vec<Result<Added>> {
+    async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
         let mut out = Vec::with_capacity(groups.len());
-        for (group, unlogged) in groups {
-            out.push(self.store(group, unlogged).await);
+        for group in groups {
+            out.push(self.store(group).await);
         }
         out
     }
 
     /// Stores a sealed group unless its id was stored before; in the same log unit, its
-    /// members stop being pending and its marker is written. `unlogged` names the members
-    /// never logged as pending, whose senders get this call's error: if the store fails for
-    /// a reason that may pass, the other members are pending again (see
-    /// [`GroupAssembler::reopen`]) and stay so in the log, and those wait for a resend.
-    async fn store(&self, group: SealedGroup, unlogged: Vec<String>) -> Result<Added> {
+    /// members stop being pending and its marker is written.
+    async fn store(&self, group: SealedGroup) -> Result<Added> {
         let shared = &self.shared;
         let mut writes: Vec<AuxWrite> = group
             .rollouts
@@ -514,8 +527,8 @@ impl GroupIngest {
                 Ok(Added::DuplicateGroup { id: group.id })
             }
             Err(e) if may_pass(&e) => {
-                tracing::warn!(group = %group.id, error = %e, "storing a sealed group failed; its rollouts are pending again");
-                self.reopen(group, &unlogged);
+                tracing::warn!(group = %group.id, error = %e, "storing a group failed; pending again");
+                self.reopen(group);
                 Err(e)
             }
             Err(e) => {
@@ -528,9 +541,10 @@ impl GroupIngest {
         }
     }
 
-    /// Puts a group whose store failed back into the assembler, without the members in
-    /// `unlogged` (see [`Self::store`]), and takes its id out of the remembered markers.
-    fn reopen(&self, group: SealedGroup, unlogged: &[String]) {
+    /// Puts a group whose store failed back into the assembler with the members whose
+    /// pending entries are durable (the others' senders got an error), and takes its id
+    /// out of the remembered markers.
+    fn reopen(&self, group: SealedGroup) {
         let shared = &self.shared;
         let mut state = shared.state.lock();
         // `mark_sealed` pushed it last, or nearly so.
@@ -539,26 +553,66 @@ impl GroupIngest {
         }
         state.counters.reopened_groups += 1;
         let before = state.assembler.next_deadline();
-        state
-            .assembler
-            .reopen(group, unlogged, crate::buffer::now());
+        let durable =
+            |r: &RolloutRecord| shared.buf.aux_get(&pending_key(&r.rollout_uid)).is_some();
+        state.assembler.reopen(group, durable, crate::buffer::now());
         if state.assembler.next_deadline() != before {
             shared.timer.wake.notify_one();
         }
     }
 }
 
-/// Whether storing a group failed for a reason that may pass (the store or the buffer
-/// unavailable for now), rather than the buffer refusing the group itself.
+/// The uids of a group's members.
+fn members(group: &SealedGroup) -> impl Iterator<Item = String> + '_ {
+    group.rollouts.iter().map(|r| r.rollout_uid.clone())
+}
+
+/// Whether storing a group failed for a reason that may pass (the store failing, the
+/// buffer closed, or full under `Overflow::Reject`), rather than the buffer refusing the
+/// group itself.
 fn may_pass(e: &Error) -> bool {
     matches!(
         e,
-        Error::Storage { .. }
-            | Error::Closed
-            | Error::Timeout { .. }
-            | Error::Full { .. }
-            | Error::Backlog { .. }
+        Error::Storage { .. } | Error::Closed | Error::Full { .. }
     )
+}
+
+/// Uids marked in flight by one call, unmarked when it ends however it ends (also when its
+/// future is dropped); a mark is counted, as a uid can be both a pending rollout whose
+/// write is in flight and a member of a group being stored.
+struct InFlight<'a> {
+    shared: &'a Shared,
+    uids: Vec<String>,
+}
+
+impl<'a> InFlight<'a> {
+    /// Marks `uids`, under the lock that decided their outcome is pending.
+    fn mark(shared: &'a Shared, state: &mut State, uids: Vec<String>) -> Self {
+        for uid in &uids {
+            *state.in_flight.entry(uid.clone()).or_default() += 1;
+        }
+        Self { shared, uids }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.uids.is_empty() {
+            return;
+        }
+        {
+            let mut state = self.shared.state.lock();
+            for uid in &self.uids {
+                if let Some(n) = state.in_flight.get_mut(uid) {
+                    *n -= 1;
+                    if *n == 0 {
+                        state.in_flight.remove(uid);
+                    }
+                }
+            }
+        }
+        self.shared.settled.notify_waiters();
+    }
 }
 
 impl Drop for Shared {

@@ -10,6 +10,10 @@
 //!   which bounds memory.
 //! * `max_per_replica` caps one replica's share of a group; `accept_policy_versions`
 //!   rejects rollouts of other versions. Both are counted.
+//! * For a caller whose durable writes can fail: [`GroupAssembler::withdraw`] takes back a
+//!   pending rollout that could not be made durable, and [`GroupAssembler::reopen`] puts
+//!   back a sealed group that could not be stored; both undo what the rollouts' arrival
+//!   did, so that resends are taken as new.
 //!
 //! Everything is ordered (B-tree maps, a deadline set): the same calls give the same
 //! groups, in the same order.
@@ -182,7 +186,8 @@ pub struct GroupAssembler {
     config: GroupConfig,
     pending: BTreeMap<GroupKey, Pending>,
     deadlines: BTreeSet<(Instant, GroupKey)>,
-    /// Uids sealed or dropped, remembered in arrival order up to `config.remember`.
+    /// Uids sealed or dropped, remembered in the order they left, up to `config.remember`
+    /// (the uids of a reopened group leave both until it seals again).
     gone: HashSet<String>,
     gone_order: VecDeque<String>,
     counters: AssemblerCounters,
@@ -192,6 +197,10 @@ pub struct GroupAssembler {
 
 /// How many recent seal times the quantiles are taken over.
 const SEAL_TIMES: usize = 1024;
+
+/// The soonest a reopened group seals again at its timeout (see
+/// [`GroupAssembler::reopen`]).
+pub const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl GroupAssembler {
     /// An empty assembler.
@@ -307,6 +316,7 @@ impl GroupAssembler {
         };
         let record = group.rollouts.remove(at);
         group.uids.remove(uid);
+        self.counters.received = self.counters.received.saturating_sub(1);
         if let Some(n) = group.by_replica.get_mut(&record.replica_id) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -321,14 +331,21 @@ impl GroupAssembler {
         true
     }
 
-    /// Puts the rollouts of a sealed group back as pending, when storing the group failed
-    /// for a reason that may pass (the store unreachable, say): the seal is no longer
-    /// counted, no uid of the group is remembered as gone, and its rollouts but those in
-    /// `leave_out` (whose senders were told of the failure, so that their resends complete
-    /// the group) are pending again. The group seals again when a rollout completes it or
-    /// at its timeout, counted from `now`. A rollout pending again already (resent
-    /// meanwhile) is not held twice.
-    pub fn reopen(&mut self, group: SealedGroup, leave_out: &[String], now: Instant) {
+    /// Puts a sealed group back as pending, when storing it failed for a reason that may
+    /// pass (the store unreachable, say): the seal is no longer counted, no uid of the
+    /// group is remembered as gone, and its rollouts for which `keep` holds are pending
+    /// again (the others are as if they never arrived: their senders were told of the
+    /// failure, and their resends complete the group). It seals again when a rollout
+    /// completes it, or at its timeout counted from `now` but no sooner than
+    /// [`RETRY_AFTER`], so a store that keeps failing is not retried in a loop. If a
+    /// group of the same key arrived meanwhile, the two merge; a merge that reaches the
+    /// seal condition is due at once.
+    pub fn reopen(
+        &mut self,
+        group: SealedGroup,
+        keep: impl Fn(&RolloutRecord) -> bool,
+        now: Instant,
+    ) {
         match group.reason {
             SealReason::Full => {
                 self.counters.sealed_full = self.counters.sealed_full.saturating_sub(1)
@@ -337,22 +354,55 @@ impl GroupAssembler {
                 self.counters.sealed_timeout = self.counters.sealed_timeout.saturating_sub(1)
             }
         }
+        // The remembered window is what catches late duplicates: the uids leave it
+        // entirely (a rare path, so one pass over it is fine), to come back at the end
+        // when the group seals again.
+        let uids: HashSet<&str> = group
+            .rollouts
+            .iter()
+            .map(|r| r.rollout_uid.as_str())
+            .collect();
+        self.gone_order.retain(|u| !uids.contains(u.as_str()));
+        for uid in &uids {
+            self.gone.remove(*uid);
+        }
         let key = group.key;
+        let merging = self.pending.contains_key(&key);
+        let retry_at = now
+            .checked_add(self.config.seal_timeout.max(RETRY_AFTER))
+            .unwrap_or(now + Duration::from_secs(1 << 40));
+        let (min_size, target_size) = (self.config.min_size, self.config.target_size);
         for record in group.rollouts {
-            // Its entry in `gone_order` stays: the window of remembered uids only bounds
-            // memory, so forgetting it early later is harmless.
-            self.gone.remove(&record.rollout_uid);
-            if leave_out.contains(&record.rollout_uid) {
+            if !keep(&record) {
+                self.counters.received = self.counters.received.saturating_sub(1);
                 continue;
             }
-            let group = self.open_group(&key, now);
-            if group.uids.insert(record.rollout_uid.clone()) {
-                *group
+            let pending = self.open_group(&key, now);
+            if pending.uids.insert(record.rollout_uid.clone()) {
+                *pending
                     .by_replica
                     .entry(record.replica_id.clone())
                     .or_default() += 1;
-                group.rollouts.push(record);
+                pending.rollouts.push(record);
             }
+        }
+        let Some(pending) = self.pending.get_mut(&key) else {
+            return;
+        };
+        let size = pending.rollouts.len();
+        let due = merging && (size >= target_size || (pending.overdue && size >= min_size));
+        let deadline = match (due, merging) {
+            (true, _) => now,
+            (false, false) => retry_at,
+            // Merged below the seal condition: the group's own deadline stands.
+            (false, true) => return,
+        };
+        if deadline != pending.deadline || pending.overdue {
+            // An overdue group's deadline already left the set.
+            self.deadlines.remove(&(pending.deadline, key.clone()));
+            pending.deadline = deadline;
+            pending.overdue = false;
+            self.deadlines.insert((deadline, key));
         }
     }
 
@@ -389,7 +439,13 @@ impl GroupAssembler {
                 continue;
             };
             if group.rollouts.len() >= self.config.min_size {
-                due.sealed.push(self.seal(&key, SealReason::Timeout, now));
+                // Full only when a reopened group merged with another (see `reopen`).
+                let reason = if group.rollouts.len() >= self.config.target_size {
+                    SealReason::Full
+                } else {
+                    SealReason::Timeout
+                };
+                due.sealed.push(self.seal(&key, reason, now));
                 continue;
             }
             match self.config.undersized {
@@ -442,183 +498,4 @@ impl GroupAssembler {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rollout(example: &str, version: u64, uid: &str, replica: &str) -> RolloutRecord {
-        let mut r = RolloutRecord::new("math", example, version, uid);
-        r.replica_id = replica.into();
-        r
-    }
-
-    #[test]
-    fn seals_at_target_size_and_dedupes_by_uid() -> Result<()> {
-        let t0 = Instant::now();
-        let mut a = GroupAssembler::new(GroupConfig::new(3));
-        assert!(matches!(
-            a.add(rollout("e", 1, "u1", "r"), t0)?,
-            Added::Pending { size: 1, .. }
-        ));
-        assert_eq!(a.add(rollout("e", 1, "u1", "r"), t0)?, Added::Duplicate);
-        assert!(matches!(
-            a.add(rollout("e", 1, "u2", "r"), t0)?,
-            Added::Pending { size: 2, .. }
-        ));
-        let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
-            panic!("full at 3");
-        };
-        assert_eq!(g.rollouts.len(), 3);
-        assert_eq!(g.reason, SealReason::Full);
-        // A late duplicate of a sealed rollout is still a duplicate.
-        assert_eq!(a.add(rollout("e", 1, "u2", "r"), t0)?, Added::Duplicate);
-        let c = a.counters();
-        assert_eq!(
-            (c.received, c.duplicates, c.sealed_full, c.pending_groups),
-            (5, 2, 1, 0)
-        );
-        Ok(())
-    }
-
-    #[test]
-    fn seal_times_run_from_a_groups_first_rollout() -> Result<()> {
-        // Groups of 2 sealing 1 s, 2 s, ... 100 s after their first rollout.
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut a = GroupAssembler::new(GroupConfig::new(2));
-        assert_eq!(a.seal_time_quantiles(), None, "none before a seal");
-        for g in 1..=100u32 {
-            let example = format!("e{g}");
-            a.add(rollout(&example, 0, &format!("{g}a"), "r"), t0)?;
-            a.add(rollout(&example, 0, &format!("{g}b"), "r"), t0 + g * s)?;
-        }
-        // Median of 1..=100 s at rank round(99 * 0.5) = 50 (51 s), p99 at 98 (99 s).
-        assert_eq!(a.seal_time_quantiles(), Some((51 * s, 99 * s)));
-        Ok(())
-    }
-
-    #[test]
-    fn strict_keys_split_versions_and_mixed_keys_do_not() -> Result<()> {
-        let t0 = Instant::now();
-        let mut strict = GroupAssembler::new(GroupConfig::new(2));
-        strict.add(rollout("e", 1, "a", "r"), t0)?;
-        assert!(matches!(
-            strict.add(rollout("e", 2, "b", "r"), t0)?,
-            Added::Pending { .. }
-        ));
-        let mut mixed = GroupAssembler::new(GroupConfig::new(2).mode(GroupMode::Mixed));
-        mixed.add(rollout("e", 1, "a", "r"), t0)?;
-        let Added::Sealed(g) = mixed.add(rollout("e", 2, "b", "r"), t0)? else {
-            panic!("mixed groups take both versions");
-        };
-        assert_eq!(g.oldest_version(), 1);
-        Ok(())
-    }
-
-    #[test]
-    fn timeouts_seal_with_min_size_or_drop_or_keep_waiting() -> Result<()> {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let config = GroupConfig::new(4).seal_after(10 * s, 2);
-        let mut a = GroupAssembler::new(config.clone());
-        a.add(rollout("x", 0, "x1", "r"), t0)?;
-        a.add(rollout("x", 0, "x2", "r"), t0 + s)?;
-        a.add(rollout("y", 0, "y1", "r"), t0 + 2 * s)?;
-        assert_eq!(
-            a.next_deadline(),
-            Some(t0 + 10 * s),
-            "from the first rollout"
-        );
-        assert!(a.seal_due(t0 + 9 * s).sealed.is_empty());
-        let due = a.seal_due(t0 + 12 * s);
-        assert_eq!(due.sealed.len(), 1);
-        assert_eq!(due.sealed[0].reason, SealReason::Timeout);
-        assert_eq!(due.dropped.len(), 1, "y has 1 < 2");
-        assert_eq!(a.counters().dropped_rollouts, 1);
-        // Kept waiting instead: it seals on reaching min_size.
-        let mut a = GroupAssembler::new(config.undersized(Undersized::KeepWaiting));
-        a.add(rollout("y", 0, "y1", "r"), t0)?;
-        assert!(a.seal_due(t0 + 11 * s).dropped.is_empty());
-        let Added::Sealed(g) = a.add(rollout("y", 0, "y2", "r"), t0 + 20 * s)? else {
-            panic!("overdue group reached min_size");
-        };
-        assert_eq!((g.rollouts.len(), g.reason), (2, SealReason::Timeout));
-        Ok(())
-    }
-
-    #[test]
-    fn a_withdrawn_rollout_is_as_if_it_never_arrived() -> Result<()> {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut a = GroupAssembler::new(GroupConfig::new(3).max_per_replica(1));
-        let Added::Pending { key, .. } = a.add(rollout("e", 1, "u1", "r1"), t0)? else {
-            panic!("pending");
-        };
-        a.add(rollout("e", 1, "u2", "r2"), t0 + s)?;
-        assert!(a.withdraw(&key, "u2"));
-        assert!(!a.withdraw(&key, "u2"), "already out");
-        assert_eq!(a.counters().pending_rollouts, 1);
-        // Its uid and its replica's share are free again: the resend is taken.
-        assert!(matches!(
-            a.add(rollout("e", 1, "u2", "r2"), t0 + s)?,
-            Added::Pending { size: 2, .. }
-        ));
-        // A group emptied by withdrawals goes, with its deadline.
-        assert!(a.withdraw(&key, "u1") && a.withdraw(&key, "u2"));
-        assert_eq!((a.counters().pending_groups, a.next_deadline()), (0, None));
-        assert!(!a.withdraw(&key, "u1"), "no group");
-        Ok(())
-    }
-
-    #[test]
-    fn a_reopened_group_is_pending_again_and_seals_on_its_completion() -> Result<()> {
-        let t0 = Instant::now();
-        let s = Duration::from_secs(1);
-        let mut a = GroupAssembler::new(GroupConfig::new(3).seal_after(10 * s, 3));
-        a.add(rollout("e", 1, "u1", "r"), t0)?;
-        a.add(rollout("e", 1, "u2", "r"), t0)?;
-        let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
-            panic!("full");
-        };
-        // Its store failed; u3's sender was told, so u3 is left out.
-        let id = g.id.clone();
-        a.reopen(g, &["u3".to_owned()], t0 + 5 * s);
-        let c = a.counters();
-        assert_eq!((c.sealed_full, c.pending_rollouts), (0, 2));
-        assert_eq!(a.next_deadline(), Some(t0 + 15 * s), "from the reopening");
-        // A resend of a reopened member is a duplicate; u3's completes the same group.
-        assert_eq!(
-            a.add(rollout("e", 1, "u1", "r"), t0 + 6 * s)?,
-            Added::Duplicate
-        );
-        let Added::Sealed(again) = a.add(rollout("e", 1, "u3", "r"), t0 + 6 * s)? else {
-            panic!("complete again");
-        };
-        assert_eq!(again.id, id);
-        assert_eq!(a.counters().sealed_full, 1);
-        assert_eq!(a.next_deadline(), None);
-        Ok(())
-    }
-
-    #[test]
-    fn replica_caps_and_version_filters_are_counted() -> Result<()> {
-        let t0 = Instant::now();
-        let mut a = GroupAssembler::new(
-            GroupConfig::new(4)
-                .max_per_replica(2)
-                .accept_policy_versions([1, 2]),
-        );
-        a.add(rollout("e", 1, "a", "r1"), t0)?;
-        a.add(rollout("e", 1, "b", "r1"), t0)?;
-        assert_eq!(a.add(rollout("e", 1, "c", "r1"), t0)?, Added::ReplicaCapped);
-        assert_eq!(
-            a.add(rollout("e", 3, "d", "r2"), t0)?,
-            Added::VersionRejected
-        );
-        let c = a.counters();
-        assert_eq!(
-            (c.replica_capped, c.version_rejected, c.pending_rollouts),
-            (1, 1, 2)
-        );
-        Ok(())
-    }
-}
+mod tests;

@@ -1,0 +1,238 @@
+//! Unit tests of the assembler: sealing, duplicates, timeouts, caps, and the undoing of
+//! arrivals (`withdraw`, `reopen`).
+
+use super::*;
+
+fn rollout(example: &str, version: u64, uid: &str, replica: &str) -> RolloutRecord {
+    let mut r = RolloutRecord::new("math", example, version, uid);
+    r.replica_id = replica.into();
+    r
+}
+
+#[test]
+fn seals_at_target_size_and_dedupes_by_uid() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(3));
+    assert!(matches!(
+        a.add(rollout("e", 1, "u1", "r"), t0)?,
+        Added::Pending { size: 1, .. }
+    ));
+    assert_eq!(a.add(rollout("e", 1, "u1", "r"), t0)?, Added::Duplicate);
+    assert!(matches!(
+        a.add(rollout("e", 1, "u2", "r"), t0)?,
+        Added::Pending { size: 2, .. }
+    ));
+    let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
+        panic!("full at 3");
+    };
+    assert_eq!(g.rollouts.len(), 3);
+    assert_eq!(g.reason, SealReason::Full);
+    // A late duplicate of a sealed rollout is still a duplicate.
+    assert_eq!(a.add(rollout("e", 1, "u2", "r"), t0)?, Added::Duplicate);
+    let c = a.counters();
+    assert_eq!(
+        (c.received, c.duplicates, c.sealed_full, c.pending_groups),
+        (5, 2, 1, 0)
+    );
+    Ok(())
+}
+
+#[test]
+fn seal_times_run_from_a_groups_first_rollout() -> Result<()> {
+    // Groups of 2 sealing 1 s, 2 s, ... 100 s after their first rollout.
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut a = GroupAssembler::new(GroupConfig::new(2));
+    assert_eq!(a.seal_time_quantiles(), None, "none before a seal");
+    for g in 1..=100u32 {
+        let example = format!("e{g}");
+        a.add(rollout(&example, 0, &format!("{g}a"), "r"), t0)?;
+        a.add(rollout(&example, 0, &format!("{g}b"), "r"), t0 + g * s)?;
+    }
+    // Median of 1..=100 s at rank round(99 * 0.5) = 50 (51 s), p99 at 98 (99 s).
+    assert_eq!(a.seal_time_quantiles(), Some((51 * s, 99 * s)));
+    Ok(())
+}
+
+#[test]
+fn strict_keys_split_versions_and_mixed_keys_do_not() -> Result<()> {
+    let t0 = Instant::now();
+    let mut strict = GroupAssembler::new(GroupConfig::new(2));
+    strict.add(rollout("e", 1, "a", "r"), t0)?;
+    assert!(matches!(
+        strict.add(rollout("e", 2, "b", "r"), t0)?,
+        Added::Pending { .. }
+    ));
+    let mut mixed = GroupAssembler::new(GroupConfig::new(2).mode(GroupMode::Mixed));
+    mixed.add(rollout("e", 1, "a", "r"), t0)?;
+    let Added::Sealed(g) = mixed.add(rollout("e", 2, "b", "r"), t0)? else {
+        panic!("mixed groups take both versions");
+    };
+    assert_eq!(g.oldest_version(), 1);
+    Ok(())
+}
+
+#[test]
+fn timeouts_seal_with_min_size_or_drop_or_keep_waiting() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let config = GroupConfig::new(4).seal_after(10 * s, 2);
+    let mut a = GroupAssembler::new(config.clone());
+    a.add(rollout("x", 0, "x1", "r"), t0)?;
+    a.add(rollout("x", 0, "x2", "r"), t0 + s)?;
+    a.add(rollout("y", 0, "y1", "r"), t0 + 2 * s)?;
+    assert_eq!(
+        a.next_deadline(),
+        Some(t0 + 10 * s),
+        "from the first rollout"
+    );
+    assert!(a.seal_due(t0 + 9 * s).sealed.is_empty());
+    let due = a.seal_due(t0 + 12 * s);
+    assert_eq!(due.sealed.len(), 1);
+    assert_eq!(due.sealed[0].reason, SealReason::Timeout);
+    assert_eq!(due.dropped.len(), 1, "y has 1 < 2");
+    assert_eq!(a.counters().dropped_rollouts, 1);
+    // Kept waiting instead: it seals on reaching min_size.
+    let mut a = GroupAssembler::new(config.undersized(Undersized::KeepWaiting));
+    a.add(rollout("y", 0, "y1", "r"), t0)?;
+    assert!(a.seal_due(t0 + 11 * s).dropped.is_empty());
+    let Added::Sealed(g) = a.add(rollout("y", 0, "y2", "r"), t0 + 20 * s)? else {
+        panic!("overdue group reached min_size");
+    };
+    assert_eq!((g.rollouts.len(), g.reason), (2, SealReason::Timeout));
+    Ok(())
+}
+
+#[test]
+fn a_withdrawn_rollout_is_as_if_it_never_arrived() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut a = GroupAssembler::new(GroupConfig::new(3).max_per_replica(1));
+    let Added::Pending { key, .. } = a.add(rollout("e", 1, "u1", "r1"), t0)? else {
+        panic!("pending");
+    };
+    a.add(rollout("e", 1, "u2", "r2"), t0 + s)?;
+    assert!(a.withdraw(&key, "u2"));
+    assert!(!a.withdraw(&key, "u2"), "already out");
+    assert_eq!(a.counters().pending_rollouts, 1);
+    // Its uid and its replica's share are free again: the resend is taken.
+    assert!(matches!(
+        a.add(rollout("e", 1, "u2", "r2"), t0 + s)?,
+        Added::Pending { size: 2, .. }
+    ));
+    // A group emptied by withdrawals goes, with its deadline.
+    assert!(a.withdraw(&key, "u1") && a.withdraw(&key, "u2"));
+    assert_eq!((a.counters().pending_groups, a.next_deadline()), (0, None));
+    assert!(!a.withdraw(&key, "u1"), "no group");
+    Ok(())
+}
+
+#[test]
+fn a_reopened_group_is_pending_again_and_seals_on_its_completion() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut a = GroupAssembler::new(GroupConfig::new(3).seal_after(10 * s, 3));
+    a.add(rollout("e", 1, "u1", "r"), t0)?;
+    a.add(rollout("e", 1, "u2", "r"), t0)?;
+    let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
+        panic!("full");
+    };
+    // Its store failed; u3's sender was told, so u3 is left out.
+    let id = g.id.clone();
+    a.reopen(g, |r| r.rollout_uid != "u3", t0 + 5 * s);
+    let c = a.counters();
+    assert_eq!((c.sealed_full, c.pending_rollouts), (0, 2));
+    assert_eq!(a.next_deadline(), Some(t0 + 15 * s), "from the reopening");
+    // A resend of a reopened member is a duplicate; u3's completes the same group.
+    assert_eq!(
+        a.add(rollout("e", 1, "u1", "r"), t0 + 6 * s)?,
+        Added::Duplicate
+    );
+    let Added::Sealed(again) = a.add(rollout("e", 1, "u3", "r"), t0 + 6 * s)? else {
+        panic!("complete again");
+    };
+    assert_eq!(again.id, id);
+    assert_eq!(a.counters().sealed_full, 1);
+    assert_eq!(a.next_deadline(), None);
+    Ok(())
+}
+
+#[test]
+fn a_reopened_group_merging_with_a_newer_one_is_due_when_complete() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut a = GroupAssembler::new(GroupConfig::new(3).seal_after(10 * s, 3));
+    for uid in ["u1", "u2"] {
+        a.add(rollout("e", 1, uid, "r"), t0)?;
+    }
+    let Added::Sealed(g) = a.add(rollout("e", 1, "u3", "r"), t0)? else {
+        panic!("full");
+    };
+    // While it was being stored, u4 started a group of the same key.
+    a.add(rollout("e", 1, "u4", "r"), t0 + s)?;
+    a.reopen(g, |r| r.rollout_uid != "u3", t0 + 2 * s);
+    assert_eq!(a.counters().pending_rollouts, 3);
+    assert_eq!(a.next_deadline(), Some(t0 + 2 * s), "due at once");
+    let due = a.seal_due(t0 + 2 * s);
+    assert_eq!(due.sealed.len(), 1);
+    assert_eq!(due.sealed[0].rollouts.len(), 3);
+    assert_eq!(due.sealed[0].reason, SealReason::Full);
+    // Below the seal condition the newer group's deadline stands; a reopen with
+    // nothing kept only forgets the uids.
+    for uid in ["v1", "v2"] {
+        a.add(rollout("f", 1, uid, "r"), t0)?;
+    }
+    let Added::Sealed(g) = a.add(rollout("f", 1, "v3", "r"), t0)? else {
+        panic!("full");
+    };
+    a.add(rollout("f", 1, "v4", "r"), t0 + 4 * s)?;
+    a.reopen(g.clone(), |r| r.rollout_uid == "v1", t0 + 5 * s);
+    assert_eq!(a.next_deadline(), Some(t0 + 14 * s), "v4's");
+    assert_eq!(a.counters().pending_rollouts, 2);
+    let received = a.counters().received;
+    a.reopen(g, |_| false, t0 + 5 * s);
+    assert_eq!(a.counters().received, received - 3, "as if never arrived");
+    // v2 is new again: with v4 and v1 it completes the group.
+    let Added::Sealed(g) = a.add(rollout("f", 1, "v2", "r"), t0 + 6 * s)? else {
+        panic!("v1, v2, v4");
+    };
+    assert_eq!(g.rollouts.len(), 3);
+    Ok(())
+}
+
+#[test]
+fn a_reopened_group_is_retried_no_sooner_than_retry_after() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(2).seal_after(Duration::ZERO, 1));
+    a.add(rollout("e", 1, "u1", "r"), t0)?;
+    let due = a.seal_due(t0);
+    let [g] = <[SealedGroup; 1]>::try_from(due.sealed).expect("one group");
+    a.reopen(g, |_| true, t0);
+    assert_eq!(a.next_deadline(), Some(t0 + RETRY_AFTER));
+    assert!(a.seal_due(t0 + RETRY_AFTER / 2).sealed.is_empty());
+    assert_eq!(a.seal_due(t0 + RETRY_AFTER).sealed.len(), 1);
+    Ok(())
+}
+
+#[test]
+fn replica_caps_and_version_filters_are_counted() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(
+        GroupConfig::new(4)
+            .max_per_replica(2)
+            .accept_policy_versions([1, 2]),
+    );
+    a.add(rollout("e", 1, "a", "r1"), t0)?;
+    a.add(rollout("e", 1, "b", "r1"), t0)?;
+    assert_eq!(a.add(rollout("e", 1, "c", "r1"), t0)?, Added::ReplicaCapped);
+    assert_eq!(
+        a.add(rollout("e", 3, "d", "r2"), t0)?,
+        Added::VersionRejected
+    );
+    let c = a.counters();
+    assert_eq!(
+        (c.replica_capped, c.version_rejected, c.pending_rollouts),
+        (1, 1, 2)
+    );
+    Ok(())
+}

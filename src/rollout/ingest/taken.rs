@@ -1,0 +1,87 @@
+//! `Taken`: what [`GroupIngest::add_many`](super::GroupIngest::add_many) does under the
+//! assembler's lock, in one pass over its rollouts: the answers, the rollouts left
+//! pending and their log entries, the groups sealed, and the uids whose outcome the call
+//! decides. Plain data; the caller holds the lock and does the awaiting.
+
+use super::{members, pending_key};
+use crate::buffer::AuxWrite;
+use crate::error::Result;
+use crate::rollout::assembler::{Added, GroupAssembler};
+use crate::rollout::group::SealedGroup;
+use crate::rollout::record::RolloutRecord;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// What [`super::GroupIngest::add_many`] does under the assembler's lock.
+pub(super) struct Taken {
+    /// Per rollout, in input order: its answer, or `None` while its group is to be stored.
+    pub(super) answers: Vec<Option<Result<Added>>>,
+    /// Rollouts of the call still pending, by uid: their answers.
+    pub(super) pending_here: HashMap<String, usize>,
+    /// Per group sealed: its answer, the answers of its members from the call, the group.
+    pub(super) sealed: Vec<(usize, Vec<usize>, SealedGroup)>,
+    /// The pending rollouts' log entries, in input order.
+    pub(super) writes: Vec<AuxWrite>,
+    /// The uids whose outcome the call decides (see the ingest module's docs).
+    pub(super) watched: Vec<String>,
+}
+
+impl Taken {
+    /// Adds `records` to `assembler`.
+    pub(super) fn add_all(
+        assembler: &mut GroupAssembler,
+        records: Vec<RolloutRecord>,
+        now: Instant,
+    ) -> Self {
+        let mut answers = Vec::with_capacity(records.len());
+        let mut pending_here: HashMap<String, usize> = HashMap::new();
+        let mut sealed = Vec::new();
+        let mut watched = Vec::new();
+        for record in records {
+            let uid = record.rollout_uid.clone();
+            let at = answers.len();
+            match assembler.add(record, now) {
+                Ok(Added::Sealed(group)) => {
+                    // Members that came in this call are not logged as pending: the
+                    // group's put carries them, and their answers wait for it.
+                    let here: Vec<usize> = group
+                        .rollouts
+                        .iter()
+                        .filter_map(|r| pending_here.remove(&r.rollout_uid))
+                        .collect();
+                    watched.extend(members(&group));
+                    sealed.push((at, here, group));
+                    answers.push(None);
+                }
+                Ok(added @ Added::Pending { .. }) => {
+                    pending_here.insert(uid, at);
+                    answers.push(Some(Ok(added)));
+                }
+                other => answers.push(Some(other)),
+            }
+        }
+        watched.extend(pending_here.keys().cloned());
+        // Only what is still pending is logged, read from the assembler (which holds the
+        // records now), in input order.
+        let mut writes: Vec<(usize, AuxWrite)> = if pending_here.is_empty() {
+            Vec::new()
+        } else {
+            assembler
+                .pending()
+                .filter_map(|r| {
+                    let at = *pending_here.get(&r.rollout_uid)?;
+                    let key = pending_key(&r.rollout_uid);
+                    Some((at, AuxWrite::set(key.clone(), r.to_sample(key))))
+                })
+                .collect()
+        };
+        writes.sort_unstable_by_key(|(at, _)| *at);
+        Self {
+            answers,
+            pending_here,
+            sealed,
+            writes: writes.into_iter().map(|(_, w)| w).collect(),
+            watched,
+        }
+    }
+}
