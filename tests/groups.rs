@@ -475,3 +475,66 @@ async fn with_an_interval_log_pending_rollouts_are_answered_before_the_flush() {
         .expect("start");
     assert_eq!(ingest.counters().recovered_rollouts, 3);
 }
+
+/// The seal number carries on across restarts, so the window of remembered groups keeps
+/// its order: after two restarts, the newest `remember` groups are still the ones known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remembered_groups_stay_in_seal_order_across_restarts() {
+    let buf = trainer(8);
+    let mut config = GroupConfig::new(2);
+    config.remember = 2;
+    let whole = |e: usize| (0..2).map(move |k| rollout(e, k, 0));
+    // One session per list of examples, each a restart of the ingest; every group is
+    // trained on, so only its marker knows it.
+    for examples in [&[0, 1][..], &[2], &[3]] {
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        for &e in examples {
+            for r in whole(e) {
+                ingest.add(r).await.expect("add");
+            }
+            let batch = buf.get_batch_for_rpc("train").await.expect("get");
+            batch.commit().await.expect("commit");
+        }
+    }
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    ingest
+        .add_many(whole(2).chain(whole(3)).chain(whole(1)).collect())
+        .await;
+    let c = ingest.counters();
+    assert_eq!(
+        (c.duplicate_groups, c.stored_groups),
+        (2, 1),
+        "2 and 3 known, 1 forgotten"
+    );
+}
+
+/// Dropping the last clone of an ingest ends its timer task, also with no group pending
+/// (when the task waits with no deadline).
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_the_ingest_ends_its_timer_task() {
+    let buf = trainer(4);
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    let before = tasks();
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2))
+        .await
+        .expect("start");
+    assert_eq!(tasks(), before + 1, "the timer task");
+    assert_eq!(ingest.seal_time_quantiles(), None, "nothing sealed yet");
+    for r in (0..2).map(|k| rollout(0, k, 0)) {
+        ingest.add(r).await.expect("add");
+    }
+    assert!(ingest.seal_time_quantiles().is_some());
+    // On this one-thread runtime a yield runs the timer task until it parks, waiting
+    // with no deadline: only the drop can wake it.
+    tokio::task::yield_now().await;
+    drop(ingest);
+    common::wait_until(|| tasks() == before).await;
+}

@@ -168,3 +168,24 @@ fn first_fit_decreasing_fills_rows_and_reports_efficiency() {
     assert_eq!(packed.batch.efficiency(), 1.0);
     assert!(packed.batch.ref_logprobs.is_none());
 }
+
+#[test]
+fn a_token_budget_takes_groups_that_fill_it_exactly() {
+    // Groups of 8 and 8 tokens under a budget of 16: both, with nothing left over; a
+    // third of 1 token no longer fits.
+    let group = |g: usize, tokens: usize| TrainGroup {
+        id: format!("g{g}"),
+        environment: "e".into(),
+        policy_version: 0,
+        items: vec![item(g, 0, 1, tokens - 1, false)],
+    };
+    let packer = Packer {
+        rows: Rows::TokenBudget(16),
+        ..Packer::new(8, 1)
+    };
+    let packed = packer
+        .pack(&[group(0, 8), group(1, 8), group(2, 1)])
+        .expect("pack");
+    assert_eq!(packed.batch.real_tokens, 16);
+    assert_eq!(packed.leftover, [2]);
+}

@@ -427,6 +427,19 @@ mod tests {
     }
 
     #[test]
+    fn a_creation_time_left_at_zero_is_not_a_creation_time() -> Result<()> {
+        // `created_ts` 0.0 is `RolloutRecord::new`'s "unknown": the group then carries no
+        // creation time (the buffer's put time stands), rather than one in 1970 that
+        // `max_age` would find stale at once.
+        let mut r = record("a", 1, None);
+        r.created_ts = 0.0;
+        let key = GroupKey::of(&r, GroupMode::Mixed);
+        let s = SealedGroup::new(key, vec![r], SealReason::Full).to_sample()?;
+        assert_eq!(s.get_meta(crate::buffer::CREATED_TS), None);
+        Ok(())
+    }
+
+    #[test]
     fn a_group_stacks_its_rollouts_and_carries_the_oldest_version() -> Result<()> {
         let key = GroupKey::of(&record("a", 3, None), GroupMode::Mixed);
         let g = SealedGroup::new(

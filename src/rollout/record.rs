@@ -252,6 +252,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn token_versions_up_to_i64_max_are_valid() {
+        let mut r = RolloutRecord::new("math", "e", 0, "u");
+        r.output_tokens = vec![1, 2];
+        r.logprobs = vec![-0.5; 2];
+        r.token_versions = Some(vec![0, i64::MAX as u64]);
+        assert!(r.validate().is_ok(), "i64::MAX is a version");
+        r.token_versions = Some(vec![0, i64::MAX as u64 + 1]);
+        assert!(r.validate().is_err(), "one past it is not");
+    }
+
+    #[test]
     fn the_newest_version_is_the_newest_of_its_tokens_or_the_record() {
         let mut r = RolloutRecord::new("math", "ex-1", 3, "u-1");
         assert_eq!(r.newest_version(), 3, "no token versions: the record's");

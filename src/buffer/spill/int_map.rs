@@ -59,5 +59,11 @@ mod tests {
         };
         let top: std::collections::HashSet<u64> = (0..1024).map(|k| hash(k) >> 57).collect();
         assert!(top.len() > 64, "the top bits vary: {}", top.len());
+        // Slot numbers are `u32`s, hashed through `write_u32`.
+        use std::hash::BuildHasher;
+        let build = BuildHasherDefault::<IntHasher>::default();
+        let top: std::collections::HashSet<u64> =
+            (0..1024u32).map(|k| build.hash_one(k) >> 57).collect();
+        assert!(top.len() > 64, "u32 keys spread too: {}", top.len());
     }
 }
