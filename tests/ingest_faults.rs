@@ -13,7 +13,7 @@ use common::wait_until;
 use object_store::memory::InMemory;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
 use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
-use rollout_buffer::{BufferConfig, Error, RpcDef, SequenceBuffer};
+use rollout_buffer::{BufferConfig, Error, Overflow, RpcDef, SequenceBuffer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -27,7 +27,11 @@ fn faulty() -> (Arc<FaultyStore>, Store) {
 }
 
 async fn open(store: &Store) -> SequenceBuffer {
-    let config = BufferConfig::new(16).rpc(RpcDef::new("train", 1).inputs(["output_tokens"]));
+    open_with(store, BufferConfig::new(16)).await
+}
+
+async fn open_with(store: &Store, config: BufferConfig) -> SequenceBuffer {
+    let config = config.rpc(RpcDef::new("train", 1).inputs(["output_tokens"]));
     let options = PersistOptions::new()
         .durability(Durability::Sync)
         .archive(None);
@@ -320,4 +324,67 @@ async fn a_failed_group_is_reopened_without_a_member_whose_own_write_failed() {
         Ok(Added::Sealed(g)) if g.rollouts.len() == 3
     ));
     assert_eq!(buf.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_refused_at_once_keeps_a_member_whose_write_is_still_in_flight() {
+    // A full buffer under `Overflow::Reject` refuses a put before it reaches the log, so
+    // the group fails while a member's own write is still being made durable.
+    let (faults, store) = faulty();
+    let buf = open_with(&store, BufferConfig::new(1).overflow(Overflow::Reject)).await;
+    let ingest = start_ingest(&buf).await;
+    for uid in ["f-0", "f-1", "f-2"] {
+        ingest.add(rollout("f", uid)).await.expect("added");
+    }
+    assert_eq!(buf.len(), 1, "full");
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    faults.set(Fault::Stall);
+    let writing = spawn_add(&ingest, "u-1");
+    a_write_stalls(&faults).await;
+    let refused = ingest
+        .add(rollout("e", "u-2"))
+        .await
+        .expect_err("the buffer is full");
+    assert!(matches!(refused, Error::Full { .. }), "{refused}");
+    faults.set(Fault::None);
+    assert!(matches!(
+        writing.await.expect("joins"),
+        Ok(Added::Pending { .. })
+    ));
+    assert_eq!(
+        pending_rollouts(&ingest),
+        2,
+        "u-0 and u-1, whose write landed"
+    );
+    // Room again: the resend of u-2 completes the group with both.
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    batch.commit().await.expect("commit");
+    assert!(matches!(
+        ingest.add(rollout("e", "u-2")).await,
+        Ok(Added::Sealed(g)) if g.rollouts.len() == 3
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_sent_twice_in_a_batch_shares_its_first_copys_failure() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    faults.set(Fault::Fail);
+    let answers = ingest
+        .add_many(vec![rollout("e", "u-0"), rollout("e", "u-0")])
+        .await;
+    assert!(
+        answers.iter().all(|a| matches!(a, Err(e) if is_storage(e))),
+        "{answers:?}"
+    );
+    faults.set(Fault::None);
+    let answers = ingest
+        .add_many(vec![rollout("e", "u-0"), rollout("e", "u-0")])
+        .await;
+    assert!(
+        matches!(answers[0], Ok(Added::Pending { size: 1, .. })),
+        "{answers:?}"
+    );
+    assert_eq!(answers[1].as_ref().ok(), Some(&Added::Duplicate));
 }

@@ -21,7 +21,7 @@
 use super::group::{GroupKey, GroupMode, SealReason, SealedGroup};
 use super::record::RolloutRecord;
 use crate::error::Result;
-use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// What happens to a group still below `min_size` when its seal timeout passes.
@@ -186,10 +186,15 @@ pub struct GroupAssembler {
     config: GroupConfig,
     pending: BTreeMap<GroupKey, Pending>,
     deadlines: BTreeSet<(Instant, GroupKey)>,
-    /// Uids sealed or dropped, remembered in the order they left, up to `config.remember`
-    /// (the uids of a reopened group leave both until it seals again).
-    gone: HashSet<String>,
-    gone_order: VecDeque<String>,
+    /// Uids sealed or dropped, up to `config.remember` of them, each with the number of
+    /// its leaving.
+    gone: HashMap<String, u64>,
+    /// The same, in the order they left, with entries of uids a reopen took back that
+    /// their numbers no longer match (skipped when they come up, so a reopen needs no
+    /// pass over the window).
+    gone_order: VecDeque<(u64, String)>,
+    /// The number of the next uid to leave.
+    next_gone: u64,
     counters: AssemblerCounters,
     /// Time from first rollout to seal of the last `SEAL_TIMES` groups.
     seal_times: VecDeque<Duration>,
@@ -209,8 +214,9 @@ impl GroupAssembler {
             config,
             pending: BTreeMap::new(),
             deadlines: BTreeSet::new(),
-            gone: HashSet::new(),
+            gone: HashMap::new(),
             gone_order: VecDeque::new(),
+            next_gone: 0,
             counters: AssemblerCounters::default(),
             seal_times: VecDeque::new(),
         }
@@ -266,7 +272,7 @@ impl GroupAssembler {
                 return Ok(Added::VersionRejected);
             }
         }
-        if self.gone.contains(&record.rollout_uid) {
+        if self.gone.contains_key(&record.rollout_uid) {
             self.counters.duplicates += 1;
             return Ok(Added::Duplicate);
         }
@@ -339,7 +345,9 @@ impl GroupAssembler {
     /// completes it, or at its timeout counted from `now` but no sooner than
     /// [`RETRY_AFTER`], so a store that keeps failing is not retried in a loop. If a
     /// group of the same key arrived meanwhile, the two merge; a merge that reaches the
-    /// seal condition is due at once.
+    /// seal condition is due at once. A merge takes every kept rollout, so it can pass
+    /// `target_size` or a replica's cap (only when more than a group's worth of one key
+    /// arrives while its store fails).
     pub fn reopen(
         &mut self,
         group: SealedGroup,
@@ -354,17 +362,10 @@ impl GroupAssembler {
                 self.counters.sealed_timeout = self.counters.sealed_timeout.saturating_sub(1)
             }
         }
-        // The remembered window is what catches late duplicates: the uids leave it
-        // entirely (a rare path, so one pass over it is fine), to come back at the end
-        // when the group seals again.
-        let uids: HashSet<&str> = group
-            .rollouts
-            .iter()
-            .map(|r| r.rollout_uid.as_str())
-            .collect();
-        self.gone_order.retain(|u| !uids.contains(u.as_str()));
-        for uid in &uids {
-            self.gone.remove(*uid);
+        // The uids leave the remembered window, to come back at its end when the group
+        // seals again (their old places in `gone_order` no longer match).
+        for r in &group.rollouts {
+            self.gone.remove(&r.rollout_uid);
         }
         let key = group.key;
         let merging = self.pending.contains_key(&key);
@@ -485,12 +486,16 @@ impl GroupAssembler {
     /// Remembers uids that left (sealed or dropped), forgetting the oldest beyond the bound.
     fn forget(&mut self, uids: BTreeSet<String>) {
         for uid in uids {
-            if self.gone.insert(uid.clone()) {
-                self.gone_order.push_back(uid);
-            }
+            let n = self.next_gone;
+            self.next_gone += 1;
+            self.gone.insert(uid.clone(), n);
+            self.gone_order.push_back((n, uid));
         }
-        while self.gone_order.len() > self.config.remember {
-            if let Some(old) = self.gone_order.pop_front() {
+        while self.gone.len() > self.config.remember {
+            let Some((n, old)) = self.gone_order.pop_front() else {
+                break;
+            };
+            if self.gone.get(&old) == Some(&n) {
                 self.gone.remove(&old);
             }
         }

@@ -236,3 +236,53 @@ fn replica_caps_and_version_filters_are_counted() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_timeout_too_long_to_represent_never_passes() -> Result<()> {
+    let t0 = Instant::now();
+    let year = Duration::from_secs(365 * 24 * 3600);
+    let mut a = GroupAssembler::new(GroupConfig::new(2).seal_after(Duration::MAX, 1));
+    a.add(rollout("e", 1, "u1", "r"), t0)?;
+    assert!(a.next_deadline().is_some_and(|d| d > t0 + year));
+    let Added::Sealed(g) = a.add(rollout("e", 1, "u2", "r"), t0)? else {
+        panic!("full");
+    };
+    // So is a reopened group's.
+    a.reopen(g, |_| true, t0);
+    assert!(a.next_deadline().is_some_and(|d| d > t0 + year));
+    Ok(())
+}
+
+#[test]
+fn the_counts_of_timeouts_and_drops_and_the_remembered_window() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut config = GroupConfig::new(3).seal_after(s, 2);
+    config.remember = 3;
+    let mut a = GroupAssembler::new(config);
+    for (example, uid) in [("x", "x1"), ("x", "x2"), ("y", "y1"), ("z", "z1")] {
+        a.add(rollout(example, 1, uid, "r"), t0)?;
+    }
+    // x seals at its timeout; y and z are dropped.
+    let due = a.seal_due(t0 + s);
+    assert_eq!((due.sealed.len(), due.dropped.len()), (1, 2));
+    let c = a.counters();
+    assert_eq!(
+        (c.sealed_timeout, c.dropped_groups, c.dropped_rollouts),
+        (1, 2, 2)
+    );
+    // The last three uids that left are remembered: the oldest of the four is not.
+    for uid in ["x2", "y1", "z1"] {
+        let example = &uid[..1];
+        assert_eq!(
+            a.add(rollout(example, 1, uid, "r"), t0 + s)?,
+            Added::Duplicate,
+            "{uid}"
+        );
+    }
+    assert!(matches!(
+        a.add(rollout("x", 1, "x1", "r"), t0 + s)?,
+        Added::Pending { .. }
+    ));
+    Ok(())
+}

@@ -30,17 +30,19 @@
 //!   ([`GroupAssembler::withdraw`]): its sender gets the error, and its resend is new;
 //! * a group whose store fails for a reason that may pass (the store failing, the buffer
 //!   closed or full) goes back to pending ([`GroupAssembler::reopen`]) with the members
-//!   whose pending entries are durable; the others (the rollout that completed it, never
-//!   logged on its own, and any whose write failed) get the error, and their resends
-//!   complete the same group again. It seals again at the latest at its new timeout.
+//!   whose pending entries are durable or still being written (their own calls withdraw
+//!   them if that fails); the others (the rollout that completed it, never logged on its
+//!   own, and any whose write failed) get the error, and their resends complete the same
+//!   group again. It seals again at the latest at its new timeout;
+//! * a uid sent twice in one `add_many` shares its first copy's failure.
 //!
 //! # Locking
 //!
 //! The assembler's mutex (`Shared::state`, which also guards the in-flight uids) is taken
 //! before the buffer's lock (auxiliary appends and reads), never the other way round, and
-//! is never held across an await. `Shared::settled` is notified, after the lock is
-//! dropped, whenever uids leave the in-flight set.
+//! is never held across an await. The in-flight marks live in `in_flight.rs`.
 
+mod in_flight;
 mod taken;
 
 use super::assembler::{Added, GroupAssembler, GroupConfig};
@@ -52,7 +54,8 @@ use crate::sample::Sample;
 use crate::sync::Weak;
 use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
 use crate::SequenceBuffer;
-use std::collections::{HashMap, VecDeque};
+use in_flight::{settled, InFlight};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Instant;
 use taken::Taken;
 
@@ -136,6 +139,11 @@ struct State {
     /// Uids whose outcome is undecided: a pending entry being written, or a member of a
     /// group being stored (see the module docs).
     in_flight: HashMap<String, u32>,
+    /// Uids whose own pending write is in flight (a reopen keeps them: their own call
+    /// withdraws them if the write fails).
+    writing: HashSet<String>,
+    /// Resends waiting for in-flight uids.
+    waiters: usize,
 }
 
 impl GroupIngest {
@@ -171,6 +179,8 @@ impl GroupIngest {
                 next_seal,
                 counters: IngestCounters::default(),
                 in_flight: HashMap::new(),
+                writing: HashSet::new(),
+                waiters: 0,
             }),
             timer: Arc::new(Timer {
                 wake: Notify::new(),
@@ -236,34 +246,38 @@ impl GroupIngest {
         let shared = &self.shared;
         let uid = record.rollout_uid.clone();
         let logged = record.to_sample(pending_key(&uid));
-        let (added, durable, _in_flight) = loop {
+        let (added, durable, mut in_flight) = loop {
             {
                 let mut state = shared.state.lock();
                 if !state.in_flight.contains_key(&uid) {
                     let before = state.assembler.next_deadline();
                     let added = state.assembler.add(record, crate::buffer::now())?;
-                    let (durable, watched) = match &added {
+                    let (durable, watched, writing) = match &added {
                         Added::Pending { .. } => {
                             let write = AuxWrite::set(pending_key(&uid), logged);
-                            (Some(shared.buf.aux_submit(vec![write])), vec![uid.clone()])
+                            let durable = shared.buf.aux_submit(vec![write]);
+                            (Some(durable), vec![uid.clone()], vec![uid.clone()])
                         }
-                        Added::Sealed(group) => (None, members(group).collect()),
-                        _ => (None, Vec::new()),
+                        Added::Sealed(group) => (None, members(group).collect(), Vec::new()),
+                        _ => (None, Vec::new(), Vec::new()),
                     };
                     if state.assembler.next_deadline() != before {
                         shared.timer.wake.notify_one();
                     }
-                    let in_flight = InFlight::mark(shared, &mut state, watched);
+                    let in_flight = InFlight::mark(shared, &mut state, watched, writing);
                     break (added, durable, in_flight);
                 }
             }
-            self.settled(&uid).await;
+            settled(shared, &uid).await;
         };
         if let Some(durable) = durable {
-            if let Err(e) = durable.await {
+            let written = durable.await;
+            let mut state = shared.state.lock();
+            in_flight.written(&mut state);
+            if let Err(e) = written {
                 // Not durable, so not acknowledged: a resend must be taken as new.
                 if let Added::Pending { key, .. } = &added {
-                    shared.state.lock().assembler.withdraw(key, &uid);
+                    state.assembler.withdraw(key, &uid);
                 }
                 return Err(e);
             }
@@ -271,19 +285,6 @@ impl GroupIngest {
         match added {
             Added::Sealed(group) => self.store(group).await,
             other => Ok(other),
-        }
-    }
-
-    /// Waits until `uid` is not in flight.
-    async fn settled(&self, uid: &str) {
-        loop {
-            let notified = self.shared.settled.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if !self.shared.state.lock().in_flight.contains_key(uid) {
-                return;
-            }
-            notified.await;
         }
     }
 
@@ -305,8 +306,7 @@ impl GroupIngest {
     /// As [`Self::add`], for every rollout: all enter the assembler at the first poll.
     pub async fn add_many(&self, records: Vec<RolloutRecord>) -> Vec<Result<Added>> {
         let shared = &self.shared;
-        let now = crate::buffer::now();
-        let (taken, durable, _in_flight) = loop {
+        let (taken, durable, mut in_flight) = loop {
             let busy = {
                 let mut state = shared.state.lock();
                 let busy = records
@@ -316,32 +316,40 @@ impl GroupIngest {
                     Some(r) => r.rollout_uid.clone(),
                     None => {
                         let before = state.assembler.next_deadline();
+                        let now = crate::buffer::now();
                         let mut taken = Taken::add_all(&mut state.assembler, records, now);
                         if state.assembler.next_deadline() != before {
                             shared.timer.wake.notify_one();
                         }
                         let durable = shared.buf.aux_submit(std::mem::take(&mut taken.writes));
                         let watched = std::mem::take(&mut taken.watched);
-                        break (taken, durable, InFlight::mark(shared, &mut state, watched));
+                        let writing = taken.pending_here.keys().cloned().collect();
+                        let in_flight = InFlight::mark(shared, &mut state, watched, writing);
+                        break (taken, durable, in_flight);
                     }
                 }
             };
-            self.settled(&busy).await;
+            settled(shared, &busy).await;
         };
         let Taken {
             mut answers,
             pending_here,
             sealed,
+            repeats,
             ..
         } = taken;
-        if let Err(e) = durable.await {
-            // As in `add`: what is not durable is taken back out.
+        {
+            let written = durable.await;
             let mut state = shared.state.lock();
-            for (uid, &at) in &pending_here {
-                if let Some(Ok(Added::Pending { key, .. })) = &answers[at] {
-                    state.assembler.withdraw(key, uid);
+            in_flight.written(&mut state);
+            if let Err(e) = written {
+                // As in `add`: what is not durable is taken back out.
+                for (uid, &at) in &pending_here {
+                    if let Some(Ok(Added::Pending { key, .. })) = &answers[at] {
+                        state.assembler.withdraw(key, uid);
+                    }
+                    answers[at] = Some(Err(e.clone()));
                 }
-                answers[at] = Some(Err(e.clone()));
             }
         }
         let (heads, groups): (Vec<(usize, Vec<usize>)>, Vec<SealedGroup>) = sealed
@@ -355,6 +363,13 @@ impl GroupIngest {
                 }
             }
             answers[at] = Some(result);
+        }
+        // A uid sent twice in the call shares its first copy's failure: its `Duplicate`
+        // stood for a rollout that was then not kept.
+        for (again, first) in repeats {
+            if let Some(Err(e)) = &answers[first] {
+                answers[again] = Some(Err(e.clone()));
+            }
         }
         answers
             .into_iter()
@@ -396,7 +411,10 @@ impl GroupIngest {
             let mut state = self.shared.state.lock();
             let due = state.assembler.seal_due(now);
             let watched = due.sealed.iter().flat_map(members).collect();
-            (due, InFlight::mark(&self.shared, &mut state, watched))
+            (
+                due,
+                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
+            )
         };
         let forget: Vec<AuxWrite> = due
             .dropped
@@ -542,8 +560,8 @@ impl GroupIngest {
     }
 
     /// Puts a group whose store failed back into the assembler with the members whose
-    /// pending entries are durable (the others' senders got an error), and takes its id
-    /// out of the remembered markers.
+    /// pending entries are durable or still being written (the others' senders got an
+    /// error), and takes its id out of the remembered markers.
     fn reopen(&self, group: SealedGroup) {
         let shared = &self.shared;
         let mut state = shared.state.lock();
@@ -553,9 +571,19 @@ impl GroupIngest {
         }
         state.counters.reopened_groups += 1;
         let before = state.assembler.next_deadline();
-        let durable =
-            |r: &RolloutRecord| shared.buf.aux_get(&pending_key(&r.rollout_uid)).is_some();
-        state.assembler.reopen(group, durable, crate::buffer::now());
+        // Kept: the members whose pending entries are durable, and those whose own write
+        // is still in flight (its call withdraws them if it fails).
+        let keep: HashSet<String> = group
+            .rollouts
+            .iter()
+            .filter(|r| {
+                state.writing.contains(&r.rollout_uid)
+                    || shared.buf.aux_get(&pending_key(&r.rollout_uid)).is_some()
+            })
+            .map(|r| r.rollout_uid.clone())
+            .collect();
+        let kept = |r: &RolloutRecord| keep.contains(&r.rollout_uid);
+        state.assembler.reopen(group, kept, crate::buffer::now());
         if state.assembler.next_deadline() != before {
             shared.timer.wake.notify_one();
         }
@@ -575,44 +603,6 @@ fn may_pass(e: &Error) -> bool {
         e,
         Error::Storage { .. } | Error::Closed | Error::Full { .. }
     )
-}
-
-/// Uids marked in flight by one call, unmarked when it ends however it ends (also when its
-/// future is dropped); a mark is counted, as a uid can be both a pending rollout whose
-/// write is in flight and a member of a group being stored.
-struct InFlight<'a> {
-    shared: &'a Shared,
-    uids: Vec<String>,
-}
-
-impl<'a> InFlight<'a> {
-    /// Marks `uids`, under the lock that decided their outcome is pending.
-    fn mark(shared: &'a Shared, state: &mut State, uids: Vec<String>) -> Self {
-        for uid in &uids {
-            *state.in_flight.entry(uid.clone()).or_default() += 1;
-        }
-        Self { shared, uids }
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        if self.uids.is_empty() {
-            return;
-        }
-        {
-            let mut state = self.shared.state.lock();
-            for uid in &self.uids {
-                if let Some(n) = state.in_flight.get_mut(uid) {
-                    *n -= 1;
-                    if *n == 0 {
-                        state.in_flight.remove(uid);
-                    }
-                }
-            }
-        }
-        self.shared.settled.notify_waiters();
-    }
 }
 
 impl Drop for Shared {

@@ -24,6 +24,9 @@ pub(super) struct Taken {
     pub(super) writes: Vec<AuxWrite>,
     /// The uids whose outcome the call decides (see the ingest module's docs).
     pub(super) watched: Vec<String>,
+    /// Rollouts whose uid came earlier in the same call (answered `Duplicate`), with the
+    /// first copy's place.
+    pub(super) repeats: Vec<(usize, usize)>,
 }
 
 impl Taken {
@@ -37,9 +40,17 @@ impl Taken {
         let mut pending_here: HashMap<String, usize> = HashMap::new();
         let mut sealed = Vec::new();
         let mut watched = Vec::new();
+        let mut first: HashMap<String, usize> = HashMap::with_capacity(records.len());
+        let mut repeats = Vec::new();
         for record in records {
             let uid = record.rollout_uid.clone();
             let at = answers.len();
+            match first.get(&uid) {
+                Some(&earlier) => repeats.push((at, earlier)),
+                None => {
+                    first.insert(uid.clone(), at);
+                }
+            }
             match assembler.add(record, now) {
                 Ok(Added::Sealed(group)) => {
                     // Members that came in this call are not logged as pending: the
@@ -82,6 +93,7 @@ impl Taken {
             sealed,
             writes: writes.into_iter().map(|(_, w)| w).collect(),
             watched,
+            repeats,
         }
     }
 }
