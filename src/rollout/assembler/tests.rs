@@ -286,3 +286,31 @@ fn the_counts_of_timeouts_and_drops_and_the_remembered_window() -> Result<()> {
     ));
     Ok(())
 }
+
+#[test]
+fn a_reopen_counts_replica_shares_and_a_merge_below_the_seal_condition_waits() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let config = GroupConfig::new(4).seal_after(10 * s, 2).max_per_replica(2);
+    let mut a = GroupAssembler::new(config);
+    let mut sealed = None;
+    for (uid, replica) in [("u1", "r"), ("u2", "r"), ("u3", "q"), ("u4", "q")] {
+        if let Added::Sealed(g) = a.add(rollout("e", 1, uid, replica), t0)? {
+            sealed = Some(g);
+        }
+    }
+    let group = sealed.expect("full at 4");
+    // While its store fails, u5 starts a newer group of the same key.
+    a.add(rollout("e", 1, "u5", "q"), t0 + s)?;
+    // The store failed: u1 and u2 (replica r) are kept, u3 and u4 left out.
+    a.reopen(group, |r| r.rollout_uid.as_str() < "u3", t0 + 2 * s);
+    // Three: above `min_size`, but neither full nor overdue, so u5's deadline stands.
+    assert_eq!(a.counters().pending_rollouts, 3);
+    assert_eq!(a.next_deadline(), Some(t0 + 11 * s));
+    // Replica r's two reopened rollouts count against its cap.
+    assert_eq!(
+        a.add(rollout("e", 1, "u6", "r"), t0 + 3 * s)?,
+        Added::ReplicaCapped
+    );
+    Ok(())
+}
