@@ -242,24 +242,38 @@ async fn a_write_stalls(faults: &FaultyStore) {
     wait_until(|| faults.stalled.load(Ordering::SeqCst) >= 1).await;
 }
 
+/// Asserts that a spawned add ended with a storage error.
+async fn fails_on_storage(task: tokio::task::JoinHandle<Result<Added, Error>>) {
+    let answer = task.await.expect("joins");
+    assert!(matches!(&answer, Err(e) if is_storage(e)), "{answer:?}");
+}
+
+/// Adds `uid` while the store stalls, resends it once the first write (or put) is held,
+/// then makes the store fail: both must end with the storage error (the resend waited
+/// for the first's outcome, and was then a new rollout whose own write failed too).
+async fn add_and_resend_while_stalled_then_fail(
+    ingest: &GroupIngest,
+    faults: &FaultyStore,
+    uid: &str,
+) {
+    faults.set(Fault::Stall);
+    let first = spawn_add(ingest, uid);
+    a_write_stalls(faults).await;
+    // The sender gives up waiting and resends: not answered `Duplicate` while the
+    // outcome may yet be a failure.
+    let resend = spawn_add(ingest, uid);
+    faults.set(Fault::Fail);
+    fails_on_storage(first).await;
+    fails_on_storage(resend).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_while_the_write_is_undecided_waits_for_its_outcome() {
     let (faults, store) = faulty();
     let buf = open(&store).await;
     let ingest = start_ingest(&buf).await;
     ingest.add(rollout("e", "u-0")).await.expect("pending");
-    faults.set(Fault::Stall);
-    let first = spawn_add(&ingest, "u-1");
-    a_write_stalls(&faults).await;
-    // The sender gives up waiting and resends: not answered `Duplicate` while u-1's
-    // write may yet fail.
-    let resend = spawn_add(&ingest, "u-1");
-    faults.set(Fault::Fail);
-    let first = first.await.expect("joins");
-    assert!(matches!(&first, Err(e) if is_storage(e)), "{first:?}");
-    // The write failed, so the resend was a new rollout, whose own write failed too.
-    let resend = resend.await.expect("joins");
-    assert!(matches!(&resend, Err(e) if is_storage(e)), "{resend:?}");
+    add_and_resend_while_stalled_then_fail(&ingest, &faults, "u-1").await;
     faults.set(Fault::None);
     assert!(matches!(
         ingest.add(rollout("e", "u-1")).await,
@@ -275,15 +289,7 @@ async fn a_resend_while_its_group_is_being_stored_waits_for_the_outcome() {
     for uid in ["u-0", "u-1"] {
         ingest.add(rollout("e", uid)).await.expect("pending");
     }
-    faults.set(Fault::Stall);
-    let first = spawn_add(&ingest, "u-2");
-    a_write_stalls(&faults).await;
-    let resend = spawn_add(&ingest, "u-2");
-    faults.set(Fault::Fail);
-    let first = first.await.expect("joins");
-    assert!(matches!(&first, Err(e) if is_storage(e)), "{first:?}");
-    let resend = resend.await.expect("joins");
-    assert!(matches!(&resend, Err(e) if is_storage(e)), "{resend:?}");
+    add_and_resend_while_stalled_then_fail(&ingest, &faults, "u-2").await;
     assert_eq!(pending_rollouts(&ingest), 2);
     faults.set(Fault::None);
     assert!(matches!(
@@ -306,10 +312,8 @@ async fn a_failed_group_is_reopened_without_a_member_whose_own_write_failed() {
     let completing = spawn_add(&ingest, "u-2");
     wait_until(|| ingest.assembler_counters().sealed_full == 1).await;
     faults.set(Fault::Fail);
-    for task in [pending, completing] {
-        let answer = task.await.expect("joins");
-        assert!(matches!(&answer, Err(e) if is_storage(e)), "{answer:?}");
-    }
+    fails_on_storage(pending).await;
+    fails_on_storage(completing).await;
     // Only u-0 is durable, so only u-0 is pending again.
     assert_eq!(pending_rollouts(&ingest), 1);
     faults.set(Fault::None);
