@@ -216,6 +216,33 @@ async fn a_dry_source_is_filled_from_the_others_or_returned_short() {
     assert!(tokens(&short, 0) <= 1100, "a stopped near its own share");
 }
 
+/// A source with nothing eligible is waited for: a group that arrives while the batcher
+/// waits goes into the batch, under a bounded wait and under `BlockForever`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_arriving_during_the_wait_is_taken() {
+    for shortfall in [Shortfall::ReturnShort, Shortfall::BlockForever] {
+        let b = env_buffer("b", 0, 100).await;
+        let mut cfg = config(1, 100, shortfall);
+        cfg.wait = Duration::from_secs(60);
+        let batcher = Batcher::new(vec![source("b", &b, 1.0)], cfg).expect("batcher");
+        let next = tokio::spawn(async move { batcher.next_batch().await });
+        common::wait_until(|| b.stats().rpcs[0].waiting == 1).await;
+        b.put_batch(vec![group("b", 0, 50, [0.0, 1.0])])
+            .await
+            .expect("put");
+        let batch = tokio::time::timeout(Duration::from_secs(60), next)
+            .await
+            .expect("the batch came with the group")
+            .expect("task")
+            .expect("batch");
+        assert!(
+            !batch.short,
+            "{shortfall:?}: the group that arrived filled it"
+        );
+        assert_eq!(tokens(&batch, 0), 100, "{shortfall:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_inputs_give_the_same_batch() {
     let mut batches = Vec::new();

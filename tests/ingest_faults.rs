@@ -12,7 +12,7 @@ use common::faulty::{Fault, FaultyStore};
 use common::wait_until;
 use object_store::memory::InMemory;
 use rollout_buffer::persist::{Durability, PersistOptions, Store};
-use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
+use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord, RETRY_AFTER};
 use rollout_buffer::{BufferConfig, Error, Overflow, RpcDef, SequenceBuffer};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -53,6 +53,34 @@ fn rollout(example: &str, uid: &str) -> RolloutRecord {
     r.logprobs = vec![-0.5; 2];
     r.reward = Some(1.0);
     r
+}
+
+/// The three rollouts of example `e`'s group, uids `{e}-0` to `{e}-2`.
+fn whole(e: &str) -> Vec<RolloutRecord> {
+    (0..3).map(|k| rollout(e, &format!("{e}-{k}"))).collect()
+}
+
+/// Trains (leases and commits) `n` samples, one at a time.
+async fn train(buf: &SequenceBuffer, n: usize) {
+    for _ in 0..n {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        batch.commit().await.expect("commit");
+    }
+    assert_eq!(buf.len(), 0, "only their markers know them now");
+}
+
+/// What resending `groups` (whole, in one call) did: (stored, duplicates).
+async fn resend(ingest: &GroupIngest, groups: &[&str]) -> (u64, u64) {
+    let before = ingest.counters();
+    let answers = ingest
+        .add_many(groups.iter().flat_map(|e| whole(e)).collect())
+        .await;
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    let c = ingest.counters();
+    (
+        c.stored_groups - before.stored_groups,
+        c.duplicate_groups - before.duplicate_groups,
+    )
 }
 
 fn is_storage(e: &Error) -> bool {
@@ -204,6 +232,38 @@ async fn a_batch_whose_writes_failed_is_taken_whole_when_resent() {
     assert_eq!(buf.len(), 1);
     let (_buf, ingest) = crash_and_restart(&store, buf, ingest).await;
     assert_eq!(ingest.counters().recovered_rollouts, 1, "b-0 is durable");
+}
+
+/// The groups an `add_many` completes are stored in one log write (one put with their
+/// markers): with a single write let through, batches of two and of three groups are stored
+/// whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_one_batch_completes_are_stored_in_one_write() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    for groups in [2, 3] {
+        let batch = (0..groups)
+            .flat_map(|g| {
+                let example = format!("g{groups}-{g}");
+                (0..3).map(move |k| rollout(&example, &format!("{example}-{k}")))
+            })
+            .collect();
+        faults.set_after(Fault::Fail, 1);
+        let answers = ingest.add_many(batch).await;
+        faults.set(Fault::None);
+        let sealed = answers
+            .iter()
+            .filter(|a| matches!(a, Ok(Added::Sealed(_))))
+            .count();
+        assert_eq!(sealed, groups, "{answers:?}");
+        assert_eq!(
+            faults.injected.load(Ordering::SeqCst),
+            0,
+            "one write was enough"
+        );
+    }
+    assert_eq!(buf.len(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,4 +451,131 @@ async fn a_uid_sent_twice_in_a_batch_shares_its_first_copys_failure() {
         "{answers:?}"
     );
     assert_eq!(answers[1].as_ref().ok(), Some(&Added::Duplicate));
+}
+
+/// A group the buffer refuses for what it is (from a newer policy than the trainer's) is
+/// dropped with its members, not reopened: the sender that completed it gets the refusal,
+/// and a restart finds nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_the_buffer_refuses_is_dropped_not_reopened() {
+    let (_faults, store) = faulty();
+    let buf = open(&store).await;
+    buf.set_policy_version(0).expect("version");
+    let ingest = start_ingest(&buf).await;
+    let future = |uid: &str| {
+        let mut r = rollout("f", uid);
+        r.policy_version = 1;
+        r
+    };
+    for uid in ["f-0", "f-1"] {
+        ingest.add(future(uid)).await.expect("pending");
+    }
+    let err = ingest.add(future("f-2")).await.expect_err("refused");
+    assert!(matches!(err, Error::FutureVersion { .. }), "{err}");
+    let c = ingest.counters();
+    assert_eq!((c.refused_groups, c.reopened_groups), (1, 0));
+    assert_eq!(pending_rollouts(&ingest), 0);
+    assert_eq!(buf.len(), 0);
+    let (_buf, ingest) = crash_and_restart(&store, buf, ingest).await;
+    assert_eq!(
+        ingest.counters().recovered_rollouts,
+        0,
+        "its pending entries are gone"
+    );
+}
+
+/// A group reopened while the timer task has nothing to wait for wakes it: its deadline
+/// passed while its put was held, so the timer found nothing due and parked; the reopened
+/// group is then sealed at its new deadline with no other traffic.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_group_reopened_while_the_timer_is_idle_is_sealed_at_its_new_deadline() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let config = GroupConfig::new(3).seal_after(Duration::from_secs(10), 2);
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    for uid in ["e-0", "e-1"] {
+        ingest.add(rollout("e", uid)).await.expect("pending");
+    }
+    faults.set(Fault::Stall);
+    let last = spawn_add(&ingest, "e-2");
+    a_write_stalls(&faults).await;
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    faults.set(Fault::Fail);
+    fails_on_storage(last).await;
+    faults.set(Fault::None);
+    assert_eq!(
+        pending_rollouts(&ingest),
+        2,
+        "reopened with its durable members"
+    );
+    assert_eq!(buf.len(), 0);
+    tokio::time::sleep(RETRY_AFTER + Duration::from_secs(10)).await;
+    assert_eq!(buf.len(), 1, "sealed by the timer, 2 of 3");
+    assert_eq!(ingest.assembler_counters().sealed_timeout, 1);
+}
+
+/// A reopened group leaves the window of remembered groups until it is stored, so the
+/// window stays the last `remember` groups stored, in the order they were stored: once
+/// every group is trained, the newer two are duplicates, and the older one is stored
+/// again (resent last, as storing it lets the oldest marker go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopened_group_keeps_the_remembered_window_in_store_order() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let mut config = GroupConfig::new(3).seal_after(HOUR, 2);
+    config.remember = 2;
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    for e in ["g0", "g1"] {
+        assert!(ingest.add_many(whole(e)).await.iter().all(Result::is_ok));
+    }
+    for uid in ["g2-0", "g2-1"] {
+        ingest.add(rollout("g2", uid)).await.expect("pending");
+    }
+    faults.set(Fault::Fail);
+    let err = ingest.add(rollout("g2", "g2-2")).await.expect_err("fails");
+    assert!(is_storage(&err), "{err}");
+    faults.set(Fault::None);
+    let resent = ingest.add(rollout("g2", "g2-2")).await.expect("stored");
+    assert!(matches!(resent, Added::Sealed(_)), "{resent:?}");
+    assert!(ingest.add_many(whole("g3")).await.iter().all(Result::is_ok));
+    train(&buf, 4).await;
+    assert_eq!(resend(&ingest, &["g2", "g3"]).await, (0, 2));
+    assert_eq!(resend(&ingest, &["g1"]).await, (1, 0));
+}
+
+/// A group the buffer refuses leaves the window of remembered groups too (it was never
+/// stored), and the markers the window let go of for it leave the log: with `remember`
+/// 2, the two groups stored around it are the ones known.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_group_leaves_the_remembered_window() {
+    let (_faults, store) = faulty();
+    let buf = open(&store).await;
+    buf.set_policy_version(0).expect("version");
+    let mut config = GroupConfig::new(3).seal_after(HOUR, 2);
+    config.remember = 2;
+    let ingest = GroupIngest::start(buf.clone(), config)
+        .await
+        .expect("start");
+    for e in ["g0", "g1"] {
+        assert!(ingest.add_many(whole(e)).await.iter().all(Result::is_ok));
+    }
+    let mut future = whole("f");
+    for r in &mut future {
+        r.policy_version = 1;
+    }
+    let answers = ingest.add_many(future).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(Error::FutureVersion { .. }))),
+        "{answers:?}"
+    );
+    assert!(ingest.add_many(whole("g3")).await.iter().all(Result::is_ok));
+    train(&buf, 3).await;
+    assert_eq!(resend(&ingest, &["g1", "g3"]).await, (0, 2));
+    assert_eq!(resend(&ingest, &["g0"]).await, (1, 0));
 }

@@ -550,9 +550,15 @@ impl GroupIngest {
                 Err(e)
             }
             Err(e) => {
-                writes.retain(|w| w.value.is_none() && w.key.starts_with(PENDING));
+                // Dropped: its members are forgotten, its id leaves the window (it was
+                // never stored), and the oldest markers `mark_sealed` let go of are
+                // removed, so the markers in the log stay the window in memory.
+                writes.retain(|w| w.value.is_none());
                 let _ = shared.buf.aux_write(writes).await;
-                shared.state.lock().counters.refused_groups += 1;
+                let mut state = shared.state.lock();
+                forget_sealed(&mut state.sealed, &group.id);
+                state.counters.refused_groups += 1;
+                drop(state);
                 tracing::warn!(group = %group.id, error = %e, "sealed group refused by the buffer");
                 Err(e)
             }
@@ -565,10 +571,7 @@ impl GroupIngest {
     fn reopen(&self, group: SealedGroup) {
         let shared = &self.shared;
         let mut state = shared.state.lock();
-        // `mark_sealed` pushed it last, or nearly so.
-        if let Some(at) = state.sealed.iter().rposition(|id| *id == group.id) {
-            state.sealed.remove(at);
-        }
+        forget_sealed(&mut state.sealed, &group.id);
         state.counters.reopened_groups += 1;
         let before = state.assembler.next_deadline();
         // Kept: the members whose pending entries are durable, and those whose own write
@@ -587,6 +590,14 @@ impl GroupIngest {
         if state.assembler.next_deadline() != before {
             shared.timer.wake.notify_one();
         }
+    }
+}
+
+/// Takes a group that was not stored out of the window of remembered groups, where
+/// `mark_sealed` pushed it last, or nearly so.
+fn forget_sealed(sealed: &mut VecDeque<String>, id: &str) {
+    if let Some(at) = sealed.iter().rposition(|s| s == id) {
+        sealed.remove(at);
     }
 }
 
