@@ -125,7 +125,7 @@ else
     grep -v '^src/rollout/\|^src/buffer/spill/' "$out/all.txt" > "$out/all-other.txt" || true
     mapfile -t args < <(with_tests groups ingest_faults packing batcher metrics admission)
     TEST_TIMEOUT=60 run_stage quick "$out/all-rollout.txt" "${args[@]}"
-    mapfile -t args < <(with_tests spill spill_budget spill_persist)
+    mapfile -t args < <(with_tests spill spill_faults spill_budget spill_persist)
     TEST_TIMEOUT=60 run_stage quick "$out/all-spill.txt" "${args[@]}"
     TEST_TIMEOUT=60 run_stage quick "$out/all-other.txt" "${quick[@]}"
 fi

@@ -272,3 +272,20 @@ async fn published_metrics_reach_the_installed_recorder() {
         Some(&0.5)
     );
 }
+
+/// Seal times are reported in milliseconds: a group whose second rollout came 250 ms
+/// after its first was sealed 250 ms after it began, at the median and the 99th
+/// percentile alike.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn seal_times_are_reported_in_milliseconds() {
+    let buf =
+        SequenceBuffer::new(4, [RpcDef::new("train", 1).inputs(GROUP_INPUTS)]).expect("config");
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2))
+        .await
+        .expect("start");
+    ingest.add(rollout(0, 0, 0)).await.expect("pending");
+    tokio::time::advance(Duration::from_millis(250)).await;
+    ingest.add(rollout(0, 1, 0)).await.expect("sealed");
+    let m = MetricsTracker::new("math").snapshot(&buf, Some(&ingest));
+    assert_eq!((m.seal_time_ms_p50, m.seal_time_ms_p99), (250.0, 250.0));
+}

@@ -162,11 +162,16 @@ fn first_fit_decreasing_fills_rows_and_reports_efficiency() {
         policy_version: 0,
         items: vec![item(1, 0, 2, 3, false), item(1, 1, 1, 2, false)],
     };
-    let packed = Packer::new(8, 2).pack(&[g0, g1]).expect("pack");
+    let groups = [g0, g1];
+    let packed = Packer::new(8, 2).pack(&groups).expect("pack");
     assert!(packed.leftover.is_empty());
     assert_eq!(packed.batch.real_tokens, 16);
     assert_eq!(packed.batch.efficiency(), 1.0);
     assert!(packed.batch.ref_logprobs.is_none());
+    // The same 16 tokens in three rows of 8: a third of the cells are padding.
+    let padded = Packer::new(8, 3).pack(&groups).expect("pack");
+    assert_eq!(padded.batch.input_ids.len(), 24);
+    assert_eq!(padded.batch.efficiency(), 16.0 / 24.0);
 }
 
 #[test]

@@ -1,32 +1,21 @@
 //! Spilling under a memory budget: every sample trained once with its data while the
-//! resident bytes stay within budget + one batch; amends of spilled samples; failed reads;
-//! segments deleted once their samples are freed.
+//! resident bytes stay within budget + one batch; amends of spilled samples; shared
+//! loads; segments deleted once their samples are freed. (Failing stores:
+//! `spill_faults.rs`.)
 
 mod common;
 
 use common::faulty::FaultyStore;
 use common::payload::{self, rollout, SAMPLE_BYTES};
+use common::spill::{check, spilled_buffer, train_one};
 use common::{assert_invariants, TempDir};
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
+use rollout_buffer::{BufferConfig, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
 use std::collections::HashSet;
 use std::sync::Arc;
 
-fn check(view: &rollout_buffer::SampleView<'_>) -> u64 {
-    payload::check(view.id().as_str(), |k| view.get(k))
-}
-
 fn local(dir: &TempDir) -> Store {
     Store::open(dir.path()).expect("store")
-}
-
-/// Leases one batch of the RPC `train`, checks every sample's data and commits; returns
-/// the samples' numbers in batch order.
-async fn train_one(buf: &SequenceBuffer) -> Vec<u64> {
-    let batch = buf.get_batch_for_rpc("train").await.expect("get");
-    let trained = batch.samples().map(|v| check(&v)).collect();
-    batch.commit().await.expect("commit");
-    trained
 }
 
 async fn spill_files(store: &Store) -> Vec<String> {
@@ -111,45 +100,6 @@ async fn ten_times_the_budget_on_s3() {
     }
 }
 
-/// Puts `n` samples and waits until all are spilled; returns their handles too.
-/// [`spilled_buffer`] of `n` samples on a [`FaultyStore`] over a new local directory
-/// (kept alive by the returned guard), with one RPC `train` of batch size `batch`.
-async fn faulty_spilled_buffer(
-    name: &str,
-    n: u64,
-    batch: usize,
-) -> (TempDir, Arc<FaultyStore>, SequenceBuffer) {
-    let dir = TempDir::new(name);
-    let faulty = FaultyStore::on_local_dir(dir.path());
-    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
-    let rpcs = vec![RpcDef::new("train", batch).inputs(["tokens", "logp"])];
-    let (buf, _) = spilled_buffer(store, n, rpcs).await;
-    (dir, faulty, buf)
-}
-
-async fn spilled_buffer(
-    store: Store,
-    n: u64,
-    rpcs: Vec<RpcDef>,
-) -> (SequenceBuffer, Vec<rollout_buffer::SlotHandle>) {
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(64)
-            .rpcs(rpcs)
-            .external_keys(["reward"])
-            .memory_budget(SAMPLE_BYTES)
-            .spill_to(store),
-    )
-    .expect("buffer");
-    let mut handles = Vec::new();
-    for i in 0..n {
-        handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
-    }
-    // The last put may stay in memory (it fits the budget); a put that does not fit waits
-    // for the spiller, so everything before it is out.
-    common::wait_until(|| buf.stats().spill.spilled_now >= n - 1).await;
-    (buf, handles)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amending_a_spilled_sample_keeps_the_patch_beside_it() {
     let dir = TempDir::new("spill-amend");
@@ -177,64 +127,6 @@ async fn amending_a_spilled_sample_keeps_the_patch_beside_it() {
         assert_eq!(reward, Some(i as f64), "sample {i}");
     }
     batch.commit().await.expect("commit");
-    assert_invariants(&buf);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
-    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-faults", 8, 8).await;
-    faulty.fail_reads(true);
-    let err = buf
-        .get_batch_for_rpc("train")
-        .await
-        .expect_err("reads fail");
-    assert!(matches!(err, Error::Storage { .. }), "{err:?}");
-    assert!(
-        err.to_string().contains("spill/"),
-        "names the segment: {err}"
-    );
-    let stats = buf.stats();
-    assert_eq!(stats.rpcs[0].eligible, 8, "the samples are eligible again");
-    assert_eq!(stats.rpcs[0].leased, 0);
-    assert_invariants(&buf);
-    faulty.fail_reads(false);
-    let batch = buf.get_batch_for_rpc("train").await.expect("retry");
-    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
-    assert_eq!(ids, (0..8).collect());
-    batch.commit().await.expect("commit");
-    assert!(
-        faulty
-            .failed_reads
-            .load(std::sync::atomic::Ordering::SeqCst)
-            > 0
-    );
-}
-
-/// A `Fifo` get's batch is handed out once its own samples are read, without waiting
-/// for the two batches of read-ahead it starts: here those reads hang until released.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_does_not_wait_for_its_read_ahead() {
-    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-urgent", 12, 4).await;
-    // The budget holds one sample, so each spilled sample has a segment of its own: the
-    // batch needs at most four reads.
-    faulty.hold_reads_after(4);
-    let batch = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
-        buf.get_batch_for_rpc("train"),
-    )
-    .await
-    .expect("the batch waited for its read-ahead")
-    .expect("get");
-    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
-    assert_eq!(ids, (0..4).collect());
-    batch.commit().await.expect("commit");
-    common::wait_until(|| faulty.held_reads.load(std::sync::atomic::Ordering::SeqCst) > 0).await;
-    faulty.release_reads();
-    let mut trained: HashSet<u64> = ids;
-    while trained.len() < 12 {
-        trained.extend(train_one(&buf).await);
-    }
-    assert_eq!(trained, (0..12).collect());
     assert_invariants(&buf);
 }
 
@@ -325,7 +217,9 @@ async fn one_spilled_segment(dir: &TempDir, selection: Selection) -> SequenceBuf
         .await
         .expect("put");
     common::wait_until(|| buf.stats().spill.spilled_now == 16).await;
-    assert_eq!(buf.stats().spill.segments_written, 1);
+    let spill = buf.stats().spill;
+    assert_eq!(spill.segments_written, 1);
+    assert!(spill.spilled_bytes > 0, "{spill:?}");
     buf
 }
 
@@ -342,11 +236,25 @@ async fn a_sparse_segment_is_rewritten_and_every_segment_goes_once_freed() {
     // flight). At 3 the segment is rewritten with them.
     buf.flush().await.expect("flush");
     assert_eq!(buf.stats().spill.segments_rewritten, 0);
+    let first = spill_files(&local(&dir)).await;
+    assert_eq!(first.len(), 1);
     trained.extend(train_one(&buf).await);
     common::wait_until(|| buf.stats().spill.segments_rewritten == 1).await;
+    buf.flush().await.expect("flush");
     let spill = buf.stats().spill;
     assert_eq!(spill.live_segments, 1, "{spill:?}");
     assert_eq!(spill.spilled_now, 3, "{spill:?}");
+    assert_eq!(
+        (spill.segments_written, spill.segments_deleted),
+        (2, 1),
+        "{spill:?}"
+    );
+    // The three rows now live in the new segment: the old one's file is gone.
+    let second = spill_files(&local(&dir)).await;
+    assert!(
+        second.len() == 1 && second != first,
+        "{first:?} then {second:?}"
+    );
     assert_invariants(&buf);
     for _ in 0..3 {
         trained.extend(train_one(&buf).await);

@@ -345,6 +345,40 @@ fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
     });
 }
 
+/// Segments whose trained rows wait for an archive that writes only on its schedule (an
+/// hour here) do not hold a `flush` for that long: the flush makes the archive write now,
+/// then the segments go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_does_not_wait_for_the_archives_schedule() {
+    use rollout_buffer::persist::ArchiveOptions;
+    let dir = TempDir::new("spill-archive-flush");
+    let store = Store::open(dir.path()).expect("store");
+    let config = BufferConfig::new(64)
+        .rpc(RpcDef::new("train", 4).inputs(["tokens", "reward"]))
+        .external_keys(["reward"])
+        .memory_budget(4 * SAMPLE_BYTES);
+    let options = PersistOptions::new()
+        .durability(Durability::Sync)
+        .archive(Some(ArchiveOptions {
+            max_rows: 4096,
+            max_delay: Duration::from_secs(3600),
+        }));
+    let buf = SequenceBuffer::open_in(store.clone(), config, options)
+        .await
+        .expect("open");
+    put_spill_and_reward(&buf).await;
+    assert!(buf.stats().spill.spilled_now > 0);
+    for _ in 0..N / 4 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        batch.commit().await.expect("commit");
+    }
+    tokio::time::timeout(Duration::from_secs(60), buf.flush())
+        .await
+        .expect("the flush did not wait an hour")
+        .expect("flush");
+    assert_eq!(archived(&store).await, (0..N).collect::<Vec<_>>());
+}
+
 /// The numbers of the samples in the store's archive, sorted; `check` asserts each row's
 /// every field (the spilled logprobs too) and its reward.
 async fn archived(store: &Store) -> Vec<u64> {

@@ -252,7 +252,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn token_versions_up_to_i64_max_are_valid() {
+    fn versions_up_to_i64_max_are_valid() {
         let mut r = RolloutRecord::new("math", "e", 0, "u");
         r.output_tokens = vec![1, 2];
         r.logprobs = vec![-0.5; 2];
@@ -260,6 +260,13 @@ mod tests {
         assert!(r.validate().is_ok(), "i64::MAX is a version");
         r.token_versions = Some(vec![0, i64::MAX as u64 + 1]);
         assert!(r.validate().is_err(), "one past it is not");
+        r.token_versions = None;
+        r.policy_version = i64::MAX as u64;
+        assert!(r.validate().is_ok(), "i64::MAX is a policy version");
+        for past in [i64::MAX as u64 + 1, u64::MAX] {
+            r.policy_version = past;
+            assert!(r.validate().is_err(), "{past} is not");
+        }
     }
 
     #[test]

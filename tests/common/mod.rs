@@ -6,6 +6,8 @@ pub mod faulty;
 #[cfg(feature = "persist")]
 pub mod groups;
 pub mod payload;
+#[cfg(feature = "persist")]
+pub mod spill;
 
 use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
 

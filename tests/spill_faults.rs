@@ -1,0 +1,128 @@
+//! Spilling over a failing store: a failed load is an error with the samples kept, a batch
+//! never waits for its read-ahead, a try-get never serves a sample still being read, and a
+//! failed spill write fails the puts that need room until the store works again.
+
+mod common;
+
+use common::assert_invariants;
+use common::faulty::Fault;
+use common::payload::rollout;
+use common::spill::{check, faulty_spilled_buffer, train_one};
+use rollout_buffer::Error;
+use std::collections::HashSet;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-faults", 8, 8).await;
+    faulty.fail_reads(true);
+    let err = buf
+        .get_batch_for_rpc("train")
+        .await
+        .expect_err("reads fail");
+    assert!(matches!(err, Error::Storage { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("spill/"),
+        "names the segment: {err}"
+    );
+    let stats = buf.stats();
+    assert_eq!(stats.rpcs[0].eligible, 8, "the samples are eligible again");
+    assert_eq!(stats.rpcs[0].leased, 0);
+    assert_invariants(&buf);
+    faulty.fail_reads(false);
+    let batch = buf.get_batch_for_rpc("train").await.expect("retry");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..8).collect());
+    batch.commit().await.expect("commit");
+    assert!(
+        faulty
+            .failed_reads
+            .load(std::sync::atomic::Ordering::SeqCst)
+            > 0
+    );
+}
+
+/// A `Fifo` get's batch is handed out once its own samples are read, without waiting
+/// for the two batches of read-ahead it starts: here those reads hang until released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_does_not_wait_for_its_read_ahead() {
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-urgent", 12, 4).await;
+    // The budget holds one sample, so each spilled sample has a segment of its own: the
+    // batch needs at most four reads.
+    faulty.hold_reads_after(4);
+    let batch = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        buf.get_batch_for_rpc("train"),
+    )
+    .await
+    .expect("the batch waited for its read-ahead")
+    .expect("get");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..4).collect());
+    batch.commit().await.expect("commit");
+    common::wait_until(|| faulty.held_reads.load(std::sync::atomic::Ordering::SeqCst) > 0).await;
+    faulty.release_reads();
+    let mut trained: HashSet<u64> = ids;
+    while trained.len() < 12 {
+        trained.extend(train_one(&buf).await);
+    }
+    assert_eq!(trained, (0..12).collect());
+    assert_invariants(&buf);
+}
+
+/// A put over the memory budget while the spill store fails gets the spiller's error
+/// (counted in the stats) instead of waiting for room that cannot come; nothing stored is
+/// lost, and puts go on once the store works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_spill_store_fails_the_puts_that_need_room() {
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-write-fails", 1, 4).await;
+    faulty.set(Fault::Fail);
+    let put = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        buf.put_batch(vec![rollout(1)]),
+    )
+    .await
+    .expect("the put did not wait for room that cannot come");
+    assert!(matches!(put, Err(Error::Storage { .. })), "{put:?}");
+    assert!(buf.stats().spill.failures >= 1);
+    assert_eq!(buf.len(), 1);
+    faulty.set(Fault::None);
+    // Until the spiller's next round (woken by a put, or at its backoff of at most 2 s)
+    // succeeds, a put that needs room still gets the last failure: the caller retries.
+    let start = std::time::Instant::now();
+    for i in 1..4 {
+        loop {
+            match buf.put_batch(vec![rollout(i)]).await {
+                Ok(_) => break,
+                Err(Error::Storage { .. }) if start.elapsed().as_secs() < 60 => {
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => panic!("put {i}: {e}"),
+            }
+        }
+    }
+    let trained: HashSet<u64> = train_one(&buf).await.into_iter().collect();
+    assert_eq!(trained, (0..4).collect());
+}
+
+/// `try_get_batch_for_rpc` never hands out a batch whose spilled inputs are still being
+/// read: while the reads are held it answers `None` (the samples stay eligible), and once
+/// they land a later try gets every sample whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_get_waits_for_no_load_and_serves_only_whole_samples() {
+    let (_dir, faulty, buf) = faulty_spilled_buffer("spill-try", 4, 4).await;
+    faulty.hold_reads_after(0);
+    assert!(buf.try_get_batch_for_rpc("train").expect("try").is_none());
+    assert_eq!(buf.stats().rpcs[0].eligible, 4, "the samples went back");
+    common::wait_until(|| faulty.held_reads.load(std::sync::atomic::Ordering::SeqCst) > 0).await;
+    faulty.release_reads();
+    let mut batch = None;
+    common::wait_until(|| {
+        batch = buf.try_get_batch_for_rpc("train").expect("try");
+        batch.is_some()
+    })
+    .await;
+    let batch = batch.expect("served");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..4).collect());
+    batch.commit().await.expect("commit");
+}
