@@ -516,14 +516,8 @@ async fn a_group_reopened_while_the_timer_is_idle_is_sealed_at_its_new_deadline(
     assert_eq!(ingest.assembler_counters().sealed_timeout, 1);
 }
 
-/// A reopened group leaves the window of remembered groups until it is stored, so the
-/// window stays the last `remember` groups stored, in the order they were stored: once
-/// every group is trained, the newer two are duplicates, and the older one is stored
-/// again (resent last, as storing it lets the oldest marker go).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reopened_group_keeps_the_remembered_window_in_store_order() {
-    let (faults, store) = faulty();
-    let buf = open(&store).await;
+/// An ingest that remembers the last two groups stored, after storing `g0` and `g1`.
+async fn remembering_two_after_g0_and_g1(buf: &SequenceBuffer) -> GroupIngest {
     let mut config = GroupConfig::new(3).seal_after(HOUR, 2);
     config.remember = 2;
     let ingest = GroupIngest::start(buf.clone(), config)
@@ -532,6 +526,18 @@ async fn a_reopened_group_keeps_the_remembered_window_in_store_order() {
     for e in ["g0", "g1"] {
         assert!(ingest.add_many(whole(e)).await.iter().all(Result::is_ok));
     }
+    ingest
+}
+
+/// A reopened group leaves the window of remembered groups until it is stored, so the
+/// window stays the last `remember` groups stored, in the order they were stored: once
+/// every group is trained, the newer two are duplicates, and the older one is stored
+/// again (resent last, as storing it lets the oldest marker go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopened_group_keeps_the_remembered_window_in_store_order() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = remembering_two_after_g0_and_g1(&buf).await;
     for uid in ["g2-0", "g2-1"] {
         ingest.add(rollout("g2", uid)).await.expect("pending");
     }
@@ -555,14 +561,7 @@ async fn a_refused_group_leaves_the_remembered_window() {
     let (_faults, store) = faulty();
     let buf = open(&store).await;
     buf.set_policy_version(0).expect("version");
-    let mut config = GroupConfig::new(3).seal_after(HOUR, 2);
-    config.remember = 2;
-    let ingest = GroupIngest::start(buf.clone(), config)
-        .await
-        .expect("start");
-    for e in ["g0", "g1"] {
-        assert!(ingest.add_many(whole(e)).await.iter().all(Result::is_ok));
-    }
+    let ingest = remembering_two_after_g0_and_g1(&buf).await;
     let mut future = whole("f");
     for r in &mut future {
         r.policy_version = 1;
