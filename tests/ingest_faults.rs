@@ -555,26 +555,79 @@ async fn a_reopened_group_keeps_the_remembered_window_in_store_order() {
 
 /// A group the buffer refuses leaves the window of remembered groups too (it was never
 /// stored), and the markers the window let go of for it leave the log: with `remember`
-/// 2, the two groups stored around it are the ones known.
+/// 2, the two groups stored around it are the ones known. If writing those removals
+/// fails, the window keeps the markers, and the next store removes them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_group_leaves_the_remembered_window() {
-    let (_faults, store) = faulty();
-    let buf = open(&store).await;
-    buf.set_policy_version(0).expect("version");
-    let ingest = remembering_two_after_g0_and_g1(&buf).await;
-    let mut future = whole("f");
-    for r in &mut future {
-        r.policy_version = 1;
+    for fault in [Fault::None, Fault::Fail] {
+        let (faults, store) = faulty();
+        let buf = open(&store).await;
+        buf.set_policy_version(0).expect("version");
+        let ingest = remembering_two_after_g0_and_g1(&buf).await;
+        let mut future = whole("f");
+        for r in &mut future {
+            r.policy_version = 1;
+        }
+        faults.set(fault);
+        let answers = ingest.add_many(future).await;
+        faults.set(Fault::None);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Err(Error::FutureVersion { .. }))),
+            "{answers:?}"
+        );
+        assert!(ingest.add_many(whole("g3")).await.iter().all(Result::is_ok));
+        train(&buf, 3).await;
+        assert_eq!(resend(&ingest, &["g1", "g3"]).await, (0, 2), "{fault:?}");
+        assert_eq!(resend(&ingest, &["g0"]).await, (1, 0), "{fault:?}");
     }
-    let answers = ingest.add_many(future).await;
+}
+
+/// A store that fails lets go of no remembered group: the markers its put would have
+/// removed are still in the log, so the window keeps them, and the next store removes
+/// them. None is left behind: with `remember` 2, g0 goes when g2 is stored at last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_store_leaves_no_marker_behind() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = remembering_two_after_g0_and_g1(&buf).await;
+    faults.set(Fault::Fail);
+    let answers = ingest.add_many(whole("g2")).await;
     assert!(
-        answers
-            .iter()
-            .all(|a| matches!(a, Err(Error::FutureVersion { .. }))),
+        answers.iter().all(|a| a.as_ref().is_err_and(is_storage)),
         "{answers:?}"
     );
-    assert!(ingest.add_many(whole("g3")).await.iter().all(Result::is_ok));
+    faults.set(Fault::None);
+    assert_eq!(resend(&ingest, &["g2"]).await, (1, 0));
     train(&buf, 3).await;
-    assert_eq!(resend(&ingest, &["g1", "g3"]).await, (0, 2));
-    assert_eq!(resend(&ingest, &["g0"]).await, (1, 0));
+    assert_eq!(resend(&ingest, &["g1", "g2"]).await, (0, 2));
+    assert_eq!(resend(&ingest, &["g0"]).await, (1, 0), "g0 was let go");
+}
+
+/// The same when the put of a batch of groups fails: with room for one more group, the
+/// batch of `a` and `b` is refused, `a` is then stored alone and `b` reopened. The window
+/// is the last two stored, g1 and a, and g0's marker went with a's store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_batched_store_leaves_no_marker_behind() {
+    let (_faults, store) = faulty();
+    let buf = open_with(&store, BufferConfig::new(3).overflow(Overflow::Reject)).await;
+    let ingest = remembering_two_after_g0_and_g1(&buf).await;
+    let answers = ingest.add_many([whole("a"), whole("b")].concat()).await;
+    let stored: Vec<_> = answers
+        .iter()
+        .filter_map(|a| match a {
+            Ok(Added::Sealed(g)) => Some(g.id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(stored.len(), 1, "{answers:?}");
+    assert!(
+        answers.iter().any(|a| matches!(a, Err(Error::Full { .. }))),
+        "{answers:?}"
+    );
+    train(&buf, 3).await;
+    assert_eq!(resend(&ingest, &["g1"]).await, (0, 1));
+    assert_eq!(resend(&ingest, &["a"]).await, (0, 1));
+    assert_eq!(resend(&ingest, &["g0"]).await, (1, 0), "g0 was let go");
 }

@@ -453,7 +453,7 @@ impl GroupIngest {
             .flat_map(|g| g.rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
+        let let_go = self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
         if shared
             .buf
             .put_batch_with_aux(samples, writes)
@@ -461,13 +461,13 @@ impl GroupIngest {
             .is_err()
         {
             // Nothing was stored: each group alone, with its own marker.
-            let ids: std::collections::HashSet<&str> =
-                groups.iter().map(|g| g.id.as_str()).collect();
-            shared
-                .state
-                .lock()
-                .sealed
-                .retain(|id| !ids.contains(id.as_str()));
+            {
+                let mut state = shared.state.lock();
+                for g in &groups {
+                    forget_sealed(&mut state.sealed, &g.id);
+                }
+                keep_sealed(&mut state.sealed, let_go);
+            }
             return self.store_each(groups).await;
         }
         let mut state = shared.state.lock();
@@ -479,8 +479,14 @@ impl GroupIngest {
     }
 
     /// Remembers `ids` as stored: their markers go into `writes` (the put's log unit),
-    /// and so do the removals of the oldest markers past `remember_groups`.
-    fn mark_sealed<'a>(&self, ids: impl Iterator<Item = &'a str>, writes: &mut Vec<AuxWrite>) {
+    /// and so do the removals of the oldest markers past `remember_groups`. Returns the
+    /// ids it let go of, oldest first, for [`keep_sealed`] if the put fails (their
+    /// markers then stay in the log, so the window must keep them too).
+    fn mark_sealed<'a>(
+        &self,
+        ids: impl Iterator<Item = &'a str>,
+        writes: &mut Vec<AuxWrite>,
+    ) -> Vec<String> {
         let shared = &self.shared;
         let mut state = shared.state.lock();
         for id in ids {
@@ -492,11 +498,14 @@ impl GroupIngest {
             ));
             state.sealed.push_back(id.to_owned());
         }
+        let mut let_go = Vec::new();
         while state.sealed.len() > shared.remember_groups {
             if let Some(old) = state.sealed.pop_front() {
                 writes.push(AuxWrite::remove(sealed_key(&old)));
+                let_go.push(old);
             }
         }
+        let_go
     }
 
     async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
@@ -524,7 +533,7 @@ impl GroupIngest {
             tracing::debug!(group = %group.id, "group already stored; not stored again");
             return Ok(Added::DuplicateGroup { id: group.id });
         }
-        self.mark_sealed(std::iter::once(group.id.as_str()), &mut writes);
+        let let_go = self.mark_sealed(std::iter::once(group.id.as_str()), &mut writes);
         let sample = group.to_sample()?;
         match shared
             .buf
@@ -540,13 +549,16 @@ impl GroupIngest {
                 // be forgotten, and the oldest markers `mark_sealed` let go of are
                 // removed, as after a store (the window in memory no longer holds them).
                 writes.retain(|w| w.value.is_none());
-                shared.buf.aux_write(writes).await?;
+                if let Err(e) = shared.buf.aux_write(writes).await {
+                    keep_sealed(&mut shared.state.lock().sealed, let_go);
+                    return Err(e);
+                }
                 shared.state.lock().counters.duplicate_groups += 1;
                 Ok(Added::DuplicateGroup { id: group.id })
             }
             Err(e) if may_pass(&e) => {
                 tracing::warn!(group = %group.id, error = %e, "storing a group failed; pending again");
-                self.reopen(group);
+                self.reopen(group, let_go);
                 Err(e)
             }
             Err(e) => {
@@ -554,9 +566,12 @@ impl GroupIngest {
                 // never stored), and the oldest markers `mark_sealed` let go of are
                 // removed, so the markers in the log stay the window in memory.
                 writes.retain(|w| w.value.is_none());
-                let _ = shared.buf.aux_write(writes).await;
+                let written = shared.buf.aux_write(writes).await;
                 let mut state = shared.state.lock();
                 forget_sealed(&mut state.sealed, &group.id);
+                if written.is_err() {
+                    keep_sealed(&mut state.sealed, let_go);
+                }
                 state.counters.refused_groups += 1;
                 drop(state);
                 tracing::warn!(group = %group.id, error = %e, "sealed group refused by the buffer");
@@ -567,11 +582,13 @@ impl GroupIngest {
 
     /// Puts a group whose store failed back into the assembler with the members whose
     /// pending entries are durable or still being written (the others' senders got an
-    /// error), and takes its id out of the remembered markers.
-    fn reopen(&self, group: SealedGroup) {
+    /// error), takes its id out of the remembered markers, and keeps the markers its
+    /// store would have let go of (`let_go`, from [`Self::mark_sealed`]).
+    fn reopen(&self, group: SealedGroup, let_go: Vec<String>) {
         let shared = &self.shared;
         let mut state = shared.state.lock();
         forget_sealed(&mut state.sealed, &group.id);
+        keep_sealed(&mut state.sealed, let_go);
         state.counters.reopened_groups += 1;
         let before = state.assembler.next_deadline();
         // Kept: the members whose pending entries are durable, and those whose own write
@@ -598,6 +615,15 @@ impl GroupIngest {
 fn forget_sealed(sealed: &mut VecDeque<String>, id: &str) {
     if let Some(at) = sealed.iter().rposition(|s| s == id) {
         sealed.remove(at);
+    }
+}
+
+/// Puts back at the front of the window the ids `mark_sealed` let go of for a put that
+/// failed: their markers are still in the log. The window may then hold more than
+/// `remember_groups`; the next store trims it and writes the removals.
+fn keep_sealed(sealed: &mut VecDeque<String>, let_go: Vec<String>) {
+    for id in let_go.into_iter().rev() {
+        sealed.push_front(id);
     }
 }
 
