@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the state machine, the buffer and the RL layer with cargo-mutants.
 #
-#   scripts/mutants.sh [--minutes M] [--shard K/N] [--out DIR] [--full-only] [PATH...]
+#   scripts/mutants.sh [--minutes M] [--shard K/N] [--out DIR] [--full-only] [--recheck] [PATH...]
 #
 # PATH defaults to src/state src/buffer src/rollout. Each mutant is tested in two stages, so
 # the whole suite runs only where it is needed:
@@ -16,6 +16,8 @@
 # it found, and the next call with the same --out and --shard picks up where it stopped.
 # --full-only runs only the full stage, on what the quick stage let through so far (to
 # settle those before the quick stage has seen every mutant).
+# --recheck puts the mutants missed so far back in the full stage's queue, to check them
+# against tests written since.
 # --shard K/N takes every N-th mutant from the K-th (0-based), so N machines, or N calls,
 # split one run. Outcomes land in DIR (default target/mutants/shard-K-of-N): quick/ and
 # full/ hold each stage's settled lists and cargo-mutants' own output of its last call
@@ -30,6 +32,7 @@ minutes=60
 shard=0/1
 out=""
 full_only=0
+recheck=0
 paths=()
 while (($#)); do
     case "$1" in
@@ -37,6 +40,7 @@ while (($#)); do
         --shard) shard="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --full-only) full_only=1; shift ;;
+        --recheck) recheck=1; shift ;;
         -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         -*) echo "mutants.sh: unknown flag $1" >&2; exit 2 ;;
         *) paths+=("$1"); shift ;;
@@ -80,20 +84,29 @@ run_stage() { # STAGE INPUT [cargo test args...]
     while IFS= read -r name; do
         regexes+=(-F "^$(printf '%s' "$name" | sed 's/[][\.*^$(){}?+|/]/\\&/g')\$")
     done < "$todo"
+    # Only the files the queued mutants are in: cargo-mutants 27.1 applies no name filter to
+    # its struct-field deletions (sourcefrog/cargo-mutants#632), so every such mutant of
+    # the files named would be tested again on each call.
+    local todo_files=()
+    while IFS= read -r file; do todo_files+=(-f "$file"); done < <(cut -d: -f1 "$todo" | sort -u)
     echo "mutants.sh: $stage stage: $(wc -l < "$todo") mutants, $(left) s left"
-    timeout --foreground "$(left)" cargo mutants "${files[@]}" "${regexes[@]}" \
+    timeout --foreground "$(left)" cargo mutants "${todo_files[@]}" "${regexes[@]}" \
         --baseline skip --timeout "$TEST_TIMEOUT" --build-timeout 600 --no-shuffle \
         -o "$dir" "$@" || true
     settle "$dir"
 }
 
 # Folds the outcomes of a stage's last cargo-mutants call (mutants.out, which the next call
-# moves aside) into the stage's settled lists; also after a call that was killed.
+# moves aside) into the stage's settled lists; also after a call that was killed. Once only:
+# a recheck takes names off the lists, and folding the same call again would put them back.
 settle() { # DIR
     local dir=$1 o="$1/mutants.out"
-    cat "$o/caught.txt" "$o/unviable.txt" 2>/dev/null >> "$dir/killed.txt" || true
-    cat "$o/missed.txt" "$o/timeout.txt" 2>/dev/null >> "$dir/survived.txt" || true
-    cat "$o/timeout.txt" 2>/dev/null >> "$dir/timeout.txt" || true
+    if [[ -d "$o" && ! -e "$o/settled" ]]; then
+        cat "$o/caught.txt" "$o/unviable.txt" 2>/dev/null >> "$dir/killed.txt" || true
+        cat "$o/missed.txt" "$o/timeout.txt" 2>/dev/null >> "$dir/survived.txt" || true
+        cat "$o/timeout.txt" 2>/dev/null >> "$dir/timeout.txt" || true
+        touch "$o/settled"
+    fi
     sort -u -o "$dir/killed.txt" "$dir/killed.txt"
     sort -u -o "$dir/survived.txt" "$dir/survived.txt"
     sort -u -o "$dir/timeout.txt" "$dir/timeout.txt"
@@ -129,15 +142,25 @@ else
     TEST_TIMEOUT=60 run_stage quick "$out/all-spill.txt" "${args[@]}"
     TEST_TIMEOUT=60 run_stage quick "$out/all-other.txt" "${quick[@]}"
 fi
-# Stage 2: what the quick stage let through, against the whole suite.
-TEST_TIMEOUT=120 run_stage full "$out/quick/survived.txt"
+# Stage 2: what the quick stage let through, against the whole suite. A recheck first takes
+# the missed mutants of the code as it is off the full stage's settled list.
+if ((recheck)) && [[ -f "$out/full/survived.txt" ]]; then
+    settle "$out/full"
+    comm -23 "$out/full/survived.txt" "$out/full/timeout.txt" | comm -12 - "$out/all.txt" \
+        | comm -23 "$out/full/survived.txt" - > "$out/full/kept.txt"
+    mv "$out/full/kept.txt" "$out/full/survived.txt"
+fi
+comm -12 "$out/quick/survived.txt" "$out/all.txt" > "$out/quick/survived-current.txt"
+TEST_TIMEOUT=120 run_stage full "$out/quick/survived-current.txt"
 
 # The result. A mutant that makes the suite hang (timeout) is caught: the tests fail, by
 # time. Missed are the quick stage's survivors the full suite passed with, among the mutants
 # of the code as it is (names of edited lines drop out).
 comm -23 "$out/full/survived.txt" "$out/full/timeout.txt" | comm -12 - "$out/all.txt" > "$out/missed.txt"
+# Counts are of the current code's mutants only.
 untested=$(sort -u "$out/quick/killed.txt" "$out/quick/survived.txt" | comm -23 "$out/all.txt" - | wc -l)
-untested_full=$(sort -u "$out/full/killed.txt" "$out/full/survived.txt" | comm -23 "$out/quick/survived.txt" - | wc -l)
+untested_full=$(sort -u "$out/full/killed.txt" "$out/full/survived.txt" \
+    | comm -23 "$out/quick/survived-current.txt" - | wc -l)
 echo "mutants.sh: shard $shard of ${paths[*]}: $(wc -l < "$out/all.txt") mutants;" \
     "quick stage killed $(wc -l < "$out/quick/killed.txt"), passed $(wc -l < "$out/quick/survived.txt"), not yet run $untested;" \
     "full stage killed $(wc -l < "$out/full/killed.txt") of those, hung $(wc -l < "$out/full/timeout.txt"), not yet run $untested_full"

@@ -46,6 +46,20 @@ async fn invalid_batches_are_rejected_whole() {
             key: "prompt".into()
         })
     );
+    // With two keys from the dataset, the error names the one missing.
+    let two =
+        SequenceBuffer::new(4, [RpcDef::new("gen", 1).inputs(["prompt", "image"])]).expect("valid");
+    for (has, lacks) in [("prompt", "image"), ("image", "prompt")] {
+        let sample = Sample::new("h").with(has, vec![1i32]);
+        assert_eq!(
+            two.put_batch(vec![sample]).await.err(),
+            Some(Error::MissingKey {
+                id: "h".into(),
+                index: 0,
+                key: lacks.into()
+            })
+        );
+    }
     assert_eq!(
         buf.put_batch(prompts("big", 5)).await.err(),
         Some(Error::BatchTooLarge {
@@ -128,6 +142,11 @@ async fn try_put_on_full_buffer_changes_nothing() {
     assert_eq!(
         (after.empty, after.put, buf.len()),
         (before.empty, before.put, 2)
+    );
+    assert_eq!(
+        after.rejected,
+        before.rejected + 2,
+        "both counted as refused"
     );
     buf.try_put_batch(prompts("b", 1))
         .await
