@@ -18,11 +18,12 @@
 # settle those before the quick stage has seen every mutant).
 # --recheck puts the mutants missed so far back in the full stage's queue, to check them
 # against tests written since.
-# --shard K/N takes every N-th mutant from the K-th (0-based), so N machines, or N calls,
-# split one run. Outcomes land in DIR (default target/mutants/shard-K-of-N): quick/ and
-# full/ hold each stage's settled lists and cargo-mutants' own output of its last call
-# (mutants.out/, with a log per mutant), and missed.txt at the top is the result: the
-# mutants no test catches. docs/testing.md says what the last full run found.
+# --shard K/N takes the mutants whose name hashes to K modulo N (0-based), so N machines,
+# or N calls, split one run. Outcomes land in DIR (default target/mutants/shard-K-of-N):
+# quick/ and full/ hold each stage's settled lists and cargo-mutants' own output of its
+# last call (mutants.out/, with a log per mutant), and missed.txt at the top is the result:
+# the mutants no test catches. docs/testing.md says where the runs stand. Outcomes settled
+# under the other shards of the same N in DIR's parent count too.
 #
 # Needs cargo-mutants (`cargo install cargo-mutants --locked`) and cargo-nextest.
 set -euo pipefail
@@ -41,7 +42,7 @@ while (($#)); do
         --out) out="$2"; shift 2 ;;
         --full-only) full_only=1; shift ;;
         --recheck) recheck=1; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         -*) echo "mutants.sh: unknown flag $1" >&2; exit 2 ;;
         *) paths+=("$1"); shift ;;
     esac
@@ -64,11 +65,28 @@ export CARGO_TARGET_DIR="${MUTANTS_TARGET_DIR:-$PWD/target/mutants-build}"
 deadline=$((SECONDS + minutes * 60))
 left() { echo $((deadline - SECONDS)); }
 
-# The shard: every N-th mutant from the K-th, by name (file:line:col: what it changes).
-# Names carry line numbers, so results recorded before an edit of a file no longer match
-# its mutants, which are then tested again.
+# The shard: the mutants whose name (file:line:col: what it changes) hashes to K modulo N,
+# so an edit moves only the mutants of the lines it shifts, not every mutant after them.
+# Names carry line numbers: results recorded before an edit of a file no longer match its
+# mutants, which are then tested again.
 k=${shard%/*}; n=${shard#*/}
-cargo mutants "${files[@]}" --list | awk -v k="$k" -v n="$n" '(NR - 1) % n == k' | sort -u > "$out/all.txt"
+cargo mutants "${files[@]}" --list | sort -u \
+    | perl -MDigest::MD5=md5 -ne "print if unpack('N', md5(\$_)) % $n == $k" > "$out/all.txt"
+
+# Outcomes settled under another shard of the same N on this machine count here too (a name
+# is the same mutant whichever shard tested it), so changing how mutants are shared out
+# loses nothing.
+shopt -s nullglob
+for stage in quick full; do
+    mkdir -p "$out/$stage"
+    for list in killed survived timeout; do
+        mine="$out/$stage/$list.txt"
+        touch "$mine"
+        siblings=("$out"/../shard-*-of-"$n"/"$stage"/"$list".txt)
+        sort -u "${siblings[@]}" /dev/null | comm -12 - "$out/all.txt" | sort -u - "$mine" -o "$mine"
+    done
+done
+shopt -u nullglob
 
 # Per stage, what is settled accumulates across calls: killed.txt (caught, or unviable: the
 # mutant does not build) and survived.txt (missed, or timed out).
@@ -150,18 +168,24 @@ if ((recheck)) && [[ -f "$out/full/survived.txt" ]]; then
         | comm -23 "$out/full/survived.txt" - > "$out/full/kept.txt"
     mv "$out/full/kept.txt" "$out/full/survived.txt"
 fi
-comm -12 "$out/quick/survived.txt" "$out/all.txt" > "$out/quick/survived-current.txt"
+comm -12 "$out/quick/survived.txt" "$out/all.txt" | comm -23 - "$out/quick/killed.txt" \
+    > "$out/quick/survived-current.txt"
 TEST_TIMEOUT=120 run_stage full "$out/quick/survived-current.txt"
 
-# The result. A mutant that makes the suite hang (timeout) is caught: the tests fail, by
-# time. Missed are the quick stage's survivors the full suite passed with, among the mutants
-# of the code as it is (names of edited lines drop out).
-comm -23 "$out/full/survived.txt" "$out/full/timeout.txt" | comm -12 - "$out/all.txt" > "$out/missed.txt"
-# Counts are of the current code's mutants only.
+# The result, over the mutants of the code as it is (names of edited lines drop out). A
+# mutant any test run has caught is caught (the tests only grow), and so is one that makes
+# the suite hang (the tests fail, by time). Missed are the quick stage's survivors the full
+# suite passed with.
+caught=$(mktemp)
+sort -u "$out/quick/killed.txt" "$out/full/killed.txt" "$out/full/timeout.txt" > "$caught"
+comm -12 "$out/full/survived.txt" "$out/all.txt" | comm -23 - "$caught" > "$out/missed.txt"
+count() { comm -12 "$1" "$out/all.txt" | comm "$2" - "$caught" | wc -l; }
+passed_quick=$(comm -12 "$out/quick/survived.txt" "$out/all.txt" | comm -23 - "$out/quick/killed.txt")
 untested=$(sort -u "$out/quick/killed.txt" "$out/quick/survived.txt" | comm -23 "$out/all.txt" - | wc -l)
 untested_full=$(sort -u "$out/full/killed.txt" "$out/full/survived.txt" \
-    | comm -23 "$out/quick/survived-current.txt" - | wc -l)
+    | comm -23 <(printf '%s\n' "$passed_quick" | sed '/^$/d') - | wc -l)
 echo "mutants.sh: shard $shard of ${paths[*]}: $(wc -l < "$out/all.txt") mutants;" \
-    "quick stage killed $(wc -l < "$out/quick/killed.txt"), passed $(wc -l < "$out/quick/survived.txt"), not yet run $untested;" \
-    "full stage killed $(wc -l < "$out/full/killed.txt") of those, hung $(wc -l < "$out/full/timeout.txt"), not yet run $untested_full"
+    "quick stage caught $(count "$out/quick/killed.txt" -12), passed $(printf '%s\n' "$passed_quick" | sed '/^$/d' | wc -l), not yet run $untested;" \
+    "full stage caught $(count <(sort -u "$out/full/killed.txt" "$out/full/timeout.txt") -12) of those, not yet run $untested_full"
 echo "mutants.sh: $(wc -l < "$out/missed.txt") missed: $out/missed.txt"
+rm -f "$caught"
