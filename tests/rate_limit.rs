@@ -238,13 +238,14 @@ async fn a_long_random_run_keeps_the_ratio_within_its_error_buffer() {
                 }
             }));
         }
-        let all = futures::future::join_all(tasks);
-        for done in tokio::time::timeout(Duration::from_secs(60), all)
+        let all = async {
+            for task in tasks {
+                task.await.expect("task");
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(60), all)
             .await
-            .expect("the run ends: nobody waits on anybody for good")
-        {
-            done.expect("task");
-        }
+            .expect("the run ends: nobody waits on anybody for good");
         check_diff(&buf, spi, bounds);
         let l = buf.stats().rpcs[0].rate_limit.expect("limited");
         assert!(

@@ -297,6 +297,7 @@ async fn a_waiting_putter_reaps_samples_that_aged_out() {
     assert_eq!(buf.len(), 1);
 }
 
+#[cfg(feature = "persist")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stale_and_evicted_samples_are_archived_with_their_reason() {
     use rollout_buffer::persist::{ArchiveWriter, PersistOptions, Store};
