@@ -241,59 +241,6 @@ impl ReadyIndex {
         })
     }
 
-    /// The slots at age ranks `ranks` (0 = oldest; each below `len()`), in the order given.
-    /// One ordered walk, from whichever end is nearer the ranks asked for.
-    pub(crate) fn at_ranks(&self, ranks: &[usize]) -> Vec<u32> {
-        if let Some(ranked) = &self.ranked {
-            return ranks
-                .iter()
-                .filter_map(|&k| ranked.at_rank(k).map(|(_, s)| s))
-                .collect();
-        }
-        let len = self.len();
-        // (rank, position in `ranks`), in the order the walk meets them.
-        let mut wanted: Vec<(usize, usize)> = ranks.iter().copied().zip(0..).collect();
-        wanted.sort_unstable();
-        let deepest = wanted.last().map_or(0, |w| w.0);
-        let shallowest = wanted.first().map_or(0, |w| w.0);
-        if len - shallowest < deepest + 1 {
-            wanted.reverse();
-            let walk = self.iter_rev().enumerate().map(|(i, s)| (len - 1 - i, s));
-            collect_ranks(walk, &wanted)
-        } else {
-            collect_ranks(self.iter().enumerate(), &wanted)
-        }
-    }
-
-    /// Every live slot from the newest to the oldest.
-    fn iter_rev(&self) -> impl Iterator<Item = u32> + '_ {
-        let ranked = self
-            .ranked
-            .iter()
-            .flat_map(|r| r.iter().rev().map(|(_, s)| s));
-        let plain = self.ranked.is_none().then(|| self.plain_iter_rev());
-        ranked.chain(plain.into_iter().flatten())
-    }
-
-    fn plain_iter_rev(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut run = self
-            .run
-            .iter()
-            .rev()
-            .filter(|&&(_, s)| s != TOMBSTONE)
-            .copied()
-            .peekable();
-        let mut rest = self.rest.iter().rev().map(|(&k, &s)| (k, s)).peekable();
-        std::iter::from_fn(move || {
-            let take_run = match (run.peek(), rest.peek()) {
-                (Some(a), Some(b)) => a.0 > b.0,
-                (Some(_), None) => true,
-                (None, _) => false,
-            };
-            if take_run { run.next() } else { rest.next() }.map(|(_, s)| s)
-        })
-    }
-
     /// Whether `slot` is indexed (live) under `key`.
     pub(crate) fn contains(&self, key: OrderKey, slot: u32) -> bool {
         if let Some(ranked) = &self.ranked {
@@ -308,30 +255,6 @@ impl ReadyIndex {
             .and_then(|i| self.run.get(i))
             .is_some_and(|&(_, s)| s == slot)
     }
-}
-
-/// Walks `(rank, slot)` pairs until every rank in `wanted` (in walk order, with its place
-/// in the answer) is found; returns the slots by place.
-fn collect_ranks(walk: impl Iterator<Item = (usize, u32)>, wanted: &[(usize, usize)]) -> Vec<u32> {
-    let mut out = vec![0u32; wanted.len()];
-    let mut next = wanted.iter().peekable();
-    let mut filled = 0;
-    for (rank, slot) in walk {
-        while let Some(&&(want, at)) = next.peek() {
-            if want != rank {
-                break;
-            }
-            out[at] = slot;
-            filled += 1;
-            next.next();
-        }
-        if next.peek().is_none() {
-            break;
-        }
-    }
-    debug_assert_eq!(filled, wanted.len(), "ranks beyond the index");
-    out.truncate(filled);
-    out
 }
 
 #[cfg(test)]
@@ -354,6 +277,48 @@ mod tests {
                 assert_eq!(got, vec![13, 10, 11]);
             }
             assert_eq!(ix.len(), 3);
+        }
+    }
+
+    /// An index of keys `(i, i)` in slot `i`, for `i` in `0..n`, put in order.
+    fn in_order(n: u64) -> ReadyIndex {
+        let mut ix = ReadyIndex::new(false);
+        for i in 0..n {
+            ix.insert(order_key(i, i), i as u32, 0.0);
+        }
+        ix
+    }
+
+    #[test]
+    fn inserts_in_order_append_to_the_run_and_older_ones_go_to_the_tree() {
+        let mut ix = in_order(10);
+        assert_eq!((ix.run.len(), ix.rest.len()), (10, 0));
+        ix.insert(order_key(3, 10), 10, 0.0);
+        assert_eq!((ix.run.len(), ix.rest.len()), (10, 1));
+        assert!(ix.iter().eq([0, 1, 2, 3, 10, 4, 5, 6, 7, 8, 9]));
+    }
+
+    #[test]
+    fn the_run_is_compacted_once_tombstones_pass_64_and_half_of_it() {
+        // Removals from the middle leave tombstones (the live ends stay, so none is
+        // trimmed): past 64 of them, and past half the run, the run drops them all.
+        for (n, last_kept) in [(100u64, 64u64), (300, 150)] {
+            let mut ix = in_order(n);
+            for i in 1..=last_kept {
+                ix.remove(order_key(i, i));
+            }
+            assert_eq!(
+                (ix.run.len(), ix.dead),
+                (n as usize, last_kept as usize),
+                "n = {n}"
+            );
+            ix.remove(order_key(last_kept + 1, last_kept + 1));
+            let live: Vec<u32> = (0..n as u32)
+                .filter(|&i| i == 0 || i > last_kept as u32 + 1)
+                .collect();
+            assert_eq!((ix.run.len(), ix.dead), (live.len(), 0), "n = {n}");
+            assert!(ix.iter().eq(live.iter().copied()));
+            assert!(ix.take(n as usize).eq(&live));
         }
     }
 
@@ -413,10 +378,6 @@ mod tests {
                 }
                 prop_assert_eq!(ix.len(), model.len());
                 prop_assert!(ix.iter().eq(model.values().copied()));
-                prop_assert!(ix.iter_rev().eq(model.values().rev().copied()));
-                let all: Vec<usize> = (0..model.len()).rev().collect();
-                let want: Vec<u32> = model.values().rev().copied().collect();
-                prop_assert_eq!(ix.at_ranks(&all), want);
             }
         }
     }

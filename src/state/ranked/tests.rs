@@ -110,11 +110,7 @@ proptest! {
             }
             prop_assert_eq!(ix.len(), model.len());
             prop_assert_eq!(ix.weighted_len(), model.values().filter(|e| e.1 > 0.0).count());
-            // Blocks stay between the bounds: thin ones merge, full ones split.
-            for block in &ix.blocks {
-                prop_assert!(block.entries.len() <= MAX_BLOCK);
-                prop_assert!(ix.blocks.len() == 1 || block.live_len() >= MIN_BLOCK);
-            }
+            assert_well_formed(&ix);
         }
         prop_assert!(ix.iter().map(|e| e.1).eq(model.values().map(|e| e.0)));
         prop_assert!(ix.iter().rev().map(|e| e.1).eq(model.values().rev().map(|e| e.0)));
@@ -290,6 +286,36 @@ fn removing_the_heavy_entries_leaves_no_residue() {
     assert!(weight_of(1e9).is_finite());
 }
 
+/// Blocks stay between the bounds (thin ones merge, full ones split), and the directory of
+/// first keys still sends each key to its block: increasing, each at most its block's first
+/// entry and above every entry of the block before.
+fn assert_well_formed(ix: &RankedIndex<Key>) {
+    assert_eq!(ix.firsts.len(), ix.blocks.len());
+    for (b, block) in ix.blocks.iter().enumerate() {
+        assert!(block.entries.len() <= MAX_BLOCK, "block {b} overfull");
+        assert!(
+            ix.blocks.len() == 1 || block.live_len() >= MIN_BLOCK,
+            "block {b} too thin"
+        );
+        let first = ix.firsts[b];
+        assert!(
+            block.entries.first().is_some_and(|e| first <= e.0),
+            "first of block {b}"
+        );
+        if b > 0 {
+            assert!(
+                ix.firsts[b - 1] < first,
+                "directory out of order at block {b}"
+            );
+            let before = ix.blocks[b - 1].entries.last();
+            assert!(
+                before.is_some_and(|e| e.0 < first),
+                "block {b} overlaps the one before"
+            );
+        }
+    }
+}
+
 /// An unweighted index of keys `(i, i)` in slot `i`, for `i` in `0..n`, inserted in
 /// order (so blocks split at half: 64 entries each, the last up to 128).
 fn in_order(n: u64) -> RankedIndex<Key> {
@@ -363,7 +389,29 @@ fn a_merge_too_large_for_one_block_splits_again() {
     }
     // 15 live merged into 128: split again, each half within bounds.
     assert_eq!(ix.blocks.len(), 2);
-    assert!(ix.blocks.iter().all(|b| b.entries.len() <= MAX_BLOCK));
+    assert_well_formed(&ix);
     assert!(ix.iter().map(|e| e.1).eq(49..192));
     assert_eq!(ix.at_rank(100), Some((key(149, 149), 149)));
+    // Keys land in the block the directory names, on both sides of the split.
+    ix.insert(key(60, 1), 1000, 0.0);
+    ix.insert(key(170, 1), 1001, 0.0);
+    assert_well_formed(&ix);
+    assert!(ix.contains(key(60, 1), 1000) && ix.contains(key(170, 1), 1001));
+}
+
+#[test]
+fn a_merge_that_exactly_fills_a_block_stays_one_block() {
+    // Blocks 0..64 and 64..192; 15 of the second block's entries removed leaves 113.
+    let mut ix = in_order(192);
+    for i in 64..79u64 {
+        ix.remove(key(i, i));
+    }
+    for i in 0..49u64 {
+        ix.remove(key(i, i));
+    }
+    // 15 live merged into 113: 128 entries, a full block, not two half ones.
+    assert_eq!(ix.blocks.len(), 1);
+    assert_eq!(physical_len(&ix), MAX_BLOCK);
+    assert_well_formed(&ix);
+    assert!(ix.iter().map(|e| e.1).eq((49..64).chain(79..192)));
 }

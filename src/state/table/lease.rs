@@ -54,15 +54,10 @@ impl SlotTable {
             selection @ (Selection::Uniform { .. } | Selection::Recency { .. }) => {
                 let seed = draw_seed(policy_seed(selection), draw);
                 let ranks = sample_ranks(selection, self.ready[r].len(), n, seed);
+                // The index of these policies is always ranked (`Table::new`).
                 match self.ready[r].take_ranks(&ranks) {
                     Some(slots) => slots,
-                    None => {
-                        let slots = self.ready[r].at_ranks(&ranks);
-                        for &s in &slots {
-                            self.ready[r].remove(self.slots[s as usize].order);
-                        }
-                        slots
-                    }
+                    None => self.ready[r].take(n),
                 }
             }
             // Successive weighted draws in the ranked index, O(log n) each.
