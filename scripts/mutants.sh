@@ -23,8 +23,8 @@
 # it settled, and the next call picks up where it stopped.
 # --full-only runs only the full stage, on what the quick stage let through so far (to
 # settle those before the quick stage has seen every mutant).
-# --recheck puts the mutants missed so far back in the full stage's queue, to check them
-# against tests written since.
+# --recheck puts the mutants that survived so far back in the queues (the full stage's only,
+# with --full-only), to check them against tests written since.
 # --shard K/N takes the mutants whose name hashes to K modulo N (0-based), so N machines,
 # or N calls, split one run. cargo-mutants' own output of a shard's last call (a log per
 # mutant) is in target/mutants/shard-K-of-N, and missed.txt there lists the shard's mutants
@@ -174,6 +174,18 @@ cargo_args() { # TARGET... -> cargo-mutants' arguments to build and test these t
     local target
     for target; do printf -- '--cargo-arg=%s\n' "$target"; done
 }
+# A recheck first takes the survivors of the shard's mutants off the settled lists, so the
+# tests written since see them: the quick stage's (unless --full-only) and the full stage's.
+forget_survivors() { # STAGE
+    settle "$1"
+    comm -23 "$results/$1/survived.txt" "$results/$1/timeout.txt" | comm -12 - "$work/all.txt" \
+        | comm -23 "$results/$1/survived.txt" - > "$work/kept.txt"
+    mv "$work/kept.txt" "$results/$1/survived.txt"
+}
+if ((recheck)); then
+    ((full_only)) || forget_survivors quick
+    forget_survivors full
+fi
 if ((full_only)); then
     settle quick
 else
@@ -197,14 +209,7 @@ else
     mapfile -t args < <(cargo_args "${core_tests[@]}")
     TEST_TIMEOUT=60 run_stage quick "$work/all-other.txt" "${args[@]}"
 fi
-# Stage 2: what the quick stage let through, against the whole suite. A recheck first takes
-# the missed mutants of the code as it is off the full stage's settled list.
-settle full
-if ((recheck)); then
-    comm -23 "$results/full/survived.txt" "$results/full/timeout.txt" | comm -12 - "$work/all.txt" \
-        | comm -23 "$results/full/survived.txt" - > "$work/kept.txt"
-    mv "$work/kept.txt" "$results/full/survived.txt"
-fi
+# Stage 2: what the quick stage let through, against the whole suite.
 comm -12 "$results/quick/survived.txt" "$work/all.txt" | comm -23 - "$results/quick/killed.txt" \
     > "$work/full-input.txt"
 TEST_TIMEOUT=120 run_stage full "$work/full-input.txt"

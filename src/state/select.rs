@@ -94,8 +94,7 @@ pub(crate) fn sample_ranks(selection: &Selection, m: usize, n: usize, seed: u64)
             let mut picked = Vec::with_capacity(n);
             let mut seen = RankSet::with_room(n);
             while picked.len() < n {
-                let u = rng.unit();
-                let x = (u * top + (1.0 - u)).powf(1.0 / a1) - 1.0;
+                let x = envelope_inverse_cdf(rng.unit(), top, a1);
                 let rank = (x.max(0.0) as usize).min(m - 1);
                 let accept = ((rank as f64 + 1.0) / (x + 1.0)).powf(*alpha);
                 if rng.unit() <= accept && seen.insert(rank) {
@@ -126,6 +125,12 @@ pub(crate) fn sample_ranks(selection: &Selection, m: usize, n: usize, seed: u64)
             picked
         }
     }
+}
+
+/// The `x` in `[0, m]` where the CDF of the `Recency` envelope `(x + 1)^(a1 - 1)` on
+/// `[0, m)` reaches `u`: `F(x) = ((x + 1)^a1 - 1) / (top - 1)`, with `top = (m + 1)^a1`.
+fn envelope_inverse_cdf(u: f64, top: f64, a1: f64) -> f64 {
+    (u * top + (1.0 - u)).powf(1.0 / a1) - 1.0
 }
 
 /// The set of ranks drawn so far in one batch: open addressing over a table at least
@@ -351,30 +356,150 @@ mod tests {
                 assert!(ranks.iter().all(|&r| r < m));
             }
         }
-        // One draw from 20 ranks, alpha 2: P(rank i) = (i+1)^2 / sum(1..=20 of k^2) = (i+1)^2 / 2870.
-        let draws = 40_000;
-        let mut counts = [0usize; 20];
-        for seed in 0..draws {
-            counts[sample_ranks(
-                &Selection::Recency {
-                    alpha: 2.0,
-                    seed: 0,
-                },
-                20,
-                1,
-                seed,
-            )[0]] += 1;
+        // One draw from 20 ranks, alpha 2: P(rank i) = (i+1)^2 / sum(1..=20 of k^2).
+        let sel = Selection::Recency {
+            alpha: 2.0,
+            seed: 0,
+        };
+        assert_first_picks_follow(
+            |seed| sample_ranks(&sel, 20, 1, seed)[0],
+            20,
+            |i| ((i + 1) * (i + 1)) as f64,
+        );
+    }
+
+    #[test]
+    fn the_recency_envelope_is_inverted_exactly() {
+        // m = 9, alpha = 1: F(x) = ((x + 1)^2 - 1) / 99, from 0 at x = 0 to 1 at x = 9.
+        let (top, a1) = (100.0, 2.0);
+        for (u, x) in [
+            (0.0, 0.0),
+            (1.0, 9.0),
+            (3.0 / 99.0, 1.0),
+            (24.0 / 99.0, 4.0),
+        ] {
+            let got = envelope_inverse_cdf(u, top, a1);
+            assert!((got - x).abs() < 1e-9, "F^-1({u}) = {got}, not {x}");
         }
+    }
+
+    /// Over 40,000 seeds, `first(seed)` (in `0..m`) lands on `i` in proportion to
+    /// `weight(i)`, each count within 5 standard deviations.
+    fn assert_first_picks_follow(
+        first: impl Fn(u64) -> usize,
+        m: usize,
+        weight: impl Fn(usize) -> f64,
+    ) {
+        let draws = 40_000;
+        let mut counts = vec![0usize; m];
+        for seed in 0..draws {
+            counts[first(seed)] += 1;
+        }
+        let total: f64 = (0..m).map(&weight).sum();
         for (i, &c) in counts.iter().enumerate() {
-            let p = ((i + 1) * (i + 1)) as f64 / 2870.0;
+            let p = weight(i) / total;
             let expected = draws as f64 * p;
             let sd = (draws as f64 * p * (1.0 - p)).sqrt();
             assert!(
                 (c as f64 - expected).abs() < 5.0 * sd + 1.0,
-                "rank {i}: {c} draws, expected {expected:.0} +- {:.0}",
+                "{i}: {c} draws, expected {expected:.0} +- {:.0}",
                 5.0 * sd
             );
         }
+    }
+
+    #[test]
+    fn a_large_batch_leads_with_a_weighted_draw() {
+        // The Gumbel-top-k pass returns the largest key first: one weighted draw. A batch of
+        // 4 of 8 ranks under Recency takes it, and so does every pick under
+        // OnPolicyFraction.
+        let sel = Selection::Recency {
+            alpha: 2.0,
+            seed: 0,
+        };
+        let square = |i: usize| ((i + 1) * (i + 1)) as f64;
+        assert_first_picks_follow(|seed| sample_ranks(&sel, 8, 4, seed)[0], 8, square);
+        let c = cands(&[1; 8]);
+        assert_first_picks_follow(|seed| choose(&sel, &c, 4, None, seed)[0], 8, square);
+        let mut c = cands(&[1; 8]);
+        for (i, cand) in c.iter_mut().enumerate() {
+            cand.log_priority = (i as f64 + 1.0).ln();
+        }
+        let sel = Selection::Prioritized {
+            key: "p".into(),
+            exponent: 1.0,
+            seed: 0,
+        };
+        assert_first_picks_follow(
+            |seed| choose(&sel, &c, 4, None, seed)[0],
+            8,
+            |i| i as f64 + 1.0,
+        );
+    }
+
+    #[test]
+    fn weightless_candidates_come_in_random_order() {
+        let mut c = cands(&[1; 5]);
+        for cand in &mut c {
+            cand.log_priority = f64::NEG_INFINITY;
+        }
+        let sel = Selection::Prioritized {
+            key: "p".into(),
+            exponent: 1.0,
+            seed: 0,
+        };
+        assert_first_picks_follow(|seed| choose(&sel, &c, 2, None, seed)[0], 5, |_| 1.0);
+    }
+
+    #[test]
+    fn on_policy_fraction_takes_the_rest_from_every_sample_not_yet_taken() {
+        // 10 of version 1, then 50 of version 3 (current); a quarter of 40 is 10 current
+        // ones, and the other 30 come from the 10 old and the 40 current left.
+        let mut versions = vec![1u64; 10];
+        versions.extend([3u64; 50]);
+        let c = cands(&versions);
+        for then in [Selection::Uniform { seed: 1 }, Selection::Fifo] {
+            let sel = Selection::OnPolicyFraction {
+                fraction: 0.25,
+                then: Box::new(then),
+            };
+            for seed in 0..20 {
+                let picks = choose(&sel, &c, 40, Some(3), seed);
+                let distinct: std::collections::BTreeSet<usize> = picks.iter().copied().collect();
+                assert_eq!(
+                    (picks.len(), distinct.len()),
+                    (40, 40),
+                    "{sel:?}: {picks:?}"
+                );
+            }
+        }
+        // The share is a fraction of the batch: under Fifo, 4 of 8 from the 10 current at
+        // the end, then the oldest.
+        let mut versions = vec![1u64; 90];
+        versions.extend([3u64; 10]);
+        let sel = Selection::OnPolicyFraction {
+            fraction: 0.5,
+            then: Box::new(Selection::Fifo),
+        };
+        assert_eq!(
+            choose(&sel, &cands(&versions), 8, Some(3), 0),
+            [90, 91, 92, 93, 0, 1, 2, 3]
+        );
+        // Newest first within each part under Lifo: none current here, so all from the rest.
+        let sel = Selection::OnPolicyFraction {
+            fraction: 0.5,
+            then: Box::new(Selection::Lifo),
+        };
+        assert_eq!(choose(&sel, &cands(&[1; 10]), 3, Some(3), 0), [9, 8, 7]);
+    }
+
+    #[test]
+    fn on_policy_fraction_draws_with_the_seed_of_its_inner_policy() {
+        let sel = Selection::OnPolicyFraction {
+            fraction: 0.5,
+            then: Box::new(Selection::Uniform { seed: 7 }),
+        };
+        assert_eq!(policy_seed(&sel), 7);
     }
 
     #[test]
