@@ -286,6 +286,20 @@ mod tests {
     }
 
     #[test]
+    fn each_seed_and_step_draws_its_own_stream() {
+        // Policies seeded 0..64 at steps 0..64: no two batches share a draw seed.
+        let mut seen = std::collections::BTreeSet::new();
+        for seed in 0..64 {
+            for step in 0..64 {
+                assert!(
+                    seen.insert(draw_seed(seed, step)),
+                    "seed {seed} step {step}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn the_rank_set_holds_what_was_inserted_and_nothing_else() {
         // A batch's worth of ranks, many sharing a home (multiples of the table size),
         // inserted twice: the set answers as a `BTreeSet` does.
