@@ -133,14 +133,18 @@ impl SlotTable {
         Some(self.grant(r, slots.to_vec(), deadline))
     }
 
-    /// Marks `slots` (just taken out of RPC `r`'s ready index) leased by a new lease.
-    fn grant(&mut self, r: usize, slots: Vec<u32>, deadline: Option<Instant>) -> LeaseId {
-        // Load every slot's line first: in a large, cold table these misses then overlap
-        // instead of each waiting behind the previous slot's update.
+    /// Loads every slot's line first: in a large, cold table these misses then overlap
+    /// instead of each waiting behind the previous slot's update.
+    fn prefetch_slot_lines(&self, slots: &[u32]) {
         let warm = slots.iter().fold(0u32, |acc, &s| {
             acc ^ self.slots.get(s as usize).map_or(0, |m| m.reads_total)
         });
         std::hint::black_box(warm);
+    }
+
+    /// Marks `slots` (just taken out of RPC `r`'s ready index) leased by a new lease.
+    fn grant(&mut self, r: usize, slots: Vec<u32>, deadline: Option<Instant>) -> LeaseId {
+        self.prefetch_slot_lines(&slots);
         for &s in &slots {
             let s = s as usize;
             if self.budget.evict {

@@ -5,7 +5,7 @@ mod audit;
 mod fresh;
 mod residency;
 
-use super::{LeaseEnd, LeaseId, RpcSpec, SlotTable};
+use super::{Freshness, LeaseEnd, LeaseId, RpcSpec, SlotTable};
 use crate::rpc_defs::{KeySet, Selection};
 use proptest::prelude::*;
 use std::time::{Duration, Instant};
@@ -492,4 +492,95 @@ proptest! {
             prop_assert_eq!(t.leases.live(), m.leases.len());
         }
     }
+}
+
+#[test]
+fn blockers_count_stale_and_discarded_samples() {
+    // Three readers of K0; rpc 0 takes only samples of the current policy version.
+    let mut current_only = spec(&[K0], 1, 1, false);
+    current_only.max_staleness = Some(0);
+    let others = spec(&[K0], 1, 1, false);
+    let mut t = SlotTable::new(4, vec![current_only, others.clone(), others]);
+    let Some((slots, _)) = t.claim_put(2, None) else {
+        panic!("room for two samples");
+    };
+    let fresh: Vec<Freshness> = [1, 2]
+        .map(|version| Freshness { version, age: None })
+        .to_vec();
+    let mut freed = Vec::new();
+    let _ = t.publish_put_fresh(&slots, &[1, 2], &[ks(&[K0]); 2], &fresh, None, &mut freed);
+    // Readers 1 and 2 each hold both samples, one batch each.
+    let mut held = Vec::new();
+    for r in [1, 2, 1, 2] {
+        let Some(id) = t.try_lease(r, None) else {
+            panic!("rpc {r} has a sample left");
+        };
+        held.push(id);
+    }
+    // Version 2 makes the first sample stale for rpc 0; its holders keep it stored.
+    assert!(t.set_policy_version(2, &mut freed).is_ok());
+    // Rpc 1 discards the second sample, which rpc 2 still holds.
+    let _ = t.finish_lease(held[2], LeaseEnd::Discarded, &[KeySet::EMPTY], &mut freed);
+    assert!(freed.is_empty(), "both samples are still held");
+    let b = t.blockers(0, 4);
+    assert_eq!((b.stale, b.discarded, b.leased, b.eligible), (1, 1, 0, 0));
+    ok(&t);
+}
+
+#[test]
+fn only_a_sample_ready_for_every_read_it_owes_is_evictable() {
+    // gen reads K0 and adds K1, train reads K1. Of four samples only slot 3's gen has run,
+    // so only slot 3 is ready for every read it still owes.
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 1, false), spec(&[K1], 1, 1, false)])
+        .with_budget(None, true);
+    put(&mut t, &[1, 2, 3, 4], ks(&[K0]));
+    let Some(id) = t.try_lease_slots(0, &[3], None) else {
+        panic!("slot 3 is ready for gen");
+    };
+    let mut freed = Vec::new();
+    let _ = t.finish_lease(id, LeaseEnd::Used, &[ks(&[K1])], &mut freed);
+    assert!(freed.is_empty(), "train has yet to read slot 3");
+    ok(&t);
+    assert!(t.make_room(1, 0, &mut freed), "slot 3 can be evicted");
+    assert_eq!(freed, [3]);
+    ok(&t);
+}
+
+#[test]
+fn eviction_frees_enough_bytes_or_evicts_nothing() {
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 1, false)]).with_budget(Some(100), true);
+    put(&mut t, &[1, 2], ks(&[K0]));
+    t.set_bytes(0, 40);
+    t.set_bytes(1, 40);
+    let mut freed = Vec::new();
+    // 200 more bytes fit nowhere: evicting both would leave 100 too many.
+    assert!(!t.make_room(1, 200, &mut freed));
+    assert!(freed.is_empty(), "evicted in vain: {freed:?}");
+    assert_eq!(t.len(), 2);
+    // 50 more fit once the oldest goes.
+    assert!(t.make_room(1, 50, &mut freed));
+    assert_eq!(freed, [0]);
+    ok(&t);
+}
+
+#[test]
+fn a_replayed_batch_is_leased_only_if_each_slot_is_eligible_and_named_once() {
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 2, false)]);
+    put(&mut t, &[1, 2], ks(&[K0]));
+    put(&mut t, &[3], ks(&[K1]));
+    assert!(
+        t.try_lease_slots(0, &[0, 2], None).is_none(),
+        "slot 2 lacks K0"
+    );
+    assert!(
+        t.try_lease_slots(0, &[0, 0], None).is_none(),
+        "slot 0 twice"
+    );
+    assert_eq!(t.eligible(0), 2, "a refused replay changes nothing");
+    let Some(id) = t.try_lease_slots(0, &[1, 0], None) else {
+        panic!("both are eligible");
+    };
+    assert_eq!(t.lease(id, None).map(|l| l.slots.clone()), Ok(vec![1, 0]));
+    assert_eq!(t.eligible(0), 0);
+    ok(&t);
 }
