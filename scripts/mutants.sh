@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mutation testing of the state machine, the buffer and the RL layer with cargo-mutants.
 #
-#   scripts/mutants.sh [--minutes M] [--shard K/N] [--full-only] [--recheck] [PATH...]
+#   scripts/mutants.sh [--minutes M] [--shard K/N] [--only ERE] [--full-only] [--recheck] [PATH...]
 #   scripts/mutants.sh --report [PATH...]
 #
 # PATH defaults to src/state src/buffer src/rollout. Each mutant is tested in two stages, so
@@ -9,9 +9,11 @@
 #
 #   1. the quick stage: the unit tests and the model-based tests (proptest runs against a
 #      reference model), which catch most mutants in a few seconds;
-#   2. the full stage: every mutant the quick stage missed or timed out on, against the
-#      whole suite but the kill -9 harness and the byte-flip sweeps of the decoders
-#      (.cargo/mutants.toml).
+#   2. the full stage: every mutant the quick stage missed, against the whole suite but
+#      the kill -9 harness and the byte-flip sweeps of the decoders (.cargo/mutants.toml).
+#
+# A mutant that makes a test hang (no end within 60 s, where the quick stage's tests take a
+# few seconds) is caught by time in either stage: the full suite would only wait longer.
 #
 # The outcomes are part of the repository: mutants/{quick,full}/{killed,survived,timeout}.txt
 # list the mutants each stage has settled, by name (file:line:col: what it changes), so a
@@ -25,6 +27,8 @@
 # settle those before the quick stage has seen every mutant).
 # --recheck puts the mutants that survived so far back in the queues (the full stage's only,
 # with --full-only), to check them against tests written since.
+# --only ERE takes only the mutants whose name matches the extended regular expression (one
+# function's, say: --only 'in SlotTable::claim_restore').
 # --shard K/N takes the mutants whose name hashes to K modulo N (0-based), so N machines,
 # or N calls, split one run. cargo-mutants' own output of a shard's last call (a log per
 # mutant) is in target/mutants/shard-K-of-N, and missed.txt there lists the shard's mutants
@@ -40,6 +44,7 @@ cd "$(dirname "$0")/.."
 
 minutes=60
 shard=0/1
+only=
 full_only=0
 recheck=0
 report=0
@@ -48,10 +53,11 @@ while (($#)); do
     case "$1" in
         --minutes) minutes="$2"; shift 2 ;;
         --shard) shard="$2"; shift 2 ;;
+        --only) only="$2"; shift 2 ;;
         --full-only) full_only=1; shift ;;
         --recheck) recheck=1; shift ;;
         --report) report=1; shift ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         -*) echo "mutants.sh: unknown flag $1" >&2; exit 2 ;;
         *) paths+=("$1"); shift ;;
     esac
@@ -75,18 +81,21 @@ list_mutants() { # PATH... -> every mutant's name, sorted
 }
 
 # The outcome over the mutants named in ALL, of the code as it is. A mutant any test run has
-# caught is caught (the tests only grow), and so is one that makes the suite hang (the tests
-# fail, by time). Missed are the quick stage's survivors the full suite passed with.
+# caught is caught (the tests only grow), and so is one that makes the suite hang in either
+# stage (the tests fail, by time). Missed are the quick stage's survivors the full suite
+# passed with.
 summarize() { # ALL MISSED_OUT LABEL
     local all=$1 missed=$2 label=$3 caught passed
     caught=$(mktemp); passed=$(mktemp)
-    sort -u "$results/quick/killed.txt" "$results/full/killed.txt" "$results/full/timeout.txt" > "$caught"
+    sort -u "$results/quick/killed.txt" "$results/quick/timeout.txt" "$results/full/killed.txt" \
+        "$results/full/timeout.txt" > "$caught"
     comm -12 "$results/full/survived.txt" "$all" | comm -23 - "$caught" > "$missed"
-    comm -12 "$results/quick/survived.txt" "$all" | comm -23 - "$results/quick/killed.txt" > "$passed"
+    sort -u "$results/quick/killed.txt" "$results/quick/timeout.txt" \
+        | comm -23 <(comm -12 "$results/quick/survived.txt" "$all") - > "$passed"
     local total tested_quick caught_quick tested_full caught_full
     total=$(wc -l < "$all")
     tested_quick=$(sort -u "$results/quick/killed.txt" "$results/quick/survived.txt" | comm -12 - "$all" | wc -l)
-    caught_quick=$(comm -12 "$results/quick/killed.txt" "$all" | wc -l)
+    caught_quick=$(sort -u "$results/quick/killed.txt" "$results/quick/timeout.txt" | comm -12 - "$all" | wc -l)
     tested_full=$(sort -u "$results/full/killed.txt" "$results/full/survived.txt" | comm -12 - "$passed" | wc -l)
     caught_full=$(comm -12 "$caught" "$passed" | wc -l)
     echo "mutants.sh: $label: $total mutants; quick stage tested $tested_quick, caught $caught_quick;" \
@@ -100,7 +109,7 @@ if ((report)); then
     mkdir -p "$work"
     for p in "${paths[@]}"; do
         name=$(printf '%s' "$p" | tr '/' '-')
-        list_mutants "$p" > "$work/$name.all.txt"
+        list_mutants "$p" | { grep -E -- "${only:-.}" || true; } > "$work/$name.all.txt"
         summarize "$work/$name.all.txt" "$work/$name.missed.txt" "$p"
         sed 's/^/    /' "$work/$name.missed.txt"
     done
@@ -121,7 +130,8 @@ left() { echo $((deadline - SECONDS)); }
 # of the lines it shifts, not every mutant after them.
 k=${shard%/*}; n=${shard#*/}
 list_mutants "${paths[@]}" \
-    | perl -MDigest::MD5=md5 -ne "print if unpack('N', md5(\$_)) % $n == $k" > "$work/all.txt"
+    | perl -MDigest::MD5=md5 -ne "print if unpack('N', md5(\$_)) % $n == $k" \
+    | { grep -E -- "${only:-.}" || true; } > "$work/all.txt"
 
 # Per stage, what is settled accumulates across calls: killed.txt (caught, or unviable: the
 # mutant does not build) and survived.txt (missed, or timed out).
@@ -209,9 +219,10 @@ else
     mapfile -t args < <(cargo_args "${core_tests[@]}")
     TEST_TIMEOUT=60 run_stage quick "$work/all-other.txt" "${args[@]}"
 fi
-# Stage 2: what the quick stage let through, against the whole suite.
-comm -12 "$results/quick/survived.txt" "$work/all.txt" | comm -23 - "$results/quick/killed.txt" \
-    > "$work/full-input.txt"
+# Stage 2: what the quick stage let through (neither caught nor hung), against the whole
+# suite.
+sort -u "$results/quick/killed.txt" "$results/quick/timeout.txt" \
+    | comm -23 <(comm -12 "$results/quick/survived.txt" "$work/all.txt") - > "$work/full-input.txt"
 TEST_TIMEOUT=120 run_stage full "$work/full-input.txt"
 
 summarize "$work/all.txt" "$work/missed.txt" "shard $shard of ${paths[*]}"

@@ -252,6 +252,8 @@ impl SlotTable {
             "eviction index larger than the capacity"
         );
         // invariant 9
-        self.check_residency()
+        self.check_residency()?;
+        // invariant 10
+        self.check_versions()
     }
 }

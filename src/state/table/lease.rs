@@ -192,16 +192,7 @@ impl SlotTable {
         let r = lease.rpc;
         let n_rpcs = self.rpcs.len();
         let mut wake = Wake::default();
-        // Every line the loop below touches per slot, requested at once (see grant).
-        for &s in &lease.slots {
-            let s = s as usize;
-            prefetch(&self.slots[s]);
-            prefetch(&self.reads_left[s * n_rpcs + r]);
-            if let Some(ln_weight) = self.ln_priority.get(r).and_then(|v| v.get(s)) {
-                prefetch(ln_weight);
-            }
-        }
-        self.ready[r].prefetch_returns(&lease.slots);
+        self.prefetch_finish_lines(r, &lease.slots);
         for (i, &s) in lease.slots.iter().enumerate() {
             let s = s as usize;
             debug_assert!(self.slots[s].lease_bits.contains(r));
@@ -232,6 +223,21 @@ impl SlotTable {
             LeaseEnd::Discarded => {}
         }
         self.deliverable(wake)
+    }
+
+    /// Requests at once every line [`Self::finish_lease`]'s loop touches per slot of a
+    /// lease of RPC `r` (see [`Self::prefetch_slot_lines`]).
+    fn prefetch_finish_lines(&self, r: usize, slots: &[u32]) {
+        let n_rpcs = self.rpcs.len();
+        for &s in slots {
+            let s = s as usize;
+            prefetch(&self.slots[s]);
+            prefetch(&self.reads_left[s * n_rpcs + r]);
+            if let Some(ln_weight) = self.ln_priority.get(r).and_then(|v| v.get(s)) {
+                prefetch(ln_weight);
+            }
+        }
+        self.ready[r].prefetch_returns(slots);
     }
 
     /// The earliest lease deadline or age deadline, if any.

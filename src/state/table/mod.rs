@@ -43,6 +43,10 @@
 //!    and empty slots hold none and are not being spilled; a slot is in the spill index iff
 //!    it is stored, neither amended nor leased, holds resident bytes and is not being
 //!    spilled.
+//! 10. Only a stored slot has a policy version. When some RPC has a staleness bound, the
+//!     version index holds exactly `(version, slot)` of each stored slot with a version
+//!     (so raising the version visits every such sample, and only those); otherwise it is
+//!     empty.
 //!
 //! # Wake-ups
 //!

@@ -118,6 +118,35 @@ impl SlotTable {
         stale
     }
 
+    /// Audits invariant 10 (see `mod.rs`).
+    pub(crate) fn check_versions(&self) -> Result<(), String> {
+        let f = &self.freshness;
+        let mut versioned = 0usize;
+        for (s, &version) in f.versions.iter().enumerate() {
+            if version == NO_VERSION {
+                continue;
+            }
+            if !self.is_stored(s) {
+                return Err(format!("slot {s}: not stored but has version {version}"));
+            }
+            if f.track_versions {
+                if !f.by_version.contains(&(version, s as u32)) {
+                    return Err(format!(
+                        "slot {s}: version {version} missing from the version index"
+                    ));
+                }
+                versioned += 1;
+            }
+        }
+        if f.by_version.len() != versioned {
+            return Err(format!(
+                "{} entries in the version index, for {versioned} versioned stored slots",
+                f.by_version.len()
+            ));
+        }
+        Ok(())
+    }
+
     /// Forgets a freed slot's version.
     pub(crate) fn forget_fresh(&mut self, s: usize) {
         let version = std::mem::replace(&mut self.freshness.versions[s], NO_VERSION);

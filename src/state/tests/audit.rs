@@ -6,7 +6,7 @@ use super::{ks, ok, put, spec, K0};
 use crate::rpc_defs::Selection;
 use crate::state::leases::Lease;
 use crate::state::ready::order_key;
-use crate::state::SlotTable;
+use crate::state::{Freshness, SlotTable, NO_VERSION};
 use std::time::{Duration, Instant};
 
 /// Capacity 6, one RPC (2 reads, batches of 2, a lease timeout): slots 0-3 stored, 0 and 1
@@ -171,5 +171,115 @@ fn a_wrong_weight_in_the_index_is_reported() {
     expect(
         &t,
         "slot 2: rpc 0 indexed with weight 123, its priority gives",
+    );
+}
+
+/// Capacity 6, one RPC, a memory budget: slots 0-2 stored with 10 bytes each in memory,
+/// slot 0 leased (so not spillable), 3-5 empty.
+fn resident_fixture() -> SlotTable {
+    let mut t =
+        SlotTable::new(6, vec![spec(&[K0], 1, 1, false)]).with_residency(Some(1_000), false);
+    for birth in 1..=3 {
+        let Some((slots, _)) = t.claim_put_sized(1, 0, 10, None) else {
+            panic!("room for a sample");
+        };
+        t.reserve_resident(&slots, &[10]);
+        let _ = t.publish_put(&slots, &[birth], &[ks(&[K0])]);
+    }
+    assert!(t.try_lease(0, None).is_some());
+    ok(&t);
+    t
+}
+
+#[test]
+fn every_broken_residency_invariant_is_reported() {
+    type Break = fn(&mut SlotTable);
+    let cases: &[(&str, Break)] = &[
+        ("resident bytes 31 != per-slot sum 30", |t| {
+            t.residency.resident += 1
+        }),
+        ("slot 5: empty but resident or spilling", |t| {
+            t.residency.per_slot[5] = 7;
+            t.residency.resident += 7;
+        }),
+        ("slot 4: empty but resident or spilling", |t| {
+            t.residency.spilling.set(4)
+        }),
+        ("slot 1: in the spill index false, spillable true", |t| {
+            let key = t.slots[1].order;
+            t.residency.spillable.remove(&key);
+        }),
+        ("slot 0: in the spill index true, spillable false", |t| {
+            let key = t.slots[0].order;
+            t.residency.spillable.insert(key, 0);
+        }),
+        ("slot 2: in the spill index true, spillable false", |t| {
+            // Being written out, so out of the index, though still listed there.
+            t.residency.spilling.set(2)
+        }),
+        ("spill index has 3 entries, 2 belong to slots", |t| {
+            t.residency.spillable.insert(order_key(99, 99), 5);
+        }),
+    ];
+    for &(what, break_it) in cases {
+        let mut t = resident_fixture();
+        break_it(&mut t);
+        expect(&t, what);
+    }
+}
+
+/// Capacity 6, one RPC with a staleness bound: slots 0 and 1 stored with versions 1 and 2,
+/// slot 2 stored without one.
+fn versioned_fixture() -> SlotTable {
+    let mut rpc = spec(&[K0], 1, 1, false);
+    rpc.max_staleness = Some(10);
+    let mut t = SlotTable::new(6, vec![rpc]);
+    let Some((slots, _)) = t.claim_put(3, None) else {
+        panic!("room for three samples");
+    };
+    let fresh: Vec<Freshness> = [1, 2, NO_VERSION]
+        .map(|version| Freshness { version, age: None })
+        .to_vec();
+    let mut freed = Vec::new();
+    let _ = t.publish_put_fresh(
+        &slots,
+        &[1, 2, 3],
+        &[ks(&[K0]); 3],
+        &fresh,
+        None,
+        &mut freed,
+    );
+    ok(&t);
+    t
+}
+
+#[test]
+fn every_broken_version_invariant_is_reported() {
+    type Break = fn(&mut SlotTable);
+    let cases: &[(&str, Break)] = &[
+        ("slot 4: not stored but has version 3", |t| {
+            t.freshness.versions[4] = 3
+        }),
+        ("slot 1: version 2 missing from the version index", |t| {
+            t.freshness.by_version.remove(&(2, 1));
+        }),
+        (
+            "3 entries in the version index, for 2 versioned stored slots",
+            |t| {
+                t.freshness.by_version.insert((7, 5));
+            },
+        ),
+    ];
+    for &(what, break_it) in cases {
+        let mut t = versioned_fixture();
+        break_it(&mut t);
+        expect(&t, what);
+    }
+    // Without a staleness bound nothing is indexed by version.
+    let mut t = fixture(false, false);
+    t.freshness.by_version.insert((1, 0));
+    expect(
+        &t,
+        "1 entries in the version index, for 0 versioned stored slots",
     );
 }

@@ -3,8 +3,9 @@
 //! never be freed, and batches that never repeat or leave the eligible set).
 
 use crate::rpc_defs::{KeySet, Selection};
-use crate::state::{Freshness, LeaseEnd, LeaseId, RpcSpec, SlotTable, NO_VERSION};
+use crate::state::{Age, Freshness, LeaseEnd, LeaseId, RpcSpec, SlotTable, NO_VERSION};
 use proptest::prelude::*;
+use std::time::{Duration, Instant};
 
 const K0: usize = 0;
 const K1: usize = 1;
@@ -227,4 +228,118 @@ proptest! {
             prop_assert_eq!(t.totals.stale, m.stale);
         }
     }
+}
+
+/// One RPC reading K0 once, with an age bound.
+fn aged(capacity: usize, max_age: Duration) -> SlotTable {
+    let rpc = RpcSpec {
+        inputs: ks(&[K0]),
+        reads: 1,
+        n_seqs: 1,
+        selection: Selection::Fifo,
+        lease_timeout: None,
+        max_staleness: None,
+        max_age: Some(max_age),
+        rate_limit: None,
+    };
+    SlotTable::new(capacity, vec![rpc])
+}
+
+/// Puts one sample born `birth`, `age` old at `at`, at instant `now`; returns its slot and
+/// the slots the put freed.
+fn put_aged(
+    t: &mut SlotTable,
+    birth: u64,
+    age: Duration,
+    at: Instant,
+    now: Instant,
+) -> (u32, Vec<u32>) {
+    let Some((slots, _)) = t.claim_put(1, None) else {
+        panic!("room for a sample");
+    };
+    let fresh = [Freshness {
+        version: NO_VERSION,
+        age: Some(Age { at, age }),
+    }];
+    let mut freed = Vec::new();
+    let _ = t.publish_put_fresh(
+        &slots,
+        &[birth],
+        &[ks(&[K0])],
+        &fresh,
+        Some(now),
+        &mut freed,
+    );
+    (slots[0], freed)
+}
+
+fn ok(t: &SlotTable) {
+    if let Err(e) = t.check_invariants() {
+        panic!("invariant: {e}");
+    }
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+#[test]
+fn a_sample_ages_out_exactly_at_its_deadline() {
+    let start = Instant::now();
+    let mut t = aged(2, 10 * SECOND);
+    let (s, _) = put_aged(&mut t, 1, 4 * SECOND, start, start);
+    let deadline = start + 6 * SECOND;
+    let mut freed = Vec::new();
+    let _ = t.age_out(deadline - Duration::from_nanos(1), &mut freed);
+    assert_eq!(t.eligible(0), 1, "not yet stale");
+    let _ = t.age_out(deadline, &mut freed);
+    assert_eq!(t.eligible(0), 0, "stale at its deadline");
+    assert_eq!(
+        freed,
+        [s],
+        "nothing holds it and it can never be served: dropped"
+    );
+    ok(&t);
+}
+
+#[test]
+fn a_sample_put_past_its_deadline_is_stale_at_once() {
+    let start = Instant::now();
+    let mut t = aged(2, 10 * SECOND);
+    // 4 s old at `start`, put 7 s later: its deadline was 1 s ago.
+    let (s, freed) = put_aged(&mut t, 1, 4 * SECOND, start, start + 7 * SECOND);
+    assert_eq!(freed, [s]);
+    assert_eq!(t.eligible(0), 0);
+    ok(&t);
+}
+
+#[test]
+fn an_age_bound_too_far_ahead_to_represent_never_ages() {
+    let start = Instant::now();
+    let mut t = aged(2, Duration::MAX);
+    let (_, freed) = put_aged(&mut t, 1, SECOND, start, start);
+    assert!(freed.is_empty());
+    assert_eq!(t.eligible(0), 1);
+    ok(&t);
+}
+
+#[test]
+fn the_deadline_of_a_freed_sample_spares_the_next_in_its_slot() {
+    let start = Instant::now();
+    let mut t = aged(1, 10 * SECOND);
+    let (s, _) = put_aged(&mut t, 1, Duration::ZERO, start, start);
+    let Some(id) = t.try_lease(0, Some(start)) else {
+        panic!("the sample is eligible");
+    };
+    let mut freed = Vec::new();
+    let _ = t.finish_lease(id, LeaseEnd::Used, &[KeySet::EMPTY], &mut freed);
+    assert_eq!(freed, [s], "served and freed before its deadline");
+    // The next sample in the slot is new at the first one's deadline.
+    let later = start + 5 * SECOND;
+    assert_eq!(put_aged(&mut t, 2, Duration::ZERO, later, later).0, s);
+    let _ = t.age_out(start + 10 * SECOND, &mut freed);
+    assert_eq!(
+        t.eligible(0),
+        1,
+        "the first sample's deadline must spare the second"
+    );
+    ok(&t);
 }
