@@ -39,6 +39,19 @@ fn fixture(evict: bool, weighted: bool) -> SlotTable {
     t
 }
 
+/// Breaks one invariant of a valid table.
+type Break = fn(&mut SlotTable);
+
+/// Breaks each case's invariant in a fresh table from `fixture` and checks the audit names
+/// it.
+fn expect_each(fixture: impl Fn() -> SlotTable, cases: &[(&str, Break)]) {
+    for &(what, break_it) in cases {
+        let mut t = fixture();
+        break_it(&mut t);
+        expect(&t, what);
+    }
+}
+
 fn expect(t: &SlotTable, what: &str) {
     match t.check_invariants() {
         Ok(()) => panic!("the audit missed: {what}"),
@@ -48,7 +61,6 @@ fn expect(t: &SlotTable, what: &str) {
 
 #[test]
 fn every_broken_invariant_is_reported() {
-    type Break = fn(&mut SlotTable);
     let cases: &[(&str, bool, Break)] = &[
         // An empty slot (5) that carries state.
         ("both empty and putting", false, |t| t.putting.set(5)),
@@ -193,7 +205,6 @@ fn resident_fixture() -> SlotTable {
 
 #[test]
 fn every_broken_residency_invariant_is_reported() {
-    type Break = fn(&mut SlotTable);
     let cases: &[(&str, Break)] = &[
         ("resident bytes 31 != per-slot sum 30", |t| {
             t.residency.resident += 1
@@ -221,11 +232,7 @@ fn every_broken_residency_invariant_is_reported() {
             t.residency.spillable.insert(order_key(99, 99), 5);
         }),
     ];
-    for &(what, break_it) in cases {
-        let mut t = resident_fixture();
-        break_it(&mut t);
-        expect(&t, what);
-    }
+    expect_each(resident_fixture, cases);
 }
 
 /// Capacity 6, one RPC with a staleness bound: slots 0 and 1 stored with versions 1 and 2,
@@ -255,7 +262,6 @@ fn versioned_fixture() -> SlotTable {
 
 #[test]
 fn every_broken_version_invariant_is_reported() {
-    type Break = fn(&mut SlotTable);
     let cases: &[(&str, Break)] = &[
         ("slot 4: not stored but has version 3", |t| {
             t.freshness.versions[4] = 3
@@ -270,11 +276,7 @@ fn every_broken_version_invariant_is_reported() {
             },
         ),
     ];
-    for &(what, break_it) in cases {
-        let mut t = versioned_fixture();
-        break_it(&mut t);
-        expect(&t, what);
-    }
+    expect_each(versioned_fixture, cases);
     // Without a staleness bound nothing is indexed by version.
     let mut t = fixture(false, false);
     t.freshness.by_version.insert((1, 0));
