@@ -241,14 +241,18 @@ impl<K: Copy> Block<K> {
         tail
     }
 
-    /// Appends `other`'s live entries; leaves no tombstones.
+    /// Appends `other`'s live entries; leaves no tombstones. A block left over
+    /// `MAX_BLOCK` entries must be split next ([`Self::split_off`] recounts both halves):
+    /// its sums are not recounted here, as `groups` has room for `MAX_BLOCK` weights only.
     pub(super) fn append(&mut self, other: &mut Block<K>) {
         self.compact();
         other.compact();
         self.entries.append(&mut other.entries);
         self.weights.append(&mut other.weights);
         self.live = low_bits(self.entries.len().min(MAX_BLOCK));
-        self.recount();
+        if self.entries.len() <= MAX_BLOCK {
+            self.recount();
+        }
     }
 }
 

@@ -400,6 +400,28 @@ fn a_merge_too_large_for_one_block_splits_again() {
 }
 
 #[test]
+fn a_weighted_merge_too_large_for_one_block_splits_again() {
+    // As above, with weights (entry `i` weighs `i + 1`): for a moment the merged block
+    // holds 143 weights, more than its group sums have room for.
+    let mut ix = RankedIndex::new(true);
+    for i in 0..192u64 {
+        ix.insert(key(i, i), i as u32, (i + 1) as f64);
+    }
+    for i in 0..49u64 {
+        ix.remove(key(i, i));
+    }
+    assert_eq!(ix.blocks.len(), 2);
+    assert_well_formed(&ix);
+    assert!(ix.iter().map(|e| e.1).eq(49..192));
+    assert_eq!(ix.weighted_len(), 143);
+    let want: f64 = (50..=192).map(|w| w as f64).sum();
+    assert_eq!(ix.tree.total_weight(), want);
+    for block in &ix.blocks {
+        assert_eq!(block.weights.len(), block.entries.len());
+    }
+}
+
+#[test]
 fn a_merge_that_exactly_fills_a_block_stays_one_block() {
     // Blocks 0..64 and 64..192; 15 of the second block's entries removed leaves 113.
     let mut ix = in_order(192);
