@@ -78,8 +78,13 @@ async fn ten_times_the_budget(store: Store) {
     );
     assert_invariants(&buf);
     buf.flush().await.expect("flush");
-    assert_eq!(buf.stats().spill.live_segments, 0);
-    assert_eq!(spill_files(&store).await, Vec::<String>::new());
+    let spill = buf.stats().spill;
+    assert_eq!(spill.live_segments, 0);
+    assert_eq!(
+        spill_files(&store).await,
+        Vec::<String>::new(),
+        "segments left after the flush: {spill:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

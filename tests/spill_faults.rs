@@ -1,6 +1,8 @@
 //! Spilling over a failing store: a failed load is an error with the samples kept, a batch
 //! never waits for its read-ahead, a try-get never serves a sample still being read, and a
-//! failed spill write fails the puts that need room until the store works again.
+//! failed spill write fails the puts that need room until the store works again; a write
+//! that landed despite its error is kept, and a segment whose delete failed is deleted by
+//! a later flush.
 
 mod common;
 
@@ -125,4 +127,68 @@ async fn a_try_get_waits_for_no_load_and_serves_only_whole_samples() {
     let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
     assert_eq!(ids, (0..4).collect());
     batch.commit().await.expect("commit");
+}
+
+/// The spill files under a local store's directory.
+fn spill_files(dir: &common::TempDir) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(std::path::Path::new(dir.path()).join("spill")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = entries
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Segments whose delete fails are kept, counted, and deleted by a later `flush` once the
+/// store works again; a `flush` while deletes still fail returns instead of retrying
+/// forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_whose_delete_fails_is_deleted_by_a_later_flush() {
+    let (dir, faulty, buf) = faulty_spilled_buffer("spill-undeleted", 8, 4).await;
+    faulty.fail_deletes(true);
+    let mut trained = HashSet::new();
+    while trained.len() < 8 {
+        trained.extend(train_one(&buf).await);
+    }
+    assert_eq!(trained, (0..8).collect());
+    tokio::time::timeout(std::time::Duration::from_secs(30), buf.flush())
+        .await
+        .expect("a flush with failing deletes returned")
+        .expect("flush");
+    let spill = buf.stats().spill;
+    assert_eq!(spill.live_segments, 0);
+    assert!(spill.undeleted_segments > 0, "{spill:?}");
+    assert_eq!(
+        spill_files(&dir).len() as u64,
+        spill.undeleted_segments,
+        "every segment left is counted"
+    );
+    faulty.fail_deletes(false);
+    buf.flush().await.expect("flush");
+    assert_eq!(buf.stats().spill.undeleted_segments, 0);
+    assert_eq!(spill_files(&dir), Vec::<String>::new());
+    assert_invariants(&buf);
+}
+
+/// A segment write that lands but reports a failure (its reply lost) is this write's
+/// segment: adopted, not a failure that leaves the file behind for no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spill_write_that_landed_despite_its_error_is_kept() {
+    let (dir, faulty, buf) = faulty_spilled_buffer("spill-ghost", 1, 4).await;
+    faulty.set(Fault::Ghost);
+    for i in 1..4 {
+        buf.put_batch(vec![rollout(i)]).await.expect("put");
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    faulty.set(Fault::None);
+    assert!(faulty.injected.load(std::sync::atomic::Ordering::SeqCst) >= 1);
+    let spill = buf.stats().spill;
+    assert_eq!(spill.failures, 0, "{spill:?}");
+    let trained: HashSet<u64> = train_one(&buf).await.into_iter().collect();
+    assert_eq!(trained, (0..4).collect());
+    buf.flush().await.expect("flush");
+    assert_eq!(spill_files(&dir), Vec::<String>::new());
+    assert_invariants(&buf);
 }

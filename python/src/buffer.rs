@@ -315,6 +315,7 @@ impl PyBuffer_ {
         spill.set_item("live_segments", s.spill.live_segments)?;
         spill.set_item("loads", s.spill.loads)?;
         spill.set_item("failures", s.spill.failures)?;
+        spill.set_item("undeleted_segments", s.spill.undeleted_segments)?;
         d.set_item("spill", spill)?;
         let rpcs = PyDict::new(py);
         for r in &s.rpcs {

@@ -154,6 +154,9 @@ pub struct SpillStats {
     pub segments_written: u64,
     /// Segments deleted so far, their rows all freed (or moved by a rewrite).
     pub segments_deleted: u64,
+    /// Segments no sample needs whose delete failed: each `flush` tries them again, and
+    /// the next `open` of the store clears what is left.
+    pub undeleted_segments: u64,
     /// Sparse segments rewritten with their live rows so far.
     pub segments_rewritten: u64,
     /// Sample loads started (for gets and read-ahead).
@@ -211,7 +214,11 @@ impl SequenceBuffer {
                 rejected: inner.rejected,
                 closed: inner.closed,
                 resident_bytes: t.residency.resident,
-                spill: inner.spill.as_ref().map(|s| s.stats()).unwrap_or_default(),
+                spill: inner
+                    .spill
+                    .as_ref()
+                    .map(|s| s.stats(shared.handover.undeleted() as u64))
+                    .unwrap_or_default(),
             }
         })
     }

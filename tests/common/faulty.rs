@@ -2,7 +2,7 @@
 //! fault-injection tests.
 
 use async_trait::async_trait;
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt};
 use object_store::path::Path;
 use object_store::{
     CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
@@ -32,7 +32,8 @@ pub enum Fault {
 }
 
 /// Wraps a store; reads fail only while `fail_reads` is on and wait while held
-/// (`hold_reads_after`); lists and deletes always go through.
+/// (`hold_reads_after`); deletes fail only while `fail_deletes` is on; lists always go
+/// through.
 #[derive(Debug)]
 pub struct FaultyStore {
     inner: Arc<dyn ObjectStore>,
@@ -59,6 +60,8 @@ pub struct FaultyStore {
     pub whole_spill_gets: AtomicUsize,
     /// Gets of anything under `spill/` (ranged or not, not heads).
     pub spill_gets: AtomicUsize,
+    /// Deletes fail while set.
+    delete_faults: Arc<AtomicBool>,
 }
 
 impl FaultyStore {
@@ -77,6 +80,7 @@ impl FaultyStore {
             held_reads: AtomicUsize::new(0),
             whole_spill_gets: AtomicUsize::new(0),
             spill_gets: AtomicUsize::new(0),
+            delete_faults: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -127,6 +131,11 @@ impl FaultyStore {
     /// Makes every read fail (`true`) or go through again (`false`).
     pub fn fail_reads(&self, on: bool) {
         self.read_faults.store(on, Ordering::SeqCst);
+    }
+
+    /// Makes every delete fail (`true`) or go through again (`false`).
+    pub fn fail_deletes(&self, on: bool) {
+        self.delete_faults.store(on, Ordering::SeqCst);
     }
 
     pub fn set(&self, fault: Fault) {
@@ -244,7 +253,15 @@ impl ObjectStore for FaultyStore {
         &self,
         locations: BoxStream<'static, Result<Path>>,
     ) -> BoxStream<'static, Result<Path>> {
-        self.inner.delete_stream(locations)
+        let faults = Arc::clone(&self.delete_faults);
+        let locations = locations.map(move |location| match location {
+            Ok(path) if faults.load(Ordering::SeqCst) => Err(object_store::Error::Generic {
+                store: "faulty",
+                source: format!("injected delete failure at {path}").into(),
+            }),
+            other => other,
+        });
+        self.inner.delete_stream(locations.boxed())
     }
 
     fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {

@@ -2,8 +2,9 @@
 //! (except those the batch that freed them had loaded), and the segments left without a
 //! live row are deleted once no read holds them (`SpillState::take_retired`: each read
 //! sweeps them when it ends). `flush` waits for the hand-overs, the loads and the deletes.
-//! No lock is held across an await: the buffer's lock only to sweep, `HandOver`'s only to
-//! count work in flight.
+//! A delete that fails (or cannot run yet) keeps its segment in `HandOver::undeleted`,
+//! tried again by the next `flush`. No lock is held across an await: the buffer's lock
+//! only to sweep, `HandOver`'s only to count work in flight and keep what was not deleted.
 
 use super::super::{Freed, FreedSink, Journal, Shared};
 use super::{merge, read_back, Segment, SpillStore, SpilledRow};
@@ -74,6 +75,9 @@ pub(crate) struct HandOver {
     /// Hand-overs waiting for the sink to write what they handed it (`flush` makes the
     /// sink write rather than wait for its schedule).
     on_sink: Mutex<usize>,
+    /// Segments no sample needs whose delete failed or could not run: the next `flush`
+    /// tries them again (a store that failed once usually answers the next time).
+    undeleted: Mutex<Vec<Arc<Segment>>>,
     done: Notify,
 }
 
@@ -82,6 +86,18 @@ impl HandOver {
     pub(super) fn busy(self: &Arc<Self>) -> Busy {
         *self.pending.lock() += 1;
         Busy(Arc::clone(self))
+    }
+
+    /// Segments whose delete failed, left for the next `flush` to try again.
+    pub(crate) fn undeleted(&self) -> usize {
+        self.undeleted.lock().len()
+    }
+
+    /// Keeps segments whose delete failed for the next `flush`.
+    fn keep_undeleted(&self, left: Vec<Arc<Segment>>) {
+        if !left.is_empty() {
+            self.undeleted.lock().extend(left);
+        }
     }
 }
 
@@ -148,7 +164,8 @@ impl Shared {
             }
             merge_fields(&mut freed, by_id);
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
-            delete_after_sink(&busy.0, Some(sink), &*store, journal, dead).await;
+            let left = delete_after_sink(&busy.0, Some(sink), &*store, journal, dead).await;
+            busy.0.keep_undeleted(left);
             // The reads are done: segments retired while they held them can go now.
             if let Some(shared) = weak.upgrade() {
                 shared.sweep_retired(&store);
@@ -162,6 +179,9 @@ impl Shared {
     /// Waits until every freed spilled sample was handed to the sink, and every load and
     /// delete in flight is done.
     pub(crate) async fn handed_over(&self) {
+        // Segments whose delete failed before this call are tried once more, not in a
+        // loop: a store that keeps failing leaves them for the next flush (and `open`).
+        let mut retried = false;
         loop {
             let mut notified = pin!(self.handover.done.notified());
             notified.as_mut().enable();
@@ -182,6 +202,10 @@ impl Shared {
                     return;
                 };
                 self.sweep_retired(&store);
+                if !std::mem::replace(&mut retried, true) {
+                    let again = std::mem::take(&mut *self.handover.undeleted.lock());
+                    self.delete_segments(&store, again);
+                }
                 if *self.handover.pending.lock() == 0 {
                     return;
                 }
@@ -228,15 +252,17 @@ impl Shared {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(
                 segments = dead.len(),
-                "spill segments left: no runtime to delete them"
+                "spill segments kept for the next flush: no runtime to delete them now"
             );
+            self.handover.keep_undeleted(dead);
             return;
         };
         let store = Arc::clone(store);
         let busy = self.handover.busy();
         let sink = self.freed_sink.clone();
         runtime.spawn(async move {
-            delete_after_sink(&busy.0, sink, &*store, journal, dead).await;
+            let left = delete_after_sink(&busy.0, sink, &*store, journal, dead).await;
+            busy.0.keep_undeleted(left);
             drop(busy);
         });
     }
@@ -283,15 +309,16 @@ fn merge_fields(freed: &mut Freed, mut by_id: HashMap<SampleId, Fields>) {
 /// it so far (`FreedSink::written`): a sample whose row is not written yet is recovered for
 /// the sink after a crash, and needs its spilled fields from these segments. The wait is
 /// counted in `on_sink`, so a `flush` makes the sink write now instead of on its schedule.
+/// Returns the segments not deleted.
 async fn delete_after_sink(
     handover: &HandOver,
     sink: Option<Arc<dyn FreedSink>>,
     store: &dyn SpillStore,
     journal: Option<Arc<dyn Journal>>,
     dead: Vec<Arc<Segment>>,
-) {
+) -> Vec<Arc<Segment>> {
     if dead.is_empty() {
-        return;
+        return dead;
     }
     if let Some(sink) = sink {
         let written = sink.written();
@@ -307,36 +334,40 @@ async fn delete_after_sink(
                 error = %e, segments = dead.len(),
                 "spill segments kept: samples handed to the sink are not written yet"
             );
-            return;
+            return dead;
         }
     }
-    delete_all(store, journal, dead).await;
+    delete_all(store, journal, dead).await
 }
 
-/// Deletes segments, logging the ones that would not go.
+/// Deletes segments; returns (and logs) the ones that would not go.
 ///
 /// With a log, only once it is flushed: the records that freed (or moved) the segments'
 /// rows must be durable before the rows go, or a crash would recover samples whose fields
-/// are gone. A failed flush leaves the segments for the next `open` to clear.
+/// are gone. Segments kept when the log cannot be flushed are tried again by the next
+/// `flush`, or cleared by the next `open`.
 pub(super) async fn delete_all(
     store: &dyn SpillStore,
     journal: Option<Arc<dyn Journal>>,
     dead: Vec<Arc<Segment>>,
-) {
+) -> Vec<Arc<Segment>> {
     if dead.is_empty() {
-        return;
+        return dead;
     }
     if let Some(journal) = journal {
         if let Err(e) = journal.flush().await {
             tracing::warn!(error = %e, segments = dead.len(), "spill segments kept: the log is not durable");
-            return;
+            return dead;
         }
     }
+    let mut left = Vec::new();
     for segment in dead {
         if let Err(e) = store.delete(Arc::clone(&segment)).await {
             tracing::warn!(error = %e, path = %segment.path, "spill segment not deleted");
+            left.push(segment);
         }
     }
+    left
 }
 
 #[cfg(test)]

@@ -375,8 +375,9 @@ impl SpillState {
         }
     }
 
-    /// The figures `Stats::spill` reports.
-    pub(crate) fn stats(&self) -> super::SpillStats {
+    /// The figures `Stats::spill` reports (`undeleted`: the segments whose delete failed,
+    /// which `HandOver` keeps).
+    pub(crate) fn stats(&self, undeleted: u64) -> super::SpillStats {
         let c = &self.counters;
         super::SpillStats {
             spilled_now: self.spilled_now,
@@ -385,6 +386,7 @@ impl SpillState {
             spilled_bytes: c.spilled_bytes,
             segments_written: c.segments_written,
             segments_deleted: c.segments_deleted,
+            undeleted_segments: undeleted,
             segments_rewritten: c.segments_rewritten,
             loads: c.loaded_samples,
             shared_loads: c.shared_loads,

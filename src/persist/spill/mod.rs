@@ -171,9 +171,17 @@ impl SpillStore for ParquetSpill {
                 // that landed but whose reply was lost, retried by the client and refused
                 // as a taken name (the log's writes treat theirs the same way). Taking a
                 // new name then would leave it behind, needed by no one.
-                if store.put_if_absent(&path, bytes.clone()).await?
-                    || store.get(&path).await?.is_some_and(|old| old == bytes)
-                {
+                // A put that failed may have landed all the same (its reply was lost and
+                // the client gave up): an object holding these bytes is this write's,
+                // which returning the error would leave behind, needed by no one.
+                let created = match store.put_if_absent(&path, bytes.clone()).await {
+                    Ok(created) => created,
+                    Err(e) => match store.get(&path).await {
+                        Ok(Some(old)) if old == bytes => true,
+                        _ => return Err(e),
+                    },
+                };
+                if created || store.get(&path).await?.is_some_and(|old| old == bytes) {
                     footers.lock().insert(id, footer);
                     return Ok(Arc::new(Segment { id, path, rows: n }));
                 }
