@@ -31,8 +31,54 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
 use std::collections::BTreeMap;
+
+/// Average bytes per value above which a text or binary column gets no dictionary and no
+/// statistics (see [`bulky_columns_plain`]).
+const BULKY_VALUE_BYTES: usize = 256;
+
+/// `props` with dictionary encoding and statistics turned off for the text and binary
+/// leaf columns of `batch` (lists of them too: a group's chats) whose values average over
+/// [`BULKY_VALUE_BYTES`]: their dictionaries hash every value and fall back to plain
+/// encoding once full, and their min / max compare whole values to keep a truncated
+/// prefix no query prunes on. Small columns (ids, names, scalars) keep both.
+fn bulky_columns_plain(props: WriterProperties, batch: &RecordBatch) -> WriterProperties {
+    let mut builder = props.into_builder();
+    let mut bulky = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        bulky_leaves(vec![field.name().clone()], column, &mut bulky);
+    }
+    for path in bulky {
+        let path = ColumnPath::new(path);
+        builder = builder
+            .set_column_dictionary_enabled(path.clone(), false)
+            .set_column_statistics_enabled(path, EnabledStatistics::None);
+    }
+    builder.build()
+}
+
+/// Adds to `out` the Parquet paths of the bulky byte leaves of `column` (at `path`).
+fn bulky_leaves(path: Vec<String>, column: &ArrayRef, out: &mut Vec<Vec<String>>) {
+    let data = column.to_data();
+    match column.data_type() {
+        DataType::Utf8 | DataType::Binary | DataType::LargeUtf8 | DataType::LargeBinary => {
+            let value_bytes = data.buffers().get(1).map_or(0, |b| b.len());
+            if value_bytes > BULKY_VALUE_BYTES * column.len().max(1) {
+                out.push(path);
+            }
+        }
+        DataType::List(item) | DataType::LargeList(item) => {
+            if let Some(values) = data.child_data().first() {
+                let mut inner = path;
+                inner.extend(["list".to_owned(), item.name().clone()]);
+                bulky_leaves(inner, &arrow_array::make_array(values.clone()), out);
+            }
+        }
+        _ => {}
+    }
+}
 
 /// The value hive readers take as null.
 const NULL_PARTITION: &str = "__HIVE_DEFAULT_PARTITION__";
@@ -163,8 +209,9 @@ impl ArchiveWriter {
     fn encode(&self, dir: &str, batch: &RecordBatch) -> Result<Bytes> {
         let bad = |e| storage_err(self.store.url(), dir, e);
         let mut buf = Vec::new();
-        let mut writer = ArrowWriter::try_new(&mut buf, batch.schema(), Some(self.props.clone()))
-            .map_err(bad)?;
+        let props = bulky_columns_plain(self.props.clone(), batch);
+        let mut writer =
+            ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(bad)?;
         writer.write(batch).map_err(bad)?;
         writer.close().map_err(bad)?;
         Ok(Bytes::from(buf))
@@ -443,5 +490,68 @@ mod tests {
         assert_eq!(partition_values(&dir).0.as_deref(), Some(NULL_PARTITION));
         let wrong = Sample::new("w").meta(POLICY_VERSION, "v3");
         assert!(matches!(partition_dir(&wrong), Err(Error::Arrow { .. })));
+    }
+
+    #[test]
+    fn only_bulky_text_and_binary_columns_lose_dictionary_and_statistics() {
+        let chat = "x".repeat(BULKY_VALUE_BYTES + 1);
+        let columns: Vec<(&str, ArrayRef)> = vec![
+            ("id", Arc::new(StringArray::from(vec!["a", "b"]))),
+            ("chat", Arc::new(StringArray::from(vec![chat.as_str(); 2]))),
+            (
+                "blob",
+                Arc::new(arrow_array::BinaryArray::from(vec![chat.as_bytes(); 2])),
+            ),
+            // Exactly the bound on average: not bulky.
+            (
+                "edge",
+                Arc::new(StringArray::from(vec!["y".repeat(BULKY_VALUE_BYTES); 2])),
+            ),
+            (
+                "reward",
+                Arc::new(arrow_array::Float64Array::from(vec![1.0, 0.0])),
+            ),
+            (
+                "chats",
+                Arc::new(ListArray::new(
+                    Arc::new(Field::new("item", DataType::Utf8, false)),
+                    OffsetBuffer::from_lengths([3, 1]),
+                    Arc::new(StringArray::from(vec![chat.as_str(); 4])),
+                    None,
+                )),
+            ),
+        ];
+        let batch = RecordBatch::try_from_iter(columns).expect("batch");
+        let props = bulky_columns_plain(WriterProperties::default(), &batch);
+        for (name, bulky) in [
+            ("id", false),
+            ("chat", true),
+            ("blob", true),
+            ("edge", false),
+            ("reward", false),
+            ("chats.list.item", true),
+        ] {
+            let path = ColumnPath::new(name.split('.').map(str::to_owned).collect());
+            assert_eq!(props.dictionary_enabled(&path), !bulky, "{name}");
+            let none = props.statistics_enabled(&path) == EnabledStatistics::None;
+            assert_eq!(none, bulky, "{name}");
+        }
+        // The paths are the writer's own: the bulky chunks come out plain, without min / max.
+        let mut file = Vec::new();
+        let mut writer =
+            ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.close().expect("close");
+        let reader =
+            parquet::file::reader::SerializedFileReader::new(Bytes::from(file)).expect("read");
+        let group = parquet::file::reader::FileReader::metadata(&reader)
+            .row_group(0)
+            .clone();
+        for chunk in group.columns() {
+            let name = chunk.column_path().string();
+            let bulky = ["chat", "blob", "chats.list.item"].contains(&name.as_str());
+            assert_eq!(chunk.statistics().is_none(), bulky, "{name}");
+            assert_eq!(chunk.dictionary_page_offset().is_none(), bulky, "{name}");
+        }
     }
 }

@@ -35,7 +35,7 @@ use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -446,6 +446,8 @@ fn encode_segment(
         .set_compression(Compression::ZSTD(ZstdLevel::try_new(1).unwrap_or_default()))
         .set_column_compression(ColumnPath::from("state"), Compression::UNCOMPRESSED)
         .set_column_dictionary_enabled(ColumnPath::from("state"), false)
+        // Min / max of whole states compare every state byte for a prefix no read uses.
+        .set_column_statistics_enabled(ColumnPath::from("state"), EnabledStatistics::None)
         .build();
     // Sized up front: the file is about the states' bytes (uncompressed) and a little more.
     let mut buf = Vec::with_capacity(hint + entries.len() * 64);
