@@ -381,3 +381,47 @@ async fn a_priority_may_be_metadata_and_an_infinite_one_weighs_nothing() {
     assert_eq!(count("inf"), 0, "an infinite priority was drawn");
     assert_invariants(&buf);
 }
+
+/// 192 weighted samples put in birth order sit in the Prioritized index's blocks of 64 and
+/// 128. Once the oldest 49 go stale, the first block (15 left) merges into the full
+/// second one: 143 weighted entries for a moment, more than one block's group sums hold.
+/// The merged block splits again, and every draw after it takes fresh samples, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prioritized_draws_go_on_after_stale_samples_empty_a_block() {
+    let buf = SequenceBuffer::new(
+        192,
+        [RpcDef::new("train", 7)
+            .inputs(["tokens"])
+            .max_staleness(0)
+            .selection(Selection::Prioritized {
+                key: "priority".into(),
+                exponent: 1.0,
+                seed: 3,
+            })],
+    )
+    .expect("config");
+    let samples = (0..192u64)
+        .map(|i| {
+            Sample::new(format!("s{i:03}"))
+                .birth(i + 1)
+                .with("tokens", vec![i as i32])
+                .with("priority", (i + 1) as f64)
+                .meta(POLICY_VERSION, i64::from(i >= 49))
+        })
+        .collect();
+    buf.put_batch(samples).await.expect("put");
+    buf.set_policy_version(1).expect("version");
+    assert_eq!(buf.stats().rpcs[0].eligible, 143);
+    let mut seen = BTreeSet::new();
+    for _ in 0..20 {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        for id in ids(&batch) {
+            let i: usize = id[1..].parse().expect("id");
+            assert!(i >= 49, "drew stale {id}");
+            assert!(seen.insert(i), "drew {id} twice");
+        }
+        batch.commit().await.expect("commit");
+        assert_invariants(&buf);
+    }
+    assert_eq!(buf.stats().rpcs[0].eligible, 3);
+}
