@@ -84,6 +84,8 @@ async fn a_putter_waits_while_inserts_run_ahead_and_a_lease_lets_it_in() {
         let buf = buf.clone();
         tokio::spawn(async move { buf.put_batch(vec![sample("late")]).await })
     };
+    // Parked before the lease: only the lease's wake-up can let it in.
+    common::wait_until(|| buf.stats().waiting_putters == 1).await;
     let batch = buf.get_batch_for_rpc("train").await.expect("lease");
     tokio::time::timeout(Duration::from_secs(10), putter)
         .await

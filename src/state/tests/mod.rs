@@ -584,3 +584,29 @@ fn a_replayed_batch_is_leased_only_if_each_slot_is_eligible_and_named_once() {
     assert_eq!(t.eligible(0), 0);
     ok(&t);
 }
+
+#[test]
+fn a_merged_wake_keeps_every_waiter_either_side_woke() {
+    use crate::rpc_defs::RpcSet;
+    let a = super::Wake {
+        rpcs: RpcSet::one(0),
+        space: true,
+        spill: false,
+    };
+    let b = super::Wake {
+        rpcs: RpcSet::one(1),
+        space: false,
+        spill: true,
+    };
+    for (mut into, other) in [(a, b), (b, a)] {
+        into.merge(other);
+        assert_eq!(
+            into,
+            super::Wake {
+                rpcs: RpcSet::one(0).union(RpcSet::one(1)),
+                space: true,
+                spill: true,
+            }
+        );
+    }
+}
