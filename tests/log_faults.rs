@@ -391,3 +391,46 @@ async fn a_step_whose_sync_log_write_fails_hands_out_nothing() {
     let batch = buf.get_batch_for_step("gen", 0).await.expect("get");
     assert_eq!(batch.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_that_fails_after_claiming_slots_lets_a_waiting_putter_in() {
+    let (faults, store) = faulty();
+    let buf = open_with(
+        &store,
+        BufferConfig::new(2).rpc(RpcDef::new("gen", 1).inputs(["prompt"])),
+        Durability::Sync,
+    )
+    .await;
+    buf.put_batch(vec![prompt("a")]).await.expect("put a");
+    faults.set(Fault::Stall);
+    // `b` claims the last slot and hangs in its log write.
+    let failing = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.put_batch(vec![prompt("b")]).await })
+    };
+    wait_until(|| faults.stalled.load(Ordering::SeqCst) > 0).await;
+    // `c` finds no room and waits for some.
+    let waiting = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.put_batch(vec![prompt("c")]).await })
+    };
+    wait_until(|| buf.stats().waiting_putters == 1).await;
+    assert_eq!((buf.len(), buf.stats().putting), (1, 1));
+    faults.set(Fault::Fail);
+    let err = failing
+        .await
+        .expect("joins")
+        .expect_err("b's log write fails");
+    assert!(is_storage(&err), "{err}");
+    // The slot `b` gave back is room for `c`: it must not wait for the next free. Its own
+    // write meets the same fault or goes through; either way it returns.
+    let outcome = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the waiting putter was woken by the failed put's slot")
+        .expect("joins");
+    match outcome {
+        Ok(handles) => assert_eq!((handles.len(), buf.len()), (1, 2)),
+        Err(err) => assert!(is_storage(&err), "{err}"),
+    }
+    assert_eq!(buf.stats().waiting_putters, 0);
+}

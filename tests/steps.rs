@@ -111,3 +111,56 @@ async fn a_step_whose_samples_went_stale_is_unavailable() {
         "{err}"
     );
 }
+
+/// `train` (the second RPC, so a slot's counts for it sit between two slots' counts for
+/// `ref`) and `ref`, which keeps the samples stored after `train` is done with them.
+fn train_and_ref(train: RpcDef) -> [RpcDef; 2] {
+    [RpcDef::new("ref", 4).inputs(["tokens"]), train]
+}
+
+fn cannot_be_served(err: &Error) -> bool {
+    matches!(err, Error::StepUnavailable { step: 0, detail, .. } if detail.contains("can no longer be served"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_samples_were_read_for_the_last_time_is_unavailable() {
+    // Oldest first, two a batch: the step's batch is the second pair (`s02`, `s03`), and
+    // the first pair keeps its read for `train`, so a check that looked at another
+    // sample's count than the step's own would find reads left.
+    let fifo = RpcDef::new("train", 2).inputs(["tokens"]);
+    let buf = SequenceBuffer::new(8, train_and_ref(fifo)).expect("config");
+    buf.put_batch(samples()[..8].to_vec()).await.expect("put");
+    let first_pair = buf.get_batch_for_rpc("train").await.expect("first pair");
+    let step = buf.get_batch_for_step("train", 0).await.expect("step 0");
+    assert_eq!(ids(&step), ["s02", "s03"]);
+    drop(step);
+    // An unlogged read takes the step's samples' one read for `train`; `ref` keeps them.
+    let read = buf.get_batch_for_rpc("train").await.expect("read");
+    assert_eq!(ids(&read), ["s02", "s03"]);
+    read.commit().await.expect("commit");
+    drop(first_pair);
+    assert_eq!(buf.len(), 8, "ref has read none of them");
+    let err = buf
+        .get_batch_for_step_timeout("train", 0, std::time::Duration::from_secs(20))
+        .await
+        .expect_err("no reads left");
+    assert!(cannot_be_served(&err), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_samples_went_stale_for_its_rpc_alone_is_unavailable() {
+    let buf = SequenceBuffer::new(4, train_and_ref(train(1).max_staleness(0))).expect("config");
+    buf.set_policy_version(0).expect("version");
+    buf.put_batch(samples()[..4].to_vec()).await.expect("put");
+    drop(buf.get_batch_for_step("train", 0).await.expect("get"));
+    // A sample stale for an RPC that owes it reads is dropped unless held: `ref` holds them.
+    let held = buf.get_batch_for_rpc("ref").await.expect("ref leases");
+    buf.set_policy_version(1).expect("raise");
+    assert_eq!(buf.len(), 4, "held by ref");
+    let err = buf
+        .get_batch_for_step_timeout("train", 0, std::time::Duration::from_secs(20))
+        .await
+        .expect_err("stale");
+    assert!(cannot_be_served(&err), "{err}");
+    drop(held);
+}
