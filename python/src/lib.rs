@@ -13,13 +13,16 @@
 //!
 //! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
 //! block with its `SAFETY` reason), `columns.rs` and `arrow_columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
-//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer).
+//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer), `cli.rs` (the command line, for the
+//! console script).
 
 mod arrays;
 mod arrow;
 mod arrow_columns;
 mod batch;
 mod buffer;
+#[cfg(feature = "cli")]
+mod cli;
 mod columns;
 mod convert;
 mod errors;
@@ -49,6 +52,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rollout::PyIngest>()?;
     m.add_class::<rollout::PyBatcher>()?;
     m.add_class::<rollout::PyTrainBatch>()?;
+    #[cfg(feature = "cli")]
+    m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     let py = m.py();
     m.add("BufferError", py.get_type::<BufferError>())?;
     m.add("BufferFull", py.get_type::<BufferFull>())?;

@@ -2,14 +2,19 @@
 generator's `requests` POSTs of trajectory items, the consumer's `/get_rollout_data`
 polling loop and its `finished_groups` bookkeeping, with the server killed (SIGKILL) and
 restarted on its store halfway; and its Prometheus text read by prometheus_client's
-parser.
+parser. Each test runs twice: against the binary and against the wheel's `rollout-buffer`
+console script, which runs the same server inside a Python process.
 
 The binary comes from `cargo build -p rollout-buffer-server` (CI builds it before this
 suite); set ROLLOUT_BUFFER_SERVER to use another."""
 
 import os
 import pathlib
+import shutil
+import signal
 import subprocess
+import sys
+import sysconfig
 import time
 
 import pytest
@@ -21,13 +26,30 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BINARY = os.environ.get("ROLLOUT_BUFFER_SERVER", str(ROOT / "target" / "debug" / "rollout-buffer"))
 
 
+def console_script():
+    """The installed `rollout-buffer` console script (a virtualenv's or the user's)."""
+    for scheme in (None, f"{os.name}_user"):
+        scripts = sysconfig.get_path("scripts", scheme) if scheme else sysconfig.get_path("scripts")
+        found = shutil.which("rollout-buffer", path=scripts)
+        if found:
+            return found
+    assert not os.environ.get("CI"), "CI installs the package with its console script"
+    pytest.skip("the rollout-buffer console script is not installed")
+
+
+def command(kind):
+    if kind == "script":
+        return [console_script()]
+    if not os.path.exists(BINARY):
+        assert not os.environ.get("CI"), f"CI must build {BINARY}"
+        pytest.skip(f"{BINARY} is not built (cargo build -p rollout-buffer-server)")
+    return [BINARY]
+
+
 class Server:
-    def __init__(self, store, *args):
-        if not os.path.exists(BINARY):
-            assert not os.environ.get("CI"), f"CI must build {BINARY}"
-            pytest.skip(f"{BINARY} is not built (cargo build -p rollout-buffer-server)")
+    def __init__(self, kind, store, *args):
         self.proc = subprocess.Popen(
-            [BINARY, "serve", "--store", str(store), "--listen", "127.0.0.1:0", *args],
+            [*command(kind), "serve", "--store", str(store), "--listen", "127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )
         line = self.proc.stdout.readline().strip()
@@ -43,12 +65,12 @@ class Server:
         return self.proc.wait(timeout=30)
 
 
-@pytest.fixture
-def servers():
+@pytest.fixture(params=["binary", "script"])
+def servers(request):
     started = []
 
     def start(store, *args):
-        s = Server(store, *args)
+        s = Server(request.param, store, *args)
         started.append(s)
         return s
 
@@ -145,3 +167,36 @@ def test_metrics_parse_as_prometheus_text(servers, tmp_path):
     assert samples[("rollout_buffer_ingest_stored_groups", ())] == 1
     assert samples[("rollout_buffer_rpc_eligible", (("rpc", "train"),))] == 1
     assert samples[("rollout_buffer_groups_in_buffer", (("environment", "slime"),))] == 1
+
+
+def test_the_console_script_is_the_packages_command_line():
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="rollout-buffer")
+    assert script.value == "rollout_buffer.cli:main"
+    help_text = subprocess.run([console_script(), "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert help_text.returncode == 0 and "--store" in help_text.stdout, help_text
+    # `python -m rollout_buffer.cli` is the same; a mistake is clap's usage error, code 2.
+    wrong = subprocess.run(
+        [sys.executable, "-m", "rollout_buffer.cli", "serve", "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert wrong.returncode == 2 and "--store" in wrong.stderr, wrong
+
+
+def test_ctrl_c_stops_the_console_scripts_server_cleanly(tmp_path):
+    """SIGINT, as Ctrl-C sends it, is the server's graceful stop inside Python too: it
+    flushes and exits 0 (no KeyboardInterrupt traceback), and what it acknowledged is there
+    when the store is opened again."""
+    store = tmp_path / "store"
+    server = Server("script", store, "--group-size", "2")
+    for k in range(2):
+        send_data_to_buffer(server.url, trajectory("q", k, float(k)))
+    server.proc.send_signal(signal.SIGINT)
+    assert server.proc.wait(timeout=30) == 0
+    again = Server("script", store, "--group-size", "2")
+    try:
+        results, finished = fetch(again.url, 2)
+        assert sorted(r["uid"] for r in results) == ["q-0", "q-1"] and finished == ["q"]
+    finally:
+        assert again.stop() == 0

@@ -6,6 +6,11 @@ from typing import Any, Awaitable, Optional, Sequence
 #: every group has them).
 GROUP_INPUTS: list[str]
 
+def cli_main(argv: list[str]) -> int:
+    """Runs the ``rollout-buffer`` command line ``argv`` (program name first) in this
+    process, the GIL released; returns its exit code (absent from builds without the
+    ``cli`` feature)."""
+
 class BufferError(Exception): ...
 class BufferFull(BufferError): ...
 class Closed(BufferError): ...

@@ -1,0 +1,12 @@
+//! The `rollout-buffer` command line (`serve`, `inspect`, `repair`) run inside the Python
+//! process: what the wheel's console script (`rollout_buffer.cli:main`) calls, so
+//! `pip install rollout-buffer` gives the server without a Rust toolchain.
+
+use pyo3::prelude::*;
+
+/// Runs the command line `argv` (the program name first) with the GIL released, until the
+/// command ends (`serve`: until SIGTERM or SIGINT); returns its exit code.
+#[pyfunction]
+pub fn cli_main(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(|| rollout_buffer_server::run(argv))
+}

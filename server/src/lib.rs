@@ -1,0 +1,267 @@
+//! The `rollout-buffer` command line as a library: [`run`] parses the arguments and runs
+//! `serve` (slime's rollout-buffer API over HTTP on a durable buffer), `inspect` or
+//! `repair`, printing what a command line prints. The binary calls it, and so does the
+//! Python wheel's `rollout-buffer` console script, which runs the same code in the Python
+//! process.
+//!
+//! ```sh
+//! rollout-buffer serve --store ./run --listen 127.0.0.1:8889 --group-size 8
+//! rollout-buffer inspect ./run --tail 5
+//! rollout-buffer repair ./run
+//! ```
+//!
+//! The server prints `listening on http://ADDR` once it accepts connections (with
+//! `--listen 127.0.0.1:0` the port is the one the system chose). SIGTERM or Ctrl-C stops
+//! accepting, lets calls in flight finish, flushes the buffer and exits 0.
+
+mod answer;
+mod api_error;
+mod app;
+mod arrow_items;
+mod inspect;
+mod metrics;
+mod repair;
+mod slime;
+
+use clap::{Parser, Subcommand};
+use rollout_buffer::persist::{Durability, PersistOptions};
+use rollout_buffer::SequenceBuffer;
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "rollout-buffer", version, about = "rollout-buffer over HTTP")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serves slime's rollout-buffer API, metrics and health on a store.
+    Serve(Serve),
+    /// Summarises a stored run (read-only; safe while the run goes on).
+    Inspect(Inspect),
+    /// Salvages a stored run that will not open: keeps everything before the damage, moves
+    /// the damaged files aside (never deletes) and reports what was lost. Stop the run first.
+    Repair(Repair),
+}
+
+#[derive(Debug, clap::Args)]
+struct Repair {
+    /// The store: a directory, file://, s3://, gs://, az://.
+    url: String,
+    /// Print JSON for machines instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct Inspect {
+    /// The store: a directory, file://, s3://, gs://, az://.
+    url: String,
+    /// Also print the latest N archived rows.
+    #[arg(long, default_value_t = 0)]
+    tail: usize,
+    /// Print JSON for machines instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct Serve {
+    /// Where the buffer lives: a directory, file://, s3://, gs://, az:// or memory://.
+    #[arg(long)]
+    store: String,
+    /// Address to listen on (loopback by default; port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8889")]
+    listen: SocketAddr,
+    /// Items per group (slime's `num_repeat_per_sample`; `/start_rollout` may change it).
+    #[arg(long, default_value_t = 8)]
+    group_size: usize,
+    /// Seconds without a new item after which a group seals short.
+    #[arg(long, default_value_t = 300.0)]
+    group_timeout: f64,
+    /// Groups the buffer holds; writes past it wait `--write-timeout`, then get 503.
+    #[arg(long, default_value_t = 4096)]
+    capacity: usize,
+    /// `sync` (a write is on storage when answered), `interval:<ms>` or `none`.
+    #[arg(long, default_value = "sync")]
+    durability: String,
+    /// MiB of log written before a checkpoint folds it into segments (it also waits until
+    /// the log outgrows the last checkpoint). Larger: less checkpoint work per item
+    /// written, more log to replay after a crash and more disk; memory does not grow with
+    /// it (recovery reads the log one group at a time).
+    #[arg(long, default_value_t = 64)]
+    checkpoint_mb: u64,
+    /// Seconds a write waits for room before answering 503 with Retry-After.
+    #[arg(long, default_value_t = 2.0)]
+    write_timeout: f64,
+    /// Largest request body, bytes (larger ones get 413).
+    #[arg(long, default_value_t = 64 << 20)]
+    body_limit: usize,
+    /// Environment name the items are stored under.
+    #[arg(long, default_value = "slime")]
+    environment: String,
+    /// Every call must carry `Authorization: Bearer <token>`.
+    #[arg(long, env = "ROLLOUT_BUFFER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+}
+
+fn durability(text: &str) -> Result<Durability, String> {
+    match text {
+        "sync" => Ok(Durability::Sync),
+        "none" => Ok(Durability::None),
+        other => other
+            .strip_prefix("interval:")
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+            .ok_or_else(|| {
+                format!("--durability must be sync, none or interval:<ms>, not {other:?}")
+            }),
+    }
+}
+
+/// Runs the command line `args` (the program name first, as `std::env::args_os` gives
+/// it) and returns the process's exit code: 0 on success (and for `--help`), 1 when the
+/// command failed, 2 for arguments clap refused.
+///
+/// Logs go to stderr (`RUST_LOG` filters them, `info` by default) unless the process has
+/// a `tracing` subscriber already. `serve` installs the process's `metrics` recorder, so
+/// it runs once per process.
+pub fn run<I, T>(args: I) -> u8
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let cli = match Cli::try_parse_from(args) {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Help and version go to stdout with code 0, mistakes to stderr with code 2.
+            let _ = e.print();
+            return u8::try_from(e.exit_code()).unwrap_or(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rollout-buffer: cannot start the runtime: {e}");
+            return 1;
+        }
+    };
+    let result = match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Inspect(args) => runtime
+            .block_on(inspect::run(&args.url, args.tail, args.json))
+            .map(|text| println!("{}", text.trim_end())),
+        Command::Repair(args) => runtime
+            .block_on(repair::run(&args.url, args.json))
+            .map(|text| println!("{}", text.trim_end())),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("rollout-buffer: {e}");
+            1
+        }
+    }
+}
+
+async fn serve(args: Serve) -> Result<(), String> {
+    if args.group_size == 0 {
+        return Err("--group-size must be >= 1".into());
+    }
+    if !(args.write_timeout.is_finite() && args.write_timeout >= 0.0) {
+        return Err("--write-timeout must be >= 0".into());
+    }
+    if !(args.group_timeout.is_finite() && args.group_timeout > 0.0) {
+        return Err("--group-timeout must be > 0".into());
+    }
+    let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    let options = PersistOptions::default()
+        .durability(durability(&args.durability)?)
+        .checkpoint_bytes(args.checkpoint_mb.saturating_mul(1 << 20));
+    let buf = SequenceBuffer::open(&args.store, args.capacity, slime::rpcs(), options)
+        .await
+        .map_err(|e| format!("cannot open the store {}: {e}", args.store))?;
+    let mut settings = slime::Settings::new(args.group_size);
+    settings.group_timeout_seconds = args.group_timeout;
+    let app_options = app::Options {
+        environment: args.environment.clone(),
+        token: args.token.clone(),
+        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        body_limit: args.body_limit,
+    };
+    let app = app::App::new(buf.clone(), settings, &app_options, prometheus)
+        .await
+        .map_err(|e| format!("cannot start ingestion: {e}"))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("no local address: {e}"))?;
+    let stop = shutdown();
+    // The line tests and scripts wait for; stdout is flushed per line.
+    println!("listening on http://{addr}");
+    tracing::info!(%addr, store = %args.store, "serving");
+    axum::serve(listener, app::router(app, app_options.body_limit))
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|e| format!("server error: {e}"))?;
+    tracing::info!("stopping: flushing the buffer");
+    buf.flush()
+        .await
+        .map_err(|e| format!("flush failed: {e}"))?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+///
+/// The handlers are installed when this is called, not when the future is first polled:
+/// the caller calls it before announcing the address, so a signal sent as soon as the
+/// "listening on" line appears stops the server gracefully instead of killing it.
+fn shutdown() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let handlers = (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        );
+        async move {
+            match handlers {
+                (Ok(mut int), Ok(mut term)) => {
+                    tokio::select! {
+                        _ = int.recv() => {}
+                        _ = term.recv() => {}
+                    }
+                }
+                (Err(e), _) | (_, Err(e)) => {
+                    tracing::warn!(error = %e, "no signal handler; stop with SIGKILL");
+                    std::future::pending::<()>().await;
+                }
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::warn!(error = %e, "no Ctrl-C handler");
+            std::future::pending::<()>().await;
+        }
+    }
+}
