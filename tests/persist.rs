@@ -422,3 +422,31 @@ async fn a_checkpoint_larger_than_a_segment_splits_and_reloads_whole() {
         );
     }
 }
+
+/// Under an interval durability a flush writes now, the archive's batches included: before
+/// writing a batch the archive logs which samples it holds and waits until that is durable,
+/// and a flush that left that wait to the next interval took as long as the interval (an
+/// hour here; a server's graceful stop hung on it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flush_under_a_long_interval_archives_without_waiting_for_it() {
+    use rollout_buffer::persist::ArchiveWriter;
+    let store = Store::open("memory://").expect("store");
+    let hourly = PersistOptions::new().durability(Durability::Interval(Duration::from_secs(3600)));
+    let config = BufferConfig::new(8).rpc(RpcDef::new("train", 2).inputs(["prompt"]));
+    let buf = SequenceBuffer::open_in(store.clone(), config, hourly)
+        .await
+        .expect("opens");
+    buf.put_batch(vec![sample(1), sample(2)])
+        .await
+        .expect("put");
+    common::commit_next(&buf, "train").await;
+    assert_eq!(buf.len(), 0);
+    tokio::time::timeout(Duration::from_secs(30), buf.flush())
+        .await
+        .expect("the flush did not wait for the interval")
+        .expect("flush");
+    let rows = ArchiveWriter::new(store).read_all().await.expect("read");
+    let mut ids: Vec<String> = rows.iter().map(|r| r.sample.id().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, ["s1", "s2"]);
+}

@@ -11,8 +11,8 @@
 //!
 //! In a persistent buffer (`SequenceBuffer::open`) the archiver also writes to the log. A
 //! freed sample stays in the durable state (the log, then checkpoints) until its row is
-//! on storage. Before writing a batch, the archiver logs `Archiving { batch, ids }` and
-//! waits until that record is durable; it names the batch's files by the batch number;
+//! on storage. Before writing a batch, the archiver logs `Archiving { batch, ids }`, has the
+//! log write it at once (whatever the durability's interval) and waits until it is durable; it names the batch's files by the batch number;
 //! once they are written it logs `Archived { batch }`. Recovery hands the samples still
 //! waiting back to a new archiver: a batch that was logged but not confirmed is written
 //! again under the same names, replacing any file of it that did land, and samples never
@@ -332,7 +332,12 @@ impl Queue {
     }
 }
 
-/// Appends `record` and waits until it is durable.
+/// Appends `record` and has the log write it now, then waits until it is durable.
+///
+/// Under `Durability::Interval` the record would otherwise wait for the log's next
+/// interval, and so would the batch, and a buffer's `flush` behind it (an interval of an
+/// hour made a server's graceful stop take an hour). Forcing costs one log write per
+/// archive batch, at most one per `max_delay` or `max_rows`.
 async fn logged(journal: &dyn Journal, record: Record) -> Result<()> {
     let (tx, rx) = oneshot::channel();
     let then: crate::buffer::Durable = Box::new(move |result| {
@@ -342,6 +347,7 @@ async fn logged(journal: &dyn Journal, record: Record) -> Result<()> {
         drop(back);
         return Err(Error::Closed);
     }
+    journal.flush().await?;
     rx.await.unwrap_or(Err(Error::Closed))
 }
 
