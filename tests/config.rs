@@ -97,3 +97,32 @@ fn the_buffer_names_every_key_of_its_graph() {
     keys.sort_unstable();
     assert_eq!(keys, ["prompt", "score", "tokens"]);
 }
+
+#[cfg(feature = "persist")]
+#[test]
+fn a_durability_parses_from_its_name_and_a_bad_one_says_what_it_was() {
+    use rollout_buffer::persist::Durability;
+    use std::time::Duration;
+    assert_eq!("sync".parse::<Durability>(), Ok(Durability::Sync));
+    assert_eq!("none".parse::<Durability>(), Ok(Durability::None));
+    assert_eq!(
+        "interval:250".parse::<Durability>(),
+        Ok(Durability::Interval(Duration::from_millis(250)))
+    );
+    for bad in [
+        "often",
+        "interval:",
+        "interval:-1",
+        "interval:1.5",
+        "Sync",
+        "",
+    ] {
+        match bad.parse::<Durability>() {
+            Err(Error::InvalidConfig { detail }) => {
+                assert!(detail.contains(&format!("`{bad}`")), "{detail}");
+                assert!(detail.contains("interval:<ms>"), "{detail}");
+            }
+            other => panic!("{bad:?} gave {other:?}"),
+        }
+    }
+}

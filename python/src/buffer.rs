@@ -12,7 +12,6 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
 use std::sync::Mutex;
-use std::time::Duration;
 
 /// Handles as `(slot, generation)` pairs for Python.
 fn pairs(handles: &[rollout_buffer::SlotHandle]) -> Vec<(u32, u32)> {
@@ -359,20 +358,9 @@ impl PyBuffer_ {
     }
 }
 
-/// `"sync"`, `"none"`, or `"interval:<milliseconds>"`.
+/// `"sync"`, `"none"`, or `"interval:<milliseconds>"` (the library's `FromStr`); a bad
+/// one is a `ValueError`.
 pub(crate) fn parse_durability(s: &str) -> PyResult<rollout_buffer::persist::Durability> {
-    use rollout_buffer::persist::Durability;
-    match s {
-        "sync" => Ok(Durability::Sync),
-        "none" => Ok(Durability::None),
-        other => other
-            .strip_prefix("interval:")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
-            .ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "durability `{other}`: use \"sync\", \"none\" or \"interval:<ms>\""
-                ))
-            }),
-    }
+    s.parse()
+        .map_err(|e: rollout_buffer::Error| PyValueError::new_err(e.to_string()))
 }

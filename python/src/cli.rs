@@ -1,6 +1,6 @@
 //! The `rollout-buffer` command line (`serve`, `inspect`, `repair`) run inside the Python
-//! process: what the wheel's console script (`rollout_buffer.cli:main`) calls, so
-//! `pip install rollout-buffer` gives the server without a Rust toolchain.
+//! process: what the package's console script (`rollout_buffer.cli:main`) calls, so
+//! installing the Python package gives the server without a separate `cargo install`.
 
 use pyo3::prelude::*;
 

@@ -21,7 +21,6 @@ mod arrow;
 mod arrow_columns;
 mod batch;
 mod buffer;
-#[cfg(feature = "cli")]
 mod cli;
 mod columns;
 mod convert;
@@ -52,7 +51,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<rollout::PyIngest>()?;
     m.add_class::<rollout::PyBatcher>()?;
     m.add_class::<rollout::PyTrainBatch>()?;
-    #[cfg(feature = "cli")]
     m.add_function(wrap_pyfunction!(cli::cli_main, m)?)?;
     let py = m.py();
     m.add("BufferError", py.get_type::<BufferError>())?;

@@ -11,7 +11,10 @@
 //! ```
 //!
 //! `LOAD_CAPACITY` sets the server's `--capacity` (groups, 1024 by default) and
-//! `LOAD_SERVER_ARGS` adds options to its command line.
+//! `LOAD_SERVER_ARGS` adds options to its command line. `LOAD_SERVER` runs another
+//! `rollout-buffer` command as the server instead of this build's binary: the Python
+//! package's console script, say (`LOAD_SERVER=$(which rollout-buffer)`), which runs the
+//! same server inside a Python process.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -29,7 +32,7 @@ const BATCH: usize = 256;
 const CAPACITY: &str = "1024";
 
 fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+    let mut child = Command::new(server_command())
         .args(["serve", "--listen", "127.0.0.1:0", "--capacity"])
         .arg(std::env::var("LOAD_CAPACITY").unwrap_or_else(|_| CAPACITY.into()))
         .args([
@@ -55,6 +58,11 @@ fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
         .expect("first line");
     let url = line.trim().trim_start_matches("listening on ").to_owned();
     (child, url)
+}
+
+/// The server's command: `LOAD_SERVER`, or this build's binary.
+fn server_command() -> String {
+    std::env::var("LOAD_SERVER").unwrap_or_else(|_| env!("CARGO_BIN_EXE_rollout-buffer").into())
 }
 
 /// Peak resident memory of a process, MB (Linux).
@@ -269,6 +277,7 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
         "connections": CONNECTIONS,
         "durability": durability,
         "seconds": seconds,
+        "server": server_command(),
     })
 }
 

@@ -88,7 +88,7 @@ struct Serve {
     capacity: usize,
     /// `sync` (a write is on storage when answered), `interval:<ms>` or `none`.
     #[arg(long, default_value = "sync")]
-    durability: String,
+    durability: Durability,
     /// MiB of log written before a checkpoint folds it into segments (it also waits until
     /// the log outgrows the last checkpoint). Larger: less checkpoint work per item
     /// written, more log to replay after a crash and more disk; memory does not grow with
@@ -107,20 +107,6 @@ struct Serve {
     /// Every call must carry `Authorization: Bearer <token>`.
     #[arg(long, env = "ROLLOUT_BUFFER_TOKEN", hide_env_values = true)]
     token: Option<String>,
-}
-
-fn durability(text: &str) -> Result<Durability, String> {
-    match text {
-        "sync" => Ok(Durability::Sync),
-        "none" => Ok(Durability::None),
-        other => other
-            .strip_prefix("interval:")
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map(|ms| Durability::Interval(Duration::from_millis(ms)))
-            .ok_or_else(|| {
-                format!("--durability must be sync, none or interval:<ms>, not {other:?}")
-            }),
-    }
 }
 
 /// Runs the command line `args` (the program name first, as `std::env::args_os` gives
@@ -169,13 +155,16 @@ where
             .block_on(repair::run(&args.url, args.json))
             .map(|text| println!("{}", text.trim_end())),
     };
-    match result {
+    let code = match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("rollout-buffer: {e}");
             1
         }
-    }
+    };
+    // In a host process (the Python console script) nothing flushes stdout at exit.
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+    code
 }
 
 async fn serve(args: Serve) -> Result<(), String> {
@@ -192,7 +181,7 @@ async fn serve(args: Serve) -> Result<(), String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
     let options = PersistOptions::default()
-        .durability(durability(&args.durability)?)
+        .durability(args.durability)
         .checkpoint_bytes(args.checkpoint_mb.saturating_mul(1 << 20));
     let buf = SequenceBuffer::open(&args.store, args.capacity, slime::rpcs(), options)
         .await

@@ -53,6 +53,28 @@ pub enum Durability {
     None,
 }
 
+impl std::str::FromStr for Durability {
+    type Err = Error;
+
+    /// `"sync"`, `"none"` or `"interval:<milliseconds>"`: how command lines and the Python
+    /// package name a durability.
+    fn from_str(text: &str) -> Result<Self> {
+        match text {
+            "sync" => Ok(Durability::Sync),
+            "none" => Ok(Durability::None),
+            other => other
+                .strip_prefix("interval:")
+                .and_then(|ms| ms.parse::<u64>().ok())
+                .map(|ms| Durability::Interval(Duration::from_millis(ms)))
+                .ok_or_else(|| Error::InvalidConfig {
+                    detail: format!(
+                        "durability `{other}`: use \"sync\", \"none\" or \"interval:<ms>\""
+                    ),
+                }),
+        }
+    }
+}
+
 /// What the writer needs besides the queue.
 #[derive(Debug)]
 pub(crate) struct WriterSetup {

@@ -8,8 +8,11 @@ GROUP_INPUTS: list[str]
 
 def cli_main(argv: list[str]) -> int:
     """Runs the ``rollout-buffer`` command line ``argv`` (program name first) in this
-    process, the GIL released; returns its exit code (absent from builds without the
-    ``cli`` feature)."""
+    process, the GIL released; returns its exit code. ``serve`` runs once per process (it
+    installs the process's metrics recorder) and stops on SIGTERM or SIGINT; called
+    directly, Python's own SIGINT handler still runs too, so Ctrl-C then also raises
+    KeyboardInterrupt once it returns (``rollout_buffer.cli.main`` leaves SIGINT to the
+    server alone)."""
 
 class BufferError(Exception): ...
 class BufferFull(BufferError): ...
