@@ -11,8 +11,8 @@
 //!
 //! In a persistent buffer (`SequenceBuffer::open`) the archiver also writes to the log. A
 //! freed sample stays in the durable state (the log, then checkpoints) until its row is
-//! on storage. Before writing a batch, the archiver logs `Archiving { batch, ids }`, has the
-//! log write it at once (whatever the durability's interval) and waits until it is durable; it names the batch's files by the batch number;
+//! on storage. Before writing a batch, the archiver logs `Archiving { batch, ids }` and
+//! waits until that record is durable (for a flush, having the log write it at once); it names the batch's files by the batch number;
 //! once they are written it logs `Archived { batch }`. Recovery hands the samples still
 //! waiting back to a new archiver: a batch that was logged but not confirmed is written
 //! again under the same names, replacing any file of it that did land, and samples never
@@ -269,10 +269,12 @@ impl Queue {
     }
 
     /// Retries the failed batches, then writes what is pending. Returns the first error.
-    async fn write_all(&mut self) -> Result<()> {
+    /// `now`: for a flush, which has the log write the batches' records at once (see
+    /// [`logged`]).
+    async fn write_all(&mut self, now: bool) -> Result<()> {
         let result = async {
             while let Some(mut batch) = self.failed.pop() {
-                if let Err(e) = self.write(&mut batch).await {
+                if let Err(e) = self.write(&mut batch, now).await {
                     self.failed.push(batch);
                     return Err(e);
                 }
@@ -283,7 +285,7 @@ impl Queue {
                     logged: false,
                     rows: std::mem::take(&mut self.pending),
                 };
-                if let Err(e) = self.write(&mut batch).await {
+                if let Err(e) = self.write(&mut batch, now).await {
                     self.failed.push(batch);
                     return Err(e);
                 }
@@ -302,7 +304,7 @@ impl Queue {
     }
 
     /// Logs `batch` (with a log, and unless done), writes it, and logs it written.
-    async fn write(&mut self, batch: &mut Batch) -> Result<()> {
+    async fn write(&mut self, batch: &mut Batch, now: bool) -> Result<()> {
         if let Some(log) = &mut self.log {
             let number = *batch.number.get_or_insert_with(|| {
                 log.next += 1;
@@ -310,7 +312,7 @@ impl Queue {
             });
             if !batch.logged {
                 let ids = batch.rows.iter().map(|r| r.sample.id().clone()).collect();
-                logged(&*log.journal, Record::Archiving { batch: number, ids }).await?;
+                logged(&*log.journal, Record::Archiving { batch: number, ids }, now).await?;
                 batch.logged = true;
             }
         }
@@ -332,13 +334,16 @@ impl Queue {
     }
 }
 
-/// Appends `record` and has the log write it now, then waits until it is durable.
+/// Appends `record` and waits until it is durable; with `now`, has the log write it at
+/// once.
 ///
-/// Under `Durability::Interval` the record would otherwise wait for the log's next
-/// interval, and so would the batch, and a buffer's `flush` behind it (an interval of an
-/// hour made a server's graceful stop take an hour). Forcing costs one log write per
-/// archive batch, at most one per `max_delay` or `max_rows`.
-async fn logged(journal: &dyn Journal, record: Record) -> Result<()> {
+/// Under `Durability::Interval` the record waits for the log's next interval, and so does
+/// its batch. That is fine for a batch written on the archive's own schedule, but not for
+/// one a flush asked for: the buffer's `flush` waits behind it, and an interval of an hour
+/// made a server's graceful stop take an hour. The log's flush also waits for a running
+/// checkpoint, which is why the archive's own writes do not use it: under load they would
+/// hold the log's writer for a whole checkpoint each.
+async fn logged(journal: &dyn Journal, record: Record, now: bool) -> Result<()> {
     let (tx, rx) = oneshot::channel();
     let then: crate::buffer::Durable = Box::new(move |result| {
         let _ = tx.send(result);
@@ -347,7 +352,9 @@ async fn logged(journal: &dyn Journal, record: Record) -> Result<()> {
         drop(back);
         return Err(Error::Closed);
     }
-    journal.flush().await?;
+    if now {
+        journal.flush().await?;
+    }
     rx.await.unwrap_or(Err(Error::Closed))
 }
 
@@ -360,7 +367,7 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 Err(_) => {
                     // A deadline, not an idle timeout: rows never wait much longer than
                     // max_delay, however steadily new ones arrive.
-                    if let Err(e) = q.write_all().await {
+                    if let Err(e) = q.write_all(false).await {
                         q.last_error = Some(e);
                     }
                     continue;
@@ -371,7 +378,7 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
             Some(Msg::Rows(rows)) => {
                 q.push(rows);
                 if q.pending.len() >= q.options.max_rows {
-                    if let Err(e) = q.write_all().await {
+                    if let Err(e) = q.write_all(false).await {
                         q.last_error = Some(e);
                     }
                 }
@@ -384,7 +391,7 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 }
             }
             Some(Msg::Flush(reply)) => {
-                let result = match q.write_all().await {
+                let result = match q.write_all(true).await {
                     Ok(()) => q.last_error.take().map_or(Ok(()), Err),
                     Err(e) => {
                         q.last_error = None;
@@ -400,7 +407,7 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
                 return;
             }
             None => {
-                if let Err(e) = q.write_all().await {
+                if let Err(e) = q.write_all(false).await {
                     let rows: usize =
                         q.failed.iter().map(|b| b.rows.len()).sum::<usize>() + q.pending.len();
                     tracing::warn!(error = %e, rows, "archiver: final write failed");
