@@ -314,3 +314,75 @@ fn a_reopen_counts_replica_shares_and_a_merge_below_the_seal_condition_waits() -
     );
     Ok(())
 }
+
+#[test]
+fn a_withdrawal_gives_back_one_share_of_its_replicas_cap() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(8).max_per_replica(2));
+    let Added::Pending { key, .. } = a.add(rollout("e", 1, "u1", "r"), t0)? else {
+        panic!("pending");
+    };
+    a.add(rollout("e", 1, "u2", "r"), t0)?;
+    assert!(a.withdraw(&key, "u2"));
+    // Replica r still holds u1: one more is taken, then it is at its cap again.
+    assert!(matches!(
+        a.add(rollout("e", 1, "u3", "r"), t0)?,
+        Added::Pending { size: 2, .. }
+    ));
+    assert_eq!(a.add(rollout("e", 1, "u4", "r"), t0)?, Added::ReplicaCapped);
+    Ok(())
+}
+
+#[test]
+fn a_reopened_group_merging_with_an_overdue_one_is_due_at_once() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let config = GroupConfig::new(4).seal_after(10 * s, 2);
+    let mut a = GroupAssembler::new(config.undersized(Undersized::KeepWaiting));
+    for uid in ["u1", "u2", "u3"] {
+        a.add(rollout("e", 1, uid, "r"), t0)?;
+    }
+    let Added::Sealed(g) = a.add(rollout("e", 1, "u4", "r"), t0)? else {
+        panic!("full");
+    };
+    // While it was being stored, u5 started a group of the same key, which timed out
+    // below `min_size` and waits.
+    a.add(rollout("e", 1, "u5", "r"), t0)?;
+    assert!(a.seal_due(t0 + 10 * s).sealed.is_empty());
+    // The store failed; u1 is kept: with u5 the merged group reaches `min_size`, and it
+    // is overdue, so it seals at once.
+    a.reopen(g, |r| r.rollout_uid == "u1", t0 + 11 * s);
+    assert_eq!(a.next_deadline(), Some(t0 + 11 * s), "due at once");
+    let due = a.seal_due(t0 + 11 * s);
+    assert_eq!(due.sealed.len(), 1);
+    assert_eq!(
+        (due.sealed[0].rollouts.len(), due.sealed[0].reason),
+        (2, SealReason::Timeout)
+    );
+    Ok(())
+}
+
+#[test]
+fn a_resealed_groups_uids_are_remembered_from_their_second_seal() -> Result<()> {
+    let t0 = Instant::now();
+    let mut config = GroupConfig::new(1);
+    config.remember = 2;
+    let mut a = GroupAssembler::new(config);
+    let Added::Sealed(first) = a.add(rollout("e1", 1, "u1", "r"), t0)? else {
+        panic!("a group of one");
+    };
+    a.add(rollout("e2", 1, "u2", "r"), t0)?;
+    // u1's store failed: it seals again at its retry, and is then the newest uid
+    // remembered.
+    a.reopen(first, |_| true, t0);
+    let retry = a.next_deadline().expect("a retry");
+    assert_eq!(a.seal_due(retry).sealed.len(), 1);
+    // A third uid pushes the oldest memory out, which is u2's, not u1's.
+    a.add(rollout("e3", 1, "u3", "r"), retry)?;
+    assert_eq!(a.add(rollout("e1", 1, "u1", "r"), retry)?, Added::Duplicate);
+    assert!(matches!(
+        a.add(rollout("e2", 1, "u2", "r"), retry)?,
+        Added::Sealed(_)
+    ));
+    Ok(())
+}
