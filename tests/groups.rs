@@ -3,12 +3,12 @@
 
 mod common;
 
-use common::TempDir;
+use common::{wait_until, TempDir};
 use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::rollout::{
     group_id, Added, GroupConfig, GroupIngest, GroupKey, GroupMode, RolloutRecord,
 };
-use rollout_buffer::{RpcDef, SequenceBuffer};
+use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -149,22 +149,34 @@ async fn groups_seal_at_their_timeout_without_new_traffic() {
 }
 
 /// The first deadline wakes the timer task parked with none: a lone rollout's group is
-/// sealed at its timeout with no other traffic at all.
+/// sealed at its timeout with no other traffic at all, whether it came by `add` or by
+/// `add_many`.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_first_deadline_wakes_the_idle_timer() {
-    let buf = trainer(8);
-    let ingest = GroupIngest::start(
-        buf.clone(),
-        GroupConfig::new(4).seal_after(Duration::from_secs(10), 1),
-    )
-    .await
-    .expect("start");
-    // The timer task runs and parks with no deadline before the rollout comes.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ingest.add(rollout(1, 0, 0)).await.expect("add");
-    tokio::time::sleep(Duration::from_secs(11)).await;
-    assert_eq!(buf.len(), 1, "sealed at its timeout, 1 of 4");
-    assert_eq!(ingest.assembler_counters().sealed_timeout, 1);
+    for by_many in [false, true] {
+        let buf = trainer(8);
+        let ingest = GroupIngest::start(
+            buf.clone(),
+            GroupConfig::new(4).seal_after(Duration::from_secs(10), 1),
+        )
+        .await
+        .expect("start");
+        // The timer task runs and parks with no deadline before the rollout comes.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if by_many {
+            let answers = ingest.add_many(vec![rollout(1, 0, 0)]).await;
+            assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+        } else {
+            ingest.add(rollout(1, 0, 0)).await.expect("add");
+        }
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert_eq!(
+            buf.len(),
+            1,
+            "sealed at its timeout, 1 of 4 (add_many: {by_many})"
+        );
+        assert_eq!(ingest.assembler_counters().sealed_timeout, 1);
+    }
 }
 
 /// The ids of the last `remember` stored groups outlive the groups and a restart of the
@@ -510,6 +522,109 @@ async fn remembered_groups_stay_in_seal_order_across_restarts() {
         (2, 1),
         "2 and 3 known, 1 forgotten"
     );
+}
+
+/// Groups sealed in one session keep their seal order across a restart, whatever their
+/// ids: with a window of two, a session seals `first` then `second`; after a restart a
+/// third group pushes `first` out, not `second`. Run with the two examples either way
+/// round, so that one of the runs has the ids sort against the seal order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_sealed_in_one_session_keep_their_order_across_a_restart() {
+    for (first, second) in [(0, 1), (1, 0)] {
+        let buf = trainer(8);
+        let mut config = GroupConfig::new(2);
+        config.remember = 2;
+        let whole = |e: usize| (0..2).map(move |k| rollout(e, k, 0));
+        for examples in [[first, second].as_slice(), &[2]] {
+            let ingest = GroupIngest::start(buf.clone(), config.clone())
+                .await
+                .expect("start");
+            for &e in examples {
+                for r in whole(e) {
+                    ingest.add(r).await.expect("add");
+                }
+                let batch = buf.get_batch_for_rpc("train").await.expect("get");
+                batch.commit().await.expect("commit");
+            }
+        }
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        let answers = ingest
+            .add_many(whole(second).chain(whole(first)).collect())
+            .await;
+        let c = ingest.counters();
+        assert_eq!(
+            (c.duplicate_groups, c.stored_groups),
+            (1, 1),
+            "sealed {first} then {second}: {second} known, {first} forgotten: {answers:?}"
+        );
+        let stored: BTreeSet<_> = answers
+            .iter()
+            .filter_map(|a| match a {
+                Ok(Added::Sealed(g)) => Some(g.key.example_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            stored,
+            BTreeSet::from([format!("ex-{first}")]),
+            "{answers:?}"
+        );
+    }
+}
+
+/// A group whose id the buffer refuses (another writer put a sample under it while the
+/// group's own put waited for room) is a duplicate group, answered and counted as one:
+/// nothing is stored twice and no rollout gets an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_id_the_buffer_refuses_counts_as_a_duplicate_group() {
+    let buf = trainer(2);
+    let trainable = |id: &str| {
+        Sample::new(id)
+            .with("output_tokens", vec![1i32])
+            .with("reward", 1.0f64)
+    };
+    buf.put_batch(vec![trainable("x1"), trainable("x2")])
+        .await
+        .expect("fill");
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2))
+        .await
+        .expect("start");
+    let records: Vec<RolloutRecord> = (0..2).map(|k| rollout(0, k, 0)).collect();
+    let key = GroupKey::of(&records[0], GroupMode::Strict);
+    let id = group_id(&key, records.iter().map(|r| r.rollout_uid.as_str()));
+    // Another writer's put of the group's id waits for room first, then the group's own
+    // put (the group is not in the buffer yet, so it is not known) waits behind it.
+    let other = tokio::spawn({
+        let (buf, sample) = (buf.clone(), trainable(&id));
+        async move { buf.put_batch(vec![sample]).await }
+    });
+    wait_until(|| buf.stats().waiting_putters == 1).await;
+    let adding = tokio::spawn({
+        let ingest = ingest.clone();
+        async move { ingest.add_many(records).await }
+    });
+    wait_until(|| buf.stats().waiting_putters == 2).await;
+    // Two slots free up: the other writer's sample takes the first, and the group's put
+    // then finds its id taken.
+    for want in ["x1", "x2"] {
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        let got: Vec<String> = batch.ids().map(ToString::to_string).collect();
+        assert_eq!(got, [want]);
+        batch.commit().await.expect("commit");
+    }
+    other.await.expect("task").expect("the other writer's put");
+    let answers = adding.await.expect("task");
+    assert!(answers.iter().all(Result::is_ok), "{answers:?}");
+    assert!(
+        matches!(answers.last(), Some(Ok(Added::DuplicateGroup { id: d })) if *d == id),
+        "{answers:?}"
+    );
+    let c = ingest.counters();
+    assert_eq!((c.duplicate_groups, c.stored_groups), (1, 0));
+    assert_eq!(buf.len(), 1, "only the other writer's sample");
+    assert_eq!(ingest.assembler_counters().pending_rollouts, 0);
 }
 
 /// Dropping the last clone of an ingest ends its timer task, also with no group pending

@@ -360,6 +360,11 @@ mod tests {
         let mut g = group(&[0.5, 0.5 + 1e-9, 0.5, 0.5 + 1e-9]);
         hooks.normalize(&mut g);
         assert_eq!(rewards(&g), vec![0.0; 4]);
+        // A std of exactly 1e-8 (0 and 2e-8: the square root of a rounded square is
+        // exact) is normalized, as slime's `std < epsilon` has it.
+        let mut g = group(&[0.0, 2e-8]);
+        hooks.normalize(&mut g);
+        assert_eq!(rewards(&g), vec![-0.5, 0.5]);
         // Valid: finished and not all equal.
         assert!(hooks.is_valid_group(&group(&[1.0, 0.0, 1.0, 1.0])).valid);
         let v = hooks.is_valid_group(&group(&[1.0; 4]));
