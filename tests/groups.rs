@@ -488,6 +488,23 @@ async fn with_an_interval_log_pending_rollouts_are_answered_before_the_flush() {
     assert_eq!(ingest.counters().recovered_rollouts, 3);
 }
 
+/// One session per list of examples, each a restart of the ingest: every example's group
+/// of two is added, stored and trained on, so only its marker knows it afterwards.
+async fn train_in_sessions(buf: &SequenceBuffer, config: &GroupConfig, sessions: &[&[usize]]) {
+    for examples in sessions {
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        for &e in *examples {
+            for k in 0..2 {
+                ingest.add(rollout(e, k, 0)).await.expect("add");
+            }
+            let batch = buf.get_batch_for_rpc("train").await.expect("get");
+            batch.commit().await.expect("commit");
+        }
+    }
+}
+
 /// The seal number carries on across restarts, so the window of remembered groups keeps
 /// its order: after two restarts, the newest `remember` groups are still the ones known.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -496,20 +513,7 @@ async fn remembered_groups_stay_in_seal_order_across_restarts() {
     let mut config = GroupConfig::new(2);
     config.remember = 2;
     let whole = |e: usize| (0..2).map(move |k| rollout(e, k, 0));
-    // One session per list of examples, each a restart of the ingest; every group is
-    // trained on, so only its marker knows it.
-    for examples in [&[0, 1][..], &[2], &[3]] {
-        let ingest = GroupIngest::start(buf.clone(), config.clone())
-            .await
-            .expect("start");
-        for &e in examples {
-            for r in whole(e) {
-                ingest.add(r).await.expect("add");
-            }
-            let batch = buf.get_batch_for_rpc("train").await.expect("get");
-            batch.commit().await.expect("commit");
-        }
-    }
+    train_in_sessions(&buf, &config, &[&[0, 1], &[2], &[3]]).await;
     let ingest = GroupIngest::start(buf.clone(), config)
         .await
         .expect("start");
@@ -535,18 +539,7 @@ async fn groups_sealed_in_one_session_keep_their_order_across_a_restart() {
         let mut config = GroupConfig::new(2);
         config.remember = 2;
         let whole = |e: usize| (0..2).map(move |k| rollout(e, k, 0));
-        for examples in [[first, second].as_slice(), &[2]] {
-            let ingest = GroupIngest::start(buf.clone(), config.clone())
-                .await
-                .expect("start");
-            for &e in examples {
-                for r in whole(e) {
-                    ingest.add(r).await.expect("add");
-                }
-                let batch = buf.get_batch_for_rpc("train").await.expect("get");
-                batch.commit().await.expect("commit");
-            }
-        }
+        train_in_sessions(&buf, &config, &[&[first, second], &[2]]).await;
         let ingest = GroupIngest::start(buf.clone(), config.clone())
             .await
             .expect("start");
