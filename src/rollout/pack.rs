@@ -49,8 +49,8 @@ pub struct Packer {
     pub rows: Rows,
     /// The token id of padding.
     pub pad_id: i32,
-    /// When set, the row length is the longest row rounded up to a multiple of this
-    /// (at most `seq_len`) instead of `seq_len`.
+    /// When set (and not 0, which counts as unset), the row length is the longest row
+    /// rounded up to a multiple of this (at most `seq_len`) instead of `seq_len`.
     pub pad_to_multiple: Option<usize>,
     /// What a sequence longer than `seq_len` does.
     pub overlong: Overlong,
@@ -90,7 +90,7 @@ pub struct TrainBatch {
     pub behavior_logprobs: Array2<f32>,
     /// Reference logprobs on output tokens, when every packed rollout has them.
     pub ref_logprobs: Option<Array2<f32>>,
-    /// Policy version per output token, -1 elsewhere.
+    /// Policy version per output token; -1 elsewhere and past an item's `token_versions`.
     pub policy_versions: Array2<i64>,
     /// Per row, its sequences.
     pub rows: Vec<Vec<Segment>>,
