@@ -390,6 +390,42 @@ async fn a_failed_group_is_reopened_without_a_member_whose_own_write_failed() {
     assert_eq!(buf.len(), 1);
 }
 
+/// A rollout whose own write failed earlier is not taken for one still being written
+/// when its resend completes a group whose store then fails: only the durable members
+/// are pending again, and the rollout's next resend is new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_earlier_write_failed_is_not_kept_when_its_group_fails() {
+    let (faults, store) = faulty();
+    let buf = open(&store).await;
+    let ingest = start_ingest(&buf).await;
+    ingest.add(rollout("e", "u-0")).await.expect("pending");
+    faults.set(Fault::Fail);
+    let err = ingest
+        .add(rollout("e", "u-1"))
+        .await
+        .expect_err("its write failed");
+    assert!(is_storage(&err), "{err}");
+    faults.set(Fault::None);
+    ingest.add(rollout("e", "u-2")).await.expect("pending");
+    faults.set(Fault::Fail);
+    let err = ingest
+        .add(rollout("e", "u-1"))
+        .await
+        .expect_err("the group's put failed");
+    assert!(is_storage(&err), "{err}");
+    faults.set(Fault::None);
+    assert_eq!(
+        pending_rollouts(&ingest),
+        2,
+        "u-0 and u-2, the durable ones"
+    );
+    let Ok(Added::Sealed(group)) = ingest.add(rollout("e", "u-1")).await else {
+        panic!("u-1's resend is new and completes the group");
+    };
+    assert_eq!(group.rollouts.len(), 3);
+    assert_eq!(buf.len(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_refused_at_once_keeps_a_member_whose_write_is_still_in_flight() {
     // A full buffer under `Overflow::Reject` refuses a put before it reaches the log, so
