@@ -341,6 +341,44 @@ async fn a_resend_while_the_write_is_undecided_waits_for_its_outcome() {
     ));
 }
 
+/// A resend waits for an undecided outcome on a wake-up, not by asking again in a loop:
+/// on a runtime of one thread, a loop would hold the thread, and the stalled write it
+/// waits for could never be released. The runtime runs on a thread of its own so that
+/// such a loop fails the test instead of hanging it.
+#[test]
+fn a_resend_waits_for_the_outcome_without_holding_its_thread() {
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let (faults, store) = faulty();
+            let buf = open(&store).await;
+            let ingest = start_ingest(&buf).await;
+            ingest.add(rollout("e", "u-0")).await.expect("pending");
+            faults.set(Fault::Stall);
+            let first = spawn_add(&ingest, "u-1");
+            a_write_stalls(&faults).await;
+            let resend = spawn_add(&ingest, "u-1");
+            // The resend runs until it waits for the first's outcome.
+            tokio::task::yield_now().await;
+            faults.set(Fault::Fail);
+            fails_on_storage(first).await;
+            fails_on_storage(resend).await;
+        });
+        let _ = done.send(());
+    });
+    match finished.recv_timeout(Duration::from_secs(20)) {
+        Ok(()) => {}
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("the resend held the runtime's only thread")
+        }
+        Err(e) => panic!("the test's runtime thread failed (its panic is above): {e}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resend_while_its_group_is_being_stored_waits_for_the_outcome() {
     let (faults, store) = faulty();
