@@ -203,6 +203,39 @@ async fn a_default_buffer_spills_to_a_temporary_directory_it_removes() {
     common::wait_until(|| !temp.iter().any(|e| e.path().exists())).await;
 }
 
+/// Only fields of at least 1 KiB are spilled: a spilled sample keeps its small fields (a
+/// reward) in memory, where metrics and `Prioritized` selection read them without I/O.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spilled_sample_keeps_its_small_fields_in_memory() {
+    let dir = TempDir::new("spill-small-fields");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(local(&dir)),
+    )
+    .expect("buffer");
+    for i in 0..4u64 {
+        let sample = rollout(i).with("reward", i as f64);
+        buf.put_batch(vec![sample]).await.expect("put");
+    }
+    common::wait_until(|| buf.stats().spill.spilled_now >= 3).await;
+    let contents = buf.contents();
+    let spilled: Vec<_> = contents.iter().filter(|s| !s.spilled.is_empty()).collect();
+    assert!(spilled.len() >= 3, "{} spilled", spilled.len());
+    for s in spilled {
+        let keys: Vec<&str> = s.spilled.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["logp", "tokens"], "sample {}", s.sample.id());
+        let i: f64 = s.sample.id().as_str().parse().expect("numeric id");
+        let reward = s.sample.get("reward").and_then(|t| t.array::<f64>());
+        assert_eq!(
+            reward.map(|a| a.iter().copied().collect::<Vec<_>>()),
+            Some(vec![i]),
+            "sample {i}: the reward stays in memory"
+        );
+    }
+}
+
 /// A buffer whose RPC `train` leases one sample at a time in `selection` order, holding 16
 /// samples spilled as one segment of 16 rows.
 async fn one_spilled_segment(dir: &TempDir, selection: Selection) -> SequenceBuffer {
