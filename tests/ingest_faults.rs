@@ -105,20 +105,26 @@ async fn crash_and_restart(
     (buf, ingest)
 }
 
+/// Adds `uid` of example `e` while the store fails: the add must end with the storage
+/// error. The store works again afterwards.
+async fn add_failing(ingest: &GroupIngest, faults: &FaultyStore, uid: &str) {
+    faults.set(Fault::Fail);
+    let err = ingest
+        .add(rollout("e", uid))
+        .await
+        .expect_err("the store fails");
+    assert!(is_storage(&err), "{err}");
+    faults.set(Fault::None);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_rollout_whose_write_failed_is_taken_as_new_when_resent() {
     let (faults, store) = faulty();
     let buf = open(&store).await;
     let ingest = start_ingest(&buf).await;
     ingest.add(rollout("e", "u-0")).await.expect("pending");
-    faults.set(Fault::Fail);
-    let err = ingest
-        .add(rollout("e", "u-1"))
-        .await
-        .expect_err("its write failed");
-    assert!(is_storage(&err), "{err}");
+    add_failing(&ingest, &faults, "u-1").await;
     assert_eq!(pending_rollouts(&ingest), 1, "u-1 was taken back out");
-    faults.set(Fault::None);
     // The resend is a new rollout, logged as such, not a duplicate of one in memory only.
     assert!(matches!(
         ingest.add(rollout("e", "u-1")).await,
@@ -437,21 +443,9 @@ async fn a_member_whose_earlier_write_failed_is_not_kept_when_its_group_fails() 
     let buf = open(&store).await;
     let ingest = start_ingest(&buf).await;
     ingest.add(rollout("e", "u-0")).await.expect("pending");
-    faults.set(Fault::Fail);
-    let err = ingest
-        .add(rollout("e", "u-1"))
-        .await
-        .expect_err("its write failed");
-    assert!(is_storage(&err), "{err}");
-    faults.set(Fault::None);
+    add_failing(&ingest, &faults, "u-1").await; // its own write fails
     ingest.add(rollout("e", "u-2")).await.expect("pending");
-    faults.set(Fault::Fail);
-    let err = ingest
-        .add(rollout("e", "u-1"))
-        .await
-        .expect_err("the group's put failed");
-    assert!(is_storage(&err), "{err}");
-    faults.set(Fault::None);
+    add_failing(&ingest, &faults, "u-1").await; // its group's put fails
     assert_eq!(
         pending_rollouts(&ingest),
         2,
