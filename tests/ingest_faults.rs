@@ -347,10 +347,9 @@ async fn a_resend_while_the_write_is_undecided_waits_for_its_outcome() {
     ));
 }
 
-/// A resend waits for an undecided outcome on a wake-up, not by asking again in a loop:
-/// on a runtime of one thread, a loop would hold the thread, and the stalled write it
-/// waits for could never be released. The runtime runs on a thread of its own so that
-/// such a loop fails the test instead of hanging it.
+/// A resend waits for an undecided outcome on a wake-up: on one thread, asking again in a
+/// loop would keep the stalled write it waits for from ever being released. The runtime
+/// has a thread of its own, so such a loop fails the test instead of hanging it.
 #[test]
 fn a_resend_waits_for_the_outcome_without_holding_its_thread() {
     let (done, finished) = std::sync::mpsc::channel();
@@ -434,9 +433,8 @@ async fn a_failed_group_is_reopened_without_a_member_whose_own_write_failed() {
     assert_eq!(buf.len(), 1);
 }
 
-/// A rollout whose own write failed earlier is not taken for one still being written
-/// when its resend completes a group whose store then fails: only the durable members
-/// are pending again, and the rollout's next resend is new.
+/// A rollout whose write failed is not taken for one still being written when its resend
+/// completes a group whose store fails: only the durable members are pending again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_whose_earlier_write_failed_is_not_kept_when_its_group_fails() {
     let (faults, store) = faulty();
