@@ -1,17 +1,19 @@
 //! Spilling over a failing store: a failed load is an error with the samples kept, a batch
 //! never waits for its read-ahead, a try-get never serves a sample still being read, and a
 //! failed spill write fails the puts that need room until the store works again; a write
-//! that landed despite its error is kept, and a segment whose delete failed is deleted by
-//! a later flush.
+//! that landed despite its error is kept, a segment whose delete failed is deleted by a
+//! later flush, and one whose rows all changed or went while it was written goes at once.
 
 mod common;
 
 use common::assert_invariants;
 use common::faulty::Fault;
 use common::payload::rollout;
-use common::spill::{check, faulty_spilled_buffer, train_one};
-use rollout_buffer::Error;
+use common::spill::{check, faulty_spilled_buffer, one_spilled_segment, train_one};
+use rollout_buffer::persist::Store;
+use rollout_buffer::{Error, Selection};
 use std::collections::HashSet;
+use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_load_is_an_error_and_the_samples_stay_for_a_retry() {
@@ -188,6 +190,79 @@ async fn a_spill_write_that_landed_despite_its_error_is_kept() {
     assert_eq!(spill.failures, 0, "{spill:?}");
     let trained: HashSet<u64> = train_one(&buf).await.into_iter().collect();
     assert_eq!(trained, (0..4).collect());
+    buf.flush().await.expect("flush");
+    assert_eq!(spill_files(&dir), Vec::<String>::new());
+    assert_invariants(&buf);
+}
+
+/// A sample leased while the spiller writes it keeps its fields, and the segment written
+/// for it, whose only row is dead on arrival, is retired at once and counted as deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_segment_whose_rows_all_changed_while_it_was_written_is_deleted() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (dir, faulty, buf) = faulty_spilled_buffer("spill-dead-on-arrival", 1, 1).await;
+    faulty.set(Fault::Stall);
+    // Sample 1 does not fit the budget: the spiller writes sample 0 out, and stalls.
+    let putter = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.put_batch(vec![rollout(1)]).await })
+    };
+    common::wait_until(|| faulty.stalled.load(SeqCst) > 0).await;
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    faulty.set(Fault::None);
+    common::wait_until(|| buf.stats().spill.segments_written >= 1).await;
+    let spill = buf.stats().spill;
+    assert_eq!(spill.spilled_now, 0, "{spill:?}");
+    assert_eq!(spill.segments_deleted, spill.segments_written, "{spill:?}");
+    assert_eq!(batch.samples().map(|v| check(&v)).collect::<Vec<_>>(), [0]);
+    batch.commit().await.expect("commit");
+    putter.await.expect("join").expect("put");
+    assert_eq!(train_one(&buf).await, [1]);
+    buf.flush().await.expect("flush");
+    assert_eq!(spill_files(&dir), Vec::<String>::new());
+    assert_invariants(&buf);
+}
+
+/// A rewrite of a sparse segment whose rows are all freed while the copy is being written:
+/// the old segment goes with its last row, and the copy, with no row left to point at it,
+/// goes as soon as it is written. Both count as deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewritten_segment_whose_rows_all_went_meanwhile_is_deleted() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = common::TempDir::new("spill-rewrite-dead");
+    let faulty = common::faulty::FaultyStore::on_local_dir(dir.path());
+    let store = Store::from_object_store(Arc::clone(&faulty) as _, "");
+    // `Lifo` reads no samples ahead, so the segment's last rows sit idle once it is sparse.
+    let buf = one_spilled_segment(store, Selection::Lifo).await;
+    for _ in 0..12 {
+        train_one(&buf).await;
+    }
+    faulty.set(Fault::Stall);
+    // 3 live rows of 16: the rewrite starts, and its write stalls.
+    let mut trained = train_one(&buf).await;
+    common::wait_until(|| faulty.stalled.load(SeqCst) > 0).await;
+    for _ in 0..3 {
+        trained.extend(train_one(&buf).await);
+    }
+    assert_eq!(trained, [3, 2, 1, 0]);
+    let spill = buf.stats().spill;
+    assert_eq!(
+        (spill.segments_deleted, spill.live_segments),
+        (1, 0),
+        "{spill:?}"
+    );
+    faulty.set(Fault::None);
+    common::wait_until(|| buf.stats().spill.segments_rewritten == 1).await;
+    let spill = buf.stats().spill;
+    assert_eq!(
+        (
+            spill.segments_written,
+            spill.segments_deleted,
+            spill.live_segments
+        ),
+        (2, 2, 0),
+        "{spill:?}"
+    );
     buf.flush().await.expect("flush");
     assert_eq!(spill_files(&dir), Vec::<String>::new());
     assert_invariants(&buf);

@@ -4,7 +4,7 @@ use super::faulty::FaultyStore;
 use super::payload::{self, rollout, SAMPLE_BYTES};
 use super::TempDir;
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+use rollout_buffer::{BufferConfig, RpcDef, Selection, SequenceBuffer};
 use std::sync::Arc;
 
 /// A sample's number, after checking every field of it (spilled ones too).
@@ -59,4 +59,29 @@ pub async fn spilled_buffer(
     // for the spiller, so everything before it is out.
     super::wait_until(|| buf.stats().spill.spilled_now >= n - 1).await;
     (buf, handles)
+}
+
+/// A buffer whose RPC `train` leases one sample at a time in `selection` order, holding 16
+/// samples spilled as one segment of 16 rows.
+pub async fn one_spilled_segment(store: Store, selection: Selection) -> SequenceBuffer {
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(64)
+            .rpc(
+                RpcDef::new("train", 1)
+                    .inputs(["tokens", "logp"])
+                    .selection(selection),
+            )
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(store),
+    )
+    .expect("buffer");
+    // One oversized put (it fits an empty buffer), spilled as one segment.
+    buf.put_batch((0..16).map(rollout).collect())
+        .await
+        .expect("put");
+    super::wait_until(|| buf.stats().spill.spilled_now == 16).await;
+    let spill = buf.stats().spill;
+    assert_eq!(spill.segments_written, 1);
+    assert!(spill.spilled_bytes > 0, "{spill:?}");
+    buf
 }

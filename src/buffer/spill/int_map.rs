@@ -65,5 +65,10 @@ mod tests {
         let top: std::collections::HashSet<u64> =
             (0..1024u32).map(|k| build.hash_one(k) >> 57).collect();
         assert!(top.len() > 64, "u32 keys spread too: {}", top.len());
+        // Other keys come as bytes, through `write`.
+        let top: std::collections::HashSet<u64> = (0..1024u32)
+            .map(|k| build.hash_one(k.to_le_bytes()) >> 57)
+            .collect();
+        assert!(top.len() > 64, "byte keys spread too: {}", top.len());
     }
 }
