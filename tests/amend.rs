@@ -67,6 +67,39 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
     assert_invariants(&buf);
 }
 
+/// A handle that crossed a process or language boundary as its two integers
+/// (`SlotHandle::new(slot, generation)`) is the same handle: it amends its sample, round
+/// after round of the slot's reuse, and the first round's is refused once the slot moved on.
+/// A batch hands out the same handles.
+#[tokio::test]
+async fn a_handle_rebuilt_from_its_two_integers_is_the_same_handle() {
+    use rollout_buffer::SlotHandle;
+    let buf = scored(1);
+    let rebuilt = |h: SlotHandle| SlotHandle::new(h.slot(), h.generation());
+    let first = buf.put_batch(vec![prompt("s0")]).await.expect("put")[0];
+    let mut last = first;
+    for i in 1..4 {
+        let both = Patch::new().with("a", 1.0).with("b", 1.0);
+        buf.amend_batch(&[rebuilt(last)], vec![both])
+            .await
+            .unwrap_or_else(|e| panic!("round {i}: {e}"));
+        let batch = buf.get_batch_for_rpc("train").await.expect("get");
+        assert!(!batch.is_empty());
+        assert_eq!(batch.handles(), [last], "the batch's handle is the put's");
+        batch.commit().await.expect("commit");
+        last = buf
+            .put_batch(vec![prompt(format!("s{i}"))])
+            .await
+            .expect("put")[0];
+        assert_eq!(last.slot(), first.slot());
+    }
+    let stale = buf
+        .amend_batch(&[rebuilt(first)], vec![Patch::new().with("a", 2.0)])
+        .await;
+    assert!(matches!(stale, Err(Error::StaleHandle { .. })), "{stale:?}");
+    assert_invariants(&buf);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amend_merges_and_later_wins_per_key() {
     let buf = scored(2);

@@ -84,7 +84,7 @@ async fn external_keys_are_not_required_at_put() {
 }
 
 #[test]
-fn the_buffer_names_every_key_of_its_graph() {
+fn the_buffer_names_its_capacity_and_every_key_of_its_graph() {
     use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(8)
@@ -93,6 +93,7 @@ fn the_buffer_names_every_key_of_its_graph() {
             .external_keys(["score"]),
     )
     .expect("valid");
+    assert_eq!(buf.capacity(), 8);
     let mut keys: Vec<&str> = buf.keys().collect();
     keys.sort_unstable();
     assert_eq!(keys, ["prompt", "score", "tokens"]);

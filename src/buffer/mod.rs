@@ -657,3 +657,6 @@ impl Shared {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod audit_tests;
