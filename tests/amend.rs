@@ -142,6 +142,9 @@ async fn amend_merges_and_later_wins_per_key() {
     let s = &t.sample(0).expect("sample");
     assert_eq!((scalar(s, "a"), scalar(s, "b")), (Some(3.0), Some(499.0)));
     assert_eq!(s.get_meta("by"), Some(&"x".into()));
+    // The whole map too, as a batch's views hand it out.
+    let keys: Vec<&str> = s.metadata().keys().map(String::as_str).collect();
+    assert!(keys.contains(&"by") && keys.contains(&"a"), "{keys:?}");
     assert_invariants(&buf);
 }
 

@@ -164,3 +164,67 @@ async fn a_wake_up_before_the_threshold_does_not_warn() {
     drop(held);
     getter.abort();
 }
+
+/// What the buffer logs, as text.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut text = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        text.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    }
+}
+
+/// The warning itself, at warn level: how long the getter has waited and why (one sample
+/// eligible for a batch of two).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_warning_says_how_long_the_getter_waited_and_why() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .finish();
+    let _logging = tracing::subscriber::set_default(subscriber);
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(4)
+            .rpc(RpcDef::new("train", 2).inputs(["prompt"]))
+            .wait_warning(Duration::from_secs(10)),
+    )
+    .expect("config");
+    buf.put_batch(prompts("p", 1)).await.expect("put");
+    let getter = {
+        let buf = buf.clone();
+        tokio::spawn(async move { buf.get_batch_for_rpc("train").await })
+    };
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let text = logs.text();
+    let warning = text
+        .lines()
+        .find(|l| l.contains("a getter is still waiting"))
+        .unwrap_or_else(|| panic!("no warning in {text:?}"));
+    for field in [
+        "WARN",
+        "rpc=train",
+        "waited_s=10",
+        "batch_size=2",
+        "eligible=1",
+    ] {
+        assert!(warning.contains(field), "{field} not in {warning:?}");
+    }
+    buf.put_batch(prompts("q", 1)).await.expect("put");
+    assert_eq!(getter.await.expect("join").expect("served").len(), 2);
+}
