@@ -202,3 +202,27 @@ async fn reject_fails_at_once_when_slots_run_out() {
     assert_eq!((buf.len(), buf.stats().rejected), (2, 1));
     assert_invariants(&buf);
 }
+
+/// A put of an id already stored fails at once on a full buffer: it neither waits for room
+/// nor evicts samples to make room it could not use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_of_a_stored_id_into_a_full_buffer_fails_at_once() {
+    for overflow in [Overflow::Wait, Overflow::EvictOldest] {
+        let (buf, evicted) = trainer(2, None, overflow);
+        buf.put_batch(vec![rollout("a"), rollout("b")])
+            .await
+            .expect("put");
+        let put = buf.put_batch(vec![rollout("c"), rollout("a")]);
+        let err = tokio::time::timeout(Duration::from_secs(10), put)
+            .await
+            .expect("no wait for room")
+            .expect_err("a is stored");
+        assert!(
+            matches!(&err, Error::DuplicateId { id, index: 1, .. } if id == "a"),
+            "{overflow:?}: {err:?}"
+        );
+        assert_eq!(buf.len(), 2, "{overflow:?}");
+        assert_eq!(evicted.ids(), Vec::<String>::new(), "{overflow:?}");
+        assert_invariants(&buf);
+    }
+}

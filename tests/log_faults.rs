@@ -251,10 +251,12 @@ async fn a_store_that_falls_behind_holds_puts_back_instead_of_growing_memory() {
         matches!(&err, Error::Timeout { samples, .. } if samples.len() == 1),
         "a put that waited for the log hands its sample back: {err:?}"
     );
+    let refused = buf.stats().rejected;
     let err = buf
         .try_put_batch(vec![prompt("b")])
         .await
         .expect_err("no room in the log");
+    assert_eq!(buf.stats().rejected, refused + 1, "counted as refused");
     // A slow log is reported as what it is, not as a full buffer (slots are free).
     match err {
         Error::Backlog {

@@ -177,6 +177,10 @@ fn limits_that_could_deadlock_and_puts_that_could_never_pass_are_refused() {
         "{err}"
     );
     assert!(buf.is_empty(), "a refused put stores nothing");
+    let three = (0..3).map(|i| sample(format!("t{i}"))).collect();
+    rt.block_on(buf.try_put_batch(three))
+        .expect("a put of the largest size passes");
+    assert_eq!(buf.len(), 3);
 }
 
 /// Asserts that the limiter of `buf`'s one RPC keeps `diff` at most `bounds.1`, and, once
