@@ -101,8 +101,12 @@ async fn stale_samples_are_named() {
     assert_eq!(buf.len(), 0);
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_long_wait_warns_at_growing_intervals() {
+/// A buffer that warns after 10 s of waiting, with one prompt for an RPC `train` taking
+/// batches of two, and a getter of `train` waiting for the second.
+async fn a_getter_short_of_one_sample() -> (
+    SequenceBuffer,
+    tokio::task::JoinHandle<Result<rollout_buffer::Batch, Error>>,
+) {
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(4)
             .rpc(RpcDef::new("train", 2).inputs(["prompt"]))
@@ -114,6 +118,12 @@ async fn a_long_wait_warns_at_growing_intervals() {
         let buf = buf.clone();
         tokio::spawn(async move { buf.get_batch_for_rpc("train").await })
     };
+    (buf, getter)
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_long_wait_warns_at_growing_intervals() {
+    let (buf, getter) = a_getter_short_of_one_sample().await;
     let warnings = |buf: &SequenceBuffer| buf.stats().rpcs[0].wait_warnings;
     // Paused time jumps to each timer: warnings at 10 s, then 30 s (10 + 20), then 70 s.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -199,17 +209,7 @@ async fn the_warning_says_how_long_the_getter_waited_and_why() {
         .without_time()
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(4)
-            .rpc(RpcDef::new("train", 2).inputs(["prompt"]))
-            .wait_warning(Duration::from_secs(10)),
-    )
-    .expect("config");
-    buf.put_batch(prompts("p", 1)).await.expect("put");
-    let getter = {
-        let buf = buf.clone();
-        tokio::spawn(async move { buf.get_batch_for_rpc("train").await })
-    };
+    let (buf, getter) = a_getter_short_of_one_sample().await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     let text = logs.text();
     let warning = text
