@@ -73,6 +73,56 @@ fn unpack_hint(hint: u32) -> (usize, usize) {
     ((hint >> 7) as usize, (hint & 127) as usize)
 }
 
+/// Most positions [`Hints`] remembers: 64 KiB of them, which stay in the core's cache.
+const MAX_HINTS: usize = 8192;
+
+/// Where the entries of recently removed slots were, as packed hints: a direct-mapped
+/// table of `(slot, hint)` indexed by the slot's low bits. Up to [`MAX_HINTS`] slots it
+/// remembers every slot; beyond, a slot shares its place with the others of the same low
+/// bits and the latest removal wins. That loses no hint a release needs unless more
+/// than a few thousand samples are out on leases at once, and a lost hint costs only a
+/// search. A table with a place per slot of a million-sample buffer (4 MiB) put one more
+/// cold line per sample on every take and release.
+#[derive(Debug, Clone, Default)]
+struct Hints {
+    /// `(slot, hint)`; `u32::MAX` as the slot: empty. A power of two in length.
+    places: Vec<(u32, u32)>,
+}
+
+impl Hints {
+    fn place(&self, slot: u32) -> Option<&(u32, u32)> {
+        let mask = self.places.len().checked_sub(1)?;
+        self.places.get(slot as usize & mask)
+    }
+
+    /// The hint last set for `slot`, if no other slot has taken its place since.
+    fn get(&self, slot: u32) -> Option<u32> {
+        self.place(slot)
+            .and_then(|&(owner, hint)| (owner == slot).then_some(hint))
+    }
+
+    fn set(&mut self, slot: u32, hint: u32) {
+        let s = slot as usize;
+        if s >= self.places.len() && self.places.len() < MAX_HINTS {
+            // Grow, keeping what is remembered (a slot's place only moves to a larger
+            // index as the table doubles).
+            let len = (s + 1).next_power_of_two().min(MAX_HINTS);
+            let old = std::mem::replace(&mut self.places, vec![(u32::MAX, u32::MAX); len]);
+            for (owner, hint) in old.into_iter().filter(|p| p.0 != u32::MAX) {
+                self.places[owner as usize & (len - 1)] = (owner, hint);
+            }
+        }
+        let mask = self.places.len() - 1;
+        self.places[s & mask] = (slot, hint);
+    }
+
+    fn prefetch(&self, slot: u32) {
+        if let Some(place) = self.place(slot) {
+            prefetch(place);
+        }
+    }
+}
+
 /// Eligible slots of one RPC ordered by their keys `K` (unique; the ready index's (birth,
 /// put order)), with optional weights (see the module docs).
 #[derive(Debug, Clone)]
@@ -85,12 +135,11 @@ pub(crate) struct RankedIndex<K> {
     weighted: bool,
     /// Live entries.
     len: usize,
-    /// Per slot, where its entry was when last removed (block `<< 7 | position`): a
-    /// released lease puts its samples back under the keys they left with, and this finds
-    /// the tombstone without the binary search through a cold block (some six dependent
-    /// cache misses in a large index). Checked against the key before use, so a hint made
-    /// stale by a split, merge or compaction only costs the search.
-    hints: Vec<u32>,
+    /// Where recently removed entries were: a released lease puts its samples back under
+    /// the keys they left with, and this finds the tombstone without the binary search
+    /// through a cold block (some six dependent cache misses in a large index). See
+    /// [`Hints`].
+    hints: Hints,
 }
 
 impl<K: Ord + Copy> RankedIndex<K> {
@@ -102,7 +151,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
             tree: Tree::default(),
             weighted,
             len: 0,
-            hints: Vec::new(),
+            hints: Hints::default(),
         }
     }
 
@@ -176,8 +225,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
 
     /// Where `slot`'s entry under `key` was last removed, if it is still there.
     fn hinted(&self, key: K, slot: u32) -> Option<(usize, usize)> {
-        let hint = *self.hints.get(slot as usize)?;
-        let (b, at) = unpack_hint(hint);
+        let (b, at) = unpack_hint(self.hints.get(slot)?);
         let entry = self.blocks.get(b)?.entries.get(at)?;
         (entry.0 == key).then_some((b, at))
     }
@@ -212,11 +260,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
         block.live &= !(1 << at);
         let slot = block.entries[at].1;
         block.reweigh(at, 0.0);
-        let s = slot as usize;
-        if s >= self.hints.len() {
-            self.hints.resize(s + 1, u32::MAX);
-        }
-        self.hints[s] = pack_hint(b, at);
+        self.hints.set(slot, pack_hint(b, at));
         self.len -= 1;
         slot
     }
@@ -259,12 +303,8 @@ impl<K: Ord + Copy> RankedIndex<K> {
     fn take_positions(&mut self, positions: &[(usize, usize)]) -> Vec<u32> {
         // Each tombstone writes its slot's hint: those lines first, all at once.
         for &(b, at) in positions {
-            if let Some(hint) = self.blocks[b]
-                .entries
-                .get(at)
-                .and_then(|e| self.hints.get(e.1 as usize))
-            {
-                prefetch(hint);
+            if let Some(entry) = self.blocks[b].entries.get(at) {
+                self.hints.prefetch(entry.1);
             }
         }
         let slots = positions
@@ -389,12 +429,10 @@ impl<K: Ord + Copy> RankedIndex<K> {
     /// then the entries the hints point at.
     pub(crate) fn prefetch_returns(&self, slots: &[u32]) {
         for &s in slots {
-            if let Some(hint) = self.hints.get(s as usize) {
-                prefetch(hint);
-            }
+            self.hints.prefetch(s);
         }
         for &s in slots {
-            let Some(&hint) = self.hints.get(s as usize) else {
+            let Some(hint) = self.hints.get(s) else {
                 continue;
             };
             let (b, at) = unpack_hint(hint);

@@ -359,6 +359,46 @@ fn a_returned_key_revives_its_tombstone_even_when_its_hint_is_stale() {
 }
 
 #[test]
+fn slots_sharing_a_place_in_the_hints_still_come_back_in_place() {
+    // Slots `MAX_HINTS` apart share one place in the hints, so the last removed keeps
+    // it; the others' returns find their tombstones by search. All revive in place.
+    let mut ix = in_order(200);
+    let far = MAX_HINTS as u32;
+    let slots = [7, 7 + far, 7 + 2 * far];
+    for (i, &slot) in slots.iter().enumerate() {
+        ix.insert(key(1000 + i as u64, 0), slot, 0.0);
+    }
+    for i in 0..3u64 {
+        ix.remove(key(1000 + i, 0));
+    }
+    assert_eq!(ix.hints.get(slots[0]), None, "its place taken");
+    assert!(ix.hints.get(slots[2]).is_some());
+    let held = physical_len(&ix);
+    for (i, &slot) in slots.iter().enumerate() {
+        ix.insert(key(1000 + i as u64, 0), slot, 0.0);
+    }
+    assert_eq!(
+        physical_len(&ix),
+        held,
+        "revived in place, not inserted again"
+    );
+    assert_well_formed(&ix);
+    assert!(ix.iter().map(|e| e.1).skip(200).eq(slots));
+}
+
+#[test]
+fn the_hints_keep_what_they_remember_as_they_grow() {
+    let mut ix = in_order(10);
+    ix.remove(key(3, 3));
+    // A removal of a higher slot grows the table; slot 3's hint survives it.
+    ix.insert(key(20, 20), 5000, 0.0);
+    ix.remove(key(20, 20));
+    assert_eq!(ix.hints.places.len(), 8192);
+    assert!(ix.hints.get(3).is_some() && ix.hints.get(5000).is_some());
+    assert_eq!(ix.hints.get(4), None, "never removed");
+}
+
+#[test]
 fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
     let mut ix = in_order(200);
     assert_eq!(ix.blocks.len(), 3);
