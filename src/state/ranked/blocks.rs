@@ -256,8 +256,8 @@ impl<K: Copy> Block<K> {
     }
 }
 
-/// Per tree node: live entries, weight sum and weighted entries below it, together so a
-/// walk or an update touches one line per level.
+/// Per tree node of a weighted index: live entries, weighted entries and weight sum below
+/// it, together so a walk or an update touches one line per level.
 #[derive(Debug, Clone, Copy, Default)]
 struct Node {
     count: u32,
@@ -265,20 +265,39 @@ struct Node {
     sum: f64,
 }
 
-/// The [`Node`]s over the blocks, as an implicit binary tree: node 1 is the root, node `i`
-/// has children `2i` and `2i + 1`, and the block `b` is leaf `leaves + b`. A parent is
-/// always recomputed from its children (no subtraction).
+/// The sums over the blocks, as an implicit binary tree: node 1 is the root, node `i` has
+/// children `2i` and `2i + 1`, and the block `b` is leaf `leaves + b`. An unweighted index
+/// keeps only each node's count of live entries (`counts`), four bytes where a weighted
+/// one needs sixteen (`nodes`): a walk or an update then reads a quarter of the lines, and
+/// the lower levels of a million-entry index (16K leaves) stay in the core's caches. A
+/// parent is always recomputed from its children (no subtraction).
 #[derive(Debug, Clone, Default)]
 pub(super) struct Tree {
     leaves: usize,
+    /// Per node of an unweighted tree (empty when weighted).
+    counts: Vec<u32>,
+    /// Per node of a weighted tree (empty when unweighted).
     nodes: Vec<Node>,
+    weighted: bool,
 }
 
 impl Tree {
+    pub(super) fn new(weighted: bool) -> Self {
+        Self {
+            weighted,
+            ..Self::default()
+        }
+    }
+
     pub(super) fn rebuild<K: Copy>(&mut self, blocks: &[Block<K>]) {
         self.leaves = blocks.len().next_power_of_two().max(1);
+        self.counts.clear();
         self.nodes.clear();
-        self.nodes.resize(2 * self.leaves, Node::default());
+        if self.weighted {
+            self.nodes.resize(2 * self.leaves, Node::default());
+        } else {
+            self.counts.resize(2 * self.leaves, 0);
+        }
         for (b, block) in blocks.iter().enumerate() {
             self.set_leaf(b, block);
         }
@@ -307,7 +326,7 @@ impl Tree {
         for b in from..end {
             match blocks.get(b) {
                 Some(block) => self.set_leaf(b, block),
-                None => self.nodes[self.leaves + b] = Node::default(),
+                None => self.set_node(self.leaves + b, Node::default()),
             }
         }
         let (mut lo, mut hi) = ((self.leaves + from) / 2, (self.leaves + end - 1) / 2);
@@ -320,21 +339,35 @@ impl Tree {
         }
     }
 
+    fn set_node(&mut self, i: usize, node: Node) {
+        if let Some(n) = self.nodes.get_mut(i) {
+            *n = node;
+        }
+        if let Some(c) = self.counts.get_mut(i) {
+            *c = node.count;
+        }
+    }
+
     fn set_leaf<K: Copy>(&mut self, b: usize, block: &Block<K>) {
-        self.nodes[self.leaves + b] = Node {
+        let node = Node {
             count: block.live_len() as u32,
             weighted: block.weighted,
             sum: block.sum,
         };
+        self.set_node(self.leaves + b, node);
     }
 
     fn combine(&mut self, i: usize) {
-        let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
-        self.nodes[i] = Node {
-            count: l.count + r.count,
-            weighted: l.weighted + r.weighted,
-            sum: l.sum + r.sum,
-        };
+        if self.weighted {
+            let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
+            self.nodes[i] = Node {
+                count: l.count + r.count,
+                weighted: l.weighted + r.weighted,
+                sum: l.sum + r.sum,
+            };
+        } else {
+            self.counts[i] = self.counts[2 * i] + self.counts[2 * i + 1];
+        }
     }
 
     /// Sets block `b`'s leaf and recomputes its ancestors. The new node is carried up in
@@ -343,12 +376,21 @@ impl Tree {
     /// only the adds do, where reading each parent back after storing it made every level
     /// wait on the one below.
     pub(super) fn update<K: Copy>(&mut self, b: usize, block: &Block<K>) {
-        self.set_leaf(b, block);
         let mut i = self.leaves + b;
-        let Some(&leaf) = self.nodes.get(i) else {
+        if i >= self.counts.len().max(self.nodes.len()) {
             return;
-        };
-        let mut node = leaf;
+        }
+        self.set_leaf(b, block);
+        if !self.weighted {
+            let mut count = self.counts[i];
+            while i > 1 {
+                count += self.counts[i ^ 1];
+                i /= 2;
+                self.counts[i] = count;
+            }
+            return;
+        }
+        let mut node = self.nodes[i];
         while i > 1 {
             let sibling = self.nodes[i ^ 1];
             node = Node {
@@ -361,6 +403,41 @@ impl Tree {
         }
     }
 
+    /// Where the tree disagrees with `blocks`: a leaf that is not its block's totals, or
+    /// a node that is not the sum of its children.
+    #[cfg(test)]
+    pub(super) fn check<K: Copy>(&self, blocks: &[Block<K>]) -> Result<(), String> {
+        let node = |i: usize| match self.nodes.get(i) {
+            Some(n) => Some((n.count, n.weighted, n.sum)),
+            None => self.counts.get(i).map(|&c| (c, 0, 0.0)),
+        };
+        let len = self.counts.len().max(self.nodes.len());
+        if len != 2 * self.leaves || blocks.len() > self.leaves {
+            return Err(format!("{len} nodes for {} blocks", blocks.len()));
+        }
+        for b in 0..self.leaves {
+            let want = blocks.get(b).map_or((0, 0, 0.0), |block| {
+                let (weighted, sum) = if self.weighted {
+                    (block.weighted, block.sum)
+                } else {
+                    (0, 0.0)
+                };
+                (block.live_len() as u32, weighted, sum)
+            });
+            if node(self.leaves + b) != Some(want) {
+                return Err(format!("leaf of block {b}"));
+            }
+        }
+        for i in 1..self.leaves {
+            let (l, r) = (node(2 * i), node(2 * i + 1));
+            let sum = l.zip(r).map(|(l, r)| (l.0 + r.0, l.1 + r.1, l.2 + r.2));
+            if node(i) != sum {
+                return Err(format!("node {i}"));
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn total_weight(&self) -> f64 {
         self.nodes.get(1).map_or(0.0, |n| n.sum)
     }
@@ -370,27 +447,44 @@ impl Tree {
     }
 
     /// The block holding live rank `k` (below the total count) and the rank within it.
-    pub(super) fn find_rank(&self, mut k: usize) -> (usize, usize) {
-        let mut i = 1;
-        while i < self.leaves {
-            self.rank_step(&mut i, &mut k);
-        }
-        (i - self.leaves, k)
+    pub(super) fn find_rank(&self, k: usize) -> (usize, usize) {
+        let mut walk = [(1, k)];
+        self.walk_ranks(&mut walk);
+        walk[0]
     }
 
-    /// One level of a walk to rank `k` from node `i`. Branch-free: which way a walk turns
-    /// is a coin toss a branch predictor loses half the time, and without branches the
-    /// walks of a batch's ranks overlap.
+    /// Takes each walk `(node, rank)` from the root down to its block, level by level
+    /// together, reading whichever array this tree keeps its counts in.
+    fn walk_ranks(&self, walks: &mut [(usize, usize)]) {
+        if self.weighted {
+            self.walk_ranks_by(|i| self.nodes[i].count, walks);
+        } else {
+            self.walk_ranks_by(|i| self.counts[i], walks);
+        }
+    }
+
+    /// [`Self::walk_ranks`] with `count(i)` as node `i`'s count. Each step is branch-free:
+    /// which way a walk turns is a coin toss a branch predictor loses half the time, and
+    /// without branches the walks of a batch's ranks overlap.
     #[inline(always)]
-    fn rank_step(&self, i: &mut usize, k: &mut usize) {
-        let here = self.nodes[2 * *i].count as usize;
-        let right = usize::from(*k >= here);
-        *k -= here * right;
-        *i = 2 * *i + right;
+    fn walk_ranks_by(&self, count: impl Fn(usize) -> u32, walks: &mut [(usize, usize)]) {
+        let mut level = 1;
+        while level < self.leaves {
+            for (i, k) in walks.iter_mut() {
+                let here = count(2 * *i) as usize;
+                let right = usize::from(*k >= here);
+                *k -= here * right;
+                *i = 2 * *i + right;
+            }
+            level *= 2;
+        }
+        for (i, _) in walks.iter_mut() {
+            *i -= self.leaves;
+        }
     }
 
     /// One level of a walk to where the running weight crosses `u`, from node `i` (see
-    /// [`Self::find_weight`]). Branch-free, as [`Self::rank_step`]; the subtraction is a
+    /// [`Self::find_weight`]). Branch-free, as [`Self::walk_ranks_by`]; the subtraction is a
     /// product, not a select, because LLVM turns a float select into a branch.
     #[inline(always)]
     fn weight_step(&self, i: &mut usize, u: &mut f64) {
@@ -405,16 +499,7 @@ impl Tree {
     /// are independent, so where the lower levels are out of cache their misses overlap.
     pub(super) fn find_ranks(&self, ranks: impl Iterator<Item = usize>) -> Vec<(usize, usize)> {
         let mut walks: Vec<(usize, usize)> = ranks.map(|k| (1, k)).collect();
-        let mut level = 1;
-        while level < self.leaves {
-            for (i, k) in &mut walks {
-                self.rank_step(i, k);
-            }
-            level *= 2;
-        }
-        for (i, _) in &mut walks {
-            *i -= self.leaves;
-        }
+        self.walk_ranks(&mut walks);
         walks
     }
 

@@ -148,7 +148,7 @@ impl<K: Ord + Copy> RankedIndex<K> {
         Self {
             blocks: Vec::new(),
             firsts: Vec::new(),
-            tree: Tree::default(),
+            tree: Tree::new(weighted),
             weighted,
             len: 0,
             hints: Hints::default(),

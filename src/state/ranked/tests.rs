@@ -27,12 +27,13 @@ proptest! {
     // Each case is some 1,500 operations on up to a dozen blocks.
     #![proptest_config(ProptestConfig::with_cases(96))]
 
-    /// The index matches an ordered map entry for entry, rank for rank, and in its
-    /// weighted counts, across inserts, removals, reweighting, weighted takes and takes
+    /// The index, weighted or not, matches an ordered map entry for entry, rank for
+    /// rank, and in its weighted counts, across inserts, removals, reweighting, weighted takes and takes
     /// by rank big enough to split and merge blocks, and removed keys put back (revived
     /// from their tombstones, or inserted anew once compacted away).
     #[test]
     fn matches_an_ordered_map(
+        weighted in any::<bool>(),
         // Inserted first, so the ops below run on an index of many blocks.
         fill in prop::collection::vec((0u64..1000, 0u8..4), 0..1200),
         ops in prop::collection::vec(prop_oneof![
@@ -44,8 +45,10 @@ proptest! {
             3 => (any::<usize>(), 0u8..4).prop_map(|(i, w)| Op::Reinsert(i, w)),
         ], 1..1500),
     ) {
-        let mut ix = RankedIndex::new(true);
+        let mut ix = RankedIndex::new(weighted);
         let mut model: BTreeMap<Key, (u32, f64)> = BTreeMap::new();
+        // An unweighted index keeps no weights: every entry weighs nothing.
+        let weight = |w: u8| if weighted { f64::from(w) } else { 0.0 };
         // Keys out of the index, with their slots, for `Reinsert`.
         let mut out: Vec<(Key, u32)> = Vec::new();
         let fill = fill.into_iter().map(|(birth, w)| Op::Insert(birth, w));
@@ -54,7 +57,7 @@ proptest! {
                 Op::Insert(birth, w) => {
                     let key = key(birth, seq as u64);
                     ix.insert(key, seq as u32, f64::from(w));
-                    model.insert(key, (seq as u32, f64::from(w)));
+                    model.insert(key, (seq as u32, weight(w)));
                 }
                 Op::Remove(pick) if !model.is_empty() => {
                     let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
@@ -66,12 +69,12 @@ proptest! {
                 Op::Reinsert(pick, w) if !out.is_empty() => {
                     let (key, slot) = out.swap_remove(pick % out.len());
                     ix.insert(key, slot, f64::from(w));
-                    model.insert(key, (slot, f64::from(w)));
+                    model.insert(key, (slot, weight(w)));
                 }
                 Op::Reweight(pick, w) if !model.is_empty() => {
                     let key = *model.keys().nth(pick % model.len()).unwrap_or(&(0, 0));
                     ix.set_weight(key, f64::from(w));
-                    if let Some(e) = model.get_mut(&key) { e.1 = f64::from(w); }
+                    if let Some(e) = model.get_mut(&key) { e.1 = weight(w); }
                 }
                 Op::Take(n, seed) => {
                     let weighted_before = model.values().filter(|e| e.1 > 0.0).count();
@@ -121,7 +124,7 @@ proptest! {
         for (k, (key, (slot, w))) in model.iter().enumerate() {
             prop_assert_eq!(ix.at_rank(k), Some((*key, *slot)));
             prop_assert!(ix.contains(*key, *slot));
-            prop_assert_eq!(ix.weight(*key), Some(*w));
+            prop_assert_eq!(ix.weight(*key), weighted.then_some(*w));
         }
         prop_assert_eq!(ix.at_rank(model.len()), None);
     }
@@ -291,6 +294,9 @@ fn removing_the_heavy_entries_leaves_no_residue() {
 /// entry and above every entry of the block before.
 fn assert_well_formed(ix: &RankedIndex<Key>) {
     assert_eq!(ix.firsts.len(), ix.blocks.len());
+    if let Err(e) = ix.tree.check(&ix.blocks) {
+        panic!("tree out of step with the blocks: {e}");
+    }
     for (b, block) in ix.blocks.iter().enumerate() {
         assert!(block.entries.len() <= MAX_BLOCK, "block {b} overfull");
         assert!(
