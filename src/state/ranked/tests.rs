@@ -405,6 +405,22 @@ fn the_hints_keep_what_they_remember_as_they_grow() {
 }
 
 #[test]
+fn the_hints_remember_every_slot_below_their_length() {
+    // Slots 4 and 0 share a place only in a table of 4 or fewer; the table made for
+    // slot 4 has room for both. A later removal of a lower slot keeps the table's
+    // length, so slots 100 and 4 (apart by a multiple of 8) both stay too.
+    let mut ix = in_order(200);
+    ix.remove(key(4, 4));
+    ix.remove(key(0, 0));
+    assert!(ix.hints.get(4).is_some() && ix.hints.get(0).is_some());
+    let mut ix = in_order(200);
+    ix.remove(key(100, 100));
+    ix.remove(key(4, 4));
+    assert_eq!(ix.hints.places.len(), 128);
+    assert!(ix.hints.get(100).is_some() && ix.hints.get(4).is_some());
+}
+
+#[test]
 fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
     let mut ix = in_order(200);
     assert_eq!(ix.blocks.len(), 3);
