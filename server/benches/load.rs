@@ -15,6 +15,12 @@
 //! `rollout-buffer` command as the server instead of this build's binary: the Python
 //! package's console script, say (`LOAD_SERVER=$(which rollout-buffer)`), which runs the
 //! same server inside a Python process.
+//!
+//! `LOAD_SERVER=discard` and `LOAD_SERVER=parse` measure the ceiling this machine puts on
+//! any server under the same client: a server that reads each request's body and answers
+//! at once (`discard`), or that also parses it (JSON into values, Arrow into batches:
+//! `parse`), storing nothing; reads answer no items. It runs as its own process (this
+//! bench binary again), as the real server does.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -32,7 +38,16 @@ const BATCH: usize = 256;
 const CAPACITY: &str = "1024";
 
 fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
-    let mut child = Command::new(server_command())
+    let command = server_command();
+    let mut command = match NullServer::named(&command) {
+        Some(_) => {
+            let mut own = Command::new(std::env::current_exe().expect("this bench's path"));
+            own.env(NULL_SERVER, &command);
+            own
+        }
+        None => Command::new(command),
+    };
+    let mut child = command
         .args(["serve", "--listen", "127.0.0.1:0", "--capacity"])
         .arg(std::env::var("LOAD_CAPACITY").unwrap_or_else(|_| CAPACITY.into()))
         .args([
@@ -63,6 +78,76 @@ fn start(store: &std::path::Path, durability: &str) -> (Child, String) {
 /// The server's command: `LOAD_SERVER`, or this build's binary.
 fn server_command() -> String {
     std::env::var("LOAD_SERVER").unwrap_or_else(|_| env!("CARGO_BIN_EXE_rollout-buffer").into())
+}
+
+/// The environment variable that makes this binary a null server of the kind it names.
+const NULL_SERVER: &str = "LOAD_NULL_SERVER";
+
+/// A server that stores nothing: the ceiling of the client, HTTP and (for `Parse`) the
+/// parsing of bodies on this machine.
+#[derive(Clone, Copy, PartialEq)]
+enum NullServer {
+    /// Reads each body whole and answers.
+    Discard,
+    /// Reads each body and parses it as the real server must before storing it.
+    Parse,
+}
+
+impl NullServer {
+    fn named(name: &str) -> Option<Self> {
+        match name {
+            "discard" => Some(Self::Discard),
+            "parse" => Some(Self::Parse),
+            _ => None,
+        }
+    }
+
+    /// Serves on an ephemeral loopback port, printing `listening on URL` first as the
+    /// real server does, until killed.
+    fn serve(self) {
+        use axum::http::HeaderMap;
+        use axum::routing::post;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let write = move |headers: HeaderMap, body: axum::body::Bytes| async move {
+                let arrow = headers
+                    .get("content-type")
+                    .is_some_and(|v| v.as_bytes() == ARROW.as_bytes());
+                let items = match (self, arrow) {
+                    (Self::Discard, _) => 0,
+                    (Self::Parse, true) => {
+                        arrow_ipc::reader::StreamReader::try_new(&body[..], None)
+                            .map_or(0, |r| r.flatten().map(|b| b.num_rows()).sum())
+                    }
+                    (Self::Parse, false) => match serde_json::from_slice::<Value>(&body) {
+                        Ok(Value::Array(items)) => items.len(),
+                        Ok(_) => 1,
+                        Err(_) => 0,
+                    },
+                };
+                axum::Json(json!({"success": true, "message": format!("{items} items")}))
+            };
+            let read = || async {
+                axum::Json(
+                    json!({"success": true, "message": "", "data": {"data": [], "meta_info": {}}}),
+                )
+            };
+            let app = axum::Router::new()
+                .route("/buffer/write", post(write))
+                .route("/buffer/write_batch", post(write))
+                .route("/buffer/read", post(read))
+                .layer(axum::extract::DefaultBodyLimit::max(64 << 20));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind");
+            let addr = listener.local_addr().expect("address");
+            println!("listening on http://{addr}");
+            axum::serve(listener, app).await.expect("serve");
+        });
+    }
 }
 
 /// Peak resident memory of a process, MB (Linux).
@@ -307,6 +392,13 @@ impl ReadAnswer for reqwest::Response {
 }
 
 fn main() {
+    if let Some(null) = std::env::var(NULL_SERVER)
+        .ok()
+        .and_then(|name| NullServer::named(&name))
+    {
+        null.serve();
+        return;
+    }
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")
