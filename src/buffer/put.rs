@@ -143,16 +143,19 @@ impl SequenceBuffer {
                         Claim::Claimed(slots, wake, evicted) => {
                             break shared.store(&mut inner, slots, prepared, wake, evicted);
                         }
-                        Claim::Rejected(err, wake) => {
+                        Claim::Rejected(err, wake, freed) => {
                             drop(inner);
-                            shared.notify(wake);
+                            shared.settle((wake, freed));
                             return Err(prepared.hand_back(err));
                         }
-                        Claim::Wait => {
+                        Claim::Wait(freed) => {
                             if ticket.ticket.is_none() {
                                 ticket.ticket = Some(inner.table.enqueue_putter(n));
                             }
-                            Wait::Space(inner.table.next_deadline())
+                            let reap = inner.table.next_deadline();
+                            drop(inner);
+                            shared.dispose(freed);
+                            Wait::Space(reap)
                         }
                     }
                 }
@@ -239,14 +242,16 @@ impl SequenceBuffer {
                 Claim::Claimed(slots, wake, evicted) => {
                     shared.store(&mut inner, slots, prepared, wake, evicted)
                 }
-                Claim::Rejected(err, _) => {
+                Claim::Rejected(err, wake, freed) => {
                     drop(inner);
+                    shared.settle((wake, freed));
                     return Err(prepared.hand_back(err));
                 }
-                Claim::Wait => {
+                Claim::Wait(freed) => {
                     inner.rejected += n as u64;
                     let free = inner.table.free.len();
                     drop(inner);
+                    shared.dispose(freed);
                     return Err(Error::Full {
                         requested: n,
                         free,
@@ -297,8 +302,10 @@ enum Claim {
     /// These slots are `putting`, with the batch's ids reserved for them; the samples
     /// evicted to make room go to the sink once the lock is dropped.
     Claimed(Vec<u32>, Wake, Freed),
-    Rejected(Error, Wake),
-    Wait,
+    /// With what the attempt freed all the same (samples evicted before a later check
+    /// failed, spill segments it found retired): the caller settles it like a claim's.
+    Rejected(Error, Wake, Freed),
+    Wait(Freed),
 }
 
 impl Shared {
@@ -318,12 +325,12 @@ impl Shared {
         };
         if inner.closed {
             let wake = leave_queue(inner, ticket);
-            return Claim::Rejected(Error::Closed, wake);
+            return Claim::Rejected(Error::Closed, wake, Freed::default());
         }
         if let Some(err) = future_version(inner, prepared) {
             let wake = leave_queue(inner, ticket);
             inner.rejected += n as u64;
-            return Claim::Rejected(err, wake);
+            return Claim::Rejected(err, wake, Freed::default());
         }
         let (bytes, resident) = prepared.total_bytes();
         let mut claimed = inner.table.claim_put_sized(n, bytes, resident, *ticket);
@@ -360,9 +367,9 @@ impl Shared {
             if let Some(err) = stored_duplicate(inner, prepared).or(full).or(spill_failure) {
                 let wake = leave_queue(inner, ticket);
                 inner.rejected += n as u64;
-                return Claim::Rejected(err, wake);
+                return Claim::Rejected(err, wake, evicted);
             }
-            return Claim::Wait;
+            return Claim::Wait(evicted);
         };
         *ticket = None; // claim_put took it off the queue
         inner.table.residency.wanted = 0;
@@ -388,7 +395,7 @@ impl Shared {
                     let mut wake = wake;
                     wake.merge(inner.table.abort_put(&slots));
                     inner.rejected += n as u64;
-                    return Claim::Rejected(err, wake);
+                    return Claim::Rejected(err, wake, evicted);
                 }
             }
         }

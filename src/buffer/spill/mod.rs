@@ -46,6 +46,8 @@
 mod handover;
 mod int_map;
 mod load;
+#[cfg(test)]
+mod retired_tests;
 mod spiller;
 #[cfg(test)]
 mod tests;
