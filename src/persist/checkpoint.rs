@@ -360,11 +360,9 @@ fn segment_len(sizes: impl Iterator<Item = usize>) -> usize {
 /// Deletes log groups before the manifest's `log_from`, segments it does not name, and
 /// older manifests.
 async fn delete_superseded(store: &Store, manifest: &Manifest) -> Result<()> {
-    for path in store.list(LOG_DIR).await? {
-        if parse_log_path(&path).is_some_and(|seq| seq < manifest.log_from) {
-            store.retire(&path).await?;
-        }
-    }
+    let mut superseded = store.list(LOG_DIR).await?;
+    superseded.retain(|path| parse_log_path(path).is_some_and(|seq| seq < manifest.log_from));
+    store.retire_all(&superseded).await?;
     for path in store.list(SEGMENT_DIR).await? {
         let named = manifest.segments.contains(&path)
             || manifest.aux_segments.contains(&path)
