@@ -244,6 +244,7 @@ async fn buffer_archives_consumed_samples() {
     let options = ArchiveOptions {
         max_rows: 50,
         max_delay: std::time::Duration::from_millis(20),
+        ..ArchiveOptions::default()
     };
     let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
     let buf = SequenceBuffer::with_config(
@@ -292,4 +293,51 @@ fn archiver_needs_a_runtime() {
     let writer = ArchiveWriter::new(Store::open("memory://").expect("store"));
     let r = rollout_buffer::persist::Archiver::start(writer, Default::default());
     assert!(matches!(r, Err(Error::NoRuntime { .. })));
+}
+
+/// `max_bytes` writes a batch once the pending samples' tensor bytes reach it, long before
+/// `max_rows` or `max_delay` would: with large samples it is what bounds the archive's
+/// memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archiver_writes_once_the_pending_bytes_reach_max_bytes() {
+    use rollout_buffer::persist::{ArchiveOptions, Archiver};
+    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+    let store = Store::open("memory://").expect("store");
+    let options = ArchiveOptions {
+        max_rows: 1 << 20,
+        max_bytes: 10_000,
+        max_delay: std::time::Duration::from_secs(3600),
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    // 4,096 bytes each: the third pending sample crosses 10,000 bytes, so eight consumed
+    // one at a time make two batches of three, and two wait.
+    let samples = (0..8)
+        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i; 1024]))
+        .collect();
+    buf.put_batch(samples).await.expect("put");
+    for _ in 0..8 {
+        common::commit_next(&buf, "train").await;
+    }
+    let reader = ArchiveWriter::new(store);
+    let start = std::time::Instant::now();
+    loop {
+        let written = reader.read_all().await.expect("read").len();
+        assert!(written <= 6, "{written} rows written before the flush");
+        if written == 6 {
+            break;
+        }
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "{written} rows written, not 6"
+        );
+        tokio::task::yield_now().await;
+    }
+    archiver.flush().await.expect("flush");
+    assert_eq!(reader.read_all().await.expect("read").len(), 8);
 }

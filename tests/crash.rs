@@ -52,6 +52,7 @@ fn options() -> PersistOptions {
         .archive(Some(ArchiveOptions {
             max_rows: 8,
             max_delay: Duration::from_millis(20),
+            ..ArchiveOptions::default()
         }))
         // Small, so that checkpoints happen (and get killed) too.
         .checkpoint_bytes(16 << 10)

@@ -26,6 +26,7 @@ fn archived_trainer(
     let options = ArchiveOptions {
         max_rows,
         max_delay,
+        ..ArchiveOptions::default()
     };
     let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
     let buf = SequenceBuffer::with_config(

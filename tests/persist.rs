@@ -369,6 +369,7 @@ async fn a_checkpoint_larger_than_a_segment_splits_and_reloads_whole() {
         PersistOptions::new().archive(Some(ArchiveOptions {
             max_rows: 1 << 20,
             max_delay: Duration::from_secs(3600),
+            ..ArchiveOptions::default()
         }))
     };
     let big = |i: usize| {

@@ -311,6 +311,7 @@ fn spilled_samples_trained_before_a_crash_are_archived_whole_after_it() {
             .archive(Some(ArchiveOptions {
                 max_rows: 4096,
                 max_delay,
+                ..ArchiveOptions::default()
             }))
     };
     let runtime = || {
@@ -362,6 +363,7 @@ async fn a_flush_does_not_wait_for_the_archives_schedule() {
         .archive(Some(ArchiveOptions {
             max_rows: 4096,
             max_delay: Duration::from_secs(3600),
+            ..ArchiveOptions::default()
         }));
     let buf = SequenceBuffer::open_in(store.clone(), config, options)
         .await

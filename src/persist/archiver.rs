@@ -1,8 +1,9 @@
 //! `Archiver`: a background task that batches consumed samples and writes them to the
 //! archive, plugged into a buffer as its [`FreedSink`].
 //!
-//! The task writes when `max_rows` samples are pending, when the oldest pending sample has
-//! waited `max_delay`, and on [`Archiver::flush`]. A failed write is logged and retried, as
+//! The task writes when `max_rows` samples, or `max_bytes` of their tensor data, are
+//! pending, when the oldest pending sample has waited `max_delay`, and on
+//! [`Archiver::flush`]. A failed write is logged and retried, as
 //! the very same batch under the same file names (so the retry replaces whatever part of
 //! it was written: no duplicate rows), `max_delay` later or at the next write; `flush`
 //! returns the error.
@@ -34,6 +35,11 @@ use std::time::Duration;
 pub struct ArchiveOptions {
     /// Write once this many samples are pending (default 4,096).
     pub max_rows: usize,
+    /// Write once the pending samples' tensor data reaches this many bytes (default 64
+    /// MiB; strings count their UTF-8 bytes). With large samples this, not `max_rows`,
+    /// bounds the archive's memory: 4,096 groups of slime items are some 150 MB, held
+    /// again while they are encoded.
+    pub max_bytes: u64,
     /// Write once the oldest pending sample has waited this long (default 1 s).
     pub max_delay: Duration,
 }
@@ -42,6 +48,7 @@ impl Default for ArchiveOptions {
     fn default() -> Self {
         Self {
             max_rows: 4096,
+            max_bytes: 64 << 20,
             max_delay: Duration::from_secs(1),
         }
     }
@@ -130,6 +137,7 @@ impl Archiver {
             writer,
             options,
             pending: Vec::new(),
+            pending_bytes: 0,
             failed: Vec::new(),
             due: None,
             last_error: None,
@@ -143,7 +151,10 @@ impl Archiver {
         for (batch, row) in recovered {
             match batch {
                 Some(n) => numbered.entry(n).or_default().push(row),
-                None => q.pending.push(row),
+                None => {
+                    q.pending_bytes += row.sample.payload_bytes();
+                    q.pending.push(row);
+                }
             }
         }
         q.failed = numbered
@@ -251,6 +262,8 @@ struct Queue {
     writer: ArchiveWriter,
     options: ArchiveOptions,
     pending: Vec<ArchivedSample>,
+    /// The tensor bytes of `pending`.
+    pending_bytes: u64,
     failed: Vec<Batch>,
     /// When the oldest waiting row (or the failed batch's retry) is due.
     due: Option<tokio::time::Instant>,
@@ -265,7 +278,13 @@ impl Queue {
         if self.due.is_none() {
             self.due = Some(tokio::time::Instant::now() + self.options.max_delay);
         }
+        self.pending_bytes += rows.iter().map(|r| r.sample.payload_bytes()).sum::<u64>();
         self.pending.extend(rows);
+    }
+
+    /// Whether enough is pending to write now.
+    fn full(&self) -> bool {
+        self.pending.len() >= self.options.max_rows || self.pending_bytes >= self.options.max_bytes
     }
 
     /// Retries the failed batches, then writes what is pending. Returns the first error.
@@ -285,6 +304,7 @@ impl Queue {
                     logged: false,
                     rows: std::mem::take(&mut self.pending),
                 };
+                self.pending_bytes = 0;
                 if let Err(e) = self.write(&mut batch, now).await {
                     self.failed.push(batch);
                     return Err(e);
@@ -377,7 +397,7 @@ async fn run(mut q: Queue, mut rx: mpsc::UnboundedReceiver<Msg>) {
         match msg {
             Some(Msg::Rows(rows)) => {
                 q.push(rows);
-                if q.pending.len() >= q.options.max_rows {
+                if q.full() {
                     if let Err(e) = q.write_all(false).await {
                         q.last_error = Some(e);
                     }
