@@ -382,3 +382,22 @@ fn sigterm_right_after_the_listening_line_exits_cleanly() {
         assert!(status.success(), "round {round}: {status:?}");
     }
 }
+
+#[test]
+fn serve_refuses_settings_out_of_range_before_touching_the_store() {
+    let dir = store("serve-bad-settings");
+    for (flag, value) in [("--archive-mb", "0"), ("--group-size", "0")] {
+        let (ok, _, err) = common::cli(
+            "serve",
+            &[
+                "--store".as_ref(),
+                dir.as_os_str(),
+                flag.as_ref(),
+                value.as_ref(),
+            ],
+        );
+        assert!(!ok, "{flag} {value} was accepted");
+        assert!(err.contains(&format!("{flag} must be >= 1")), "{err}");
+        assert!(!dir.exists(), "{flag} {value}: the store was created");
+    }
+}
