@@ -8,9 +8,10 @@
 //! Renaming a file is a directory change only; writing into an existing file reuses its
 //! inode and blocks.
 //!
-//! Only log files are recycled ([`Store::retire`](super::store::Store::retire)): no reader
-//! opens one again once a checkpoint has superseded it, and a spare is reused only after
-//! it has been aside for [`MIN_AGE`], so a reader that opened it just before (a
+//! Only log files are recycled
+//! ([`Store::retire_all`](super::store::Store::retire_all)): no reader opens one again
+//! once a checkpoint has superseded it, and a spare is reused only after it has been
+//! aside for [`MIN_AGE`], so a reader that opened it just before (a
 //! concurrent `inspect`) has long finished. Had it not, its checksum would fail and it
 //! would skip the group, as it does a group deleted under it.
 //!
