@@ -7,8 +7,8 @@ of 64 metadata-only samples made before timing, at capacities 1K / 8K / 64K:
 
 * ``put``: fill fresh buffers with puts of 64 until 16,384 samples are in;
 * ``pipeline``: a producer putting 64 at a time (retrying on BufferFull), one consumer
-  coroutine per MFC looping get -> ``await asyncio.sleep(0)`` -> amend (gen, reward);
-  max(N, 16,384) samples trained; samples trained per second;
+  coroutine per MFC looping get -> ``await asyncio.sleep(0)`` -> amend (gen, reward) with
+  outputs made before timing; max(N, 16,384) samples trained; samples trained per second;
 * ``get_ready``: a full buffer whose samples hold every key, drained by gets round-robin
   over the MFCs; microseconds per get call (p50).
 
@@ -81,9 +81,12 @@ def pipeline_case(capacity):
     gen, reward, train = mfcs()
     total = max(16_384, capacity)
     batches = [[sample(b * BATCH + i, ["packed_prompts"]) for i in range(BATCH)] for b in range(total // BATCH)]
+    # Each MFC's outputs, made before timing as the inputs are: batch k of an MFC's reads
+    # is put batch k (oldest first), and the amend checks every output's ids against its
+    # entry's, so a read out of order fails the run.
     outs = {
-        "gen": {i: sample(i, ["packed_input_ids"]) for i in range(total)},
-        "reward": {i: sample(i, ["rewards"]) for i in range(total)},
+        name: [[sample(b * BATCH + i, [key]) for i in range(BATCH)] for b in range(total // BATCH)]
+        for name, key in (("gen", "packed_input_ids"), ("reward", "rewards"))
     }
 
     async def go():
@@ -100,11 +103,10 @@ def pipeline_case(capacity):
                         await asyncio.sleep(0)
 
         async def stage(rpc):
-            for _ in range(total // BATCH):
+            for outputs in outs[rpc.name]:
                 idx, got = await buf.get_batch_for_rpc(rpc)
                 await asyncio.sleep(0)
-                table = outs[rpc.name]
-                await buf.amend_batch(idx, [table[int(i)] for i in got.ids])
+                await buf.amend_batch(idx, outputs)
 
         async def trainer():
             nonlocal trained

@@ -13,9 +13,11 @@
 //!
 //! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
 //! block with its `SAFETY` reason), `columns.rs` and `arrow_columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
-//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer), `cli.rs` (the command line, for the
+//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer), `areal.rs` (the AReaL drop-in's
+//! core) and `sequence_sample.rs` (its stand-in sample's merge and gather), `cli.rs` (the command line, for the
 //! console script).
 
+mod areal;
 mod arrays;
 mod arrow;
 mod arrow_columns;
@@ -28,6 +30,7 @@ mod errors;
 mod rollout;
 mod rpc;
 mod runtime;
+mod sequence_sample;
 
 use crate::batch::PyBatch;
 use crate::buffer::PyBuffer_;
@@ -43,6 +46,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // say). Another extension may have installed a logger first: then that one gets them.
     let _ = pyo3_log::try_init();
     m.add_class::<PyBuffer_>()?;
+    m.add_class::<areal::ArealSlots>()?;
+    m.add_function(wrap_pyfunction!(sequence_sample::gather_samples, m)?)?;
     m.add_class::<PyBatch>()?;
     m.add_class::<PyRpc>()?;
     m.add_class::<Ragged>()?;

@@ -30,6 +30,19 @@ fn poll_once<F: Future>(mut fut: Pin<Box<F>>) -> Result<F::Output, Pin<Box<F>>> 
     }
 }
 
+/// Runs `fut`, which must finish without waiting (an in-memory buffer's put with room,
+/// read with samples ready, amend or commit), on this thread and with the GIL held: a
+/// caller that holds a lock of its own across the call needs both. `BufferError` if it
+/// would wait.
+pub(crate) fn now<T>(fut: impl Future<Output = rollout_buffer::Result<T>>) -> PyResult<T> {
+    match poll_once(Box::pin(fut)) {
+        Ok(result) => result.map_err(py_err),
+        Err(_) => Err(crate::errors::BufferError::new_err(
+            "a call that cannot wait would have waited (a buffer with a store or a memory budget?)",
+        )),
+    }
+}
+
 /// Runs `fut` to its end: at once when it can finish now, else on the runtime with the
 /// GIL released, checking for Ctrl-C every 100 ms (a `KeyboardInterrupt` drops the
 /// future, which the buffer tolerates at any await).

@@ -382,3 +382,93 @@ def test_the_module_stand_ins_drive_the_buffer():
         assert buf.size == 0 and buf.n_rpcs == 2 and buf.max_size == 8
 
     run(go())
+
+
+def _fields(s):
+    return (set(s.keys), list(s.ids), s.seqlens, s.trailing_shapes, s.dtypes, s.metadata,
+            None if s.data is None else {k: np.asarray(v).tolist() for k, v in s.data.items()})
+
+
+def _standin(i, keys, meta=False, data=False, shape=()):
+    return SequenceSample(
+        keys=set(keys), ids=[f"s{i}"], seqlens={k: [[i % 5 + 1]] for k in keys},
+        trailing_shapes={k: shape for k in keys}, dtypes={k: "int32" for k in keys},
+        data={k: np.arange(i % 5 + 1) for k in keys} if data else None,
+        metadata={"src": [f"m{i}"]} if meta else {},
+    )
+
+
+def test_the_native_gather_matches_the_python_one():
+    samples = [_standin(i, ["p", "x", "r"] if i % 2 else ["p", "x"], meta=i % 3 == 0) for i in range(9)]
+    for keys in (["p"], ["x", "p"], None):
+        fast = SequenceSample.gather(samples, keys=keys)
+        slow = SequenceSample._gather(samples, list(samples[0].keys if keys is None else keys))
+        assert type(fast) is SequenceSample and _fields(fast) == _fields(slow)
+    # Samples carrying data take the Python path (numpy concatenation), with the same answer.
+    with_data = [_standin(i, ["p"], data=True) for i in range(4)]
+    assert _fields(SequenceSample.gather(with_data)) == _fields(SequenceSample._gather(with_data, ["p"]))
+    with pytest.raises(KeyError, match=r"sample \['s0'\] has no key\(s\) \['r'\]"):
+        SequenceSample.gather(samples, keys=["p", "r"])
+    with pytest.raises(ValueError, match="no samples"):
+        SequenceSample.gather([])
+
+
+def test_an_amend_merges_as_update_does():
+    """The drop-in merges two stand-ins natively and anything else by its own update_;
+    either way the stored sample ends as ``update_`` leaves a copy of it."""
+
+    class OtherMapping(dict):
+        pass
+
+    async def go():
+        gen, train = build_graph([MFCDef("gen", 4, ["p"], ["x"]), MFCDef("train", 4, ["p", "x"])])
+        buf = AsyncIOSequenceBuffer([gen, train], 8)
+        stored = [_standin(i, ["p"], meta=i == 1) for i in range(4)]
+        stored[3].metadata = OtherMapping(stored[3].metadata)  # not a dict: update_ itself
+        outputs = [
+            _standin(0, ["x"]),
+            _standin(1, ["x", "p"], meta=True, shape=(2,)),  # overrides p's fields
+            _standin(2, ["x"], data=True),  # data where the entry had none
+            _standin(3, ["x"], meta=True),
+        ]
+        expect = []
+        for s, o in zip(stored, outputs):
+            copy = _standin(int(s.ids[0][1:]), ["p"], meta=s.ids == ["s1"])
+            copy.update_(o)
+            expect.append(_fields(copy))
+        idx = await buf.put_batch(stored)
+        await buf.get_batch_for_rpc(gen)
+        await buf.amend_batch(idx, outputs)
+        assert [_fields(s) for s in stored] == expect
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["s0", "s1", "s2", "s3"] and got.seqlens["x"] == [[1], [2], [3], [4]]
+        assert got.trailing_shapes == {"p": (), "x": ()} and got.metadata == {"src": ["m1", "m3"]}
+
+    run(go())
+
+
+def test_ids_are_checked_before_an_amend_changes_anything():
+    async def go():
+        gen, train = build_graph([MFCDef("gen", 2, ["p"], ["x"]), MFCDef("train", 2, ["x"])])
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        stored = [_standin(i, ["p"]) for i in range(2)]
+        idx = await buf.put_batch(stored)
+        await buf.get_batch_for_rpc(gen)
+        with pytest.raises(ValueError, match=r"slot 1: ids \['s9'\] do not match the entry's \['s1'\]"):
+            await buf.amend_batch(idx, [_standin(0, ["x"]), _standin(9, ["x"])])
+        assert [s.keys for s in stored] == [{"p"}, {"p"}]
+        with pytest.raises(Timeout):
+            await buf.get_batch_for_rpc(train, timeout=0.01)
+        await buf.amend_batch(idx, [_standin(i, ["x"]) for i in range(2)])
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["s0", "s1"]
+        # Integer ids match their str form, as AReaL's do.
+        idx = await buf.put_batch([SequenceSample(keys={"p"}, ids=[i], seqlens={"p": [[1]]}) for i in (7, 8)])
+        await buf.get_batch_for_rpc(gen)
+        outputs = [SequenceSample(keys={"x"}, ids=[0], seqlens={"x": [[1]]}) for _ in range(2)]
+        outputs[0].ids, outputs[1].ids = [7], [8]
+        await buf.amend_batch(idx, outputs)
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["7", "8"] and buf.size == 0
+
+    run(go())

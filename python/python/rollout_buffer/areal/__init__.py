@@ -10,8 +10,9 @@ keys; every MFC in ``rpcs`` reads every entry exactly once, oldest ``birth_time`
 ``n_seqs`` at a time; the read that makes the last MFC finish frees the slot; ``put_batch``
 returns int64 slot indices and raises ``BufferFull`` at once (all or nothing) when there is
 no room; ``get_batch_for_rpc`` returns ``(indices, SequenceSample.gather(samples,
-keys=rpc.input_keys))``. Slots, readiness, ordering and wake-ups live in the Rust buffer;
-this module keeps the ``SequenceSample`` objects beside it.
+keys=rpc.input_keys))``. Slots, readiness, ordering and freeing live in the Rust buffer,
+with the ``SequenceSample`` objects kept by slot beside it (``_native.ArealSlots``): a put,
+an amend and a read each make one native call.
 
 MFCs and samples are duck-typed: AReaL's ``MFCDef`` and ``SequenceSample`` work, and so do
 the small stand-ins here (:class:`MFCDef`, :class:`SequenceSample`) for code that does not
@@ -46,8 +47,8 @@ from typing import Any, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .. import BufferFull, Rpc, StaleHandle, Timeout
-from .._native import Buffer as _NativeBuffer
+from .. import BufferFull, StaleHandle, Timeout
+from .._native import ArealSlots as _ArealSlots
 from .types import MFCDef, SequenceSample, build_graph, gather
 
 __all__ = [
@@ -61,13 +62,6 @@ __all__ = [
 ]
 
 
-def _marks(n: int) -> np.ndarray:
-    """A key present on ``n`` entries, as a column of one byte per entry: readiness is
-    decided in Rust from which keys an entry holds, while the data stays in the Python
-    sample. One value per row is stored inline in the entry, with no allocation."""
-    return np.zeros(n, np.uint8)
-
-
 class AsyncIOSequenceBuffer:
     """AReaL's ``AsyncIOSequenceBuffer(rpcs, max_size)`` (see the module docs)."""
 
@@ -77,18 +71,12 @@ class AsyncIOSequenceBuffer:
             raise ValueError(f"duplicate MFC names in {names}")
         self._rpcs = list(rpcs)
         self._rpc_names = names
-        # AReaL's `rpc_data_keys`: only input keys decide readiness.
-        self._keys = sorted(set().union(*[set(r.input_keys) for r in rpcs])) if rpcs else []
-        self._key_set = frozenset(self._keys)
-        native_rpcs = [Rpc(r.name, int(r.n_seqs), inputs=list(r.input_keys)) for r in rpcs]
-        # Every key is "external" (amended in), so no key is required at put: an entry
-        # without an MFC's keys is simply not ready for it, as in AReaL.
-        self._buf = _NativeBuffer(int(max_size), native_rpcs, None, self._keys, "none", None)
+        # Slots, readiness, order and freeing in Rust, with the samples kept by slot
+        # beside them (AReaL's `rpc_data_keys`, the MFCs' input keys, decide readiness).
+        self._slots = _ArealSlots(
+            int(max_size), [(r.name, int(r.n_seqs), list(r.input_keys)) for r in rpcs], SequenceSample
+        )
         self._max_size = int(max_size)
-        self._samples: List[Any] = [None] * self._max_size
-        self._generation = np.zeros(self._max_size, np.int64)
-        # Reads left per slot: every MFC reads every entry once; 0 means freed.
-        self._reads_left = np.zeros(self._max_size, np.int64)
         self._lock = asyncio.Condition()
         # Getters that found nothing wait on an event of their event loop; a put or an
         # amend, the only calls that make entries ready, sets every one. The events live
@@ -106,7 +94,7 @@ class AsyncIOSequenceBuffer:
     @property
     def size(self) -> int:
         """Entries stored (AReaL's ``_buf_size``)."""
-        return len(self._buf)
+        return len(self._slots)
 
     @property
     def n_rpcs(self) -> int:
@@ -132,47 +120,20 @@ class AsyncIOSequenceBuffer:
         return self._put(samples, None)
 
     def _put(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]]):
-        n = len(samples)
-        if n == 0:
-            return np.zeros(0, np.int64)
+        births = None
         if birth_times is not None:
-            births = np.asarray(birth_times, dtype=np.int64)
-            if births.shape != (n,):
-                raise ValueError(f"{len(births)} birth times for {n} samples")
+            births = np.asarray(birth_times, dtype=np.int64).reshape(-1)
+            if births.shape != (len(samples),):
+                raise ValueError(f"{len(births)} birth times for {len(samples)} samples")
             if (births <= 0).any():
                 bad = int(np.flatnonzero(births <= 0)[0])
                 raise ValueError(f"birth time of sample {bad} is {births[bad]}; it must be > 0")
-        free = self._max_size - len(self._buf)
-        if n > free:
-            raise BufferFull(
-                f"cannot put {n} samples: {free} of {self._max_size} slots are free "
-                f"(raise max_size, as REAL_MASTER_BUFFER_SIZE does in AReaL)"
-            )
-        ids = _entry_ids(samples)
-        # Duplicate ids (in the buffer or within the batch) are refused by the one native
-        # put below with a ValueError, before anything is stored.
-        first = samples[0].keys
-        if all(s.keys == first for s in samples):
-            # One key set for the batch (the usual case): one put of one column per key.
-            columns = {k: _marks(n) for k in self._key_set.intersection(first)}
-            if birth_times is not None:
-                columns["birth"] = births.astype(np.uint64)
-            handles = self._buf.put_columns_blocking(columns, ids, None)
-        else:
-            rows = [dict.fromkeys(self._key_set.intersection(s.keys), 0) for s in samples]
-            for j, row in enumerate(rows):
-                row["id"] = ids[j]
-                if birth_times is not None:
-                    row["birth"] = int(births[j])
-            handles = self._buf.put_batch_blocking(rows)
-        slot_list, generations = zip(*handles)
-        slots = np.array(slot_list, np.int64)
-        self._generation[slots] = generations
-        self._reads_left[slots] = len(self._rpcs)
-        stored = self._samples
-        for slot, sample in zip(slot_list, samples):
-            stored[slot] = sample
-        self._wake()
+            births = births.tolist()
+        # Room, then duplicate ids (in the buffer or within the batch), are checked by the
+        # one native put before anything is stored.
+        slots = self._slots.put(samples, births)
+        if len(slots):
+            self._wake()
         return slots
 
     async def amend_batch(self, indices: Sequence[int], samples: Sequence[Any]) -> None:
@@ -180,37 +141,11 @@ class AsyncIOSequenceBuffer:
         keys added, existing ones replaced); the entries become ready for the MFCs whose
         input keys they now hold. ``StaleHandle`` for a slot that was freed."""
         array = np.asarray(indices, np.int64).reshape(-1)
-        idx = array.tolist()
-        if len(idx) != len(samples):
-            raise ValueError(f"{len(samples)} samples for {len(idx)} indices")
-        if not idx:
-            return
-        stored = self._samples
-        if min(idx) < 0 or max(idx) >= self._max_size or not self._reads_left[array].all():
-            bad = next(i for i in idx if not 0 <= i < self._max_size or self._reads_left[i] == 0)
-            raise StaleHandle(f"slot {bad} holds no entry (it was freed or never put)")
-        entries = [stored[i] for i in idx]
-        if [e.ids for e in entries] != [s.ids for s in samples]:
-            for i, e, s in zip(idx, entries, samples):
-                # Other id types compare as str, as AReaL's do.
-                if e.ids != s.ids and list(map(str, e.ids)) != list(map(str, s.ids)):
-                    raise ValueError(f"slot {i}: ids {list(s.ids)} do not match the entry's {list(e.ids)}")
-        first = samples[0].keys
-        if all(s.keys == first for s in samples):
-            groups = {frozenset(self._key_set.intersection(first)): idx}
-        else:
-            groups = {}
-            for i, s in zip(idx, samples):
-                groups.setdefault(frozenset(self._key_set.intersection(s.keys)), []).append(i)
-        for keys, slots in groups.items():
-            if keys:
-                handles = list(zip(slots, self._generation[slots].tolist()))
-                self._buf.amend_columns_blocking(handles, {k: _marks(len(slots)) for k in keys})
-        for e, s in zip(entries, samples):
-            _update(e, s)
-        self._wake()
+        self._slots.amend(array, samples)
+        if len(array):
+            self._wake()
 
-    async def _next_batch(self, name: str, timeout: Optional[float]):
+    async def _next_batch(self, r: int, name: str, keys: List[str], timeout: Optional[float]):
         """A batch for MFC ``name`` once one is ready (``Timeout`` after ``timeout``
         seconds). The event is taken before the buffer is asked, so a put or amend landing
         in between sets the event being waited on: no wake-up is lost."""
@@ -221,7 +156,7 @@ class AsyncIOSequenceBuffer:
                 changed = self._waiting.get(loop)
                 if changed is None:
                     changed = self._waiting[loop] = asyncio.Event()
-            batch = self._buf.try_get_batch_for_rpc(name)
+            batch = self._slots.try_get(r, keys)
             if batch is not None:
                 return batch
             if deadline is None:
@@ -265,26 +200,6 @@ class AsyncIOSequenceBuffer:
             raise ValueError(
                 f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
             )
-        batch = await self._next_batch(rpc.name, timeout)
-        slots = batch.slots()
-        stored = self._samples
-        samples = [stored[s] for s in slots.tolist()]
-        batch.commit_blocking()
-        left = self._reads_left[slots] - 1
-        self._reads_left[slots] = left
-        for s in slots[left == 0].tolist():
-            stored[s] = None
-        return slots, gather(samples, keys=list(rpc.input_keys))
-
-
-def _entry_ids(samples: Sequence[Any]) -> List[str]:
-    """One id per entry: a sample's id, or its ids joined by ``|`` when it holds several."""
-    return [str(i[0]) if len(i) == 1 else "|".join(map(str, i)) for i in [s.ids for s in samples]]
-
-
-def _update(stored: Any, other: Any) -> None:
-    update = getattr(stored, "update_", None)
-    if update is not None:
-        update(other)
-    else:
-        SequenceSample.update_(stored, other)
+        keys = list(rpc.input_keys)
+        slots, samples, gathered = await self._next_batch(r, rpc.name, keys, timeout)
+        return slots, samples if gathered else gather(samples, keys=keys)

@@ -19,6 +19,8 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
+from .._native import gather_samples as _gather_samples
+
 
 @dataclass(eq=False)
 class MFCDef:
@@ -82,7 +84,9 @@ def build_graph(nodes: Sequence[MFCDef]) -> Sequence[MFCDef]:
     return nodes
 
 
-@dataclass(eq=False)
+# Fields in slots (Python >= 3.10), not in a per-object dict: a buffer reads a few fields of
+# many samples, and a slot read touches the object's own memory only.
+@dataclass(eq=False, **({"slots": True} if sys.version_info >= (3, 10) else {}))
 class SequenceSample:
     """AReaL's ``SequenceSample`` (see the module docs)."""
 
@@ -125,6 +129,15 @@ class SequenceSample:
         if not samples:
             raise ValueError("gather of no samples")
         keys = list(samples[0].keys if keys is None else keys)
+        # Metadata-only samples (what a buffer holds) in one native pass; the same result
+        # as the code below, which handles the rest.
+        fast = _gather_samples(cls, samples if isinstance(samples, list) else list(samples), keys)
+        return fast if fast is not None else cls._gather(samples, keys)
+
+    @classmethod
+    def _gather(cls, samples: Sequence["SequenceSample"], keys: List[str]) -> "SequenceSample":
+        """``gather`` in Python: the reference the native pass is tested against, and the
+        path for samples carrying data."""
         wanted = set(keys)
         for s in samples:
             if not wanted.issubset(s.keys):

@@ -1,0 +1,377 @@
+//! The core of the AReaL drop-in (`rollout_buffer.areal`): AReaL's `SequenceSample`s kept by
+//! slot beside the crate's buffer, so that a put, an amend and a read each cross into Rust
+//! once, whatever the batch's size.
+//!
+//! The buffer decides readiness, order and freeing from one marker field per key an entry
+//! holds (a one-byte scalar, stored inline in the sample: no allocation); every MFC is an
+//! RPC that reads each entry once. `ArealSlots` keeps, per slot, the Python sample, its
+//! generation (the handle an amend names) and how many MFCs have yet to read it.
+//!
+//! Locking: `entries` is held across the buffer call of a put, a read and an amend, so a
+//! read never finds a slot the buffer has published but whose sample is not stored yet.
+//! The GIL stays held throughout (these buffer calls finish at once: `runtime::now`), and
+//! no Python code runs under the lock: samples are read before it is taken, and merged and
+//! released after it is dropped. Python code may switch threads, and a thread waiting for
+//! the lock holds the GIL.
+//!
+//! Samples of the stand-in `SequenceSample` class are merged and gathered natively
+//! (`sequence_sample.rs`); samples of another class by that class's own methods.
+
+use crate::errors::{py_err, BufferError, BufferFull, StaleHandle};
+use crate::runtime::now;
+use crate::sequence_sample::{gather, merge};
+use numpy::{PyArray1, PyReadonlyArray1};
+use pyo3::exceptions::PyValueError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyString, PyType};
+use rollout_buffer::{
+    BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle, Tensor,
+};
+use std::sync::{Mutex, MutexGuard};
+
+/// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
+type KeyMask = u64;
+
+/// A read for Python: the slots, then the gathered sample (`true`) or the samples' list.
+type Read<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>, bool);
+
+/// The Python side of each slot.
+struct Entries {
+    samples: Vec<Option<Py<PyAny>>>,
+    generation: Vec<u32>,
+    /// MFCs that have yet to read the slot's entry; 0 for a free slot.
+    reads_left: Vec<u32>,
+}
+
+/// AReaL's buffer state beside the crate's buffer (see the module docs).
+#[pyclass(module = "rollout_buffer._native", name = "ArealSlots", frozen)]
+pub(crate) struct ArealSlots {
+    buf: SequenceBuffer,
+    /// Every MFC input key (AReaL's `rpc_data_keys`), as Python and as buffer keys.
+    keys: Vec<(Py<PyString>, FieldKey)>,
+    rpcs: Vec<String>,
+    /// The stand-in class: pairs of it are merged here, others by their `update_`.
+    sample_type: Py<PyType>,
+    entries: Mutex<Entries>,
+}
+
+impl ArealSlots {
+    fn lock(&self) -> PyResult<MutexGuard<'_, Entries>> {
+        self.entries
+            .lock()
+            .map_err(|_| BufferError::new_err("the drop-in's slot lock is poisoned"))
+    }
+
+    /// The keys of this buffer that `keys` (a sample's `keys`) holds; `last` caches the
+    /// previous sample's answer, since a batch's samples usually share one key set.
+    fn mask_of<'py>(
+        &self,
+        keys: Bound<'py, PyAny>,
+        last: &mut Option<(Bound<'py, PyAny>, KeyMask)>,
+    ) -> PyResult<KeyMask> {
+        if let Some((prev, mask)) = last {
+            if prev.is(&keys) || prev.eq(&keys)? {
+                return Ok(*mask);
+            }
+        }
+        let mut mask = 0;
+        for (bit, (name, _)) in self.keys.iter().enumerate() {
+            if keys.contains(name.bind(keys.py()))? {
+                mask |= 1 << bit;
+            }
+        }
+        *last = Some((keys, mask));
+        Ok(mask)
+    }
+
+    fn markers(&self, mask: KeyMask) -> impl Iterator<Item = FieldKey> + '_ {
+        self.keys
+            .iter()
+            .enumerate()
+            .filter(move |(bit, _)| mask & (1 << bit) != 0)
+            .map(|(_, (_, key))| key.clone())
+    }
+}
+
+#[pymethods]
+impl ArealSlots {
+    /// `max_size` slots read by `rpcs`, `(name, n_seqs, input_keys)` each; pairs of
+    /// `sample_type` are merged natively by `amend`.
+    #[new]
+    fn new(
+        py: Python<'_>,
+        max_size: usize,
+        rpcs: Vec<(String, usize, Vec<String>)>,
+        sample_type: Bound<'_, PyType>,
+    ) -> PyResult<Self> {
+        let mut names: Vec<String> = rpcs.iter().flat_map(|r| r.2.clone()).collect();
+        names.sort();
+        names.dedup();
+        if names.len() > KeyMask::BITS as usize {
+            return Err(PyValueError::new_err(format!(
+                "{} distinct input keys; the AReaL drop-in takes at most {}",
+                names.len(),
+                KeyMask::BITS
+            )));
+        }
+        let defs = rpcs
+            .iter()
+            .map(|(name, n, inputs)| RpcDef::new(name.clone(), *n).inputs(inputs.clone()));
+        // Every key is external (amended in): none is needed at put, and an entry without
+        // an MFC's keys is simply not ready for it, as in AReaL.
+        let config = BufferConfig::new(max_size)
+            .rpcs(defs)
+            .external_keys(names.clone());
+        let buf = {
+            let _entered = pyo3_async_runtimes::tokio::get_runtime().enter();
+            SequenceBuffer::with_config(config).map_err(py_err)?
+        };
+        let keys = names
+            .into_iter()
+            .map(|k| (PyString::new(py, &k).unbind(), FieldKey::from(k)))
+            .collect();
+        Ok(Self {
+            buf,
+            keys,
+            rpcs: rpcs.into_iter().map(|r| r.0).collect(),
+            sample_type: sample_type.unbind(),
+            entries: Mutex::new(Entries {
+                samples: (0..max_size).map(|_| None).collect(),
+                generation: vec![0; max_size],
+                reads_left: vec![0; max_size],
+            }),
+        })
+    }
+
+    fn __len__(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Stores `samples`, one entry each, with `births` (one per sample) or in arrival
+    /// order; their slots as int64. All or nothing: `BufferFull` without room, `ValueError`
+    /// for an id already stored.
+    #[pyo3(signature = (samples, births=None))]
+    fn put<'py>(
+        &self,
+        py: Python<'py>,
+        samples: &Bound<'py, PyAny>,
+        births: Option<Vec<u64>>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let samples = samples.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+        let n = samples.len();
+        if births.as_ref().is_some_and(|b| b.len() != n) {
+            return Err(PyValueError::new_err(format!(
+                "{} birth times for {n} samples",
+                births.as_ref().map_or(0, Vec::len)
+            )));
+        }
+        let mut rows = Vec::with_capacity(n);
+        let mut last = None;
+        for (j, sample) in samples.iter().enumerate() {
+            let mut row = Sample::new(entry_id(sample)?);
+            if let Some(b) = &births {
+                row = row.birth(b[j]);
+            }
+            let mask = self.mask_of(sample.getattr(intern!(py, "keys"))?, &mut last)?;
+            for key in self.markers(mask) {
+                row = row.with(key, Tensor::scalar(0u8));
+            }
+            rows.push(row);
+        }
+        let mut replaced = Vec::new();
+        let slots = {
+            let mut entries = self.lock()?;
+            let capacity = self.buf.capacity();
+            let free = capacity - self.buf.len();
+            if n > free {
+                return Err(BufferFull::new_err(format!(
+                    "cannot put {n} samples: {free} of {capacity} slots are free \
+                     (raise max_size, as REAL_MASTER_BUFFER_SIZE does in AReaL)"
+                )));
+            }
+            let handles = now(self.buf.try_put_batch(rows))?;
+            let reads = self.rpcs.len() as u32;
+            for (h, sample) in handles.iter().zip(&samples) {
+                let slot = h.slot() as usize;
+                replaced.push(entries.samples[slot].replace(sample.clone().unbind()));
+                entries.generation[slot] = h.generation();
+                entries.reads_left[slot] = reads;
+            }
+            handles
+        };
+        drop(replaced);
+        Ok(PyArray1::from_iter(
+            py,
+            slots.iter().map(|h| i64::from(h.slot())),
+        ))
+    }
+
+    /// Merges `samples[j]` into the entry at `indices[j]` (`update_`); the entries become
+    /// ready for the MFCs whose input keys they now hold. `StaleHandle` for a slot with no
+    /// entry, `ValueError` for ids that differ; either before anything changes.
+    fn amend(
+        &self,
+        py: Python<'_>,
+        indices: PyReadonlyArray1<'_, i64>,
+        samples: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let indices = indices.as_array();
+        let others = samples.try_iter()?.collect::<PyResult<Vec<_>>>()?;
+        if indices.len() != others.len() {
+            return Err(PyValueError::new_err(format!(
+                "{} samples for {} indices",
+                others.len(),
+                indices.len()
+            )));
+        }
+        let (handles, stored) = {
+            let entries = self.lock()?;
+            let mut handles = Vec::with_capacity(others.len());
+            let mut stored = Vec::with_capacity(others.len());
+            for &i in indices.iter() {
+                let entry = usize::try_from(i)
+                    .ok()
+                    .filter(|&s| s < entries.samples.len() && entries.reads_left[s] > 0)
+                    .and_then(|s| Some((s, entries.samples[s].as_ref()?)));
+                let Some((slot, sample)) = entry else {
+                    return Err(StaleHandle::new_err(format!(
+                        "slot {i} holds no entry (it was freed or never put)"
+                    )));
+                };
+                handles.push(SlotHandle::new(slot as u32, entries.generation[slot]));
+                stored.push(sample.bind(py).clone());
+            }
+            (handles, stored)
+        };
+        let mut masks = Vec::with_capacity(others.len());
+        let mut last = None;
+        for ((i, entry), other) in indices.iter().zip(&stored).zip(&others) {
+            check_ids(*i, entry, other)?;
+            masks.push(self.mask_of(other.getattr(intern!(py, "keys"))?, &mut last)?);
+        }
+        let (handles, patches): (Vec<SlotHandle>, Vec<Patch>) = handles
+            .into_iter()
+            .zip(&masks)
+            .filter(|(_, &mask)| mask != 0)
+            .map(|(h, &mask)| {
+                let patch = self
+                    .markers(mask)
+                    .fold(Patch::new(), |p, key| p.with(key, Tensor::scalar(0u8)));
+                (h, patch)
+            })
+            .unzip();
+        if !handles.is_empty() {
+            let _entries = self.lock()?;
+            now(self.buf.amend_batch(&handles, patches))?;
+        }
+        let own = self.sample_type.bind(py);
+        for (entry, other) in stored.iter().zip(&others) {
+            if entry.get_type().is(own) && other.get_type().is(own) && merge(entry, other)? {
+                continue;
+            }
+            match entry.getattr_opt(intern!(py, "update_"))? {
+                Some(update) => update.call1((other,))?,
+                None => own.getattr(intern!(py, "update_"))?.call1((entry, other))?,
+            };
+        }
+        Ok(())
+    }
+
+    /// A batch for MFC number `rpc` if one is ready: its slots (int64, oldest birth first)
+    /// and either the stand-in's gather of its samples over `keys` (`gathered` true) or the
+    /// samples' list, for their own class's gather. The read is done: the last MFC's read
+    /// frees the slots.
+    fn try_get<'py>(
+        &self,
+        py: Python<'py>,
+        rpc: usize,
+        keys: Vec<Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Read<'py>>> {
+        let name = self
+            .rpcs
+            .get(rpc)
+            .ok_or_else(|| PyValueError::new_err(format!("no MFC number {rpc}")))?;
+        let mut freed = Vec::new();
+        let (slots, samples) = {
+            let mut entries = self.lock()?;
+            let Some(batch) = self.buf.try_get_batch_for_rpc(name).map_err(py_err)? else {
+                return Ok(None);
+            };
+            let slots: Vec<usize> = batch.handles().iter().map(|h| h.slot() as usize).collect();
+            let samples = slots
+                .iter()
+                .map(|&s| {
+                    entries.samples[s]
+                        .as_ref()
+                        .map(|o| o.bind(py).clone())
+                        .ok_or_else(|| {
+                            BufferError::new_err(format!("slot {s} was read with no sample"))
+                        })
+                })
+                .collect::<PyResult<Vec<_>>>()?;
+            now(batch.commit())?;
+            for &s in &slots {
+                entries.reads_left[s] -= 1;
+                if entries.reads_left[s] == 0 {
+                    freed.push(entries.samples[s].take());
+                }
+            }
+            (slots, samples)
+        };
+        drop(freed);
+        let slots = PyArray1::from_iter(py, slots.iter().map(|&s| s as i64));
+        let own = self.sample_type.bind(py);
+        if samples.iter().all(|s| s.get_type().is(own)) {
+            // Served to this MFC, so they hold its input keys: no need to check again.
+            if let Some(out) = gather(own, &samples, &keys, false)? {
+                return Ok(Some((slots, out, true)));
+            }
+        }
+        Ok(Some((slots, PyList::new(py, samples)?.into_any(), false)))
+    }
+}
+
+/// A sample's entry id: its id, or its ids joined by `|` when it holds several.
+fn entry_id(sample: &Bound<'_, PyAny>) -> PyResult<SampleId> {
+    let ids = sample.getattr(intern!(sample.py(), "ids"))?;
+    if ids.len()? == 1 {
+        return Ok(SampleId::from(text(&ids.get_item(0)?)?));
+    }
+    let parts = ids
+        .try_iter()?
+        .map(|id| text(&id?))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(SampleId::from(parts.join("|")))
+}
+
+/// `str(obj)`, without a call for what already is a `str`.
+fn text(obj: &Bound<'_, PyAny>) -> PyResult<String> {
+    match obj.cast::<PyString>() {
+        Ok(s) => Ok(s.to_cow()?.into_owned()),
+        Err(_) => Ok(obj.str()?.to_cow()?.into_owned()),
+    }
+}
+
+/// The ids of an amend's sample against its entry's: equal, or equal as `str`.
+fn check_ids(slot: i64, entry: &Bound<'_, PyAny>, other: &Bound<'_, PyAny>) -> PyResult<()> {
+    let py = entry.py();
+    let (mine, theirs) = (
+        entry.getattr(intern!(py, "ids"))?,
+        other.getattr(intern!(py, "ids"))?,
+    );
+    if mine.eq(&theirs)? {
+        return Ok(());
+    }
+    let as_text = |ids: &Bound<'_, PyAny>| -> PyResult<Vec<String>> {
+        ids.try_iter()?.map(|id| text(&id?)).collect()
+    };
+    if as_text(&mine)? == as_text(&theirs)? {
+        return Ok(());
+    }
+    Err(PyValueError::new_err(format!(
+        "slot {slot}: ids {} do not match the entry's {}",
+        PyList::new(py, theirs.try_iter()?.collect::<PyResult<Vec<_>>>()?)?.repr()?,
+        PyList::new(py, mine.try_iter()?.collect::<PyResult<Vec<_>>>()?)?.repr()?,
+    )))
+}
