@@ -336,7 +336,12 @@ impl ArealSlots {
 fn entry_id(sample: &Bound<'_, PyAny>) -> PyResult<SampleId> {
     let ids = sample.getattr(intern!(sample.py(), "ids"))?;
     if ids.len()? == 1 {
-        return Ok(SampleId::from(text(&ids.get_item(0)?)?));
+        let id = ids.get_item(0)?;
+        // A str is read in place (its UTF-8 is cached by Python): one copy, into the id.
+        return match id.cast::<PyString>() {
+            Ok(s) => Ok(SampleId::from(s.to_str()?)),
+            Err(_) => Ok(SampleId::from(id.str()?.to_str()?)),
+        };
     }
     let parts = ids
         .try_iter()?
@@ -348,8 +353,8 @@ fn entry_id(sample: &Bound<'_, PyAny>) -> PyResult<SampleId> {
 /// `str(obj)`, without a call for what already is a `str`.
 fn text(obj: &Bound<'_, PyAny>) -> PyResult<String> {
     match obj.cast::<PyString>() {
-        Ok(s) => Ok(s.to_cow()?.into_owned()),
-        Err(_) => Ok(obj.str()?.to_cow()?.into_owned()),
+        Ok(s) => Ok(s.to_str()?.to_owned()),
+        Err(_) => Ok(obj.str()?.to_str()?.to_owned()),
     }
 }
 

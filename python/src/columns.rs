@@ -326,7 +326,7 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
             // Strings first: a failed integer conversion builds a Python exception, which
             // cost more than the rest of a put of string ids together.
             if let Ok(s) = item.cast::<PyString>() {
-                Ok(SampleId::from(&*s.to_cow()?))
+                Ok(SampleId::from(s.to_str()?))
             } else if let Ok(n) = item.extract::<u64>() {
                 Ok(SampleId::from(n))
             } else {

@@ -94,7 +94,7 @@ pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
         .ok_or_else(|| PyValueError::new_err("a sample needs an \"id\""))?;
     // Strings first: a failed integer conversion costs a Python exception.
     let mut sample = match id.cast::<PyString>() {
-        Ok(s) => Sample::new(&*s.to_cow()?),
+        Ok(s) => Sample::new(s.to_str()?),
         Err(_) => Sample::new(id.extract::<u64>()?),
     };
     for (k, v) in dict.iter() {

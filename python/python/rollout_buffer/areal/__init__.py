@@ -71,6 +71,7 @@ class AsyncIOSequenceBuffer:
             raise ValueError(f"duplicate MFC names in {names}")
         self._rpcs = list(rpcs)
         self._rpc_names = names
+        self._rpc_index = {name: i for i, name in enumerate(names)}
         # Slots, readiness, order and freeing in Rust, with the samples kept by slot
         # beside them (AReaL's `rpc_data_keys`, the MFCs' input keys, decide readiness).
         self._slots = _ArealSlots(
@@ -192,14 +193,18 @@ class AsyncIOSequenceBuffer:
         the oldest, and returns ``(indices, SequenceSample.gather(samples,
         keys=rpc.input_keys))``. The read is done when this returns: the last MFC's read
         frees the slots. ``ValueError`` for an MFC not given to the constructor."""
-        try:
-            r = self._rpc_names.index(rpc.name)
-        except ValueError:
-            raise ValueError(f"{rpc.name!r} is not one of this buffer's MFCs {self._rpc_names}") from None
+        r = self._rpc_index.get(rpc.name)
+        if r is None:
+            raise ValueError(f"{rpc.name!r} is not one of this buffer's MFCs {self._rpc_names}")
         if int(rpc.n_seqs) != int(self._rpcs[r].n_seqs):
             raise ValueError(
                 f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
             )
         keys = list(rpc.input_keys)
-        slots, samples, gathered = await self._next_batch(r, rpc.name, keys, timeout)
+        # A batch ready now is taken without the waiting machinery (which asks again after
+        # taking its event, so a wake-up in between is not lost).
+        batch = self._slots.try_get(r, keys)
+        if batch is None:
+            batch = await self._next_batch(r, rpc.name, keys, timeout)
+        slots, samples, gathered = batch
         return slots, samples if gathered else gather(samples, keys=keys)

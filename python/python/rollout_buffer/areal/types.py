@@ -84,9 +84,9 @@ def build_graph(nodes: Sequence[MFCDef]) -> Sequence[MFCDef]:
     return nodes
 
 
-# Fields in slots (Python >= 3.10), not in a per-object dict: a buffer reads a few fields of
-# many samples, and a slot read touches the object's own memory only.
-@dataclass(eq=False, **({"slots": True} if sys.version_info >= (3, 10) else {}))
+# Fields in slots, not in a per-object dict: a buffer reads a few fields of many samples, and
+# a slot read touches the object's own memory only.
+@dataclass(eq=False, slots=True)
 class SequenceSample:
     """AReaL's ``SequenceSample`` (see the module docs)."""
 
