@@ -261,10 +261,8 @@ impl ArealSlots {
                 (h, patch)
             })
             .unzip();
-        if !handles.is_empty() {
-            let _entries = self.lock()?;
-            now(self.buf.amend_batch(&handles, patches))?;
-        }
+        // The samples first, then the buffer: once the buffer has the markers, the entries
+        // may be read (from another thread too), and they must hold the keys by then.
         let own = self.sample_type.bind(py);
         for (entry, other) in stored.iter().zip(&others) {
             if entry.get_type().is(own) && other.get_type().is(own) && merge(entry, other)? {
@@ -274,6 +272,10 @@ impl ArealSlots {
                 Some(update) => update.call1((other,))?,
                 None => own.getattr(intern!(py, "update_"))?.call1((entry, other))?,
             };
+        }
+        if !handles.is_empty() {
+            let _entries = self.lock()?;
+            now(self.buf.amend_batch(&handles, patches))?;
         }
         Ok(())
     }

@@ -117,7 +117,9 @@ pub(crate) fn gather<'py>(
         for (k, out) in keys.iter().zip(seqlens.iter_mut()) {
             extend(out, &lens.get_item(k)?)?;
         }
-        all_data &= !s.getattr(intern!(py, "data"))?.is_none();
+        // Once one sample has no data, the others' do not matter (metadata-only samples, the
+        // usual case, are read once each).
+        all_data = all_data && !s.getattr(intern!(py, "data"))?.is_none();
         let meta = s.getattr(intern!(py, "metadata"))?;
         if meta.is_truthy()? {
             // Another mapping type: left to the Python method.

@@ -472,3 +472,27 @@ def test_ids_are_checked_before_an_amend_changes_anything():
         assert got.ids == ["7", "8"] and buf.size == 0
 
     run(go())
+
+
+def test_an_update_that_raises_leaves_the_entries_unready():
+    """The samples are merged before the buffer learns their new keys: an ``update_`` that
+    raises part-way leaves no entry ready for a key it does not hold."""
+
+    class Fussy(Sample):
+        def update_(self, other):
+            if other.ids == ["b"]:
+                raise RuntimeError("refused")
+            super().update_(other)
+
+    async def go():
+        gen, train = Mfc("gen", 2, ["p"], ["x"]), Mfc("train", 2, ["x"])
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        idx = await buf.put_batch([Fussy("a", ["p"]), Fussy("b", ["p"])])
+        await buf.get_batch_for_rpc(gen)
+        with pytest.raises(RuntimeError, match="refused"):
+            await buf.amend_batch(idx, [Sample("a", ["x"]), Sample("b", ["x"])])
+        with pytest.raises(Timeout):
+            await buf.get_batch_for_rpc(train, timeout=0.01)
+        assert buf.size == 2
+
+    run(go())
