@@ -496,3 +496,54 @@ def test_an_update_that_raises_leaves_the_entries_unready():
         assert buf.size == 2
 
     run(go())
+
+
+def test_threads_each_with_an_event_loop_share_one_buffer():
+    """The producer, each MFC's consumer and the trainer run in four threads, each with
+    its own event loop, on one buffer of the module's stand-ins (the native merge and
+    gather): every sample is trained once with every key, and nothing deadlocks."""
+    gen, rew, train = build_graph([
+        MFCDef("gen", 16, ["p"], ["x"]), MFCDef("rew", 16, ["x"], ["r"]), MFCDef("train", 16, ["x", "r"]),
+    ])
+    buf = AsyncIOSequenceBuffer([gen, rew, train], 64)
+    total, trained, errors = 1024, [], []
+
+    def one(i, key):
+        return SequenceSample(keys={key}, ids=[f"t{i}"], seqlens={key: [[i % 7 + 1]]})
+
+    async def producer():
+        for start in range(0, total, 16):
+            while True:
+                try:
+                    await buf.put_batch([one(i, "p") for i in range(start, start + 16)])
+                    break
+                except BufferFull:
+                    await asyncio.sleep(0.0005)
+
+    async def stage(rpc, key):
+        for _ in range(total // 16):
+            idx, got = await buf.get_batch_for_rpc(rpc, timeout=20)
+            await buf.amend_batch(idx, [one(int(i[1:]), key) for i in got.ids])
+
+    async def trainer():
+        for _ in range(total // 16):
+            _, got = await buf.get_batch_for_rpc(train, timeout=20)
+            assert got.keys == {"x", "r"}
+            assert got.seqlens["x"] == got.seqlens["r"] == [[int(i[1:]) % 7 + 1] for i in got.ids]
+            trained.extend(got.ids)
+
+    def in_thread(coro):
+        def target():
+            try:
+                asyncio.run(coro)
+            except BaseException as e:  # reported below, in the test's thread
+                errors.append(e)
+        return threading.Thread(target=target)
+
+    threads = [in_thread(c) for c in (producer(), stage(gen, "x"), stage(rew, "r"), trainer())]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and errors == []
+    assert sorted(trained) == sorted(f"t{i}" for i in range(total)) and buf.size == 0
