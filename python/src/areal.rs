@@ -314,8 +314,11 @@ impl ArealSlots {
                 .collect::<PyResult<Vec<_>>>()?;
             now(batch.commit())?;
             for &s in &slots {
-                entries.reads_left[s] -= 1;
-                if entries.reads_left[s] == 0 {
+                // Each MFC reads an entry once (the buffer's reads per RPC), so the count
+                // reaches 0 exactly at the buffer's last read, which frees the slot.
+                let left = entries.reads_left[s].saturating_sub(1);
+                entries.reads_left[s] = left;
+                if left == 0 {
                     freed.push(entries.samples[s].take());
                 }
             }

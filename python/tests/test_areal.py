@@ -547,3 +547,54 @@ def test_threads_each_with_an_event_loop_share_one_buffer():
         t.join(60)
     assert not any(t.is_alive() for t in threads) and errors == []
     assert sorted(trained) == sorted(f"t{i}" for i in range(total)) and buf.size == 0
+
+
+def test_random_amends_and_reads_match_the_python_methods():
+    """Random stand-in samples (keys, metadata, data on some) put, amended and read through
+    the drop-in, against a shadow copy merged by the Python ``update_`` and gathered by
+    the Python ``_gather``: the same result every time."""
+    import copy
+    import random
+
+    rng = random.Random(7)
+    keys = ["p", "x", "r", "v"]
+
+    def make(i, ks, data):
+        ks = sorted(ks)
+        return SequenceSample(
+            keys=set(ks), ids=[f"q{i}"], seqlens={k: [[rng.randint(1, 9)]] for k in ks},
+            trailing_shapes={k: rng.choice([(), (2,)]) for k in ks},
+            dtypes={k: rng.choice([None, "f32"]) for k in ks},
+            data={k: np.arange(rng.randint(1, 4)) for k in ks} if data else None,
+            metadata={m: [rng.randint(0, 9)] for m in rng.sample(["a", "b"], rng.randint(0, 2))},
+        )
+
+    async def go():
+        mfcs = build_graph([MFCDef("gen", 4, ["p"], ["x"]), MFCDef("rew", 4, ["x"], ["r", "v"]),
+                            MFCDef("train", 4, ["x", "r"])])
+        buf = AsyncIOSequenceBuffer(mfcs, 16)
+        for round_ in range(40):
+            base = round_ * 4
+            # Data on every sample of a round, or on none (a gather concatenates each key's
+            # data only when every sample has some).
+            data = rng.random() < 0.25
+            stored = [make(base + j, ["p"] + rng.sample(["v"], rng.randint(0, 1)), data) for j in range(4)]
+            shadow = copy.deepcopy(stored)
+            idx = await buf.put_batch(stored)
+            for rpc, out_keys in ((mfcs[0], ["x"]), (mfcs[1], ["r", "v"]), (mfcs[2], None)):
+                got_idx, got = await buf.get_batch_for_rpc(rpc)
+                assert got_idx.tolist() == idx.tolist()
+                want = SequenceSample._gather(shadow, list(rpc.input_keys))
+                assert _fields(got) == _fields(want)
+                if out_keys is None:
+                    continue
+                # The MFC's first output key always, the others on some samples.
+                outs = [make(base + j, out_keys[:1] + rng.sample(out_keys[1:], rng.randint(0, len(out_keys) - 1)), data)
+                        for j in range(4)]
+                for s, o in zip(shadow, copy.deepcopy(outs)):
+                    s.update_(o)
+                await buf.amend_batch(idx, outs)
+                assert [_fields(s) for s in stored] == [_fields(s) for s in shadow]
+        assert buf.size == 0
+
+    run(go())
