@@ -85,6 +85,19 @@ impl ArealSlots {
         Ok(mask)
     }
 
+    /// `BufferFull` unless `n` slots are free.
+    fn check_room(&self, n: usize) -> PyResult<()> {
+        let capacity = self.buf.capacity();
+        let free = capacity.saturating_sub(self.buf.len());
+        if n <= free {
+            return Ok(());
+        }
+        Err(BufferFull::new_err(format!(
+            "cannot put {n} samples: {free} of {capacity} slots are free \
+             (raise max_size, as REAL_MASTER_BUFFER_SIZE does in AReaL)"
+        )))
+    }
+
     fn markers(&self, mask: KeyMask) -> impl Iterator<Item = FieldKey> + '_ {
         self.keys
             .iter()
@@ -166,6 +179,9 @@ impl ArealSlots {
                 births.as_ref().map_or(0, Vec::len)
             )));
         }
+        // Refused before any sample is read: a producer retrying on `BufferFull` (AReaL's
+        // only back-pressure) pays for the check, not for a batch it cannot store.
+        self.check_room(n)?;
         let mut rows = Vec::with_capacity(n);
         let mut last = None;
         for (j, sample) in samples.iter().enumerate() {
@@ -182,14 +198,8 @@ impl ArealSlots {
         let mut replaced = Vec::new();
         let slots = {
             let mut entries = self.lock()?;
-            let capacity = self.buf.capacity();
-            let free = capacity - self.buf.len();
-            if n > free {
-                return Err(BufferFull::new_err(format!(
-                    "cannot put {n} samples: {free} of {capacity} slots are free \
-                     (raise max_size, as REAL_MASTER_BUFFER_SIZE does in AReaL)"
-                )));
-            }
+            // Again under the lock: another thread may have put since.
+            self.check_room(n)?;
             let handles = now(self.buf.try_put_batch(rows))?;
             let reads = self.rpcs.len() as u32;
             for (h, sample) in handles.iter().zip(&samples) {
