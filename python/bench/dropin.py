@@ -9,6 +9,9 @@ of 64 metadata-only samples made before timing, at capacities 1K / 8K / 64K:
 * ``pipeline``: a producer putting 64 at a time (retrying on BufferFull), one consumer
   coroutine per MFC looping get -> ``await asyncio.sleep(0)`` -> amend (gen, reward) with
   outputs made before timing; max(N, 16,384) samples trained; samples trained per second;
+* ``pipeline_floor``: the pipeline through ``FifoFloor``, a FIFO per MFC doing nothing but
+  the samples' own ``gather`` and ``update_``: the ceiling for any buffer with AReaL's API
+  on this machine;
 * ``get_ready``: a full buffer whose samples hold every key, drained by gets round-robin
   over the MFCs; microseconds per get call (p50).
 
@@ -28,7 +31,7 @@ import json
 import statistics
 import time
 
-from collections import defaultdict
+from collections import defaultdict, deque
 
 import numpy as np
 
@@ -77,7 +80,44 @@ def put_case(capacity):
     return asyncio.run(go())
 
 
-def pipeline_case(capacity):
+class FifoFloor:
+    """The least any buffer with AReaL's API can do for the pipeline workload: a FIFO queue
+    per MFC in chain order, with no slots, readiness, ordering or checks; only the samples'
+    own ``gather`` and ``update_``. Its rate is the ceiling for this workload on this
+    machine, whatever the buffer."""
+
+    def __init__(self, rpcs, capacity):
+        self.rpcs, self.capacity, self.size = list(rpcs), capacity, 0
+        self.queues = {r.name: deque() for r in self.rpcs}
+        self.next = {a.name: b.name for a, b in zip(self.rpcs, self.rpcs[1:])}
+        self.changed = asyncio.Event()
+
+    async def put_batch(self, samples):
+        if self.size + len(samples) > self.capacity:
+            raise BufferFull(f"{self.size} of {self.capacity} held")
+        self.size += len(samples)
+        self.queues[self.rpcs[0].name].extend(samples)
+        self.changed.set()
+
+    async def get_batch_for_rpc(self, rpc):
+        queue = self.queues[rpc.name]
+        while len(queue) < rpc.n_seqs:
+            self.changed.clear()
+            await self.changed.wait()
+        got = [queue.popleft() for _ in range(rpc.n_seqs)]
+        if rpc.name not in self.next:
+            self.size -= len(got)
+        return (rpc.name, got), SequenceSample.gather(got, keys=list(rpc.input_keys))
+
+    async def amend_batch(self, handle, samples):
+        name, entries = handle
+        for entry, sample in zip(entries, samples):
+            entry.update_(sample)
+        self.queues[self.next[name]].extend(entries)
+        self.changed.set()
+
+
+def pipeline_case(capacity, make=None):
     gen, reward, train = mfcs()
     total = max(16_384, capacity)
     batches = [[sample(b * BATCH + i, ["packed_prompts"]) for i in range(BATCH)] for b in range(total // BATCH)]
@@ -90,7 +130,7 @@ def pipeline_case(capacity):
     }
 
     async def go():
-        buf = AsyncIOSequenceBuffer([gen, reward, train], capacity)
+        buf = (make or AsyncIOSequenceBuffer)([gen, reward, train], capacity)
         trained = 0
 
         async def producer():
@@ -237,6 +277,7 @@ def main():
         for case, fn, unit in (
             ("put", put_case, "samples_per_s"),
             ("pipeline", pipeline_case, "samples_per_s"),
+            ("pipeline_floor", lambda c: pipeline_case(c, FifoFloor), "samples_per_s"),
             ("get_ready", get_ready_case, "us_per_get"),
         ):
             runs = [fn(capacity) for _ in range(args.repeat)]
@@ -246,6 +287,11 @@ def main():
             if case == "get_ready" and "get_ready_us" in ref:
                 line["areal_us_per_get"] = ref["get_ready_us"]
                 line["speedup"] = round(ref["get_ready_us"] / value, 1)
+            elif case == "pipeline_floor" and "pipeline" in ref:
+                # No buffer: the samples' own work and the event loop's, the ceiling for
+                # any buffer with this API.
+                line["areal_samples_per_s"] = ref["pipeline"]
+                line["speedup"] = round(value / ref["pipeline"], 1)
             elif case in ref:
                 line["areal_samples_per_s"] = ref[case]
                 line["speedup"] = round(value / ref[case], 1)
