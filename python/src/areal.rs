@@ -293,12 +293,16 @@ impl ArealSlots {
     /// A batch for MFC number `rpc` if one is ready: its slots (int64, oldest birth first)
     /// and either the stand-in's gather of its samples over `keys` (`gathered` true) or the
     /// samples' list, for their own class's gather. The read is done: the last MFC's read
-    /// frees the slots.
+    /// frees the slots. `served` says the MFC's declared inputs include `keys`, so the
+    /// samples hold them (the buffer served them for those inputs) and the gather need not
+    /// check.
+    #[pyo3(signature = (rpc, keys, served=false))]
     fn try_get<'py>(
         &self,
         py: Python<'py>,
         rpc: usize,
         keys: Vec<Bound<'py, PyAny>>,
+        served: bool,
     ) -> PyResult<Option<Read<'py>>> {
         let name = self
             .rpcs
@@ -338,8 +342,7 @@ impl ArealSlots {
         let slots = PyArray1::from_iter(py, slots.iter().map(|&s| s as i64));
         let own = self.sample_type.bind(py);
         if samples.iter().all(|s| s.get_type().is(own)) {
-            // Served to this MFC, so they hold its input keys: no need to check again.
-            if let Some(out) = gather(own, &samples, &keys, false)? {
+            if let Some(out) = gather(own, &samples, &keys, !served)? {
                 return Ok(Some((slots, out, true)));
             }
         }

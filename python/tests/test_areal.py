@@ -598,3 +598,20 @@ def test_random_amends_and_reads_match_the_python_methods():
         assert buf.size == 0
 
     run(go())
+
+
+def test_a_get_gathers_the_keys_of_the_mfc_passed_in():
+    """AReaL decides readiness by the constructor's MFCs and gathers the keys of the MFC
+    object passed in: a key the entries lack is the stand-in gather's KeyError."""
+
+    async def go():
+        gen = MFCDef("gen", 2, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], 4)
+        await buf.put_batch([_standin(i, ["p", "v"]) for i in range(2)])
+        _, got = await buf.get_batch_for_rpc(MFCDef("gen", 2, ["p", "v"]))
+        assert got.keys == {"p", "v"} and len(got.seqlens["v"]) == 2
+        await buf.put_batch([_standin(i, ["p"]) for i in range(2, 4)])
+        with pytest.raises(KeyError, match=r"sample \['s2'\] has no key\(s\) \['v'\]"):
+            await buf.get_batch_for_rpc(MFCDef("gen", 2, ["p", "v"]))
+
+    run(go())

@@ -72,6 +72,7 @@ class AsyncIOSequenceBuffer:
         self._rpcs = list(rpcs)
         self._rpc_names = names
         self._rpc_index = {name: i for i, name in enumerate(names)}
+        self._inputs = [frozenset(r.input_keys) for r in rpcs]
         # Slots, readiness, order and freeing in Rust, with the samples kept by slot
         # beside them (AReaL's `rpc_data_keys`, the MFCs' input keys, decide readiness).
         self._slots = _ArealSlots(
@@ -146,7 +147,7 @@ class AsyncIOSequenceBuffer:
         if len(array):
             self._wake()
 
-    async def _next_batch(self, r: int, name: str, keys: List[str], timeout: Optional[float]):
+    async def _next_batch(self, r: int, name: str, keys: List[str], served: bool, timeout: Optional[float]):
         """A batch for MFC ``name`` once one is ready (``Timeout`` after ``timeout``
         seconds). The event is taken before the buffer is asked, so a put or amend landing
         in between sets the event being waited on: no wake-up is lost."""
@@ -157,7 +158,7 @@ class AsyncIOSequenceBuffer:
                 changed = self._waiting.get(loop)
                 if changed is None:
                     changed = self._waiting[loop] = asyncio.Event()
-            batch = self._slots.try_get(r, keys)
+            batch = self._slots.try_get(r, keys, served)
             if batch is not None:
                 return batch
             if deadline is None:
@@ -201,10 +202,13 @@ class AsyncIOSequenceBuffer:
                 f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
             )
         keys = list(rpc.input_keys)
+        # Keys the constructor's MFC declares are held by whatever the buffer serves it;
+        # others (AReaL gathers the keys of the MFC passed in) are checked by the gather.
+        served = self._inputs[r].issuperset(keys)
         # A batch ready now is taken without the waiting machinery (which asks again after
         # taking its event, so a wake-up in between is not lost).
-        batch = self._slots.try_get(r, keys)
+        batch = self._slots.try_get(r, keys, served)
         if batch is None:
-            batch = await self._next_batch(r, rpc.name, keys, timeout)
+            batch = await self._next_batch(r, rpc.name, keys, served, timeout)
         slots, samples, gathered = batch
         return slots, samples if gathered else gather(samples, keys=keys)
