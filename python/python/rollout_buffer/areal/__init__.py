@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Iterable, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
