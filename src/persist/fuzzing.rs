@@ -31,7 +31,7 @@ pub fn log_group(bytes: &[u8]) {
         }
     }
     let _ = state.decode_all();
-    let _ = state.take_unarchived();
+    let _ = state.unarchived_samples();
 }
 
 /// One encoded sample, skipped then decoded, and one encoded log record.

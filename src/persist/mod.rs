@@ -41,6 +41,7 @@ mod archive_schema;
 mod archiver;
 mod buffer_pool;
 mod checkpoint;
+mod checkpointer;
 mod codec;
 mod config;
 #[cfg(feature = "fuzzing")]

@@ -8,6 +8,7 @@
 use super::archive::{ArchiveWriter, ArchivedSample};
 use super::archiver::{ArchiveOptions, Archiver};
 use super::checkpoint::{self, StoredConfig, StoredRpc};
+use super::checkpointer::Checkpointer;
 use super::recover::recover;
 use super::spill::ParquetSpill;
 use super::state::{Body, DurableState};
@@ -255,31 +256,44 @@ impl SequenceBuffer {
             checkpoint_size = m.bytes;
             skipped.clear();
         }
+        // The samples still waiting for the archive, which stay in the state too.
+        let waiting = match archive {
+            Some(_) => {
+                let read_by: Vec<String> = config
+                    .rpcs
+                    .iter()
+                    .flat_map(|d| std::iter::repeat_n(d.name.clone(), d.reads as usize))
+                    .collect();
+                unarchived_rows(&store, &mut recovered.state, &read_by).await?
+            }
+            None => Vec::new(),
+        };
+        let next_archive_batch = recovered.state.next_archive_batch;
+        // What the store holds now, the image the log writer keeps up to date (its
+        // samples are the ones the buffer gets: shared, not copied).
+        let checkpoints = Checkpointer::start(
+            store.clone(),
+            stored_config,
+            recovered.state,
+            number,
+            options.checkpoint_bytes,
+            checkpoint_size,
+        )?;
         let wal = Wal::start(WriterSetup {
             store: store.clone(),
             durability: options.durability,
             seq: recovered.next_seq,
             abandoned: skipped,
-            manifest: number,
-            config: stored_config,
-            checkpoint_bytes: options.checkpoint_bytes,
-            checkpoint_size,
+            checkpoints,
             max_backlog: options.max_backlog,
-            archiving: archive.is_some(),
         })?;
         let journal: Arc<dyn Journal> = Arc::new(wal);
         if let Some(archive) = archive {
-            let read_by: Vec<String> = config
-                .rpcs
-                .iter()
-                .flat_map(|d| std::iter::repeat_n(d.name.clone(), d.reads as usize))
-                .collect();
-            let waiting = unarchived_rows(&store, &mut recovered.state, &read_by).await?;
             let archiver = Archiver::start_logged(
                 ArchiveWriter::new(store.clone()),
                 archive,
                 Arc::clone(&journal),
-                recovered.state.next_archive_batch,
+                next_archive_batch,
                 waiting,
             )?;
             config = config.freed_sink(archiver);
@@ -304,7 +318,7 @@ async fn unarchived_rows(
         detail,
         source: None,
     };
-    let waiting = state.take_unarchived().map_err(undecodable)?;
+    let waiting = state.unarchived_samples().map_err(undecodable)?;
     let spill = ParquetSpill::new(store.clone());
     let mut rows = Vec::with_capacity(waiting.len());
     for (sample, parts, reason, batch) in waiting {

@@ -7,15 +7,15 @@
 //! or a warning under lenient recovery. Nothing here panics on what it reads.
 //!
 //! Recovery streams: it reads, decodes and applies one group at a time, so it holds one
-//! group besides the state (the log writer's checkpoints recover the whole log since the
-//! last one, often hundreds of megabytes). Whether a group is abandoned is only known for
+//! group besides the state (the log since the last checkpoint can be hundreds of
+//! megabytes). Whether a group is abandoned is only known for
 //! sure once every later group is read, but a group is only ever declared abandoned after
 //! its write failed, so the streaming pass gives up at the first sign of a failure (a
 //! declaration naming a group it applied, a gap not known to be abandoned, a damaged group
 //! before the last) and recovery starts over with a pass that reads every group before it
 //! applies any.
 
-use super::checkpoint::{self, Manifest, StoredConfig};
+use super::checkpoint::{self, Manifest};
 use super::log::{decode_group, log_path};
 use super::state::DurableState;
 use super::store::Store;
@@ -41,42 +41,15 @@ pub(crate) struct Recovered {
 /// Recovers everything the store holds; `archiving` keeps freed samples until a logged
 /// `Archived` says their rows are on storage.
 pub(crate) async fn recover(store: &Store, lenient: bool, archiving: bool) -> Result<Recovered> {
-    recover_until(store, lenient, archiving, u64::MAX, &[]).await
-}
-
-/// Writes checkpoint `number` of the log before group `log_from`, recovered (strictly)
-/// from the store: the log writer's background checkpoint. `abandoned` are groups whose
-/// write failed and that no stored group declares abandoned yet.
-pub(crate) async fn checkpoint_until(
-    store: &Store,
-    log_from: u64,
-    number: u64,
-    config: &StoredConfig,
-    abandoned: &[u64],
-    archiving: bool,
-) -> Result<Manifest> {
-    let recovered = recover_until(store, false, archiving, log_from, abandoned).await?;
-    checkpoint::write(store, &recovered.state, log_from, number, config).await
-}
-
-/// Recovers the checkpoint and the log groups before `until`, ignoring the groups in
-/// `abandoned` besides those the log itself declares abandoned.
-async fn recover_until(
-    store: &Store,
-    lenient: bool,
-    archiving: bool,
-    until: u64,
-    abandoned: &[u64],
-) -> Result<Recovered> {
-    if let Some(recovered) = streaming(store, lenient, archiving, until, abandoned).await? {
+    if let Some(recovered) = streaming(store, lenient, archiving).await? {
         return Ok(recovered);
     }
     tracing::debug!("log holds abandoned or damaged groups: recovering with a full pass");
-    full_pass(store, lenient, archiving, until, abandoned).await
+    full_pass(store, lenient, archiving).await
 }
 
 /// What recovery starts from: the checkpoint (loaded, its manifest and state) and the log
-/// files after it, before `until`, in sequence order.
+/// files after it, in sequence order.
 struct Start {
     loaded: checkpoint::Loaded,
     manifest: Option<Manifest>,
@@ -85,7 +58,7 @@ struct Start {
     files: Vec<(u64, String)>,
 }
 
-async fn start(store: &Store, lenient: bool, archiving: bool, until: u64) -> Result<Start> {
+async fn start(store: &Store, lenient: bool, archiving: bool) -> Result<Start> {
     let mut loaded = checkpoint::load(store, lenient).await?;
     let (manifest, mut state) = match loaded.checkpoint.take() {
         Some((m, s)) => (Some(m), s),
@@ -97,8 +70,7 @@ async fn start(store: &Store, lenient: bool, archiving: bool, until: u64) -> Res
         state.unarchived.clear();
     }
     let log_from = manifest.as_ref().map_or(0, |m| m.log_from);
-    let mut files = checkpoint::log_files(store, log_from).await?;
-    files.retain(|&(seq, _)| seq < until);
+    let files = checkpoint::log_files(store, log_from).await?;
     Ok(Start {
         loaded,
         manifest,
@@ -110,22 +82,16 @@ async fn start(store: &Store, lenient: bool, archiving: bool, until: u64) -> Res
 
 /// Recovery one group at a time; `None` when the log shows a failed write (see the module
 /// docs), for [`full_pass`] to recover from.
-async fn streaming(
-    store: &Store,
-    lenient: bool,
-    archiving: bool,
-    until: u64,
-    abandoned: &[u64],
-) -> Result<Option<Recovered>> {
+async fn streaming(store: &Store, lenient: bool, archiving: bool) -> Result<Option<Recovered>> {
     let Start {
         loaded,
         manifest,
         mut state,
         log_from,
         files,
-    } = start(store, lenient, archiving, until).await?;
+    } = start(store, lenient, archiving).await?;
     let last = files.last().map(|(seq, _)| *seq);
-    let mut declared: BTreeSet<u64> = abandoned.iter().copied().collect();
+    let mut declared: BTreeSet<u64> = BTreeSet::new();
     let (mut applied, mut skipped) = (Vec::new(), Vec::new());
     let mut expected = log_from;
     for (seq, path) in files {
@@ -201,20 +167,14 @@ fn finish(
 
 /// Recovery that reads and decodes every group before it applies any, so that a group a
 /// later one declares abandoned is never applied.
-async fn full_pass(
-    store: &Store,
-    lenient: bool,
-    archiving: bool,
-    until: u64,
-    abandoned: &[u64],
-) -> Result<Recovered> {
+async fn full_pass(store: &Store, lenient: bool, archiving: bool) -> Result<Recovered> {
     let Start {
         loaded,
         manifest,
         mut state,
         log_from,
         files,
-    } = start(store, lenient, archiving, until).await?;
+    } = start(store, lenient, archiving).await?;
     let mut groups = Vec::with_capacity(files.len());
     for (seq, path) in files {
         // A file deleted between the listing and the read is a missing group, handled below.
@@ -237,7 +197,6 @@ async fn full_pass(
         .iter()
         .filter_map(|(_, _, g)| g.as_ref().ok())
         .flat_map(|g| g.abandoned.iter().copied())
-        .chain(abandoned.iter().copied())
         .collect();
     let last = groups.last().map(|(seq, _, _)| *seq);
     let mut skipped = Vec::new();

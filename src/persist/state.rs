@@ -10,7 +10,7 @@
 //! completion to apply, a buffer to restore it into): a checkpoint mostly moves samples
 //! from the log into a segment, and copying their bytes costs a fraction of decoding them.
 
-use super::codec::{put_sample, take_sample, Bad, EncodedSample, Reader, Replayed, Writer};
+use super::codec::{put_sample, take_sample, Bad, Reader, Replayed, Writer};
 use crate::buffer::{strike, Record, Restored, SpillPart};
 use crate::exit::ExitReason;
 use crate::sample::{Patch, PrehashedId, Sample, SampleId};
@@ -158,10 +158,26 @@ pub(crate) struct DurableState {
 impl DurableState {
     /// Adds an entry after every other (a later seq); replaces one with the same id.
     pub(crate) fn push(&mut self, entry: Entry) {
+        // Freed entries leave holes; the log writer's image lives as long as its buffer, so
+        // they are squeezed out once they outnumber the live ones (amortised O(1) a push).
+        if self.entries.len() >= 2 * self.index.len() + 4096 {
+            self.compact();
+        }
         if let Some(old) = self.index.insert(entry.id.clone(), self.entries.len()) {
             self.entries[old] = None;
         }
         self.entries.push(Some(entry));
+    }
+
+    /// Drops the holes freed entries left, keeping put order.
+    fn compact(&mut self) {
+        self.entries.retain(Option::is_some);
+        self.index.clear();
+        for (i, e) in self.entries.iter().enumerate() {
+            if let Some(e) = e {
+                self.index.insert(e.id.clone(), i);
+            }
+        }
     }
 
     fn get_mut(&mut self, id: &SampleId) -> Option<&mut Entry> {
@@ -191,12 +207,12 @@ impl DurableState {
     }
 
     /// Adds a sample put now, with the next seq.
-    fn insert(&mut self, e: &EncodedSample) {
+    fn insert(&mut self, id: &SampleId, birth: u64, body: Body) {
         let entry = Entry {
             seq: self.next_seq,
-            id: e.id.clone(),
-            birth: e.birth,
-            body: Body::Encoded(e.bytes.clone()),
+            id: id.clone(),
+            birth,
+            body,
             used: BTreeMap::new(),
             spilled: Vec::new(),
         };
@@ -210,21 +226,20 @@ impl DurableState {
     pub(crate) fn apply(&mut self, record: &Replayed) -> Result<(), Bad> {
         let record = match record {
             Replayed::Put(samples) => {
-                samples.iter().for_each(|e| self.insert(e));
+                for e in samples {
+                    self.insert(&e.id, e.birth, Body::Encoded(e.bytes.clone()));
+                }
                 return Ok(());
             }
             Replayed::Other(record) => record,
         };
         match record {
+            // A put the log writer applies to its image (recovery reads puts as
+            // `Replayed::Put`): the entry shares the buffer's sample.
             Record::Put(samples) => {
                 for s in samples {
-                    let mut w = Writer::default();
-                    put_sample(&mut w, s);
-                    self.insert(&EncodedSample {
-                        id: s.id.clone(),
-                        birth: s.birth.unwrap_or(0),
-                        bytes: w.buf.into(),
-                    });
+                    let body = Body::Decoded(Arc::clone(s));
+                    self.insert(&s.id, s.birth.unwrap_or(0), body);
                 }
             }
             Record::Amend { ids, patches } => {
@@ -298,12 +313,14 @@ impl DurableState {
                 }
             }
             Record::Archiving { batch, ids } => {
-                for id in ids {
-                    let waiting = self
-                        .unarchived
-                        .iter_mut()
-                        .find(|u| u.batch.is_none() && u.entry.id == *id);
-                    if let Some(u) = waiting {
+                // Each id takes the first sample of that id not in a batch yet: one pass
+                // over the waiting samples, however many the batch names.
+                let mut named: HashMap<&SampleId, usize, BuildHasherDefault<PrehashedId>> =
+                    HashMap::default();
+                ids.iter().for_each(|id| *named.entry(id).or_default() += 1);
+                for u in self.unarchived.iter_mut().filter(|u| u.batch.is_none()) {
+                    if let Some(left) = named.get_mut(&u.entry.id).filter(|n| **n > 0) {
+                        *left -= 1;
                         u.batch = Some(*batch);
                     }
                 }
@@ -380,13 +397,14 @@ impl DurableState {
             .collect()
     }
 
-    /// The samples still to archive, decoded, with their reasons and batches (taken out of
-    /// the state: the archiver owns them now).
-    pub(crate) fn take_unarchived(&mut self) -> Result<Vec<Waiting>, Bad> {
+    /// The samples still to archive, decoded, with their reasons and batches, for the
+    /// archiver (they stay in the state until a logged `Archived` says their rows are on
+    /// storage).
+    pub(crate) fn unarchived_samples(&mut self) -> Result<Vec<Waiting>, Bad> {
         let mut out = Vec::with_capacity(self.unarchived.len());
-        for mut u in std::mem::take(&mut self.unarchived) {
+        for u in &mut self.unarchived {
             let sample = Arc::clone(u.entry.sample()?);
-            out.push((sample, u.entry.spilled, u.reason, u.batch));
+            out.push((sample, u.entry.spilled.clone(), u.reason, u.batch));
         }
         Ok(out)
     }
@@ -425,6 +443,40 @@ mod tests {
             .collect()
     }
 
+    /// The holes frees leave are squeezed out as puts go on, keeping put order and every
+    /// id's entry reachable.
+    #[test]
+    fn holes_are_compacted_without_losing_order_or_ids() {
+        let mut state = DurableState::default();
+        let name = |i: usize| format!("s{i}");
+        for i in 0..20_000 {
+            put(&mut state, &name(i));
+            if i % 10 != 0 {
+                let freed = Record::Free {
+                    ids: ids(&[&name(i)]),
+                    reason: ExitReason::Consumed,
+                };
+                apply(&mut state, freed);
+            }
+        }
+        assert!(state.entries.len() < 2 * state.index.len() + 4097);
+        let kept: Vec<String> = state.entries().map(|e| e.id.to_string()).collect();
+        let expected: Vec<String> = (0..20_000).step_by(10).map(name).collect();
+        assert_eq!(kept, expected);
+        let read = Record::Complete {
+            rpc: Arc::from("train"),
+            ids: ids(&["s0", "s19990"]),
+            outputs: None,
+        };
+        apply(&mut state, read);
+        assert_eq!(state.unmatched, 0);
+        let used: Vec<u16> = state
+            .entries()
+            .filter_map(|e| e.used.get("train").copied())
+            .collect();
+        assert_eq!(used, [1, 1]);
+    }
+
     #[test]
     fn freed_samples_wait_until_their_archive_batch_is_written() {
         let mut state = DurableState {
@@ -454,9 +506,25 @@ mod tests {
         assert_eq!(waiting(&state), [("b".into(), None), ("c".into(), None)]);
         assert_eq!(state.unarchived[1].reason, ExitReason::Stale);
         assert_eq!(state.entries().count(), 0);
-        let taken = state.take_unarchived().unwrap_or_default();
-        assert_eq!(taken.len(), 2);
-        assert!(state.unarchived.is_empty());
+        let waiting_samples = state.unarchived_samples().unwrap_or_default();
+        assert_eq!(waiting_samples.len(), 2);
+        assert_eq!(state.unarchived.len(), 2);
+        state.unarchived.clear();
+
+        // An id freed twice (put again after its first free) waits twice; a batch naming
+        // it once takes the first.
+        for _ in 0..2 {
+            put(&mut state, "d");
+            apply(&mut state, free(&["d"], ExitReason::Consumed));
+        }
+        apply(
+            &mut state,
+            Record::Archiving {
+                batch: 7,
+                ids: ids(&["d", "x"]),
+            },
+        );
+        assert_eq!(waiting(&state), [("d".into(), Some(7)), ("d".into(), None)]);
 
         // Without an archive, a free drops the sample at once.
         let mut plain = DurableState::default();

@@ -19,16 +19,12 @@
 //!   write starts. A failed write is retried, same name and bytes, with backoff, before
 //!   anything newer is written, so the log never has a hole.
 //!
-//! Once the log since the last checkpoint outgrows both `checkpoint_bytes` and the last
-//! checkpoint, the writer starts a checkpoint in a separate task: it recovers the state
-//! the stored files hold up to the current group, as `open` would, and writes it out. The
-//! writer keeps no copy of the buffer's contents: that copy's upkeep (a map insert and a
-//! shared sample per logged put) cost the putters two thirds of their throughput, while
-//! reading the files back costs no more than the log written since the last checkpoint.
+//! Each group written goes to the writer's [`Checkpointer`], which keeps an image of what
+//! the log holds and checkpoints it in a separate task once the log has grown enough (see
+//! `checkpointer.rs`). A group whose write failed is never applied to the image.
 
-use super::checkpoint::{Manifest, StoredConfig};
+use super::checkpointer::Checkpointer;
 use super::log::{encode_group, log_path};
-use super::recover::checkpoint_until;
 use super::store::{storage_msg, Store};
 use crate::buffer::{Durable, Journal, JournalFuture, Record};
 use crate::error::{Error, Result, StorageKind};
@@ -84,17 +80,10 @@ pub(crate) struct WriterSetup {
     pub(crate) seq: u64,
     /// Groups the next commit must declare abandoned.
     pub(crate) abandoned: Vec<u64>,
-    /// The next manifest's number.
-    pub(crate) manifest: u64,
-    pub(crate) config: StoredConfig,
-    /// Log bytes after which a checkpoint is considered.
-    pub(crate) checkpoint_bytes: u64,
-    /// Size of the last checkpoint's segments.
-    pub(crate) checkpoint_size: u64,
+    /// The image of the stored contents and its checkpoints.
+    pub(crate) checkpoints: Checkpointer,
     /// Tensor bytes of puts not yet durable above which putters wait.
     pub(crate) max_backlog: u64,
-    /// Whether checkpoints keep freed samples until archived.
-    pub(crate) archiving: bool,
 }
 
 #[derive(Default)]
@@ -313,18 +302,23 @@ async fn remove_failed_group(store: &Store, seq: u64) {
     }
 }
 
+/// Interval mode: a group whose write failed, kept to be retried as it was.
+struct FailedGroup {
+    seq: u64,
+    bytes: Bytes,
+    /// Its records, for the checkpointer once the group is written.
+    records: Vec<Record>,
+    /// The backlog bytes it holds.
+    backlog: u64,
+}
+
 /// The writer's own state besides its setup.
 struct Progress {
-    /// Interval mode: a group that failed, kept to be retried as it was, with the
-    /// backlog bytes it holds.
-    failed: Option<(u64, Bytes, u64)>,
+    failed: Option<FailedGroup>,
     backoff: Duration,
-    /// Log bytes written since the last checkpoint started.
-    log_bytes: u64,
     /// The encoding buffer, kept between groups: a fresh one each time costs more in page
     /// faults (the kernel zeroing new pages) than the encoding itself.
     spare: Vec<u8>,
-    checkpointing: Option<tokio::task::JoinHandle<Result<Manifest>>>,
     /// Flushes whose data is written, answered once no checkpoint runs.
     flushed: Vec<oneshot::Sender<Result<()>>>,
 }
@@ -367,9 +361,7 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
     let mut p = Progress {
         failed: None,
         backoff: Duration::from_millis(10),
-        log_bytes: 0,
         spare: Vec::new(),
-        checkpointing: None,
         flushed: Vec::new(),
     };
     loop {
@@ -379,12 +371,13 @@ async fn run(shared: Arc<WalShared>, mut w: WriterSetup) {
         if matches!(next, Next::Stop) || last {
             break;
         }
-        maybe_checkpoint(&mut w, &mut p).await;
+        // Not while a failed group waits for its retry: it must be part of the log first.
+        if p.failed.is_none() {
+            w.checkpoints.maybe_start(w.seq);
+        }
         answer_flushes(&mut w, &mut p).await;
     }
-    if let Some(h) = p.checkpointing.take() {
-        let _ = h.await;
-    }
+    w.checkpoints.wait().await;
     p.flushed.drain(..).for_each(|f| {
         let _ = f.send(Ok(()));
     });
@@ -410,18 +403,18 @@ async fn commit(
         fail_flushes(taken.flushes, &e);
         Next::Stop
     };
-    if let Some((seq, bytes, backlog)) = p.failed.take() {
-        match write_group(&w.store, seq, &bytes).await {
+    if let Some(failed) = p.failed.take() {
+        match write_group(&w.store, failed.seq, &failed.bytes).await {
             Ok(()) => {
-                p.log_bytes += bytes.len() as u64;
+                w.checkpoints.logged(failed.records, failed.bytes.len());
                 p.backoff = Duration::from_millis(10);
-                shared.settled(backlog);
+                shared.settled(failed.backlog);
             }
             Err(Failure::Conflict(e)) => return stop(taken, e),
             Err(Failure::Store(e)) => {
-                tracing::warn!(error = %e, seq, "log write failed again; retrying");
+                tracing::warn!(error = %e, seq = failed.seq, "log write failed again; retrying");
                 fail_flushes(taken.flushes, &e);
-                p.failed = Some((seq, bytes, backlog));
+                p.failed = Some(failed);
                 requeue(shared, taken.records, taken.callbacks, taken.bytes);
                 if taken.last {
                     tracing::error!("the buffer is gone and the log cannot be written");
@@ -441,19 +434,24 @@ async fn commit(
         match write_group(&w.store, seq, &bytes).await {
             Ok(()) => {
                 w.abandoned.clear();
-                p.log_bytes += bytes.len() as u64;
-                drop(taken.records);
+                taken.callbacks.into_iter().for_each(|f| f(Ok(())));
+                shared.settled(taken.bytes);
+                // After the callbacks: the image's upkeep is not the callers' latency.
+                w.checkpoints.logged(taken.records, bytes.len());
                 if let Ok(buf) = bytes.try_into_mut() {
                     p.spare = Vec::from(buf);
                 }
-                taken.callbacks.into_iter().for_each(|f| f(Ok(())));
-                shared.settled(taken.bytes);
             }
             Err(Failure::Conflict(e)) => return stop(taken, e),
             Err(Failure::Store(e)) if retries => {
                 tracing::warn!(error = %e, seq, "log write failed; retrying");
                 fail_flushes(taken.flushes, &e);
-                p.failed = Some((seq, bytes, taken.bytes));
+                p.failed = Some(FailedGroup {
+                    seq,
+                    bytes,
+                    records: taken.records,
+                    backlog: taken.bytes,
+                });
                 if taken.last {
                     tracing::error!("the buffer is gone and the log cannot be written");
                     return Next::Stop;
@@ -478,18 +476,6 @@ async fn commit(
     Next::Continue
 }
 
-/// Collects a finished checkpoint task.
-fn checkpoint_done(
-    w: &mut WriterSetup,
-    result: std::result::Result<Result<Manifest>, tokio::task::JoinError>,
-) {
-    match result {
-        Ok(Ok(m)) => w.checkpoint_size = m.bytes,
-        Ok(Err(e)) => tracing::warn!(error = %e, "checkpoint failed; the log is kept"),
-        Err(e) => tracing::error!(error = %e, "checkpoint task failed"),
-    }
-}
-
 /// Answers the flushes whose data is written, once no checkpoint is running either: a
 /// flushed buffer leaves its store quiescent, so it can be opened again (after the buffer
 /// is dropped) without racing a checkpoint's deletions.
@@ -497,34 +483,10 @@ async fn answer_flushes(w: &mut WriterSetup, p: &mut Progress) {
     if p.flushed.is_empty() {
         return;
     }
-    if let Some(running) = p.checkpointing.take() {
-        checkpoint_done(w, running.await);
-    }
+    w.checkpoints.wait().await;
     p.flushed.drain(..).for_each(|f| {
         let _ = f.send(Ok(()));
     });
-}
-
-/// Starts a checkpoint once the log since the last one outgrows it (so the work stays
-/// proportional to what is logged) and the configured floor; collects a finished one.
-async fn maybe_checkpoint(w: &mut WriterSetup, p: &mut Progress) {
-    if let Some(done) = p.checkpointing.take_if(|h| h.is_finished()) {
-        checkpoint_done(w, done.await);
-    }
-    // Not while a failed group waits for its retry: it must be part of the log first.
-    let outgrown = p.log_bytes >= w.checkpoint_bytes.max(w.checkpoint_size);
-    if p.checkpointing.is_none() && p.failed.is_none() && outgrown {
-        let (store, config) = (w.store.clone(), w.config.clone());
-        let (log_from, number) = (w.seq, w.manifest);
-        // Failed groups the log does not declare abandoned yet (the next group will).
-        let abandoned = w.abandoned.clone();
-        let archiving = w.archiving;
-        w.manifest += 1;
-        p.log_bytes = 0;
-        p.checkpointing = Some(tokio::spawn(async move {
-            checkpoint_until(&store, log_from, number, &config, &abandoned, archiving).await
-        }));
-    }
 }
 
 /// Puts records back at the front of the queue (the interval writer's retry holds them

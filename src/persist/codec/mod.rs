@@ -18,9 +18,7 @@ mod tests;
 
 #[cfg(any(test, feature = "fuzzing"))]
 pub(crate) use record::take_record;
-pub(crate) use record::{
-    put_parts, put_record, take_parts, take_replayed, EncodedSample, Replayed,
-};
+pub(crate) use record::{put_parts, put_record, take_parts, take_replayed, Replayed};
 
 /// What is wrong with bytes that do not decode.
 pub(crate) type Bad = String;
