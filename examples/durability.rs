@@ -10,6 +10,7 @@
 //! put calls return at, "durable" includes waiting for the log to be on storage
 //! (`flush`). Each figure is the median of five runs (min and max beside it where they
 //! differ much: a checkpoint starting during a run competes for the same two cores).
+//! Between runs it waits for the dropped buffer's background tasks to end.
 
 use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
@@ -71,6 +72,17 @@ async fn put_concurrently(
         h.await.expect("putter");
     }
     start.elapsed()
+}
+
+/// Waits until the dropped buffers' background tasks (the log writer, the checkpoint task
+/// holding an image of the log, which frees the samples last) have ended, so that a run
+/// does not pay for the previous one's teardown; gives up after a minute.
+async fn settle() {
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metrics.num_alive_tasks() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -147,6 +159,8 @@ async fn main() -> Result<(), rollout_buffer::Error> {
         let (c, d) = put_all(&buf, batches(run, n)).await;
         calls.push(rate(n, c));
         durable.push(rate(n, d));
+        drop(buf);
+        settle().await;
     }
     let pct = |v: &[f64]| {
         let mut v: Vec<f64> = v.iter().map(|x| 100.0 * x / mem).collect();
@@ -178,6 +192,8 @@ async fn main() -> Result<(), rollout_buffer::Error> {
             let buf = SequenceBuffer::open(&url, sync_n, rpcs(), opts(Durability::Sync)).await?;
             let d = put_concurrently(&buf, batches(run, sync_n), tasks).await;
             rates.push(rate(sync_n, d));
+            drop(buf);
+            settle().await;
         }
         let r = median(rates);
         println!(
@@ -195,6 +211,7 @@ async fn main() -> Result<(), rollout_buffer::Error> {
     let replay = start.elapsed();
     assert_eq!(buf.len(), n);
     drop(buf);
+    settle().await;
     let start = Instant::now();
     let buf = SequenceBuffer::open(&url, n, rpcs(), opts(Durability::Sync)).await?;
     let from_checkpoint = start.elapsed();
