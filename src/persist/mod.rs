@@ -20,7 +20,8 @@
 //!   (`record.rs`); `log.rs`: log group files.
 //! * `wal.rs`: the buffer's journal ([`Durability`]) and its writer task;
 //!   `state.rs`: the durable contents the log describes; `checkpoint.rs`: segments and
-//!   manifests; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open);
+//!   manifests; `checkpointer.rs`: the writer's checkpoint task, which keeps the state the
+//!   log describes as each group is stored and writes it out as checkpoints; `recover.rs` and `open.rs`: [`SequenceBuffer::open`](crate::SequenceBuffer::open);
 //!   `repair.rs`: [`repair`], salvaging a store strict recovery refuses.
 //! * `spill/`: the Parquet spill segments of a buffer with a memory budget (the buffer's
 //!   `SpillStore`): `encode.rs` writes them, `layout.rs` places their plain chunks (8-byte
