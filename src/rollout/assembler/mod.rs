@@ -257,6 +257,14 @@ impl GroupAssembler {
         self.pending.values().flat_map(|p| p.rollouts.iter())
     }
 
+    /// The rollouts pending in the group `key` (none when no such group is pending).
+    pub fn pending_in(&self, key: &GroupKey) -> impl Iterator<Item = &RolloutRecord> {
+        self.pending
+            .get(key)
+            .into_iter()
+            .flat_map(|p| p.rollouts.iter())
+    }
+
     /// Adds one rollout arriving at `now`.
     ///
     /// # Errors

@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::rollout::assembler::{Added, GroupAssembler};
 use crate::rollout::group::SealedGroup;
 use crate::rollout::record::RolloutRecord;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 /// What [`super::GroupIngest::add_many`] does under the assembler's lock.
@@ -42,6 +42,8 @@ impl Taken {
         let mut watched = Vec::new();
         let mut first: HashMap<String, usize> = HashMap::with_capacity(records.len());
         let mut repeats = Vec::new();
+        // The groups rollouts of this call wait in: only these are read back below.
+        let mut waiting_in = BTreeSet::new();
         for record in records {
             let uid = record.rollout_uid.clone();
             let at = answers.len();
@@ -65,6 +67,9 @@ impl Taken {
                     answers.push(None);
                 }
                 Ok(added @ Added::Pending { .. }) => {
+                    if let Added::Pending { key, .. } = &added {
+                        waiting_in.insert(key.clone());
+                    }
                     pending_here.insert(uid, at);
                     answers.push(Some(Ok(added)));
                 }
@@ -73,12 +78,14 @@ impl Taken {
         }
         watched.extend(pending_here.keys().cloned());
         // Only what is still pending is logged, read from the assembler (which holds the
-        // records now), in input order.
+        // records now), in input order. Only the groups this call added to are read: the
+        // assembler may hold thousands of other pending rollouts.
         let mut writes: Vec<(usize, AuxWrite)> = if pending_here.is_empty() {
             Vec::new()
         } else {
-            assembler
-                .pending()
+            waiting_in
+                .iter()
+                .flat_map(|key| assembler.pending_in(key))
                 .filter_map(|r| {
                     let at = *pending_here.get(&r.rollout_uid)?;
                     let key = pending_key(&r.rollout_uid);
