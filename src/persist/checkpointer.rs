@@ -59,17 +59,6 @@ pub(crate) struct Checkpointer {
     last_size: u64,
 }
 
-impl std::fmt::Debug for Message {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Message::Logged(records) => write!(f, "Logged({} records)", records.len()),
-            Message::Checkpoint {
-                log_from, number, ..
-            } => write!(f, "Checkpoint({number}, log from {log_from})"),
-        }
-    }
-}
-
 impl Checkpointer {
     /// Starts the image task on the current runtime with `state`, what the store holds
     /// before the writer's first group; `last_size` is the size of the store's checkpoint.
@@ -198,6 +187,8 @@ async fn keep_image(
 mod tests {
     //! The image against recovery: for random record sequences, a checkpoint written from
     //! the image, recovered, equals the recovery of the log those records were written to.
+    //! (`expect` here is on fixtures that cannot fail, an in-memory store and a runtime, or
+    //! is the test's own assertion that a recovery succeeds.)
 
     use super::*;
     use crate::buffer::{AuxWrite, SpillPart};

@@ -7,7 +7,7 @@ use super::{members, pending_key};
 use crate::buffer::AuxWrite;
 use crate::error::Result;
 use crate::rollout::assembler::{Added, GroupAssembler};
-use crate::rollout::group::SealedGroup;
+use crate::rollout::group::{GroupKey, SealedGroup};
 use crate::rollout::record::RolloutRecord;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
@@ -42,8 +42,6 @@ impl Taken {
         let mut watched = Vec::new();
         let mut first: HashMap<String, usize> = HashMap::with_capacity(records.len());
         let mut repeats = Vec::new();
-        // The groups rollouts of this call wait in: only these are read back below.
-        let mut waiting_in = BTreeSet::new();
         for record in records {
             let uid = record.rollout_uid.clone();
             let at = answers.len();
@@ -67,9 +65,6 @@ impl Taken {
                     answers.push(None);
                 }
                 Ok(added @ Added::Pending { .. }) => {
-                    if let Added::Pending { key, .. } = &added {
-                        waiting_in.insert(key.clone());
-                    }
                     pending_here.insert(uid, at);
                     answers.push(Some(Ok(added)));
                 }
@@ -83,6 +78,14 @@ impl Taken {
         let mut writes: Vec<(usize, AuxWrite)> = if pending_here.is_empty() {
             Vec::new()
         } else {
+            // The groups the call's pending rollouts wait in, named by their answers.
+            let waiting_in: BTreeSet<&GroupKey> = pending_here
+                .values()
+                .filter_map(|&at| match answers.get(at) {
+                    Some(Some(Ok(Added::Pending { key, .. }))) => Some(key),
+                    _ => None,
+                })
+                .collect();
             waiting_in
                 .iter()
                 .flat_map(|key| assembler.pending_in(key))
