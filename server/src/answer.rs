@@ -11,7 +11,8 @@
 
 use crate::api_error::ApiError;
 use crate::arrow_items::ARROW_STREAM;
-use arrow_array::{ArrayRef, Float64Array, RecordBatch, StringArray};
+use arrow_array::builder::StringBuilder;
+use arrow_array::{ArrayRef, Float64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema};
 use axum::http::{header, HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -134,20 +135,55 @@ fn arrow_schema() -> Schema {
 
 fn arrow_items(items: &[OutItem<'_>]) -> Result<RecordBatch, ApiError> {
     let columns: Vec<ArrayRef> = vec![
-        Arc::new(StringArray::from_iter_values(items.iter().map(|i| i.uid))),
-        Arc::new(StringArray::from_iter_values(
-            items.iter().map(|i| i.instance_id),
-        )),
-        Arc::new(items.iter().map(|i| i.messages).collect::<StringArray>()),
+        text_array(items, |i| Some(i.uid)),
+        text_array(items, |i| Some(i.instance_id)),
+        text_array(items, |i| i.messages),
         Arc::new(Float64Array::from_iter_values(
             items.iter().map(|i| i.reward),
         )),
         Arc::new(Float64Array::from_iter_values(
             items.iter().map(|i| i.raw_reward),
         )),
-        Arc::new(items.iter().map(|i| i.extra_info).collect::<StringArray>()),
+        text_array(items, |i| i.extra_info),
     ];
     RecordBatch::try_new(Arc::new(arrow_schema()), columns).map_err(encoding_error)
+}
+
+/// A text column sized up front: an answer's chats are tens of megabytes, and a builder
+/// grown by doubling copies them again at each step.
+fn text_array<'a>(
+    items: &[OutItem<'a>],
+    text: impl Fn(&OutItem<'a>) -> Option<&'a str>,
+) -> ArrayRef {
+    let bytes = items.iter().map(|i| text(i).map_or(0, str::len)).sum();
+    let mut column = StringBuilder::with_capacity(items.len(), bytes);
+    for item in items {
+        column.append_option(text(item));
+    }
+    Arc::new(column.finish())
+}
+
+/// The bytes an IPC stream of `batch` takes, about: its buffers (each padded to 64 bytes)
+/// and room for the schema and message headers. The stream is written into a buffer of
+/// this size, so it is not copied again as it grows.
+fn ipc_size(batch: &RecordBatch) -> usize {
+    let buffers: usize = batch
+        .columns()
+        .iter()
+        .map(|c| {
+            let data = c.to_data();
+            data.buffers().iter().map(|b| b.len() + 64).sum::<usize>()
+                + data.nulls().map_or(0, |n| n.buffer().len() + 64)
+        })
+        .sum();
+    buffers
+        + 4096
+        + batch
+            .schema()
+            .metadata()
+            .values()
+            .map(String::len)
+            .sum::<usize>()
 }
 
 /// The HTTP answer: slime's envelope around `items`, or the Arrow stream of them with
@@ -187,15 +223,21 @@ pub fn respond(
             let batch = batch
                 .with_schema(Arc::new(schema))
                 .map_err(encoding_error)?;
-            let mut body = Vec::new();
-            let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut body, &batch.schema())
-                .map_err(encoding_error)?;
-            writer.write(&batch).map_err(encoding_error)?;
-            writer.finish().map_err(encoding_error)?;
-            drop(writer);
+            let body = ipc_stream(&batch)?;
             Ok(with_type(body, ARROW_STREAM))
         }
     }
+}
+
+/// `batch` as an IPC stream, written into a buffer sized for it.
+fn ipc_stream(batch: &RecordBatch) -> Result<Vec<u8>, ApiError> {
+    let mut body = Vec::with_capacity(ipc_size(batch));
+    let mut writer = arrow_ipc::writer::StreamWriter::try_new(&mut body, &batch.schema())
+        .map_err(encoding_error)?;
+    writer.write(batch).map_err(encoding_error)?;
+    writer.finish().map_err(encoding_error)?;
+    drop(writer);
+    Ok(body)
 }
 
 fn with_type(body: Vec<u8>, media_type: &'static str) -> Response {
@@ -209,6 +251,7 @@ fn with_type(body: Vec<u8>, media_type: &'static str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use arrow_array::StringArray;
 
     fn items() -> Vec<OutItem<'static>> {
         vec![
@@ -311,6 +354,43 @@ mod tests {
             .block_on(axum::body::to_bytes(response.into_body(), usize::MAX))
             .expect("body")
             .to_vec()
+    }
+
+    /// An Arrow answer is written into the buffer reserved for it, never grown (which
+    /// would copy it): with long texts, nulls and metadata.
+    #[test]
+    fn the_ipc_stream_fits_the_buffer_reserved_for_it() {
+        let chat = format!("[\"{}\"]", "x".repeat(4000));
+        let uids: Vec<String> = (0..300).map(|n| format!("u{n}")).collect();
+        let items: Vec<OutItem<'_>> = uids
+            .iter()
+            .enumerate()
+            .map(|(n, uid)| OutItem {
+                uid,
+                instance_id: "group",
+                messages: (n % 7 != 0).then_some(chat.as_str()),
+                reward: n as f64,
+                raw_reward: 1.0,
+                extra_info: (n % 3 == 0).then_some("{}"),
+            })
+            .collect();
+        for items in [&items[..], &items[..1], &[]] {
+            let Ok(Items::Arrow(batch)) = Items::encode(Format::Arrow, items) else {
+                panic!("an Arrow answer");
+            };
+            let metadata = HashMap::from([("meta_info".to_owned(), "{}".repeat(500))]);
+            let schema = batch.schema().as_ref().clone().with_metadata(metadata);
+            let batch = batch.with_schema(Arc::new(schema)).expect("same columns");
+            let reserved = ipc_size(&batch);
+            let body = ipc_stream(&batch).expect("a stream");
+            assert!(body.len() <= reserved, "{} > {reserved}", body.len());
+            assert_eq!(body.capacity(), reserved, "the buffer was grown");
+            let back = arrow_ipc::reader::StreamReader::try_new(&body[..], None)
+                .expect("a stream")
+                .collect::<Result<Vec<_>, _>>()
+                .expect("batches");
+            assert_eq!(back[0].num_rows(), items.len());
+        }
     }
 
     #[test]

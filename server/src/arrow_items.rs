@@ -9,8 +9,10 @@ use crate::slime::ItemText;
 use arrow_array::cast::AsArray;
 use arrow_array::types::Float64Type;
 use arrow_array::{Array, ArrayRef, RecordBatch, StringArray};
-use arrow_ipc::reader::StreamReader;
+use arrow_buffer::Buffer;
+use arrow_ipc::reader::StreamDecoder;
 use arrow_schema::DataType;
+use axum::body::Bytes;
 use rollout_buffer::rollout::RolloutRecord;
 
 /// The media type of an Arrow IPC stream.
@@ -18,13 +20,30 @@ pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
 /// The records of every row of the stream in `body`; a 400 naming the column (and row)
 /// at the first problem, so nothing of a bad body is stored.
-pub fn records(body: &[u8], environment: &str) -> Result<Vec<RolloutRecord>, ApiError> {
-    let reader = StreamReader::try_new(body, None)
-        .map_err(|e| ApiError::bad(format!("not an Arrow IPC stream: {e}")))?;
+///
+/// The batches are decoded in place over the request's body (a reader over `&[u8]` would
+/// copy each batch's buffers into fresh zeroed ones first): each text is then copied once,
+/// into its record.
+pub fn records(body: &Bytes, environment: &str) -> Result<Vec<RolloutRecord>, ApiError> {
+    let mut decoder = StreamDecoder::new();
+    let mut rest = Buffer::from(body.clone());
+    let bad = |decoder: &StreamDecoder, e: arrow_schema::ArrowError| match decoder.schema() {
+        None => ApiError::bad(format!("not an Arrow IPC stream: {e}")),
+        Some(_) => ApiError::bad(format!("bad Arrow IPC batch: {e}")),
+    };
     let mut out = Vec::new();
-    for batch in reader {
-        let batch = batch.map_err(|e| ApiError::bad(format!("bad Arrow IPC batch: {e}")))?;
-        batch_records(&batch, environment, out.len(), &mut out)?;
+    while !rest.is_empty() {
+        match decoder.decode(&mut rest) {
+            Ok(Some(batch)) => batch_records(&batch, environment, out.len(), &mut out)?,
+            Ok(None) => {}
+            Err(e) => return Err(bad(&decoder, e)),
+        }
+    }
+    decoder.finish().map_err(|e| bad(&decoder, e))?;
+    if decoder.schema().is_none() {
+        return Err(ApiError::bad(
+            "not an Arrow IPC stream: the body holds no schema",
+        ));
     }
     Ok(out)
 }
@@ -55,12 +74,6 @@ fn batch_records(
     out.reserve(batch.num_rows());
     for row in 0..batch.num_rows() {
         let at = first_row + row;
-        let cell = |column: &StringArray, name: &str| -> Result<String, ApiError> {
-            if column.is_null(row) {
-                return Err(ApiError::bad(format!("row {at}: `{name}` is null")));
-            }
-            Ok(column.value(row).to_owned())
-        };
         if reward.is_null(row) {
             return Err(ApiError::bad(format!("row {at}: `reward` is null")));
         }
@@ -68,12 +81,12 @@ fn batch_records(
             Some(column) if !column.is_null(row) => Some(column.value(row)),
             _ => None,
         };
-        let chat = cell(&messages, "messages")?;
-        serde_json::from_str::<&serde_json::value::RawValue>(&chat)
+        let chat = cell(&messages, row, at, "messages")?;
+        serde_json::from_str::<&serde_json::value::RawValue>(chat)
             .map_err(|e| ApiError::bad(format!("row {at}: `messages` is not JSON text: {e}")))?;
         let item = ItemText {
-            uid: cell(&uid, "uid")?,
-            instance_id: cell(&instance_id, "instance_id")?,
+            uid: cell(&uid, row, at, "uid")?.to_owned(),
+            instance_id: cell(&instance_id, row, at, "instance_id")?.to_owned(),
             messages: chat.trim(),
             reward: reward.value(row),
             extra_info: extra,
@@ -81,6 +94,19 @@ fn batch_records(
         out.push(item.into_record(environment)?);
     }
     Ok(())
+}
+
+/// Row `row`'s text (row `at` of the stream), or a 400 if it is null.
+fn cell<'a>(
+    column: &'a StringArray,
+    row: usize,
+    at: usize,
+    name: &str,
+) -> Result<&'a str, ApiError> {
+    if column.is_null(row) {
+        return Err(ApiError::bad(format!("row {at}: `{name}` is null")));
+    }
+    Ok(column.value(row))
 }
 
 fn required<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, ApiError> {

@@ -91,8 +91,12 @@ async fn bad_arrow_bodies_are_refused_whole() {
     text_reward[3].1 = Arc::new(StringArray::from(vec!["high", "low"]));
     let mut bad_messages = items(2, "e");
     bad_messages[2].1 = Arc::new(StringArray::from(vec!["[{\"role\": ", "[]"]));
+    let mut truncated = ipc(items(4, "g"));
+    truncated.truncate(truncated.len() - 100);
     let cases: Vec<(Vec<u8>, &str)> = vec![
         (b"not arrow at all".to_vec(), "not an Arrow IPC stream"),
+        (Vec::new(), "not an Arrow IPC stream"),
+        (truncated, "bad Arrow IPC batch"),
         (ipc(no_reward), "no column `reward`"),
         (ipc(null_uid), "row 1: `uid` is null"),
         (ipc(text_reward), "`reward` must be numeric"),
