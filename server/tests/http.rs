@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{client, get, item, post, send, store, uids, write_group, Server};
+use common::{client, get, item, post, send, store, uids, write_group, Server, StoreDir};
 use serde_json::{json, Value};
 use std::time::Duration;
 
@@ -215,7 +215,8 @@ async fn start_rollout_sets_the_group_size_as_slime_sends_it() {
 
 /// A server of one slot for groups of two, with write timeout `timeout` (seconds): group
 /// q0 fills the slot, and q1-0 is pending (it needs no room yet).
-async fn one_full_slot(tag: &str, timeout: &str) -> Server {
+/// The store (removed when dropped, so the test keeps it) and its server.
+async fn one_full_slot(tag: &str, timeout: &str) -> (StoreDir, Server) {
     let dir = store(tag);
     let server = Server::start(
         &dir,
@@ -231,12 +232,12 @@ async fn one_full_slot(tag: &str, timeout: &str) -> Server {
     write_group(&server, "q0", &[0.0, 1.0]).await;
     let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
     assert_eq!(status, 200, "pending: no room needed yet");
-    server
+    (dir, server)
 }
 
 #[tokio::test]
 async fn a_full_buffer_answers_503_with_retry_after() {
-    let server = one_full_slot("full", "0.2").await;
+    let (_dir, server) = one_full_slot("full", "0.2").await;
     // The second item seals q1, which needs the one slot q0 holds.
     let resp = client()
         .post(format!("{}/buffer/write", server.url))
@@ -304,7 +305,7 @@ fn spawn_write(server: &Server, path: &str, body: Value) -> tokio::task::JoinHan
 /// land, in turn, as reads make room.
 #[tokio::test]
 async fn writes_wait_their_turn_and_past_a_buffers_worth_are_refused_at_once() {
-    let server = one_full_slot("queue", "60").await;
+    let (_dir, server) = one_full_slot("queue", "60").await;
     // q1-1 seals q1 and waits for the slot q0 holds: one of the two items that may be on
     // their way in at once.
     let sealing = spawn_write(&server, "/buffer/write", item("q1-1", "q1", 0.0));

@@ -243,11 +243,27 @@ fn remove_missing_ok(path: &Path) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn root(name: &str) -> PathBuf {
+    /// A fresh directory, removed when the test ends.
+    fn root(name: &str) -> Root {
         let dir = std::env::temp_dir().join(format!("rb-recycle-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("root");
-        dir
+        Root(dir)
+    }
+
+    struct Root(PathBuf);
+
+    impl std::ops::Deref for Root {
+        type Target = Path;
+        fn deref(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Root {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     fn now(root: &Path) -> Recycler {

@@ -15,7 +15,7 @@ pub struct Server {
 }
 
 impl Server {
-    pub fn start(store: &PathBuf, args: &[&str]) -> Server {
+    pub fn start(store: &std::path::Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
             .arg("serve")
             .arg("--store")
@@ -58,10 +58,40 @@ impl Drop for Server {
     }
 }
 
-pub fn store(name: &str) -> PathBuf {
+/// A fresh store directory under the system temp dir, removed when the test drops it
+/// (declare it before the `Server` using it, so the server is stopped first).
+pub fn store(name: &str) -> StoreDir {
     let dir = std::env::temp_dir().join(format!("rb-server-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    dir
+    StoreDir(dir)
+}
+
+/// See [`store`].
+pub struct StoreDir(PathBuf);
+
+impl std::ops::Deref for StoreDir {
+    type Target = std::path::Path;
+    fn deref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::path::Path> for StoreDir {
+    fn as_ref(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl AsRef<std::ffi::OsStr> for StoreDir {
+    fn as_ref(&self) -> &std::ffi::OsStr {
+        self.0.as_os_str()
+    }
+}
+
+impl Drop for StoreDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 pub fn client() -> reqwest::Client {
