@@ -10,8 +10,13 @@ of 64 metadata-only samples made before timing, at capacities 1K / 8K / 64K:
   coroutine per MFC looping get -> ``await asyncio.sleep(0)`` -> amend (gen, reward) with
   outputs made before timing; max(N, 16,384) samples trained; samples trained per second;
 * ``pipeline_floor``: the pipeline through ``FifoFloor``, a FIFO per MFC doing nothing but
-  the samples' own ``gather`` and ``update_``: the ceiling for any buffer with AReaL's API
-  on this machine;
+  the samples' own (Python) ``gather`` and ``update_``: the ceiling for a buffer that merges
+  and gathers through the samples' methods (the drop-in does both natively for the
+  stand-in samples, so it is not bound by it);
+* ``pipeline_harness``: the same FIFO with no gather and no merge at all: what the event
+  loop and the workload's own loops cost, the ceiling for any buffer whatsoever;
+* ``pipeline_split``: the drop-in's pipeline with each call timed: microseconds per batch
+  of 64 in puts (retries included), gets and amends, and the rest (the event loop);
 * ``get_ready``: a full buffer whose samples hold every key, drained by gets round-robin
   over the MFCs; microseconds per get call (p50).
 
@@ -115,6 +120,73 @@ class FifoFloor:
             entry.update_(sample)
         self.queues[self.next[name]].extend(entries)
         self.changed.set()
+
+
+class HarnessOnly(FifoFloor):
+    """``FifoFloor`` without the samples' work: reads hand out no gathered sample and amends
+    merge nothing. What is left is the workload's own cost."""
+
+    async def get_batch_for_rpc(self, rpc):
+        queue = self.queues[rpc.name]
+        while len(queue) < rpc.n_seqs:
+            self.changed.clear()
+            await self.changed.wait()
+        got = [queue.popleft() for _ in range(rpc.n_seqs)]
+        if rpc.name not in self.next:
+            self.size -= len(got)
+        return (rpc.name, got), None
+
+    async def amend_batch(self, handle, samples):
+        name, entries = handle
+        self.queues[self.next[name]].extend(entries)
+        self.changed.set()
+
+
+class TimedBuffer(AsyncIOSequenceBuffer):
+    """The drop-in with the time of each call added up per kind (a get includes any wait
+    for data, which the pipeline's order keeps short)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spent = defaultdict(float)
+
+    async def put_batch(self, samples, birth_times=None):
+        t = time.perf_counter()
+        try:
+            return await super().put_batch(samples, birth_times)
+        finally:
+            self.spent["put"] += time.perf_counter() - t
+
+    async def get_batch_for_rpc(self, rpc):
+        t = time.perf_counter()
+        try:
+            return await super().get_batch_for_rpc(rpc)
+        finally:
+            self.spent["get"] += time.perf_counter() - t
+
+    async def amend_batch(self, indices, samples):
+        t = time.perf_counter()
+        try:
+            return await super().amend_batch(indices, samples)
+        finally:
+            self.spent["amend"] += time.perf_counter() - t
+
+
+def split_case(capacity):
+    """Microseconds per batch of 64 through the pipeline, by kind of call."""
+    made = []
+
+    def make(rpcs, cap):
+        made.append(TimedBuffer(rpcs, cap))
+        return made[-1]
+
+    rate = pipeline_case(capacity, make)
+    per_batch = 1e6 * BATCH / rate
+    batches = max(16_384, capacity) // BATCH
+    out = {kind: 1e6 * t / batches for kind, t in made[0].spent.items()}
+    out["rest"] = per_batch - sum(out.values())
+    out["total"] = per_batch
+    return out
 
 
 def pipeline_case(capacity, make=None):
@@ -278,6 +350,7 @@ def main():
             ("put", put_case, "samples_per_s"),
             ("pipeline", pipeline_case, "samples_per_s"),
             ("pipeline_floor", lambda c: pipeline_case(c, FifoFloor), "samples_per_s"),
+            ("pipeline_harness", lambda c: pipeline_case(c, HarnessOnly), "samples_per_s"),
             ("get_ready", get_ready_case, "us_per_get"),
         ):
             runs = [fn(capacity) for _ in range(args.repeat)]
@@ -287,15 +360,21 @@ def main():
             if case == "get_ready" and "get_ready_us" in ref:
                 line["areal_us_per_get"] = ref["get_ready_us"]
                 line["speedup"] = round(ref["get_ready_us"] / value, 1)
-            elif case == "pipeline_floor" and "pipeline" in ref:
-                # No buffer: the samples' own work and the event loop's, the ceiling for
-                # any buffer with this API.
+            elif case in ("pipeline_floor", "pipeline_harness") and "pipeline" in ref:
+                # No buffer: the ceilings the pipeline's figure is read against.
                 line["areal_samples_per_s"] = ref["pipeline"]
                 line["speedup"] = round(value / ref["pipeline"], 1)
             elif case in ref:
                 line["areal_samples_per_s"] = ref[case]
                 line["speedup"] = round(value / ref[case], 1)
             print(json.dumps(line), flush=True)
+        splits = [split_case(capacity) for _ in range(args.repeat)]
+        line = {"workload": "areal", "case": "pipeline_split", "capacity": capacity,
+                "us_per_batch": {k: round(statistics.median(s[k] for s in splits), 1) for k in splits[0]}}
+        if "pipeline" in ref:
+            # AReaL's rate x 10, as microseconds per batch of 64: the target's budget.
+            line["budget_for_10x_us"] = round(1e6 * BATCH / (10 * ref["pipeline"]), 1)
+        print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":
