@@ -112,34 +112,31 @@ class FifoFloor:
         got = [queue.popleft() for _ in range(rpc.n_seqs)]
         if rpc.name not in self.next:
             self.size -= len(got)
-        return (rpc.name, got), SequenceSample.gather(got, keys=list(rpc.input_keys))
+        return (rpc.name, got), self.gather(got, rpc)
 
     async def amend_batch(self, handle, samples):
         name, entries = handle
-        for entry, sample in zip(entries, samples):
-            entry.update_(sample)
+        self.merge(entries, samples)
         self.queues[self.next[name]].extend(entries)
         self.changed.set()
+
+    def gather(self, entries, rpc):
+        return SequenceSample.gather(entries, keys=list(rpc.input_keys))
+
+    def merge(self, entries, samples):
+        for entry, sample in zip(entries, samples):
+            entry.update_(sample)
 
 
 class HarnessOnly(FifoFloor):
     """``FifoFloor`` without the samples' work: reads hand out no gathered sample and amends
     merge nothing. What is left is the workload's own cost."""
 
-    async def get_batch_for_rpc(self, rpc):
-        queue = self.queues[rpc.name]
-        while len(queue) < rpc.n_seqs:
-            self.changed.clear()
-            await self.changed.wait()
-        got = [queue.popleft() for _ in range(rpc.n_seqs)]
-        if rpc.name not in self.next:
-            self.size -= len(got)
-        return (rpc.name, got), None
+    def gather(self, entries, rpc):
+        return None
 
-    async def amend_batch(self, handle, samples):
-        name, entries = handle
-        self.queues[self.next[name]].extend(entries)
-        self.changed.set()
+    def merge(self, entries, samples):
+        pass
 
 
 class TimedBuffer(AsyncIOSequenceBuffer):
