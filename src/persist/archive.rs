@@ -261,9 +261,11 @@ impl ArchiveWriter {
     fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {
         let bad =
             |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
+        // The footer is checked before the reader decodes it, and the page headers before
+        // it sizes buffers by them.
+        super::spill::footer_metadata(&bytes).map_err(|e| bad(&e))?;
         let builder =
             ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
-        // The page headers are checked before the reader sizes buffers by them.
         for group in builder.metadata().row_groups() {
             for column in group.columns() {
                 super::spill::check_chunk_pages(column, &bytes).map_err(|e| bad(&e))?;

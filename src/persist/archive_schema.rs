@@ -139,6 +139,8 @@ async fn rebuild(store: &Store) -> Result<Option<SchemaRef>> {
 fn decode(bytes: Bytes) -> std::result::Result<SchemaRef, String> {
     // The Parquet decoder is not panic-free on every malformed file.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        // The footer is checked before the reader decodes it (`spill::footer_metadata`).
+        super::spill::footer_metadata(&bytes)?;
         ParquetRecordBatchReaderBuilder::try_new(bytes)
             .map(|b| Arc::clone(b.schema()))
             .map_err(|e| e.to_string())

@@ -21,7 +21,7 @@
 use super::archive::content_hash;
 use super::codec::{put_parts, take_parts, Reader, Writer};
 use super::log::{parse_log_path, LOG_DIR};
-use super::spill::check_chunk_pages;
+use super::spill::{check_chunk_pages, footer_metadata};
 use super::state::{Body, DurableState, Entry, RpcTotals, Unarchived};
 use super::store::{corrupt, corrupt_by, storage_msg, Store};
 use crate::error::{Result, StorageKind};
@@ -561,6 +561,8 @@ async fn load_one(store: &Store, path: &str) -> Result<(Manifest, DurableState)>
 type Exit = Option<(ExitReason, Option<u64>)>;
 
 pub(crate) fn decode_segment(bytes: Bytes) -> std::result::Result<Vec<(Entry, Exit)>, String> {
+    // The footer is checked before the reader decodes it (see `spill::footer_metadata`).
+    footer_metadata(&bytes)?;
     let builder =
         ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| e.to_string())?;
     // The page headers are checked before the reader sizes buffers by them.

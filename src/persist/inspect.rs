@@ -14,7 +14,7 @@ use super::store::Store;
 use crate::error::{Error, Result, StorageKind};
 use crate::sample::{MetaValue, Sample};
 use bytes::Bytes;
-use parquet::file::metadata::{FooterTail, ParquetMetaDataReader};
+use parquet::file::metadata::ParquetMetaDataReader;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -22,8 +22,8 @@ use std::ops::Range;
 const PENDING_ROLLOUTS: &str = "rollout/pending/";
 /// Auxiliary keys marking groups already stored.
 const SEALED_GROUPS: &str = "rollout/sealed/";
-/// The Parquet footer: metadata length (4 bytes) and magic (4 bytes).
-const FOOTER: u64 = 8;
+/// The Parquet footer's tail: metadata length (4 bytes) and magic (4 bytes).
+const FOOTER: u64 = parquet::file::FOOTER_SIZE as u64;
 
 /// What a stored run holds, from [`inspect`].
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -280,15 +280,12 @@ async fn parquet_rows(store: &Store, path: &str, size: u64) -> Result<Option<u64
     let Some(tail) = byte_range(store, path, size - FOOTER..size).await? else {
         return Ok(None);
     };
-    let tail: [u8; FOOTER as usize] = tail.as_ref().try_into().map_err(|_| bad(&"short footer"))?;
-    let footer = FooterTail::try_new(&tail).map_err(|e| bad(&e))?;
-    let len = footer.metadata_length() as u64;
-    let start = size
-        .checked_sub(FOOTER + len)
-        .ok_or_else(|| bad(&format!("metadata of {len} bytes in a file of {size}")))?;
-    let Some(metadata) = byte_range(store, path, start..size - FOOTER).await? else {
+    let range = super::spill::metadata_range(size, &tail).map_err(|e| bad(&e))?;
+    let Some(metadata) = byte_range(store, path, range).await? else {
         return Ok(None);
     };
+    // Checked before the reader decodes it (see `spill::check_metadata`).
+    super::spill::check_metadata(&metadata).map_err(|e| bad(&e))?;
     let metadata = ParquetMetaDataReader::decode_metadata(&metadata).map_err(|e| bad(&e))?;
     Ok(Some(
         u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0),

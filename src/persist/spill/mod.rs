@@ -21,7 +21,7 @@ mod read;
 mod thrift;
 mod value;
 
-pub(crate) use thrift::check_chunk_pages;
+pub(crate) use thrift::{check_chunk_pages, check_metadata, footer_metadata, metadata_range};
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use value::take_tensor_padded;

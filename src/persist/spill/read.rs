@@ -10,7 +10,7 @@
 
 use super::layout::fetch_start;
 use super::pages::{decode_chunk, ValueEncoding};
-use super::thrift::{check_footer, chunk_byte_range};
+use super::thrift::{check_footer, check_metadata, chunk_byte_range, metadata_range};
 use super::value::take_tensor_padded;
 use crate::error::{Error, Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
@@ -28,6 +28,7 @@ use parquet::arrow::arrow_reader::{ArrowReaderMetadata, RowSelection, RowSelecto
 use parquet::arrow::async_reader::AsyncFileReader;
 use parquet::arrow::{ParquetRecordBatchStreamBuilder, ProjectionMask};
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::FOOTER_SIZE;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::panic::AssertUnwindSafe;
@@ -38,7 +39,7 @@ const FOOTER_PREFETCH: usize = 64 << 10;
 
 /// The footer of a segment this process did not write, read from the end of the file
 /// (ranged reads: a recovered buffer's first load of a segment does not fetch all of
-/// it), with its Arrow schema.
+/// it), checked before it is decoded (see `thrift.rs`), with its Arrow schema.
 pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReaderMetadata> {
     let size = store.size(path).await?.ok_or_else(|| {
         storage_msg(
@@ -48,37 +49,33 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReade
             "spill segment not found",
         )
     })?;
-    let mut fetch = FooterFetch { store, path };
-    let meta = ParquetMetaDataReader::new()
-        .with_prefetch_hint(Some(FOOTER_PREFETCH))
-        .load_and_finish(&mut fetch, size)
-        .await
-        .map_err(|e| read_error(store, path, e))?;
+    let metadata = fetch_metadata(store, path, size).await?;
+    check_metadata(&metadata).map_err(|e| corrupt(store, path, &e))?;
+    let meta = ParquetMetaDataReader::decode_metadata(&metadata)
+        .map_err(|e| corrupt_by(store, path, e))?;
     check_footer(&meta).map_err(|e| corrupt(store, path, &e))?;
     ArrowReaderMetadata::try_new(Arc::new(meta), Default::default())
         .map_err(|e| corrupt_by(store, path, e))
 }
 
-/// Ranged reads of a segment's end, for its footer.
-struct FooterFetch<'a> {
-    store: &'a Store,
-    path: &'a str,
+/// The footer metadata of the segment at `path` (`size` bytes): one ranged read of the
+/// file's last [`FOOTER_PREFETCH`] bytes, and a second only for a longer footer.
+async fn fetch_metadata(store: &Store, path: &str, size: u64) -> Result<Bytes> {
+    let prefetched = size - size.min(FOOTER_PREFETCH as u64);
+    let tail = fetch_range(store, path, prefetched..size).await?;
+    let last = tail.len().saturating_sub(FOOTER_SIZE);
+    let range = metadata_range(size, &tail[last..]).map_err(|e| corrupt(store, path, &e))?;
+    if range.start >= prefetched {
+        let at = |offset: u64| (offset - prefetched) as usize;
+        return Ok(tail.slice(at(range.start)..at(range.end)));
+    }
+    fetch_range(store, path, range).await
 }
 
-// Named in full: in scope, the trait's `fetch` would shadow `SegmentReader::fetch`.
-impl parquet::arrow::async_reader::MetadataFetch for &mut FooterFetch<'_> {
-    fn fetch(&mut self, range: Range<u64>) -> BoxFuture<'_, parquet::errors::Result<Bytes>> {
-        async move {
-            let mut got = self
-                .store
-                .get_ranges(self.path, std::slice::from_ref(&range))
-                .await
-                .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
-            got.pop()
-                .ok_or_else(|| parquet::errors::ParquetError::EOF("empty range read".into()))
-        }
-        .boxed()
-    }
+async fn fetch_range(store: &Store, path: &str, range: Range<u64>) -> Result<Bytes> {
+    let mut got = store.get_ranges(path, std::slice::from_ref(&range)).await?;
+    got.pop()
+        .ok_or_else(|| corrupt(store, path, "empty range read"))
 }
 
 /// The crate's error for a failed Parquet read: the storage error that caused it, or

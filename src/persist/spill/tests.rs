@@ -322,6 +322,83 @@ fn a_negative_chunk_offset_or_size_is_an_error_not_a_panic() {
     }
 }
 
+/// `file` (a Parquet file) with fields its footer's decoder does not know added to the
+/// footer's `FileMetaData`: `pad` bytes of binary (id 100) if `pad` > 0, then, if
+/// `hostile`, a list declaring 2^31 - 1 booleans (id 101) in five bytes.
+fn with_unknown_footer_fields(file: &[u8], pad: usize, hostile: bool) -> Bytes {
+    let len = u32::from_le_bytes(file[file.len() - 8..file.len() - 4].try_into().expect("4"));
+    let start = file.len() - 8 - len as usize;
+    // The metadata ends with its struct's stop byte: the new fields go before it.
+    let mut metadata = file[start..file.len() - 9].to_vec();
+    let varint = |out: &mut Vec<u8>, mut v: u64| loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            break;
+        }
+        out.push(byte | 0x80);
+    };
+    if pad > 0 {
+        metadata.extend_from_slice(&[0x08, 0xc8, 0x01]); // binary, field id 100
+        varint(&mut metadata, pad as u64);
+        metadata.extend(std::iter::repeat_n(b'x', pad));
+    }
+    if hostile {
+        metadata.extend_from_slice(&[0x09, 0xca, 0x01]); // list, field id 101
+        metadata.push(0xf1); // of booleans, its size in a varint
+        varint(&mut metadata, i32::MAX as u64);
+    }
+    metadata.push(0);
+    let mut out = file[..start].to_vec();
+    out.extend_from_slice(&metadata);
+    out.extend_from_slice(&(metadata.len() as u32).to_le_bytes());
+    out.extend_from_slice(b"PAR1");
+    Bytes::from(out)
+}
+
+/// A footer declaring a list of more elements than it has bytes (2^31 - 1 booleans in an
+/// unknown field: Parquet's decoder steps over them one empty iteration at a time, a
+/// second per list; found by `fuzz/`, target `spill_segment`) is refused before it is
+/// decoded, naming the segment, also when the footer is longer than the first ranged read.
+/// Unknown fields that do fit are read past, as Parquet's decoder does.
+#[test]
+fn a_footer_declaring_more_elements_than_bytes_is_refused() {
+    runtime().block_on(async {
+        let store = Store::open("memory://").expect("store");
+        let spill = ParquetSpill::new(store.clone());
+        let segment = spill.write((0..4).map(row).collect()).await.expect("write");
+        let file = store.get(&segment.path).await.expect("get").expect("there");
+        for pad in [0, 100 << 10] {
+            for hostile in [false, true] {
+                let changed = with_unknown_footer_fields(&file, pad, hostile);
+                store.put(&segment_path(99), changed).await.expect("put");
+                // A fresh reader fetches the footer from the file, as after a restart.
+                let reader = ParquetSpill::new(store.clone());
+                let got = reader
+                    .read(
+                        reader.segment(99, 4),
+                        vec![2],
+                        vec![FieldKey::from("tokens")],
+                    )
+                    .await;
+                match (hostile, got) {
+                    (false, Ok(rows)) => assert_eq!(rows[0].get("tokens"), row(2).get("tokens")),
+                    (true, Err(e)) => {
+                        let msg = e.to_string();
+                        assert!(
+                            msg.contains("footer metadata") && msg.contains(&segment_path(99)),
+                            "pad {pad}: {msg}"
+                        );
+                    }
+                    (hostile, got) => panic!("pad {pad}, hostile {hostile}: {got:?}"),
+                }
+                store.delete(&segment_path(99)).await.expect("delete");
+            }
+        }
+    });
+}
+
 /// A process whose clock is behind the one before it (resumed on another machine)
 /// takes names of segments live samples need; its writes move past them instead of
 /// replacing them, and a folder whose names keep being taken is an error, not a loop.

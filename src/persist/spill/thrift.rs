@@ -1,13 +1,22 @@
-//! A reader of Parquet's Thrift page headers, and the check every Parquet file read from a
-//! store gets before the `parquet` reader trusts its page headers.
+//! A reader of Parquet's Thrift page headers, and the checks every Parquet file read from a
+//! store gets before the `parquet` reader trusts its footer and page headers.
 //!
 //! The `parquet` reader sizes its buffers by what a page header says: a damaged value count
 //! in a dictionary page made it allocate 15 GB for a 1.6 KB checkpoint segment (found by
 //! `fuzz/`, target `segment`). [`check_chunk_pages`] walks every page header of a column
 //! chunk first and refuses one that claims more values than its chunk holds, more bytes
 //! uncompressed than the chunk, or that ends outside it.
+//!
+//! Its footer decoder steps over a field it does not know without reading the elements of
+//! a list of booleans (in a list each is a byte), so a footer declaring such a list of 2^31
+//! elements held it for a second per list, and a few hundred bytes of such lists for
+//! minutes (found by `fuzz/`, target `spill_segment`). [`footer_metadata`] walks the footer
+//! first with this reader, whose every element costs a byte, so it ends within the
+//! footer's length.
 
-use parquet::file::metadata::{ColumnChunkMetaData, ParquetMetaData};
+use parquet::file::metadata::{ColumnChunkMetaData, FooterTail, ParquetMetaData};
+use parquet::file::FOOTER_SIZE;
+use std::ops::Range;
 
 // Thrift compact protocol types.
 const BOOL_TRUE: u8 = 1;
@@ -132,6 +141,47 @@ impl Thrift<'_> {
         self.at = end.ok_or_else(|| "header truncated".to_owned())?;
         Ok(())
     }
+}
+
+/// The footer metadata of the Parquet file `file` (its Thrift `FileMetaData`, the bytes
+/// before the last eight), checked with [`check_metadata`]; an error if the file does not
+/// end as a Parquet file does.
+pub(crate) fn footer_metadata(file: &[u8]) -> Result<&[u8], String> {
+    let last = file.len().saturating_sub(FOOTER_SIZE);
+    let range = metadata_range(file.len() as u64, &file[last..])?;
+    // Within the file: `metadata_range` checked it against the file's size.
+    let metadata = file
+        .get(range.start as usize..range.end as usize)
+        .unwrap_or_default();
+    check_metadata(metadata)?;
+    Ok(metadata)
+}
+
+/// Where the footer metadata of a Parquet file of `size` bytes lies, from the file's last
+/// eight bytes (`last`): the metadata's length and the magic number.
+pub(crate) fn metadata_range(size: u64, last: &[u8]) -> Result<Range<u64>, String> {
+    if size < FOOTER_SIZE as u64 || last.len() != FOOTER_SIZE {
+        return Err(format!("{size} bytes: shorter than a Parquet footer"));
+    }
+    let tail = FooterTail::try_from(last).map_err(|e| e.to_string())?;
+    let len = tail.metadata_length() as u64;
+    let end = size - FOOTER_SIZE as u64;
+    let start = end
+        .checked_sub(len)
+        .ok_or_else(|| format!("a footer of {len} bytes in a file of {size}"))?;
+    Ok(start..end)
+}
+
+/// Checks that `metadata` is one Thrift struct (a footer's `FileMetaData`) that ends
+/// within it, stepping over every field, before the `parquet` decoder reads it (see the
+/// module docs).
+pub(crate) fn check_metadata(metadata: &[u8]) -> Result<(), String> {
+    let mut t = Thrift {
+        bytes: metadata,
+        at: 0,
+    };
+    t.skip(STRUCT, 0, false)
+        .map_err(|e| format!("footer metadata at byte {}: {e}", t.at))
 }
 
 /// Where the column chunk `meta` describes starts in its file and how long it is, or an
