@@ -427,16 +427,7 @@ mod tests {
         let mut out = Vec::new();
         let int = |field_header: u8, v: i64, out: &mut Vec<u8>| {
             out.push(field_header);
-            let mut z = ((v << 1) ^ (v >> 63)) as u64;
-            loop {
-                let b = (z & 0x7f) as u8;
-                z >>= 7;
-                if z == 0 {
-                    out.push(b);
-                    break;
-                }
-                out.push(b | 0x80);
-            }
+            super::super::thrift::put_varint(out, ((v << 1) ^ (v >> 63)) as u64);
         };
         int(0x15, DATA_PAGE, &mut out); // 1: type
         int(0x15, uncompressed, &mut out); // 2: uncompressed size

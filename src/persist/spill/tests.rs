@@ -2,6 +2,7 @@
 //! plain columns, plain storage of incompressible columns, large binary columns, the
 //! fallback to Parquet's reader, and create-only writes.
 
+use super::thrift::put_varint;
 use super::*;
 use crate::persist::codec::{put_tensor, Writer};
 use crate::tensor::Tensor;
@@ -330,24 +331,15 @@ fn with_unknown_footer_fields(file: &[u8], pad: usize, hostile: bool) -> Bytes {
     let start = file.len() - 8 - len as usize;
     // The metadata ends with its struct's stop byte: the new fields go before it.
     let mut metadata = file[start..file.len() - 9].to_vec();
-    let varint = |out: &mut Vec<u8>, mut v: u64| loop {
-        let byte = (v & 0x7f) as u8;
-        v >>= 7;
-        if v == 0 {
-            out.push(byte);
-            break;
-        }
-        out.push(byte | 0x80);
-    };
     if pad > 0 {
         metadata.extend_from_slice(&[0x08, 0xc8, 0x01]); // binary, field id 100
-        varint(&mut metadata, pad as u64);
+        put_varint(&mut metadata, pad as u64);
         metadata.extend(std::iter::repeat_n(b'x', pad));
     }
     if hostile {
         metadata.extend_from_slice(&[0x09, 0xca, 0x01]); // list, field id 101
         metadata.push(0xf1); // of booleans, its size in a varint
-        varint(&mut metadata, i32::MAX as u64);
+        put_varint(&mut metadata, i32::MAX as u64);
     }
     metadata.push(0);
     let mut out = file[..start].to_vec();

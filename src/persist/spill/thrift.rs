@@ -184,6 +184,20 @@ pub(crate) fn check_metadata(metadata: &[u8]) -> Result<(), String> {
         .map_err(|e| format!("footer metadata at byte {}: {e}", t.at))
 }
 
+/// Appends `v` as a compact-protocol varint (for tests that write Thrift by hand).
+#[cfg(test)]
+pub(super) fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    loop {
+        let byte = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
 /// Where the column chunk `meta` describes starts in its file and how long it is, or an
 /// error if its footer gives a negative offset or size.
 ///
