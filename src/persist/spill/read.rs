@@ -60,7 +60,7 @@ pub(super) async fn fetch_footer(store: &Store, path: &str) -> Result<ArrowReade
 
 /// The footer metadata of the segment at `path` (`size` bytes): one ranged read of the
 /// file's last [`FOOTER_PREFETCH`] bytes, and a second only for a longer footer.
-async fn fetch_metadata(store: &Store, path: &str, size: u64) -> Result<Bytes> {
+pub(super) async fn fetch_metadata(store: &Store, path: &str, size: u64) -> Result<Bytes> {
     let prefetched = size - size.min(FOOTER_PREFETCH as u64);
     let tail = fetch_range(store, path, prefetched..size).await?;
     let last = tail.len().saturating_sub(FOOTER_SIZE);
@@ -72,10 +72,21 @@ async fn fetch_metadata(store: &Store, path: &str, size: u64) -> Result<Bytes> {
     fetch_range(store, path, range).await
 }
 
+/// Bytes `range` of the segment at `path`; an error if the store answers with another
+/// length (the file changed since its size was read), so no slice of it can fall outside.
 async fn fetch_range(store: &Store, path: &str, range: Range<u64>) -> Result<Bytes> {
     let mut got = store.get_ranges(path, std::slice::from_ref(&range)).await?;
-    got.pop()
-        .ok_or_else(|| corrupt(store, path, "empty range read"))
+    let bytes = got
+        .pop()
+        .ok_or_else(|| corrupt(store, path, "empty range read"))?;
+    if bytes.len() as u64 != range.end - range.start {
+        return Err(corrupt(
+            store,
+            path,
+            format!("{} bytes read for the range {range:?}", bytes.len()),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The crate's error for a failed Parquet read: the storage error that caused it, or

@@ -391,6 +391,28 @@ fn a_footer_declaring_more_elements_than_bytes_is_refused() {
     });
 }
 
+/// A footer read of a segment shorter than the size it was read with (replaced since) is
+/// an error naming the segment, whether the store refuses the range (as the memory store
+/// does) or answers with fewer bytes (which `fetch_range` refuses), never a slice past
+/// the bytes it returned.
+#[test]
+fn a_segment_shorter_than_its_size_is_an_error() {
+    runtime().block_on(async {
+        let store = Store::open("memory://").expect("store");
+        let spill = ParquetSpill::new(store.clone());
+        let segment = spill.write((0..4).map(row).collect()).await.expect("write");
+        let file = store.get(&segment.path).await.expect("get").expect("there");
+        store
+            .put(&segment_path(99), file.slice(..file.len() - 100))
+            .await
+            .expect("put");
+        let err = super::read::fetch_metadata(&store, &segment_path(99), file.len() as u64)
+            .await
+            .expect_err("shorter than its size");
+        assert!(err.to_string().contains(&segment_path(99)), "{err}");
+    });
+}
+
 /// A process whose clock is behind the one before it (resumed on another machine)
 /// takes names of segments live samples need; its writes move past them instead of
 /// replacing them, and a folder whose names keep being taken is an error, not a loop.
