@@ -14,14 +14,18 @@
 //! read-ahead, hand-over of freed samples) is `buffer/spill/`, and `docs/spill.md` is the
 //! design of both with its measurements.
 
+mod checks;
 mod encode;
 mod layout;
 mod pages;
 mod read;
+mod shapes;
+#[cfg(test)]
+mod shapes_tests;
 mod thrift;
 mod value;
 
-pub(crate) use thrift::{check_chunk_pages, check_metadata, footer_metadata, metadata_range};
+pub(crate) use checks::{check_chunk_pages, check_metadata, footer_metadata, metadata_range};
 
 #[cfg(feature = "fuzzing")]
 pub(crate) use value::take_tensor_padded;

@@ -8,9 +8,9 @@
 //! is a slice of the fetched bytes, whose values the writer put 8-byte aligned in the file
 //! (`spill_layout.rs`), so every fetch starts at an 8-byte boundary and keeps them so.
 
+use super::checks::{check_footer, check_metadata, chunk_byte_range, metadata_range};
 use super::layout::fetch_start;
 use super::pages::{decode_chunk, ValueEncoding};
-use super::thrift::{check_footer, check_metadata, chunk_byte_range, metadata_range};
 use super::value::take_tensor_padded;
 use crate::error::{Error, Result, StorageKind};
 use crate::persist::buffer_pool::BufferPool;
