@@ -8,7 +8,11 @@
 //!   (float32), `reward` adds `reward` = `i * 0.5` (float64), `train` reads them all;
 //! * partitions: `i % 4` = 0 -> math / v3, 1 -> code/python / v4, 2 -> math / v4,
 //!   3 -> no environment or version; math / v3 rollouts also carry `flagged` metadata
-//!   (`i % 8 == 0`), the others none.
+//!   (`i % 8 == 0`), the others none;
+//! * the second half (`i >= n / 2`) also carries `judge` = `"v2"` metadata (a reward model
+//!   switched on mid-run). The first half's archive is written before any of it is
+//!   consumed, so the archive gains that column after files exist: they are rewritten with
+//!   it (nulls), and every file keeps one schema.
 //!
 //! Usage: `cargo run --example write_archive -- <dir> [n]`.
 
@@ -16,10 +20,11 @@ use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::{Patch, RpcDef, Sample, SequenceBuffer};
 use std::time::Duration;
 
-fn rollout(i: usize) -> Sample {
+fn rollout(i: usize, n: usize) -> Sample {
     let s = Sample::new(format!("rollout-{i}"))
         .birth(1 + i as u64)
         .with("prompt", vec![i as i32]);
+    let s = if i >= n / 2 { s.meta("judge", "v2") } else { s };
     match i % 4 {
         // Only this partition's rollouts carry `flagged`: the archive's files still share
         // one schema (the others hold nulls there).
@@ -63,12 +68,16 @@ async fn main() -> Result<(), rollout_buffer::Error> {
         let buf = buf.clone();
         tokio::spawn(async move {
             for i in 0..n {
-                buf.put_batch(vec![rollout(i)]).await?;
+                buf.put_batch(vec![rollout(i, n)]).await?;
             }
             Ok::<_, rollout_buffer::Error>(())
         })
     };
-    for _ in 0..n {
+    for i in 0..n {
+        if i == n / 2 {
+            // Everything archived so far lacks `judge`: write it before any row has one.
+            buf.flush().await?;
+        }
         let batch = buf.get_batch_for_rpc("gen").await?;
         let outputs = batch
             .ids()

@@ -125,6 +125,30 @@ async fn archive_suite(store: Store) {
         "new columns are only appended"
     );
     assert_eq!(grown.last().map(String::as_str), Some("advantage"));
+    // The files written before it are rewritten with it (nulls): every file of the dataset
+    // has the same columns again, and its rows read back as they were.
+    let files: Vec<String> = store
+        .list("archive")
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|p| p.ends_with(".parquet"))
+        .collect();
+    assert_eq!(files.len(), paths.len() + later.len(), "{files:?}");
+    assert_eq!(column_names(&store, &files).await, grown);
+    assert!(store
+        .get("archive_schema.widening")
+        .await
+        .expect("get")
+        .is_none());
+    // (`more` reuses ids of `rows`: its rows are the ones with an advantage.)
+    let ordered = |mut rows: Vec<ArchivedSample>| {
+        rows.sort_by_key(|r| (r.sample.id().clone(), r.sample.get("advantage").is_some()));
+        rows
+    };
+    let mut so_far = rows.clone();
+    so_far.extend(more.clone());
+    assert!(ordered(writer.read_all().await.expect("read")) == ordered(so_far));
     let plain = ArchiveWriter::new(store.clone())
         .write(&archived(2))
         .await

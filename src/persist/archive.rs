@@ -124,13 +124,70 @@ impl ArchiveWriter {
         }
     }
 
-    /// The archive's schema so far, read from the store on first use.
+    /// The archive's schema so far, read from the store on first use; a widening a crash
+    /// interrupted (see [`Self::widen`]) is finished first.
     async fn known_schema(&self) -> Result<Option<SchemaRef>> {
         if let Some(known) = self.schema.lock().clone() {
             return Ok(known);
         }
         let loaded = archive_schema::load(&self.store).await?;
+        if let Some(schema) = &loaded {
+            if self
+                .store
+                .get(archive_schema::WIDENING_FILE)
+                .await?
+                .is_some()
+            {
+                self.widen(schema, &[]).await?;
+            }
+        }
         Ok(self.schema.lock().get_or_insert(loaded).clone())
+    }
+
+    /// Rewrites every archive file but `skip` whose columns are fewer than `schema`'s with
+    /// all of them (nulls where it had none), so every file of the dataset has one schema
+    /// again after the archive gained a column; then removes the widening mark.
+    ///
+    /// The mark is stored before the grown schema, so a crash anywhere in between leaves
+    /// it, and the next writer's first use of the archive widens again (a file already
+    /// wide is left alone). A file that does not read, or whose columns are not all in
+    /// `schema` with the same types (one written before the archive kept a schema), is left
+    /// as it is: widening never drops a column. Files are replaced whole, so a reader sees
+    /// a file before or after, never part of one.
+    async fn widen(&self, schema: &SchemaRef, skip: &[String]) -> Result<()> {
+        for path in self.store.list("archive").await? {
+            if !path.ends_with(".parquet") || skip.contains(&path) {
+                continue;
+            }
+            let Some(bytes) = self.store.get(&path).await? else {
+                continue;
+            };
+            let batches = match self.read_batches(&path, bytes) {
+                Ok(batches) => batches,
+                Err(e) => {
+                    tracing::warn!(path, error = %e, "an unreadable archive file is not widened");
+                    continue;
+                }
+            };
+            let Some(first) = batches.first() else {
+                continue;
+            };
+            if !archive_schema::widens(&first.schema(), schema) {
+                continue;
+            }
+            let wide = batches
+                .iter()
+                .map(|b| archive_schema::conform(b, schema))
+                .collect::<Result<Vec<_>>>()?;
+            let bytes = self.encode(&path, &wide)?;
+            self.store.put(&path, bytes).await?;
+            tracing::debug!(
+                path,
+                columns = schema.fields().len(),
+                "widened an archive file"
+            );
+        }
+        self.store.delete(archive_schema::WIDENING_FILE).await
     }
 
     /// Writes `samples`, one Parquet file per partition, and returns the paths written
@@ -176,20 +233,30 @@ impl ArchiveWriter {
         let Some(schema) = schema else {
             return Ok(Vec::new());
         };
+        // Files written with fewer columns are widened once this write's are stored.
+        let grown = known.as_ref().is_some_and(|k| k != &schema);
         if known.as_ref() != Some(&schema) {
+            if grown {
+                self.store
+                    .put(archive_schema::WIDENING_FILE, Bytes::new())
+                    .await?;
+            }
             let bytes = archive_schema::encode(&self.store, &schema)?;
             self.store.put(archive_schema::SCHEMA_FILE, bytes).await?;
             *self.schema.lock() = Some(Some(Arc::clone(&schema)));
         }
         let mut written = Vec::with_capacity(batches.len());
         for (dir, batch) in batches {
-            let bytes = self.encode(&dir, &archive_schema::conform(&batch, &schema)?)?;
+            let bytes = self.encode(&dir, &[archive_schema::conform(&batch, &schema)?])?;
             let path = match number {
                 Some(n) => format!("{dir}/part-{n:020}.parquet"),
                 None => format!("{dir}/part-{:016x}.parquet", content_hash(&bytes)),
             };
             self.store.put(&path, bytes).await?;
             written.push(path);
+        }
+        if grown {
+            self.widen(&schema, &written).await?;
         }
         Ok(written)
     }
@@ -206,13 +273,24 @@ impl ArchiveWriter {
         record_batch_of(&refs)
     }
 
-    fn encode(&self, dir: &str, batch: &RecordBatch) -> Result<Bytes> {
-        let bad = |e| storage_err(self.store.url(), dir, e);
+    /// One Parquet file of `batches` (of one schema; at least one), for `path`.
+    fn encode(&self, path: &str, batches: &[RecordBatch]) -> Result<Bytes> {
+        let bad = |e| storage_err(self.store.url(), path, e);
+        let Some(first) = batches.first() else {
+            return Err(storage_msg(
+                self.store.url(),
+                path,
+                StorageKind::Other,
+                "no rows to encode",
+            ));
+        };
         let mut buf = Vec::new();
-        let props = bulky_columns_plain(self.props.clone(), batch);
+        let props = bulky_columns_plain(self.props.clone(), first);
         let mut writer =
-            ArrowWriter::try_new(&mut buf, batch.schema(), Some(props)).map_err(bad)?;
-        writer.write(batch).map_err(bad)?;
+            ArrowWriter::try_new(&mut buf, first.schema(), Some(props)).map_err(bad)?;
+        for batch in batches {
+            writer.write(batch).map_err(bad)?;
+        }
         writer.close().map_err(bad)?;
         Ok(Bytes::from(buf))
     }
@@ -245,37 +323,41 @@ impl ArchiveWriter {
         let Some(bytes) = self.store.get(path).await? else {
             return Ok(Vec::new());
         };
-        // The Parquet decoder is not panic-free on every malformed page; a bad file must
-        // come back as an error naming it, not take the process down.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.decode(path, bytes)))
-            .unwrap_or_else(|_| {
-                Err(storage_msg(
-                    self.store.url(),
-                    path,
-                    StorageKind::Other,
-                    "the Parquet decoder failed on this file",
-                ))
-            })
+        let batches = self.read_batches(path, bytes)?;
+        self.decode(path, batches)
     }
 
-    fn decode(&self, path: &str, bytes: Bytes) -> Result<Vec<ArchivedSample>> {
+    /// The record batches of the archive file at `path` (its bytes).
+    fn read_batches(&self, path: &str, bytes: Bytes) -> Result<Vec<RecordBatch>> {
         let bad =
             |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
-        // The footer is checked before the reader decodes it, and the page headers before
-        // it sizes buffers by them.
-        super::spill::footer_metadata(&bytes).map_err(|e| bad(&e))?;
-        let builder =
-            ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
-        for group in builder.metadata().row_groups() {
-            for column in group.columns() {
-                super::spill::check_chunk_pages(column, &bytes).map_err(|e| bad(&e))?;
+        // The Parquet decoder is not panic-free on every malformed page; a bad file must
+        // come back as an error naming it, not take the process down.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            // The footer is checked before the reader decodes it, and the page headers
+            // before it sizes buffers by them.
+            super::spill::footer_metadata(&bytes).map_err(|e| bad(&e))?;
+            let builder =
+                ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
+            for group in builder.metadata().row_groups() {
+                for column in group.columns() {
+                    super::spill::check_chunk_pages(column, &bytes).map_err(|e| bad(&e))?;
+                }
             }
-        }
-        let reader = builder.build().map_err(|e| bad(&e))?;
+            let reader = builder.build().map_err(|e| bad(&e))?;
+            reader
+                .map(|batch| batch.map_err(|e| bad(&e)))
+                .collect::<Result<Vec<_>>>()
+        }))
+        .unwrap_or_else(|_| Err(bad(&"the Parquet decoder failed on this file")))
+    }
+
+    fn decode(&self, path: &str, batches: Vec<RecordBatch>) -> Result<Vec<ArchivedSample>> {
+        let bad =
+            |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
         let (environment, version) = partition_values(path);
         let mut out = Vec::new();
-        for batch in reader {
-            let batch = batch.map_err(|e| bad(&e))?;
+        for batch in batches {
             let read_by =
                 string_lists(&batch, "read_by").ok_or_else(|| bad(&"no read_by column"))?;
             let reasons =
@@ -470,90 +552,4 @@ fn string_lists(batch: &RecordBatch, name: &str) -> Option<Vec<Vec<String>>> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn partition_values_round_trip_through_paths() {
-        for env in ["math", "code/python", "a b=c%"] {
-            let s = Sample::new("x")
-                .meta(ENVIRONMENT, env)
-                .meta(POLICY_VERSION, 7i64);
-            let dir = partition_dir(&s).unwrap_or_default();
-            assert!(!dir["archive/".len()..].contains("//"));
-            assert_eq!(dir.matches('/').count(), 2, "{dir}");
-            assert_eq!(partition_values(&dir), (Some(env.to_string()), Some(7)));
-        }
-        let bare = partition_dir(&Sample::new("y")).unwrap_or_default();
-        assert_eq!(partition_values(&bare), (None, None));
-        assert!(bare.contains(NULL_PARTITION));
-        let literal = Sample::new("z").meta(ENVIRONMENT, NULL_PARTITION);
-        let dir = partition_dir(&literal).unwrap_or_default();
-        assert_eq!(partition_values(&dir).0.as_deref(), Some(NULL_PARTITION));
-        let wrong = Sample::new("w").meta(POLICY_VERSION, "v3");
-        assert!(matches!(partition_dir(&wrong), Err(Error::Arrow { .. })));
-    }
-
-    #[test]
-    fn only_bulky_text_and_binary_columns_lose_dictionary_and_statistics() {
-        let chat = "x".repeat(BULKY_VALUE_BYTES + 1);
-        let columns: Vec<(&str, ArrayRef)> = vec![
-            ("id", Arc::new(StringArray::from(vec!["a", "b"]))),
-            ("chat", Arc::new(StringArray::from(vec![chat.as_str(); 2]))),
-            (
-                "blob",
-                Arc::new(arrow_array::BinaryArray::from(vec![chat.as_bytes(); 2])),
-            ),
-            // Exactly the bound on average: not bulky.
-            (
-                "edge",
-                Arc::new(StringArray::from(vec!["y".repeat(BULKY_VALUE_BYTES); 2])),
-            ),
-            (
-                "reward",
-                Arc::new(arrow_array::Float64Array::from(vec![1.0, 0.0])),
-            ),
-            (
-                "chats",
-                Arc::new(ListArray::new(
-                    Arc::new(Field::new("item", DataType::Utf8, false)),
-                    OffsetBuffer::from_lengths([3, 1]),
-                    Arc::new(StringArray::from(vec![chat.as_str(); 4])),
-                    None,
-                )),
-            ),
-        ];
-        let batch = RecordBatch::try_from_iter(columns).expect("batch");
-        let props = bulky_columns_plain(WriterProperties::default(), &batch);
-        for (name, bulky) in [
-            ("id", false),
-            ("chat", true),
-            ("blob", true),
-            ("edge", false),
-            ("reward", false),
-            ("chats.list.item", true),
-        ] {
-            let path = ColumnPath::new(name.split('.').map(str::to_owned).collect());
-            assert_eq!(props.dictionary_enabled(&path), !bulky, "{name}");
-            let none = props.statistics_enabled(&path) == EnabledStatistics::None;
-            assert_eq!(none, bulky, "{name}");
-        }
-        // The paths are the writer's own: the bulky chunks come out plain, without min / max.
-        let mut file = Vec::new();
-        let mut writer =
-            ArrowWriter::try_new(&mut file, batch.schema(), Some(props)).expect("writer");
-        writer.write(&batch).expect("write");
-        writer.close().expect("close");
-        let reader =
-            parquet::file::reader::SerializedFileReader::new(Bytes::from(file)).expect("read");
-        let group = parquet::file::reader::FileReader::metadata(&reader)
-            .row_group(0)
-            .clone();
-        for chunk in group.columns() {
-            let name = chunk.column_path().string();
-            let bulky = ["chat", "blob", "chats.list.item"].contains(&name.as_str());
-            assert_eq!(chunk.statistics().is_none(), bulky, "{name}");
-            assert_eq!(chunk.dictionary_page_offset().is_none(), bulky, "{name}");
-        }
-    }
-}
+mod tests;

@@ -9,6 +9,14 @@
 //! written before any data file that uses a new column, so a crash never leaves a file
 //! with a column the schema lacks; a damaged schema file is rebuilt from the files.
 //! Archives written before it existed are left as they are.
+//!
+//! When a write adds a column, the files written before it are rewritten with it (nulls),
+//! so every file of the dataset has the same columns, which Polars' readers require by
+//! default (a file with a column the first one lacks is an error to them). A mark,
+//! `archive_schema.widening`, is stored before the grown schema and removed once every
+//! earlier file is rewritten; a writer that finds it when it loads the schema (after a
+//! crash) rewrites what is left. Columns are added rarely (while a run's first rows show
+//! which fields and metadata they carry), so the rewrites are few.
 
 use super::store::{storage_err, Store};
 use crate::error::{Error, Result};
@@ -21,6 +29,10 @@ use parquet::arrow::ArrowWriter;
 
 /// Where the schema is kept, relative to the store.
 pub(crate) const SCHEMA_FILE: &str = "archive_schema.parquet";
+
+/// Present while the archive's earlier files are rewritten with the columns it gained
+/// (`ArchiveWriter::widen`), so a writer after a crash finishes the rewrite.
+pub(crate) const WIDENING_FILE: &str = "archive_schema.widening";
 
 /// `known` with the columns of `batch` it lacks appended (nullable); `known` itself when
 /// it has them all.
@@ -53,6 +65,18 @@ pub(crate) fn merge(known: Option<&SchemaRef>, batch: &Schema) -> Result<SchemaR
         Some(k) if fields.len() == before => Ok(Arc::clone(k)),
         _ => Ok(Arc::new(Schema::new(fields))),
     }
+}
+
+/// Whether a file of columns `file` is to be widened to `schema`: it has fewer columns,
+/// and each of its columns is in `schema` with the same type (so conforming it to
+/// `schema` drops nothing).
+pub(crate) fn widens(file: &Schema, schema: &Schema) -> bool {
+    file.fields().len() < schema.fields().len()
+        && file.fields().iter().all(|f| {
+            schema
+                .field_with_name(f.name())
+                .is_ok_and(|k| k.data_type() == f.data_type())
+        })
 }
 
 /// `batch` with `schema`'s columns in its order, nulls for those it lacks.

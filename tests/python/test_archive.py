@@ -3,11 +3,13 @@ an analyst would, and checks every row against the formulas the example uses.
 
 usage: python3 tests/python/test_archive.py <archive dir> <n>
 """
+import glob
 import sys
 
 import duckdb
 import polars as pl
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 
 def expected(n):
@@ -61,13 +63,21 @@ def main():
         f"SELECT environment, count(*) FROM read_parquet('{path}/**/*.parquet', hive_partitioning = true) "
         "GROUP BY environment ORDER BY environment NULLS LAST"
     ).fetchall()
-    # Polars wants one schema per dataset: every file carries every column.
+    # Polars wants one schema per dataset: every file carries every column, in one order,
+    # including `judge`, which the archive gained after the first half's files were written.
+    files = sorted(glob.glob(f"{path}/**/*.parquet", recursive=True))
+    schemas = {tuple(pq.read_schema(f).names) for f in files}
+    assert len(schemas) == 1, schemas
+    assert len(files) > len(by_env), f"{len(files)} files: the archive was written more than once"
     frame = pl.read_parquet(f"{path}/**/*.parquet", hive_partitioning=True)
     assert frame.height == n, frame.height
     flagged = dict(zip(frame["id"].to_list(), frame["flagged"].to_list()))
     for i in range(n):
         want_flag = (i % 8 == 0) if i % 4 == 0 else None
         assert flagged[f"rollout-{i}"] == want_flag, (i, flagged[f"rollout-{i}"])
+    judged = dict(zip(frame["id"].to_list(), frame["judge"].to_list()))
+    for i in range(n):
+        assert judged[f"rollout-{i}"] == ("v2" if i >= n // 2 else None), (i, judged[f"rollout-{i}"])
     assert abs(frame["reward"].sum() - sum(r["reward"] for r in want.values())) < 1e-9
     print(f"archive read by pyarrow, DuckDB and Polars: {n} rows; per environment {by_env}")
     print("1 passed, 0 failed")
