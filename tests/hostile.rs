@@ -89,6 +89,20 @@ async fn salvage(files: &Files, setup: Setup) -> Result<Vec<(String, Sample)>, E
     read_back(files, setup, true).await
 }
 
+/// Repairs a copy of `files`, then opens it strictly, reading nothing.
+async fn opens_after_repair(files: &Files, setup: Setup) -> Result<(), Error> {
+    let store = store_with(files).await;
+    let open = async {
+        rollout_buffer::persist::repair(&store).await?;
+        SequenceBuffer::open_in(store, config(setup.budget), options(setup.checkpoint_bytes))
+            .await
+            .map(drop)
+    };
+    tokio::time::timeout(Duration::from_secs(20), open)
+        .await
+        .unwrap_or_else(|_| panic!("repairing and opening a damaged store hung"))
+}
+
 async fn read_back(
     files: &Files,
     setup: Setup,
@@ -182,7 +196,32 @@ fn damages(bytes: &Bytes) -> Vec<(String, Bytes)> {
     out
 }
 
+/// A thread that ends the process, naming the damage, when the sweep sends no word for
+/// [`HANG`]: a synchronous loop in a decoder holds the test runtime's only thread, where
+/// `tokio::time::timeout` never gets to fire, so only another thread can tell a hang.
+fn watchdog() -> std::sync::mpsc::Sender<String> {
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        let mut last = String::from("the undamaged run");
+        loop {
+            match rx.recv_timeout(HANG) {
+                Ok(what) => last = what,
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    eprintln!("hung for {HANG:?} on {last}");
+                    std::process::abort();
+                }
+            }
+        }
+    });
+    tx
+}
+
+/// Longer than any one damage takes to open and salvage (milliseconds in a debug build).
+const HANG: Duration = Duration::from_secs(60);
+
 async fn sweep(setup: Setup, kinds: &[&str]) -> usize {
+    let alive = watchdog();
     let files = run(setup).await;
     let good = states(&files, setup).await;
     assert!(!good.is_empty(), "the undamaged run opens");
@@ -192,6 +231,8 @@ async fn sweep(setup: Setup, kinds: &[&str]) -> usize {
             continue;
         }
         for (what, damaged) in damages(bytes) {
+            // The watchdog ends only when the sweep does: a send cannot fail before.
+            let _ = alive.send(format!("{path} with {what}"));
             let mut copy = files.clone();
             copy[at].1 = damaged;
             tried += 1;
@@ -221,6 +262,13 @@ async fn sweep(setup: Setup, kinds: &[&str]) -> usize {
                         "{path} with {what}: salvage invented {sample:?}"
                     );
                 }
+            } else {
+                // A damaged spill segment never keeps a store from opening: its samples'
+                // loads fail instead, naming it (checked above), so salvage has nothing to
+                // move, and the store opens after it too.
+                opens_after_repair(&copy, setup)
+                    .await
+                    .unwrap_or_else(|e| panic!("{path} with {what}: salvage failed: {e}"));
             }
         }
     }
