@@ -40,10 +40,14 @@ use std::time::{Duration, Instant};
 pub(crate) const RECYCLED_DIR: &str = ".recycled";
 /// Spare files kept at most; a delete beyond them deletes. A checkpoint retires every log
 /// file written since the one before (thousands under load) and the writer uses several
-/// hundred a second.
-const MAX_SPARES: usize = 4096;
-/// Bytes the spares may hold on disk, at most.
-const MAX_SPARES_BYTES: u64 = 256 << 20;
+/// hundred a second, so the spares must hold a whole checkpoint interval's files: with
+/// 4,096 files and 256 MiB, the server's 256 MiB checkpoints retired more than was kept,
+/// and the writer ran out before the next checkpoint and created a file per group again
+/// (a sixth of the server's CPU under single writes, in steady state).
+const MAX_SPARES: usize = 16384;
+/// Bytes the spares may hold on disk, at most (disk, not memory: the spares are what the
+/// last checkpoints retired, used up as the log is written).
+const MAX_SPARES_BYTES: u64 = 1 << 30;
 /// Larger files are deleted, not kept: reusing them would save little against their size.
 const MAX_SPARE_BYTES: u64 = 8 << 20;
 /// How long a spare stays aside before it is written again.
