@@ -365,3 +365,56 @@ async fn the_archiver_writes_once_the_pending_bytes_reach_max_bytes() {
     archiver.flush().await.expect("flush");
     assert_eq!(reader.read_all().await.expect("read").len(), 8);
 }
+
+/// A widening whose rewrite fails (the write that grew the schema returns the error) is
+/// done by the next write, which gains no column: afterwards every file has the same
+/// columns and the mark is gone.
+#[tokio::test]
+async fn a_failed_widening_is_done_by_the_next_write() {
+    let faulty = common::faulty::FaultyStore::new(std::sync::Arc::new(
+        object_store::memory::InMemory::new(),
+    ));
+    let store = Store::from_object_store(std::sync::Arc::clone(&faulty) as _, "");
+    let writer = ArchiveWriter::new(store.clone());
+    // Rollouts 0, 4, 8, ...: one partition (math, version 3), so one file a write.
+    let rows = |from: usize, advantage: bool| -> Vec<ArchivedSample> {
+        archived(from + 12)
+            .into_iter()
+            .skip(from)
+            .step_by(4)
+            .map(|mut r| {
+                if advantage {
+                    r.sample = r.sample.with("advantage", 1.5f64);
+                }
+                r
+            })
+            .collect()
+    };
+    let first = writer.write(&rows(0, false)).await.expect("write");
+    // The mark, the grown schema and the new file go through; the rewrite fails.
+    faulty.set_after(common::faulty::Fault::Fail, 3);
+    assert!(writer.write(&rows(12, true)).await.is_err());
+    faulty.set(common::faulty::Fault::None);
+    let widened = column_names(&store, &first).await;
+    assert!(
+        !widened.contains(&"advantage".to_owned()),
+        "not rewritten yet"
+    );
+    writer.write(&rows(24, false)).await.expect("write");
+    let files: Vec<String> = store
+        .list("archive")
+        .await
+        .expect("list")
+        .into_iter()
+        .filter(|p| p.ends_with(".parquet"))
+        .collect();
+    assert_eq!(files.len(), 3, "{files:?}");
+    let names = column_names(&store, &files).await;
+    assert_eq!(names.last().map(String::as_str), Some("advantage"));
+    assert!(store
+        .get("archive_schema.widening")
+        .await
+        .expect("get")
+        .is_none());
+    assert_eq!(writer.read_all().await.expect("read").len(), 9);
+}

@@ -23,7 +23,7 @@ use crate::arrow::{from_record_batch, to_record_batch};
 use crate::error::{Error, Result, StorageKind};
 use crate::exit::ExitReason;
 use crate::sample::{MetaValue, Sample};
-use crate::sync::{Arc, Mutex};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering};
 use arrow_array::{ArrayRef, ListArray, RecordBatch, StringArray};
 use arrow_buffer::OffsetBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
@@ -107,6 +107,9 @@ pub struct ArchiveWriter {
     props: WriterProperties,
     /// The archive's columns so far (see `archive_schema.rs`); `None` until loaded.
     schema: Arc<Mutex<Option<Option<SchemaRef>>>>,
+    /// Set while files written before the archive's last new column may still lack it:
+    /// the next write rewrites them ([`Self::widen`]), again after a failed attempt.
+    unwidened: Arc<AtomicBool>,
 }
 
 impl ArchiveWriter {
@@ -121,25 +124,26 @@ impl ArchiveWriter {
             store,
             props,
             schema: Arc::new(Mutex::new(None)),
+            unwidened: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// The archive's schema so far, read from the store on first use; a widening a crash
-    /// interrupted (see [`Self::widen`]) is finished first.
+    /// interrupted (see [`Self::widen`]) is left to the write that asked, once its own
+    /// files are written.
     async fn known_schema(&self) -> Result<Option<SchemaRef>> {
         if let Some(known) = self.schema.lock().clone() {
             return Ok(known);
         }
         let loaded = archive_schema::load(&self.store).await?;
-        if let Some(schema) = &loaded {
-            if self
+        if loaded.is_some()
+            && self
                 .store
                 .get(archive_schema::WIDENING_FILE)
                 .await?
                 .is_some()
-            {
-                self.widen(schema, &[]).await?;
-            }
+        {
+            self.unwidened.store(true, Ordering::Release);
         }
         Ok(self.schema.lock().get_or_insert(loaded).clone())
     }
@@ -149,12 +153,16 @@ impl ArchiveWriter {
     /// again after the archive gained a column; then removes the widening mark.
     ///
     /// The mark is stored before the grown schema, so a crash anywhere in between leaves
-    /// it, and the next writer's first use of the archive widens again (a file already
-    /// wide is left alone). A file that does not read, or whose columns are not all in
+    /// it, and the next writer's first write widens again (a file already wide is left
+    /// alone); a widening that fails is tried again by the next write. Nothing is done
+    /// when no widening is due. A file that does not read, or whose columns are not all in
     /// `schema` with the same types (one written before the archive kept a schema), is left
     /// as it is: widening never drops a column. Files are replaced whole, so a reader sees
     /// a file before or after, never part of one.
     async fn widen(&self, schema: &SchemaRef, skip: &[String]) -> Result<()> {
+        if !self.unwidened.load(Ordering::Acquire) {
+            return Ok(());
+        }
         for path in self.store.list("archive").await? {
             if !path.ends_with(".parquet") || skip.contains(&path) {
                 continue;
@@ -187,7 +195,9 @@ impl ArchiveWriter {
                 "widened an archive file"
             );
         }
-        self.store.delete(archive_schema::WIDENING_FILE).await
+        self.store.delete(archive_schema::WIDENING_FILE).await?;
+        self.unwidened.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Writes `samples`, one Parquet file per partition, and returns the paths written
@@ -237,6 +247,7 @@ impl ArchiveWriter {
         let grown = known.as_ref().is_some_and(|k| k != &schema);
         if known.as_ref() != Some(&schema) {
             if grown {
+                self.unwidened.store(true, Ordering::Release);
                 self.store
                     .put(archive_schema::WIDENING_FILE, Bytes::new())
                     .await?;
@@ -255,9 +266,8 @@ impl ArchiveWriter {
             self.store.put(&path, bytes).await?;
             written.push(path);
         }
-        if grown {
-            self.widen(&schema, &written).await?;
-        }
+        // Also after a widening that failed, or one a crash interrupted.
+        self.widen(&schema, &written).await?;
         Ok(written)
     }
 
