@@ -79,6 +79,21 @@ async fn column_names(store: &Store, paths: &[String]) -> Vec<String> {
     names.unwrap_or_default()
 }
 
+/// The data files of the archive in `store`.
+async fn archive_files(store: &Store) -> Vec<String> {
+    let listed = store.list("archive").await.expect("list");
+    listed
+        .into_iter()
+        .filter(|p| p.ends_with(".parquet"))
+        .collect()
+}
+
+/// Whether the mark of a widening not finished yet is in `store`.
+async fn widening_marked(store: &Store) -> bool {
+    let mark = store.get("archive_schema.widening").await.expect("get");
+    mark.is_some()
+}
+
 async fn archive_suite(store: Store) {
     let writer = ArchiveWriter::new(store.clone());
     let rows = archived(40);
@@ -127,20 +142,13 @@ async fn archive_suite(store: Store) {
     assert_eq!(grown.last().map(String::as_str), Some("advantage"));
     // The files written before it are rewritten with it (nulls): every file of the dataset
     // has the same columns again, and its rows read back as they were.
-    let files: Vec<String> = store
-        .list("archive")
-        .await
-        .expect("list")
-        .into_iter()
-        .filter(|p| p.ends_with(".parquet"))
-        .collect();
+    let files = archive_files(&store).await;
     assert_eq!(files.len(), paths.len() + later.len(), "{files:?}");
     assert_eq!(column_names(&store, &files).await, grown);
-    assert!(store
-        .get("archive_schema.widening")
-        .await
-        .expect("get")
-        .is_none());
+    assert!(
+        !widening_marked(&store).await,
+        "the widening mark is removed"
+    );
     // (`more` reuses ids of `rows`: its rows are the ones with an advantage.)
     let ordered = |mut rows: Vec<ArchivedSample>| {
         rows.sort_by_key(|r| (r.sample.id().clone(), r.sample.get("advantage").is_some()));
@@ -401,20 +409,13 @@ async fn a_failed_widening_is_done_by_the_next_write() {
         "not rewritten yet"
     );
     writer.write(&rows(24, false)).await.expect("write");
-    let files: Vec<String> = store
-        .list("archive")
-        .await
-        .expect("list")
-        .into_iter()
-        .filter(|p| p.ends_with(".parquet"))
-        .collect();
+    let files = archive_files(&store).await;
     assert_eq!(files.len(), 3, "{files:?}");
     let names = column_names(&store, &files).await;
     assert_eq!(names.last().map(String::as_str), Some("advantage"));
-    assert!(store
-        .get("archive_schema.widening")
-        .await
-        .expect("get")
-        .is_none());
+    assert!(
+        !widening_marked(&store).await,
+        "the widening mark is removed"
+    );
     assert_eq!(writer.read_all().await.expect("read").len(), 9);
 }
