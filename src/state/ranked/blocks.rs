@@ -70,14 +70,20 @@ fn sum_of_groups(groups: &[f64; GROUPS]) -> f64 {
     (acc[0] + acc[1]) + (acc[2] + acc[3])
 }
 
+/// One block of entries. Laid out by hand, a line at a time, because a draw in a cold
+/// index pays a cache miss per line it touches: the first line holds what every lookup
+/// reads (the live bits and where the entries and weights are), the next two the group
+/// sums a weighted draw walks, the last the block's totals, which only a weighted index
+/// reads.
 #[derive(Debug, Clone)]
+#[repr(C, align(64))]
 pub(super) struct Block<K> {
+    /// Bit `i`: entry `i` is live.
+    pub(super) live: u128,
     /// Sorted by key; live entries and tombstones.
     pub(super) entries: Vec<(K, u32)>,
     /// Per entry, `>= 0`, zero for a tombstone; empty in an unweighted index.
     pub(super) weights: Vec<f64>,
-    /// Bit `i`: entry `i` is live.
-    pub(super) live: u128,
     /// Per group of [`GROUP`] consecutive entries, the sum of their weights: a weight
     /// change recomputes its group and then the block's sum from the groups, and a
     /// weighted draw walks the groups before it scans one group's weights.
@@ -136,23 +142,12 @@ impl<K: Copy> Block<K> {
     /// `[0, sum)`): the group first, then the entry in it. Past the last weighted entry
     /// (rounding), the last one.
     pub(super) fn weighted_position(&self, u: f64) -> Option<usize> {
-        let (g, mut u) = self.weighted_group(u)?;
-        let end = (g * GROUP + GROUP).min(self.weights.len());
-        let mut last = None;
-        for (at, &w) in self.weights[g * GROUP..end].iter().enumerate() {
-            if w > 0.0 {
-                last = Some(g * GROUP + at);
-                if u < w {
-                    break;
-                }
-                u -= w;
-            }
-        }
-        last
+        let (g, u) = self.weighted_group(u)?;
+        self.position_in_group(g, u)
     }
 
     /// The group of [`Self::weighted_position`], and what is left of `u` there.
-    fn weighted_group(&self, mut u: f64) -> Option<(usize, f64)> {
+    pub(super) fn weighted_group(&self, mut u: f64) -> Option<(usize, f64)> {
         let mut last_group = None;
         for (g, &s) in self.groups.iter().enumerate() {
             if s > 0.0 {
@@ -166,40 +161,53 @@ impl<K: Copy> Block<K> {
         last_group
     }
 
-    /// Prefetches the weights of the group [`Self::weighted_position`] of `u` scans.
-    pub(super) fn prefetch_weights(&self, u: f64) {
-        if let Some(w) = self
-            .weighted_group(u)
-            .and_then(|(g, _)| self.weights.get(g * GROUP))
-        {
+    /// The weighted entry of group `g` where the running total of its weights crosses
+    /// `u` (what [`Self::weighted_group`] left of it); past the last, the last one.
+    pub(super) fn position_in_group(&self, g: usize, mut u: f64) -> Option<usize> {
+        let start = g * GROUP;
+        let group = self
+            .weights
+            .get(start..(start + GROUP).min(self.weights.len()))?;
+        let mut last = None;
+        for (at, &w) in group.iter().enumerate() {
+            if w > 0.0 {
+                last = Some(start + at);
+                if u < w {
+                    break;
+                }
+                u -= w;
+            }
+        }
+        last
+    }
+
+    /// Prefetches the weights of group `g`.
+    pub(super) fn prefetch_group(&self, g: usize) {
+        if let Some(w) = self.weights.get(g * GROUP) {
             prefetch(w);
         }
     }
 
-    /// Prefetches the entries of the group [`Self::weighted_position`] of `u` lands in
-    /// (one of them; they span a few lines).
-    pub(super) fn prefetch_entries(&self, u: f64) {
-        if let Some((g, _)) = self.weighted_group(u) {
-            for entry in self.entries.iter().skip(g * GROUP).take(GROUP) {
-                prefetch(entry);
-            }
+    /// Prefetches the line of entry `at`'s slot, which taking it reads.
+    pub(super) fn prefetch_entry(&self, at: usize) {
+        if let Some(entry) = self.entries.get(at) {
+            prefetch(&entry.1);
         }
     }
 
-    /// Prefetches the fields every lookup in the block reads first: its live bits and
-    /// where its entries and weights are, and its weight sum.
+    /// Prefetches the line every lookup in the block reads first: its live bits and
+    /// where its entries and weights are.
     pub(super) fn prefetch_header(&self) {
         prefetch(&self.live);
-        prefetch(&self.sum);
-        prefetch(&self.entries);
-        prefetch(&self.weights);
     }
 
-    /// Prefetches the group sums a weighted draw walks.
+    /// Prefetches what a weighted draw reads next: the group sums it walks, and the
+    /// block's totals its removal rewrites.
     pub(super) fn prefetch_sums(&self) {
         for quad in self.groups.chunks(GROUP) {
             prefetch(&quad[0]);
         }
+        prefetch(&self.sum);
     }
 
     /// Live entries.
@@ -349,10 +357,19 @@ impl Tree {
     }
 
     fn set_leaf<K: Copy>(&mut self, b: usize, block: &Block<K>) {
-        let node = Node {
-            count: block.live_len() as u32,
-            weighted: block.weighted,
-            sum: block.sum,
+        // An unweighted index reads only the live bits: the totals sit on another line
+        // of the block, cold when a batch is taken from a large index.
+        let node = if self.weighted {
+            Node {
+                count: block.live_len() as u32,
+                weighted: block.weighted,
+                sum: block.sum,
+            }
+        } else {
+            Node {
+                count: block.live_len() as u32,
+                ..Node::default()
+            }
         };
         self.set_node(self.leaves + b, node);
     }
@@ -530,5 +547,24 @@ impl Tree {
             self.weight_step(&mut i, &mut u);
         }
         (i - self.leaves, u.max(0.0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{align_of, offset_of, size_of};
+
+    /// The layout [`Block`] documents: what every lookup reads on the first line, the group
+    /// sums on the next two, the totals after them.
+    #[test]
+    fn a_block_keeps_what_a_lookup_reads_on_its_first_line() {
+        type B = Block<(u64, u64)>;
+        assert_eq!(align_of::<B>(), 64);
+        assert_eq!(offset_of!(B, live), 0);
+        assert!(offset_of!(B, entries) + size_of::<Vec<((u64, u64), u32)>>() <= 64);
+        assert!(offset_of!(B, weights) + size_of::<Vec<f64>>() <= 64);
+        assert_eq!(offset_of!(B, groups), 64);
+        assert_eq!(offset_of!(B, sum), 64 + 8 * GROUPS);
     }
 }

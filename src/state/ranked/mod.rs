@@ -403,26 +403,40 @@ impl<K: Ord + Copy> RankedIndex<K> {
         Some((b, self.blocks.get(b)?.weighted_position(u)?))
     }
 
-    /// Prefetches what the weighted draws that walked the tree to `found` read next,
-    /// in passes, so the misses of each overlap: the blocks' headers and group sums,
-    /// then the group of weights each draw scans, then its entries.
-    fn prefetch_draws(&self, found: &[(usize, f64)]) {
+    /// The positions of the weighted draws that walked the tree to `found`, in passes so
+    /// the misses of each overlap: the blocks' first lines and group sums, then the group
+    /// of weights each draw scans; then, with the positions known, each drawn entry's
+    /// line, which taking it reads. `None`: a block with no weight (not expected).
+    fn draw_positions(&self, found: &[(usize, f64)]) -> Vec<(usize, Option<usize>)> {
         for &(b, _) in found {
             if let Some(block) = self.blocks.get(b) {
                 block.prefetch_header();
                 block.prefetch_sums();
             }
         }
-        for &(b, u) in found {
-            if let Some(block) = self.blocks.get(b) {
-                block.prefetch_weights(u);
+        let groups: Vec<Option<(usize, f64)>> = found
+            .iter()
+            .map(|&(b, u)| {
+                let block = self.blocks.get(b)?;
+                let (g, u) = block.weighted_group(u)?;
+                block.prefetch_group(g);
+                Some((g, u))
+            })
+            .collect();
+        let drawn: Vec<(usize, Option<usize>)> = found
+            .iter()
+            .zip(groups)
+            .map(|(&(b, _), group)| {
+                let at = group.and_then(|(g, u)| self.blocks.get(b)?.position_in_group(g, u));
+                (b, at)
+            })
+            .collect();
+        for &(b, at) in &drawn {
+            if let (Some(block), Some(at)) = (self.blocks.get(b), at) {
+                block.prefetch_entry(at);
             }
         }
-        for &(b, u) in found {
-            if let Some(block) = self.blocks.get(b) {
-                block.prefetch_entries(u);
-            }
-        }
+        drawn
     }
 
     /// Prefetches what putting back `slots` (a released lease) will read: their hints,
@@ -487,13 +501,8 @@ impl<K: Ord + Copy> RankedIndex<K> {
             let found = self
                 .tree
                 .find_weights((0..need).map(|_| rng.unit() * total));
-            self.prefetch_draws(&found);
-            for (b, u) in found {
-                let Some(at) = self
-                    .blocks
-                    .get(b)
-                    .and_then(|block| block.weighted_position(u))
-                else {
+            for (b, at) in self.draw_positions(&found) {
+                let Some(at) = at else {
                     // Not expected (a walk only ends in a block with weight), but counted,
                     // so the loop ends whatever the draws find.
                     repeats += 1;
