@@ -9,14 +9,23 @@
 //!
 //! ```text
 //! cargo run --release --example selection [-- --sizes 1024,65536,1048576 --batches 2000 --rounds 5
-//!     --policies Fifo,Uniform,Recency,Prioritized]
+//!     --policies Fifo,Uniform,Recency,Prioritized,memory]
 //! {"policy": "Prioritized", "eligible": 1048576, "batch": 64, "us_per_batch": ...}
 //! ```
+//!
+//! The `memory` line of each size is what the machine charges, at that size, for what a
+//! randomised batch cannot avoid: per sample, [`FLOOR_LINES`] random cache lines of tables
+//! of `eligible` lines each (its index entry, its slot's line, its sample's reference and
+//! that reference's count), the 64 samples' loads all issued together, as the batch's
+//! prefetch passes issue them. On a shared host that cost moves from hour to hour; the line
+//! shows how far it moved in the run the policies' figures come from.
 
 use rollout_buffer::{RpcDef, Sample, Selection, SequenceBuffer};
 use std::time::Instant;
 
 const BATCH: usize = 64;
+/// Random lines per sample the `memory` line touches.
+const FLOOR_LINES: usize = 4;
 
 struct Args {
     sizes: Vec<usize>,
@@ -110,8 +119,53 @@ async fn round(buf: &SequenceBuffer, batches: usize) -> Result<f64, String> {
     Ok(start.elapsed().as_secs_f64() * 1e6 / batches as f64)
 }
 
+/// One cache line of a `memory` table.
+#[derive(Clone, Copy)]
+#[repr(align(64))]
+struct Line([u64; 8]);
+
+/// Mean microseconds to load, for each of a batch's samples, one random line of each of
+/// [`FLOOR_LINES`] tables of `eligible` lines (see the module docs).
+fn memory_floor(eligible: usize, batches: usize) -> f64 {
+    let tables: Vec<Vec<Line>> = (0..FLOOR_LINES)
+        .map(|t| vec![Line([t as u64 + 1; 8]); eligible.max(1)])
+        .collect();
+    // xorshift64: the draws must cost next to nothing beside the loads.
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut draw = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state as usize % eligible.max(1)
+    };
+    let mut picks = vec![0usize; BATCH];
+    let mut sum = 0u64;
+    let start = Instant::now();
+    for _ in 0..batches {
+        picks.iter_mut().for_each(|p| *p = draw());
+        for table in &tables {
+            for &p in &picks {
+                sum = sum.wrapping_add(table[p].0[0]);
+            }
+        }
+    }
+    std::hint::black_box(sum);
+    start.elapsed().as_secs_f64() * 1e6 / batches as f64
+}
+
 async fn run(args: Args) -> Result<(), String> {
     for &eligible in &args.sizes {
+        if args.policies.is_empty() || args.policies.iter().any(|p| p == "memory") {
+            memory_floor(eligible, args.batches / 4 + 1);
+            let mut times: Vec<f64> = (0..args.rounds)
+                .map(|_| memory_floor(eligible, args.batches))
+                .collect();
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            println!(
+                "{{\"policy\": \"memory\", \"eligible\": {eligible}, \"batch\": {BATCH}, \"lines_per_sample\": {FLOOR_LINES}, \"us_per_batch\": {median:.2}}}"
+            );
+        }
         for (name, selection) in policies() {
             if !args.policies.is_empty() && !args.policies.iter().any(|p| p == name) {
                 continue;
