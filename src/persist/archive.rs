@@ -170,19 +170,20 @@ impl ArchiveWriter {
             let Some(bytes) = self.store.get(&path).await? else {
                 continue;
             };
-            let batches = match self.read_batches(&path, bytes) {
+            // Its columns from its footer first: most files are already wide, and those
+            // are not decoded.
+            let batches = match self.file_schema(&path, &bytes) {
+                Ok(columns) if !archive_schema::widens(&columns, schema) => continue,
+                Ok(_) => self.read_batches(&path, bytes),
+                Err(e) => Err(e),
+            };
+            let batches = match batches {
                 Ok(batches) => batches,
                 Err(e) => {
                     tracing::warn!(path, error = %e, "an unreadable archive file is not widened");
                     continue;
                 }
             };
-            let Some(first) = batches.first() else {
-                continue;
-            };
-            if !archive_schema::widens(&first.schema(), schema) {
-                continue;
-            }
             let wide = batches
                 .iter()
                 .map(|b| archive_schema::conform(b, schema))
@@ -335,6 +336,20 @@ impl ArchiveWriter {
         };
         let batches = self.read_batches(path, bytes)?;
         self.decode(path, batches)
+    }
+
+    /// The columns of the archive file at `path` (its bytes), from its footer alone.
+    fn file_schema(&self, path: &str, bytes: &Bytes) -> Result<SchemaRef> {
+        let bad =
+            |e: &dyn std::fmt::Display| storage_msg(self.store.url(), path, StorageKind::Other, e);
+        // As in `read_batches`: the footer is checked before the decoder reads it.
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::spill::footer_metadata(bytes).map_err(|e| bad(&e))?;
+            let builder =
+                ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).map_err(|e| bad(&e))?;
+            Ok(Arc::clone(builder.schema()))
+        }))
+        .unwrap_or_else(|_| Err(bad(&"the Parquet decoder failed on this file")))
     }
 
     /// The record batches of the archive file at `path` (its bytes).
