@@ -432,6 +432,10 @@ impl Tree {
         if len != 2 * self.leaves || blocks.len() > self.leaves {
             return Err(format!("{len} nodes for {} blocks", blocks.len()));
         }
+        // Node 0 is no node (the root is 1): nothing may write it.
+        if node(0).is_some_and(|n| n != (0, 0, 0.0)) {
+            return Err("node 0 written".into());
+        }
         for b in 0..self.leaves {
             let want = blocks.get(b).map_or((0, 0, 0.0), |block| {
                 let (weighted, sum) = if self.weighted {
@@ -566,5 +570,70 @@ mod tests {
         assert!(offset_of!(B, weights) + size_of::<Vec<f64>>() <= 64);
         assert_eq!(offset_of!(B, groups), 64);
         assert_eq!(offset_of!(B, sum), 64 + 8 * GROUPS);
+    }
+
+    /// A block whose entries weigh `weights`, all live.
+    fn block_of(weights: &[f64]) -> Block<u64> {
+        let mut block = Block {
+            entries: (0..weights.len() as u64).map(|i| (i, i as u32)).collect(),
+            weights: weights.to_vec(),
+            live: low_bits(weights.len()),
+            ..Block::default()
+        };
+        block.recount();
+        block
+    }
+
+    #[test]
+    fn each_weighted_entry_owns_a_half_open_stretch_and_past_the_end_is_the_last() {
+        // Three groups of eight: entries 0 and 1 weigh 1 and 2, entry 9 (the second group)
+        // weighs 1, the rest nothing. Entry `i` owns [total before it, total up to it).
+        let mut weights = vec![0.0; 24];
+        (weights[0], weights[1], weights[9]) = (1.0, 2.0, 1.0);
+        let block = block_of(&weights);
+        assert_eq!(block.sum, 4.0);
+        let found: Vec<Option<usize>> = [0.0, 0.999, 1.0, 2.999, 3.0, 3.5]
+            .into_iter()
+            .map(|u| block.weighted_position(u))
+            .collect();
+        assert_eq!(
+            found,
+            [Some(0), Some(0), Some(1), Some(1), Some(9), Some(9)]
+        );
+        // Past the total (rounding): the last weighted entry, never a weightless entry or
+        // group after it.
+        assert_eq!(block.weighted_position(4.0), Some(9));
+        assert_eq!(block.weighted_position(7.0), Some(9));
+    }
+
+    #[test]
+    fn each_weighted_block_owns_a_half_open_stretch_and_past_the_end_is_the_last() {
+        // Blocks weighing 1, 0, 2 and 0: block 0 owns [0, 1), block 2 [1, 3), and a draw
+        // exactly on a boundary belongs to the block after it.
+        let blocks: Vec<Block<u64>> = [1.0, 0.0, 2.0, 0.0]
+            .into_iter()
+            .map(|w| block_of(&[w]))
+            .collect();
+        let mut tree = Tree::new(true);
+        tree.rebuild(&blocks);
+        assert_eq!(tree.total_weight(), 3.0);
+        let found: Vec<(usize, f64)> = [0.0, 0.5, 1.0, 2.5]
+            .into_iter()
+            .map(|u| tree.find_weight(u))
+            .collect();
+        assert_eq!(found, [(0, 0.0), (0, 0.5), (2, 0.0), (2, 1.5)]);
+        // Past the total (rounding): the last weighted block, with what is left there,
+        // never the weightless one after it.
+        assert_eq!(tree.find_weight(3.0), (2, 2.0));
+        assert_eq!(tree.find_weight(9.0), (2, 8.0));
+        assert_eq!(tree.check(&blocks), Ok(()));
+    }
+
+    #[test]
+    fn no_position_beyond_a_blocks_width_is_live() {
+        let block = block_of(&[1.0; MAX_BLOCK]);
+        assert!(block.is_live(MAX_BLOCK - 1));
+        assert!(!block.is_live(MAX_BLOCK));
+        assert!(!block.is_live(usize::MAX));
     }
 }

@@ -504,25 +504,24 @@ impl<K: Ord + Copy> RankedIndex<K> {
                 .tree
                 .find_weights((0..need).map(|_| rng.unit() * total));
             for (b, at) in self.draw_positions(&found) {
-                let Some(at) = at else {
-                    // Not expected (a walk only ends in a block with weight), but counted,
-                    // so the loop ends whatever the draws find.
-                    repeats += 1;
-                    continue;
-                };
                 // Taken ones are marked by their live bit alone until all are drawn: their
-                // weights stay, so every draw is against the same weights.
-                let block = &mut self.blocks[b];
-                if block.is_live(at) {
-                    block.live &= !(1 << at);
-                    positions.push((b, at));
-                } else {
-                    repeats += 1;
+                // weights stay, so every draw is against the same weights. A draw of one
+                // taken already is a repeat; so is one that found no entry (not expected:
+                // a walk only ends in a block with weight), so the loop ends whatever the
+                // draws find.
+                match at.filter(|&at| self.blocks[b].is_live(at)) {
+                    Some(at) => {
+                        self.blocks[b].live &= !(1 << at);
+                        positions.push((b, at));
+                    }
+                    None => repeats += 1,
                 }
             }
         }
+        // Each pass below takes one entry while `out` is short of `n <= len`: the index
+        // is never empty there.
         let mut out = self.take_positions(&positions);
-        while out.len() < n && self.len > 0 {
+        while out.len() < n {
             let picked = match self.weight_position(rng.unit()) {
                 Some(position) => Some(position),
                 None => self.rank_position(rng.below(self.len)),

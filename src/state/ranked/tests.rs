@@ -225,6 +225,13 @@ fn the_walks_of_a_batch_land_where_single_walks_do() {
     let singles: Vec<(usize, f64)> = targets.iter().map(|&u| ix.tree.find_weight(u)).collect();
     assert_eq!(ix.tree.find_weights(targets.iter().copied()), singles);
     assert!(singles.windows(2).all(|w| w[0].0 <= w[1].0), "{singles:?}");
+    // And the batch's draws in their blocks land on the entries single draws find.
+    let drawn: Vec<(usize, Option<usize>)> = (0..200)
+        .filter_map(|i| ix.weight_position(f64::from(i) / 200.0))
+        .map(|(b, at)| (b, Some(at)))
+        .collect();
+    assert_eq!(drawn.len(), 200);
+    assert_eq!(ix.draw_positions(&singles), drawn);
 }
 
 #[test]
@@ -498,4 +505,43 @@ fn a_merge_that_exactly_fills_a_block_stays_one_block() {
     assert_eq!(physical_len(&ix), MAX_BLOCK);
     assert_well_formed(&ix);
     assert!(ix.iter().map(|e| e.1).eq((49..64).chain(79..192)));
+}
+
+#[test]
+fn a_batch_comes_out_whole_when_one_entry_holds_nearly_all_the_weight() {
+    // One entry weighs e^600 (the cap), 299 others 1: once the heavy one is drawn, nearly
+    // every draw repeats it. The repeats must end the drawing with replacement, and the
+    // rest come one at a time from the index without it.
+    let mut ix = RankedIndex::new(true);
+    for i in 0..300u64 {
+        let weight = if i == 150 {
+            weight_of(MAX_LN_WEIGHT)
+        } else {
+            1.0
+        };
+        ix.insert(key(i, i), i as u32, weight);
+    }
+    let taken = ix.take_weighted(20, &mut Rng::new(3));
+    let distinct: std::collections::BTreeSet<u32> = taken.iter().copied().collect();
+    assert_eq!((taken.len(), distinct.len()), (20, 20), "{taken:?}");
+    assert_eq!(taken.first(), Some(&150));
+    assert_eq!(ix.len(), 280);
+    assert_well_formed(&ix);
+}
+
+#[test]
+fn a_weighted_batch_without_repeats_is_its_first_draws_against_the_index_as_it_was() {
+    // The batch draws with replacement against the index before any removal, together:
+    // when its first draws are distinct, they are the batch, in order.
+    let mut ix = RankedIndex::new(true);
+    for i in 0..5000u64 {
+        ix.insert(key(i, i), i as u32, 1.0 + (i % 17) as f64);
+    }
+    let mut rng = Rng::new(21);
+    let first: Vec<u32> = (0..16)
+        .filter_map(|_| ix.at_weight(rng.unit()).map(|e| e.1))
+        .collect();
+    let distinct: std::collections::BTreeSet<u32> = first.iter().copied().collect();
+    assert_eq!(distinct.len(), 16, "the fixture's draws repeat: {first:?}");
+    assert_eq!(ix.take_weighted(16, &mut Rng::new(21)), first);
 }
