@@ -5,7 +5,7 @@
 mod common;
 use bytes::Bytes;
 use common::{s3_url, TempDir};
-use rollout_buffer::persist::{ArchiveWriter, ArchivedSample, Store};
+use rollout_buffer::persist::{archive_tail, ArchiveWriter, ArchivedSample, Store};
 use rollout_buffer::ExitReason;
 use rollout_buffer::{Error, Sample, Tensor};
 
@@ -418,4 +418,47 @@ async fn a_failed_widening_is_done_by_the_next_write() {
         "the widening mark is removed"
     );
     assert_eq!(writer.read_all().await.expect("read").len(), 9);
+}
+
+/// `archive_tail` gives the latest puts whatever the files' modified times: one write
+/// puts a file into each partition it spans, in no particular order, so the newest rows
+/// can sit in the file modified first.
+#[tokio::test]
+async fn the_tail_is_the_latest_births_whatever_the_files_times() {
+    let dir = TempDir::new("archive-tail");
+    let writer = ArchiveWriter::new(Store::open(dir.path()).expect("store"));
+    let rows = archived(16);
+    // Two writes of 8 rows, each spanning all four partitions (2 rows per file).
+    let mut paths = writer.write(&rows[..8]).await.expect("write");
+    paths.extend(writer.write(&rows[8..]).await.expect("write"));
+    assert_eq!(paths.len(), 8);
+    // The files holding the newest rows get the oldest times, and the reverse.
+    let mut by_newest: Vec<(u64, String)> = Vec::new();
+    for path in &paths {
+        let file = format!("{}/{path}", dir.path());
+        let births: Vec<u64> = ArchiveWriter::new(Store::open(dir.path()).expect("store"))
+            .read_file(path)
+            .await
+            .expect("read")
+            .iter()
+            .filter_map(|r| r.sample.birth_value())
+            .collect();
+        by_newest.push((births.into_iter().max().expect("rows"), file));
+    }
+    by_newest.sort();
+    let start = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+    for (k, (_, file)) in by_newest.iter().enumerate() {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(file)
+            .expect("open");
+        f.set_modified(start - std::time::Duration::from_secs(60 * k as u64))
+            .expect("set time");
+    }
+    for n in 0..=17 {
+        let tail = archive_tail(dir.path(), n).await.expect("tail");
+        let births: Vec<u64> = tail.iter().filter_map(|r| r.sample.birth_value()).collect();
+        let want: Vec<u64> = (1..=16u64).skip(16usize.saturating_sub(n)).collect();
+        assert_eq!(births, want, "--tail {n}");
+    }
 }

@@ -14,7 +14,8 @@ use super::store::Store;
 use crate::error::{Error, Result, StorageKind};
 use crate::sample::{MetaValue, Sample};
 use bytes::Bytes;
-use parquet::file::metadata::ParquetMetaDataReader;
+use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
+use parquet::file::statistics::Statistics;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -244,9 +245,10 @@ async fn archive_partitions(store: &Store) -> Result<Vec<ArchivePartition>> {
         if !file.path.ends_with(".parquet") {
             continue;
         }
-        let Some(rows) = parquet_rows(store, &file.path, file.size).await? else {
+        let Some(footer) = parquet_footer(store, &file.path, file.size).await? else {
             continue; // deleted since listed
         };
+        let rows = u64::try_from(footer.file_metadata().num_rows()).unwrap_or(0);
         let dir = file
             .path
             .rsplit_once('/')
@@ -265,9 +267,9 @@ async fn archive_partitions(store: &Store) -> Result<Vec<ArchivePartition>> {
     Ok(parts.into_values().collect())
 }
 
-/// Rows in the Parquet file at `path` of `size` bytes, from its footer alone (two ranged
-/// reads); `None` if it is gone.
-async fn parquet_rows(store: &Store, path: &str, size: u64) -> Result<Option<u64>> {
+/// The footer of the Parquet file at `path` of `size` bytes, alone (two ranged reads);
+/// `None` if it is gone.
+async fn parquet_footer(store: &Store, path: &str, size: u64) -> Result<Option<ParquetMetaData>> {
     let bad = |detail: &dyn std::fmt::Display| Error::Corrupt {
         url: store.url().to_owned(),
         path: path.to_owned(),
@@ -286,10 +288,29 @@ async fn parquet_rows(store: &Store, path: &str, size: u64) -> Result<Option<u64
     };
     // Checked before the reader decodes it (see `spill::check_metadata`).
     super::spill::check_metadata(&metadata).map_err(|e| bad(&e))?;
-    let metadata = ParquetMetaDataReader::decode_metadata(&metadata).map_err(|e| bad(&e))?;
-    Ok(Some(
-        u64::try_from(metadata.file_metadata().num_rows()).unwrap_or(0),
-    ))
+    ParquetMetaDataReader::decode_metadata(&metadata)
+        .map(Some)
+        .map_err(|e| bad(&e))
+}
+
+/// The largest birth in an archive file, from its footer's statistics; `None` when a row
+/// group has none (the file must then be read to know).
+fn newest_birth(footer: &ParquetMetaData) -> Option<u64> {
+    let mut newest = 0;
+    for group in footer.row_groups() {
+        let column = group
+            .columns()
+            .iter()
+            .find(|c| c.column_path().string() == crate::arrow::BIRTH)?;
+        match column.statistics()? {
+            // Births are `UInt64`, stored as Parquet's INT64 with the bits unchanged.
+            Statistics::Int64(s) => {
+                newest = newest.max(u64::from_ne_bytes(s.max_opt()?.to_ne_bytes()))
+            }
+            _ => return None,
+        }
+    }
+    Some(newest)
 }
 
 /// Bytes `range` of the object at `path`; `None` if it is gone.
@@ -304,9 +325,13 @@ async fn byte_range(store: &Store, path: &str, range: Range<u64>) -> Result<Opti
     }
 }
 
-/// The `n` latest archived samples of the run at `url`, oldest first: read from the most
-/// recently written archive files until `n` rows are in hand, then ordered by birth (put
-/// order). Archive files are written in batches, so the newest files hold the newest rows.
+/// The `n` latest archived samples of the run at `url` (the largest births, that is the
+/// latest puts), oldest first.
+///
+/// Each file's footer says its largest birth, so files are read from the newest down, and
+/// reading stops once `n` rows are in hand and no file left can hold a newer one. Files
+/// are not taken by modified time: one archive batch writes a file into each partition it
+/// spans, in no particular order.
 ///
 /// # Errors
 ///
@@ -315,20 +340,36 @@ async fn byte_range(store: &Store, path: &str, range: Range<u64>) -> Result<Opti
 pub async fn archive_tail(url: &str, n: usize) -> Result<Vec<ArchivedSample>> {
     let store = Store::open(url)?;
     let reader = ArchiveWriter::new(store.clone());
-    let mut files: Vec<_> = store
-        .list_sized("archive")
-        .await?
-        .into_iter()
-        .filter(|f| f.path.ends_with(".parquet"))
-        .collect();
+    let mut files = Vec::new();
+    for file in store.list_sized("archive").await? {
+        if !file.path.ends_with(".parquet") {
+            continue;
+        }
+        let Some(footer) = parquet_footer(&store, &file.path, file.size).await? else {
+            continue; // deleted since listed
+        };
+        // A file without statistics sorts first: it is read whatever it holds.
+        files.push((newest_birth(&footer).unwrap_or(u64::MAX), file.path));
+    }
     // Newest first; the path breaks ties so the order does not depend on the listing.
-    files.sort_by(|a, b| (b.modified, &b.path).cmp(&(a.modified, &a.path)));
-    let mut rows = Vec::new();
-    for file in files {
-        if rows.len() >= n {
+    files.sort_unstable_by(|a, b| b.cmp(a));
+    let mut rows: Vec<ArchivedSample> = Vec::new();
+    for (newest, path) in files {
+        if n == 0 {
             break;
         }
-        rows.extend(reader.read_file(&file.path).await?);
+        if rows.len() >= n {
+            // The n-th newest birth in hand: a file whose rows are all older adds nothing.
+            rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.sample.birth));
+            rows.truncate(n);
+            if rows
+                .last()
+                .is_some_and(|r| r.sample.birth.unwrap_or(0) > newest)
+            {
+                break;
+            }
+        }
+        rows.extend(reader.read_file(&path).await?);
     }
     rows.sort_by_key(|r| r.sample.birth);
     let skip = rows.len().saturating_sub(n);
