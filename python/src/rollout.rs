@@ -278,6 +278,17 @@ impl PyTrainBatch {
             .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
         awaitable(py, async move { batch.complete().await.map_err(py_err) })
     }
+
+    /// Blocking `complete`.
+    fn complete_blocking(&self, py: Python<'_>) -> PyResult<()> {
+        let batch = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("lock poisoned"))?
+            .take()
+            .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
+        block(py, batch.complete())
+    }
 }
 
 /// Trainer batches from one or more environment buffers (see the Rust `Batcher`).
@@ -342,5 +353,11 @@ impl PyBatcher {
             let batch = batcher.next_batch().await.map_err(py_err)?;
             Ok(PyTrainBatch::new(batch))
         })
+    }
+
+    /// Blocking `next_batch`.
+    fn next_batch_blocking(&self, py: Python<'_>) -> PyResult<PyTrainBatch> {
+        let batch = block(py, self.batcher.next_batch())?;
+        Ok(PyTrainBatch::new(batch))
     }
 }

@@ -160,10 +160,26 @@ def test_rollouts_are_grouped_then_packed_for_training():
             assert a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
             assert not a.flags.writeable and not a.flags.owndata
         await batch.complete()
-        return len(buf), groups
+        return buf, ingest, groups
 
-    left, groups = asyncio.run(main())
-    assert groups >= 1 and left == 6 - groups
+    buf, ingest, groups = asyncio.run(main())
+    assert groups >= 1 and len(buf) == 6 - groups
+    # The same from synchronous code: the blocking twins, on one more group.
+    for k in range(4):
+        ingest.add_rollout_blocking({
+            "environment": "math", "example_id": "ex6", "policy_version": 0,
+            "rollout_uid": f"6-{k}", "prompt_tokens": np.arange(8, dtype=np.int32),
+            "output_tokens": np.full(6, 3, np.int32), "logprobs": np.full(6, -0.5, np.float32),
+            "reward": float(k % 2),
+        })
+    groups -= 1
+    batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=128, rows=4, group_size=4)
+    batch = batcher.next_batch_blocking()
+    more = len(batch.arrays()["group_ids"])
+    batch.complete_blocking()
+    assert more >= 1 and len(buf) == 6 - groups - more
+    with pytest.raises(rb.BufferError, match="already completed"):
+        batch.complete_blocking()
 
 
 def test_cancelling_an_awaited_get_leaves_nothing_behind():

@@ -36,7 +36,7 @@ def test_a_long_wait_is_logged_with_its_explanation(caplog):
             buf.get_batch_for_rpc_blocking("train", timeout=0.5)
     records = [r for r in caplog.records if "still waiting" in r.getMessage()]
     assert records, [r.getMessage() for r in caplog.records]
-    assert records[0].name.startswith("rollout_buffer")
+    assert records[0].name == "rollout_buffer.buffer.get"
     assert "eligible=1" in records[0].getMessage() and "batch_size=2" in records[0].getMessage()
     assert buf.stats()["rpcs"]["train"]["wait_warnings"] >= 1
 

@@ -92,7 +92,8 @@ class Buffer:
     and spills the rest to Parquet (under the store's ``spill/``, or a temporary
     directory); spilled samples are read back when a batch selects them.
     ``wait_warning`` (seconds, ``None`` for never): a getter waiting that long logs why
-    (:meth:`explain`) through ``tracing``, and again after twice as long each time.
+    (:meth:`explain`) as a warning to Python's ``logging`` (logger
+    ``rollout_buffer.buffer.get``), and again after twice as long each time.
     """
 
     def __init__(
@@ -275,3 +276,7 @@ class Batcher:
         """The next batch; ``arrays()`` gives its ``[B, S]`` numpy arrays, ``complete()``
         commits it once trained on."""
         return await self._native.next_batch()
+
+    def next_batch_blocking(self) -> TrainBatch:
+        """Blocking :meth:`next_batch`; ``complete_blocking()`` commits the batch."""
+        return self._native.next_batch_blocking()
