@@ -32,14 +32,20 @@ pub fn records(body: &Bytes, environment: &str) -> Result<Vec<RolloutRecord>, Ap
         Some(_) => ApiError::bad(format!("bad Arrow IPC batch: {e}")),
     };
     let mut out = Vec::new();
-    while !rest.is_empty() {
-        match decoder.decode(&mut rest) {
-            Ok(Some(batch)) => batch_records(&batch, environment, out.len(), &mut out)?,
-            Ok(None) => {}
-            Err(e) => return Err(bad(&decoder, e)),
+    // The IPC decoder is not panic-free on every malformed message (a buffer whose offset
+    // and length run past the body slices out of bounds): a bad body must be a 400, not a
+    // dropped connection.
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        while !rest.is_empty() {
+            match decoder.decode(&mut rest) {
+                Ok(Some(batch)) => batch_records(&batch, environment, out.len(), &mut out)?,
+                Ok(None) => {}
+                Err(e) => return Err(bad(&decoder, e)),
+            }
         }
-    }
-    decoder.finish().map_err(|e| bad(&decoder, e))?;
+        decoder.finish().map_err(|e| bad(&decoder, e))
+    }))
+    .unwrap_or_else(|_| Err(ApiError::bad("bad Arrow IPC stream: a malformed message")))?;
     if decoder.schema().is_none() {
         return Err(ApiError::bad(
             "not an Arrow IPC stream: the body holds no schema",
