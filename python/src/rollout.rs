@@ -242,6 +242,15 @@ impl PyTrainBatch {
             efficiency,
         }
     }
+
+    /// The batch, for its completion; an error once it was taken.
+    fn take(&self) -> PyResult<GroupBatch> {
+        self.inner
+            .lock()
+            .map_err(|_| BufferError::new_err("lock poisoned"))?
+            .take()
+            .ok_or_else(|| BufferError::new_err("this batch was already completed"))
+    }
 }
 
 #[pymethods]
@@ -270,24 +279,13 @@ impl PyTrainBatch {
 
     /// Commits the packed groups and discards the rejected ones.
     fn complete<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let batch = self
-            .inner
-            .lock()
-            .map_err(|_| BufferError::new_err("lock poisoned"))?
-            .take()
-            .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
+        let batch = self.take()?;
         awaitable(py, async move { batch.complete().await.map_err(py_err) })
     }
 
     /// Blocking `complete`.
     fn complete_blocking(&self, py: Python<'_>) -> PyResult<()> {
-        let batch = self
-            .inner
-            .lock()
-            .map_err(|_| BufferError::new_err("lock poisoned"))?
-            .take()
-            .ok_or_else(|| BufferError::new_err("this batch was already completed"))?;
-        block(py, batch.complete())
+        block(py, self.take()?.complete())
     }
 }
 
