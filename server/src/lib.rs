@@ -181,11 +181,17 @@ async fn serve(args: Serve) -> Result<(), String> {
     if args.archive_mb == 0 {
         return Err("--archive-mb must be >= 1".into());
     }
-    if !(args.write_timeout.is_finite() && args.write_timeout >= 0.0) {
-        return Err("--write-timeout must be >= 0".into());
-    }
-    if !(args.group_timeout.is_finite() && args.group_timeout > 0.0) {
-        return Err("--group-timeout must be > 0".into());
+    let write_timeout = Duration::try_from_secs_f64(args.write_timeout).map_err(|_| {
+        format!(
+            "--write-timeout must be >= 0 and finite, not {}",
+            args.write_timeout
+        )
+    })?;
+    if !(args.group_timeout > 0.0 && Duration::try_from_secs_f64(args.group_timeout).is_ok()) {
+        return Err(format!(
+            "--group-timeout must be > 0 and finite, not {}",
+            args.group_timeout
+        ));
     }
     let prometheus = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
@@ -205,7 +211,7 @@ async fn serve(args: Serve) -> Result<(), String> {
     let app_options = app::Options {
         environment: args.environment.clone(),
         token: args.token.clone(),
-        write_timeout: Duration::from_secs_f64(args.write_timeout),
+        write_timeout,
         body_limit: args.body_limit,
     };
     let app = app::App::new(buf.clone(), settings, &app_options, prometheus)

@@ -144,11 +144,24 @@ impl ItemText<'_> {
                 self.uid
             ))
         })?;
-        let version = extra
-            .policy_version
-            .as_ref()
-            .and_then(Value::as_u64)
-            .unwrap_or(0);
+        // A whole number the buffer's versions hold (0 to i64::MAX; a string of digits
+        // too), so a bad one is this item's 400 and never a failure after others are added.
+        let version = match &extra.policy_version {
+            None | Some(Value::Null) => 0,
+            Some(v) => match v {
+                Value::Number(n) => n.as_u64(),
+                Value::String(s) => s.trim().parse::<u64>().ok(),
+                _ => None,
+            }
+            .filter(|&v| i64::try_from(v).is_ok())
+            .ok_or_else(|| {
+                ApiError::bad(format!(
+                    "item {}: `extra_info.policy_version` must be a whole number from 0 to {}, not {v}",
+                    self.uid,
+                    i64::MAX
+                ))
+            })?,
+        };
         let mut r = RolloutRecord::new(environment, self.instance_id, version, self.uid);
         r.reward = Some(self.reward);
         r.created_ts = match &extra.timestamp {
@@ -250,9 +263,10 @@ impl Settings {
             }
         }
         if let Some(t) = num("group_timeout_seconds")? {
-            if !(t > 0.0 && t.is_finite()) {
+            if !(t > 0.0 && Duration::try_from_secs_f64(t).is_ok()) {
                 return Err(ApiError::bad(format!(
-                    "`group_timeout_seconds` must be > 0, not {t}"
+                    "`group_timeout_seconds` must be > 0 and finite (at most {:e} s), not {t}",
+                    Duration::MAX.as_secs_f64()
                 )));
             }
             next.group_timeout_seconds = t;
@@ -272,7 +286,8 @@ impl Settings {
             .max(1.0) as usize;
         let target = self.floor_share(self.min_valid_group_size_ratio);
         GroupConfig::new(target).seal_after(
-            Duration::from_secs_f64(self.group_timeout_seconds),
+            // Checked when set; a value out of range waits for ever.
+            Duration::try_from_secs_f64(self.group_timeout_seconds).unwrap_or(Duration::MAX),
             timeout_min.min(target),
         )
     }

@@ -160,6 +160,16 @@ async fn bad_requests_get_json_errors_and_store_nothing() {
     let batch = json!([item("b0", "q", 1.0), {"uid": "b1", "instance_id": null, "messages": [], "reward": 0}]);
     let (status, body) = post(&server, "/buffer/write_batch", &batch).await;
     assert_eq!(status, 400, "{body}");
+    // So does one whose policy version the buffer cannot hold, or that is no whole number.
+    for version in [json!(1u64 << 63), json!(-1), json!(2.5), json!("three")] {
+        let mut bad = item("b3", "q", 0.0);
+        bad["extra_info"] = json!({"policy_version": version});
+        let batch = json!([item("b2", "q", 1.0), bad]);
+        let (status, body) = post(&server, "/buffer/write_batch", &batch).await;
+        assert_eq!(status, 400, "{body}");
+        let message = body["message"].as_str().expect("message");
+        assert!(message.contains("extra_info.policy_version"), "{message}");
+    }
     let (_, stats) = get(&server, "/buffer/stats").await;
     assert_eq!(stats["data"]["data"]["total_written"], 0);
     // Still serving.
@@ -211,6 +221,40 @@ async fn start_rollout_sets_the_group_size_as_slime_sends_it() {
     )
     .await;
     assert_eq!(status, 400);
+    // A timeout past what a duration holds is refused, not a dropped connection.
+    let (status, body) = post(
+        &server,
+        "/start_rollout",
+        &json!({"group_timeout_seconds": 1e20}),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("group_timeout_seconds")));
+    assert_eq!(post(&server, "/start_rollout", &json!({})).await.0, 200);
+}
+
+/// Timeouts on the command line past what a duration holds are usage errors (exit 1 with
+/// the option named), not a crash.
+#[test]
+fn huge_timeouts_on_the_command_line_are_refused() {
+    let dir = store("huge-timeouts");
+    for option in ["--group-timeout", "--write-timeout"] {
+        let (ok, _, err) = common::cli(
+            "serve",
+            &[
+                "--store".as_ref(),
+                dir.as_os_str(),
+                "--listen".as_ref(),
+                "127.0.0.1:0".as_ref(),
+                option.as_ref(),
+                "1e20".as_ref(),
+            ],
+        );
+        assert!(!ok);
+        assert!(err.contains(option) && !err.contains("panicked"), "{err}");
+    }
 }
 
 /// A server of one slot for groups of two, with write timeout `timeout` (seconds): group
