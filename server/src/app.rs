@@ -370,20 +370,23 @@ async fn read_groups(
         )));
     }
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
-    let _one_read = app.reads.lock().await;
     loop {
+        let one_read = app.reads.lock().await;
         let taken = slime::take(&app.buf, &app.settings(), batch_size, format).await?;
         if !taken.held_back.is_empty() || taken.count == 0 {
             let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
-            // Give the groups back, then wait for one more to be ready (and give it back
-            // too): the next pass takes it with the rest.
-            drop(taken.held_back);
             if let Some(left) = left.filter(|l| !l.is_zero()) {
-                match app
+                // Wait for one group more, holding the ones in hand so the wait cannot
+                // return one of them (given back first, each pass would take it again at
+                // once: a busy loop logging a redelivery each time). Other reads go on
+                // meanwhile. The next pass takes the new group with the rest.
+                drop(one_read);
+                let more = app
                     .buf
                     .get_batch_for_rpc_timeout(slime::TRAIN_RPC, left)
-                    .await
-                {
+                    .await;
+                drop(taken.held_back);
+                match more {
                     Ok(batch) => {
                         drop(batch);
                         continue;

@@ -446,3 +446,74 @@ fn serve_refuses_settings_out_of_range_before_touching_the_store() {
         assert!(!dir.exists(), "{flag} {value}: the store was created");
     }
 }
+
+/// A `/buffer/read` that falls short waits for more groups without taking the ones it
+/// holds again and again (each pass gave them back and took them at once, logging a
+/// redelivery every time), lets other reads through meanwhile, and answers all of them
+/// once enough are ready.
+#[tokio::test]
+async fn a_read_that_falls_short_waits_for_new_groups_without_spinning() {
+    let dir = store("read-wait");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&server, "q0", &[0.0, 1.0]).await;
+    let redelivered = |server: &Server| {
+        let url = format!("{}/metrics", server.url);
+        async move {
+            let text = client()
+                .get(url)
+                .send()
+                .await
+                .expect("metrics")
+                .text()
+                .await
+                .expect("text");
+            text.lines()
+                .find(|l| l.starts_with("rollout_buffer_rpc_redelivered{rpc=\"train\"}"))
+                .and_then(|l| l.rsplit(' ').next())
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0)
+        }
+    };
+    // Waits 1 s for 100 items, and gives up.
+    let (status, body) = post(
+        &server,
+        "/buffer/read",
+        &json!({"batch_size": 100, "timeout": 1}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["success"].clone()),
+        (200, json!(false)),
+        "{body}"
+    );
+    let after_wait = redelivered(&server).await;
+    assert!(after_wait <= 2.0, "{after_wait} redeliveries in one wait");
+    // A read waiting for 4 items: another read gets through meanwhile (it answers at once,
+    // with nothing: the waiting read holds q0), and a new group completes the wait.
+    let waiting = {
+        let server_url = server.url.clone();
+        tokio::spawn(async move {
+            let req = client()
+                .post(format!("{server_url}/buffer/read"))
+                .header("content-type", "application/json")
+                .body(json!({"batch_size": 4, "timeout": 30}).to_string());
+            send(req).await.1
+        })
+    };
+    stat_reaches(&server, "groups_leased", 1).await;
+    let (_, other) = tokio::time::timeout(
+        Duration::from_secs(10),
+        post(&server, "/get_rollout_data", &json!({})),
+    )
+    .await
+    .expect("a read does not wait behind a waiting read");
+    assert_eq!(other["success"], false, "{other}");
+    write_group(&server, "q1", &[0.0, 1.0]).await;
+    let answer = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the wait ends once the group is ready")
+        .expect("task");
+    assert_eq!(answer["success"], true, "{answer}");
+    assert_eq!(uids(&answer), ["q0-0", "q0-1", "q1-0", "q1-1"]);
+    assert!(redelivered(&server).await - after_wait <= 4.0);
+}
