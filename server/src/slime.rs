@@ -410,11 +410,17 @@ pub async fn take(
     }
     // Each item's texts, found by uid (padding repeats items), borrowed from the leases.
     let texts: Vec<GroupTexts<'_>> = leases.iter().map(GroupTexts::of).collect();
-    let mut by_uid: HashMap<String, (usize, usize)> = HashMap::new();
+    // By group, then uid: two groups may hold the same uid (nothing makes a generator's
+    // uids unique across groups), and each item must keep its own group's texts.
+    let mut by_group: HashMap<String, (usize, HashMap<String, usize>)> = HashMap::new();
     for (g, group) in groups.iter().enumerate() {
-        for (i, item) in group.items.iter().enumerate() {
-            by_uid.insert(item.rollout_uid.clone(), (g, i));
-        }
+        let uids = group
+            .items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| (item.rollout_uid.clone(), i))
+            .collect();
+        by_group.insert(group.id.clone(), (g, uids));
     }
     let mut meta_info = meta_info(&groups);
     let finished: Vec<&str> = texts.iter().map(|t| t.instance_id).collect();
@@ -423,11 +429,18 @@ pub async fn take(
     let rejected: HashSet<&str> = processed
         .rejected
         .iter()
-        .flat_map(|(g, _)| g.items.iter().map(|i| i.rollout_uid.as_str()))
+        .map(|(g, _)| g.id.as_str())
         .collect();
     let mut items = Vec::new();
-    for item in processed.kept.iter().flat_map(|g| g.items.iter()) {
-        let Some(&(g, i)) = by_uid.get(&item.rollout_uid) else {
+    for (group, item) in processed
+        .kept
+        .iter()
+        .flat_map(|g| g.items.iter().map(move |i| (g, i)))
+    {
+        let Some((g, i)) = by_group
+            .get(&group.id)
+            .and_then(|(g, uids)| Some((*g, *uids.get(&item.rollout_uid)?)))
+        else {
             continue;
         };
         let group = &texts[g];
@@ -452,13 +465,7 @@ pub async fn take(
             lease
                 .samples()
                 .next()
-                .and_then(|v| {
-                    v.get("rollout_uid").and_then(|t| {
-                        t.array::<String>()
-                            .map(|a| a.iter().any(|u| rejected.contains(u.as_str())))
-                    })
-                })
-                .unwrap_or(false)
+                .is_some_and(|v| rejected.contains(v.id().as_str()))
         })
         .collect();
     drop(texts);

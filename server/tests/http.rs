@@ -517,3 +517,45 @@ async fn a_read_that_falls_short_waits_for_new_groups_without_spinning() {
     assert_eq!(uids(&answer), ["q0-0", "q0-1", "q1-0", "q1-1"]);
     assert!(redelivered(&server).await - after_wait <= 4.0);
 }
+
+/// Two groups holding the same uid: each item is answered with its own group's id and
+/// texts (they were looked up by uid alone, so one group's texts labelled the other's item).
+#[tokio::test]
+async fn the_same_uid_in_two_groups_keeps_each_groups_texts() {
+    let dir = store("same-uid");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    for (instance, reward) in [("A", 0.25), ("B", 0.75)] {
+        let mut same = item("same", instance, reward);
+        same["messages"] = json!([{"role": "user", "content": format!("from {instance}")}]);
+        let (status, body) = post(&server, "/buffer/write", &same).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    for instance in ["A", "B"] {
+        let other = item(&format!("{instance}-2"), instance, 0.5);
+        assert_eq!(post(&server, "/buffer/write", &other).await.0, 200);
+    }
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    let answered = body["data"]["data"].as_array().expect("items");
+    let mut same: Vec<(String, String, f64)> = answered
+        .iter()
+        .filter(|i| i["uid"] == "same")
+        .map(|i| {
+            (
+                i["instance_id"].as_str().expect("id").to_owned(),
+                i["messages"][0]["content"]
+                    .as_str()
+                    .expect("text")
+                    .to_owned(),
+                i["raw_reward"].as_f64().expect("reward"),
+            )
+        })
+        .collect();
+    same.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        same,
+        [
+            ("A".to_owned(), "from A".to_owned(), 0.25),
+            ("B".to_owned(), "from B".to_owned(), 0.75)
+        ]
+    );
+}
