@@ -559,3 +559,23 @@ async fn the_same_uid_in_two_groups_keeps_each_groups_texts() {
         ]
     );
 }
+
+/// A rollout resent after the server restarted, once its group was read, is a duplicate
+/// (as it is before a restart), not the start of a new group served again.
+#[tokio::test]
+async fn a_rollout_resent_after_a_restart_is_not_served_again() {
+    let dir = store("resend-restart");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&server, "q", &[0.0, 1.0]).await;
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["q-0", "q-1"]);
+    assert!(server.terminate().success());
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let (status, body) = post(&server, "/buffer/write", &item("q-0", "q", 0.0)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"]["data"][0]["outcome"], "duplicate", "{body}");
+    let (_, body) = post(&server, "/buffer/write", &item("q-2", "q", 0.5)).await;
+    assert_eq!(body["data"]["data"][0]["outcome"], "pending", "{body}");
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert!(uids(&body).is_empty(), "{body}");
+}

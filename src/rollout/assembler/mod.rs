@@ -491,8 +491,15 @@ impl GroupAssembler {
         SealedGroup::new(key.clone(), group.rollouts, reason)
     }
 
+    /// Remembers `uids` as gone (sealed and stored before, by an earlier process): a
+    /// rollout arriving with one of them is a duplicate, as for a group sealed here. The
+    /// same bound applies: the last `remember` uids are kept.
+    pub fn remember_gone(&mut self, uids: impl IntoIterator<Item = String>) {
+        self.forget(uids);
+    }
+
     /// Remembers uids that left (sealed or dropped), forgetting the oldest beyond the bound.
-    fn forget(&mut self, uids: BTreeSet<String>) {
+    fn forget(&mut self, uids: impl IntoIterator<Item = String>) {
         for uid in uids {
             let n = self.next_gone;
             self.next_gone += 1;

@@ -19,6 +19,9 @@
 //! * on start, pending rollouts are added back (their seal timeout restarts), and a group
 //!   whose id has a marker or is in the buffer is not stored again, so replicas that resend
 //!   after a restart cannot double a group. The newest `remember_groups` markers are kept.
+//!   A marker lists its group's uids, and on start the assembler remembers them as gone:
+//!   one rollout resent after a restart is a `Duplicate` as it was before, instead of the
+//!   first of a new group that would train on it twice.
 //!
 //! # Failures: nothing acknowledged lives in memory alone
 //!
@@ -61,6 +64,8 @@ use taken::Taken;
 
 const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
+/// The field of a sealed marker that lists its group's uids.
+const MARKER_UIDS: &str = "rollout_uids";
 
 fn pending_key(uid: &str) -> String {
     format!("{PENDING}{uid}")
@@ -164,17 +169,27 @@ impl GroupIngest {
     /// `start`.
     pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
         let remember_groups = config.remember;
-        let mut markers: Vec<(u64, String)> = buf
+        let mut markers: Vec<(u64, String, Arc<Sample>)> = buf
             .aux_range(SEALED)
             .into_iter()
-            .map(|(k, v)| (v.birth.unwrap_or(0), k[SEALED.len()..].to_owned()))
+            .map(|(k, v)| (v.birth.unwrap_or(0), k[SEALED.len()..].to_owned(), v))
             .collect();
-        markers.sort();
+        markers.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         let next_seal = markers.last().map_or(1, |m| m.0 + 1);
+        let mut assembler = GroupAssembler::new(config);
+        // The uids of the groups stored last are duplicates again after a restart, as
+        // they were before it (markers written before markers held uids have none).
+        for (_, _, marker) in &markers {
+            if let Some(uids) = marker.get(MARKER_UIDS).and_then(|t| t.array::<String>()) {
+                assembler.remember_gone(uids.iter().cloned());
+            }
+        }
+        let markers: Vec<(u64, String)> =
+            markers.into_iter().map(|(seq, id, _)| (seq, id)).collect();
         let shared = Arc::new(Shared {
             buf: buf.clone(),
             state: Mutex::new(State {
-                assembler: GroupAssembler::new(config),
+                assembler,
                 sealed: markers.into_iter().map(|(_, id)| id).collect(),
                 next_seal,
                 counters: IngestCounters::default(),
@@ -192,6 +207,7 @@ impl GroupIngest {
         let ingest = Self { shared };
         let now = crate::buffer::now();
         let mut sealed = Vec::new();
+        let mut stale = Vec::new();
         {
             let mut state = ingest.shared.state.lock();
             for (key, value) in buf.aux_range(PENDING) {
@@ -202,10 +218,16 @@ impl GroupIngest {
                 state.counters.recovered_rollouts += 1;
                 match state.assembler.add(record, now) {
                     Ok(Added::Sealed(group)) => sealed.push(group),
+                    // Its uid was stored in a group since (the same uid sent to two
+                    // groups): it stays out, and so leaves the log.
+                    Ok(Added::Duplicate) => stale.push(AuxWrite::remove(key.to_string())),
                     Ok(_) => {}
                     Err(e) => tracing::warn!(error = %e, "invalid pending rollout skipped"),
                 }
             }
+        }
+        if !stale.is_empty() {
+            buf.aux_write(stale).await?;
         }
         for group in sealed {
             ingest.store(group).await?;
@@ -453,7 +475,7 @@ impl GroupIngest {
             .flat_map(|g| g.rollouts.iter())
             .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
             .collect();
-        let let_go = self.mark_sealed(groups.iter().map(|g| g.id.as_str()), &mut writes);
+        let let_go = self.mark_sealed(groups.iter(), &mut writes);
         if shared
             .buf
             .put_batch_with_aux(samples, writes)
@@ -478,25 +500,34 @@ impl GroupIngest {
         groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
     }
 
-    /// Remembers `ids` as stored: their markers go into `writes` (the put's log unit),
-    /// and so do the removals of the oldest markers past `remember_groups`. Returns the
-    /// ids it let go of, oldest first, for [`keep_sealed`] if the put fails (their
-    /// markers then stay in the log, so the window must keep them too).
+    /// Remembers `groups` as stored: their markers go into `writes` (the put's log unit),
+    /// and so do the removals of the oldest markers past `remember_groups`. A marker holds
+    /// its group's uids, so that after a restart a resent member is still a duplicate
+    /// (see [`Self::start`]). Returns the ids it let go of, oldest first, for
+    /// [`keep_sealed`] if the put fails (their markers then stay in the log, so the window
+    /// must keep them too).
     fn mark_sealed<'a>(
         &self,
-        ids: impl Iterator<Item = &'a str>,
+        groups: impl Iterator<Item = &'a SealedGroup>,
         writes: &mut Vec<AuxWrite>,
     ) -> Vec<String> {
         let shared = &self.shared;
         let mut state = shared.state.lock();
-        for id in ids {
+        for group in groups {
             let seq = state.next_seal;
             state.next_seal += 1;
+            let uids: Vec<String> = group
+                .rollouts
+                .iter()
+                .map(|r| r.rollout_uid.clone())
+                .collect();
             writes.push(AuxWrite::set(
-                sealed_key(id),
-                Sample::new(id.to_owned()).birth(seq),
+                sealed_key(&group.id),
+                Sample::new(group.id.clone())
+                    .birth(seq)
+                    .with(MARKER_UIDS, uids),
             ));
-            state.sealed.push_back(id.to_owned());
+            state.sealed.push_back(group.id.clone());
         }
         let mut let_go = Vec::new();
         while state.sealed.len() > shared.remember_groups {
@@ -533,7 +564,7 @@ impl GroupIngest {
             tracing::debug!(group = %group.id, "group already stored; not stored again");
             return Ok(Added::DuplicateGroup { id: group.id });
         }
-        let let_go = self.mark_sealed(std::iter::once(group.id.as_str()), &mut writes);
+        let let_go = self.mark_sealed(std::iter::once(&group), &mut writes);
         let sample = group.to_sample()?;
         match shared
             .buf
