@@ -31,11 +31,13 @@ use std::time::Duration;
 pub struct App {
     /// The buffer (groups of items).
     pub buf: SequenceBuffer,
-    ingest: Mutex<GroupIngest>,
+    ingest: GroupIngest,
     settings: Mutex<Settings>,
     start_payload: Mutex<Option<Value>>,
     /// One read at a time (slime's buffer lock).
     reads: tokio::sync::Mutex<()>,
+    /// One `/start_rollout` at a time.
+    starts: tokio::sync::Mutex<()>,
     tracker: tokio::sync::Mutex<MetricsTracker>,
     environment: String,
     token: Option<String>,
@@ -83,10 +85,11 @@ impl App {
         );
         Ok(Arc::new(Self {
             buf,
-            ingest: Mutex::new(ingest),
+            ingest,
             settings: Mutex::new(settings),
             start_payload: Mutex::new(None),
             reads: tokio::sync::Mutex::new(()),
+            starts: tokio::sync::Mutex::new(()),
             tracker: tokio::sync::Mutex::new(MetricsTracker::new(options.environment.clone())),
             environment: options.environment.clone(),
             token: options.token.clone(),
@@ -101,7 +104,7 @@ impl App {
     }
 
     fn ingest(&self) -> GroupIngest {
-        lock(&self.ingest).clone()
+        self.ingest.clone()
     }
 
     fn settings(&self) -> Settings {
@@ -447,12 +450,15 @@ async fn start_rollout(
     State(app): State<Arc<App>>,
     ApiJson(payload): ApiJson<Map<String, Value>>,
 ) -> Result<Json<Value>, ApiError> {
+    // One at a time, so the settings and the ingest's grouping change together.
+    let _one_start = app.starts.lock().await;
     let mut next = app.settings();
     next.apply(&payload)?;
     if next != app.settings() {
-        // A new ingest with the new grouping; it adds back what was pending.
-        let ingest = GroupIngest::start(app.buf.clone(), next.group_config()).await?;
-        *lock(&app.ingest) = ingest;
+        // The ingest regroups what is pending in place: writes in flight go on against
+        // the same groups (a second ingest swapped in raced the first for them, losing
+        // some items and storing others twice).
+        app.ingest().reconfigure(next.group_config()).await?;
         *lock(&app.settings) = next;
     }
     *lock(&app.start_payload) = Some(Value::Object(payload));

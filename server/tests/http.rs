@@ -5,6 +5,8 @@ mod common;
 
 use common::{client, get, item, post, send, store, uids, write_group, Server, StoreDir};
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 #[tokio::test]
@@ -578,4 +580,99 @@ async fn a_rollout_resent_after_a_restart_is_not_served_again() {
     assert_eq!(body["data"]["data"][0]["outcome"], "pending", "{body}");
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
     assert!(uids(&body).is_empty(), "{body}");
+}
+
+/// `/start_rollout` changing the settings while writes are in flight loses no item and
+/// serves none twice (the ingest was swapped for a new one, which raced the old one for
+/// the pending items).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_rollout_during_writes_loses_and_doubles_nothing() {
+    let dir = store("start-race");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let url = server.url.clone();
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                let mut answered = Vec::new();
+                // Each group's first item, then the group before's second: a group is
+                // pending across other writes.
+                let order = std::iter::once((0, 0))
+                    .chain((1..31).flat_map(|g| [(g, 0), (g - 1, 1)]))
+                    .chain([(30, 1)]);
+                for (g, k) in order {
+                    let uid = format!("w{w}-g{g}-{k}");
+                    let body = item(&uid, &format!("w{w}-g{g}"), k as f64);
+                    let req = client()
+                        .post(format!("{url}/buffer/write"))
+                        .header("content-type", "application/json")
+                        .body(body.to_string());
+                    let (status, answer) = send(req).await;
+                    assert_eq!(status, 200, "{answer}");
+                    answered.push(uid);
+                }
+                answered
+            })
+        })
+        .collect();
+    // Settings changing back and forth for as long as the writes go on.
+    let writing = Arc::new(AtomicBool::new(true));
+    let starts = {
+        let (url, writing) = (url.clone(), Arc::clone(&writing));
+        tokio::spawn(async move {
+            let mut i = 0;
+            while writing.load(Ordering::Relaxed) {
+                let req = client()
+                    .post(format!("{url}/start_rollout"))
+                    .header("content-type", "application/json")
+                    .body(json!({"group_timeout_seconds": 300 + i % 2}).to_string());
+                assert_eq!(send(req).await.0, 200);
+                i += 1;
+            }
+            i
+        })
+    };
+    // And a consumer reading as they go on.
+    let reader = {
+        let (url, writing) = (url.clone(), Arc::clone(&writing));
+        tokio::spawn(async move {
+            let mut read = Vec::new();
+            while writing.load(Ordering::Relaxed) {
+                let req = client()
+                    .post(format!("{url}/get_rollout_data"))
+                    .header("content-type", "application/json")
+                    .body("{}");
+                read.extend(uids(&send(req).await.1));
+            }
+            read
+        })
+    };
+    let mut written = Vec::new();
+    for w in writers {
+        written.extend(w.await.expect("writer"));
+    }
+    writing.store(false, Ordering::Relaxed);
+    assert!(starts.await.expect("starts") > 1);
+    let mut read = reader.await.expect("reader");
+    // A third item for every group: one that an ingest still held as pending, although
+    // its group was stored, would form a group with it and be served again.
+    let fillers: Vec<Value> = (0..8)
+        .flat_map(|w| {
+            (0..31).map(move |g| item(&format!("fill-w{w}-g{g}"), &format!("w{w}-g{g}"), 0.5))
+        })
+        .collect();
+    let (status, body) = post(&server, "/buffer/write_batch", &json!(fillers)).await;
+    assert_eq!(status, 200, "{body}");
+    loop {
+        let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+        let got = uids(&body);
+        if got.is_empty() {
+            break;
+        }
+        read.extend(got);
+    }
+    read.retain(|uid| !uid.starts_with("fill-"));
+    read.sort();
+    written.sort();
+    assert_eq!(read, written, "every item answered is read, once");
 }

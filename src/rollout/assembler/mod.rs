@@ -436,6 +436,46 @@ impl GroupAssembler {
         group
     }
 
+    /// Takes `config` from now on. Every pending rollout is grouped again as if it arrived
+    /// at `now`, in its group's order (as a restart adds them back): a group that reaches
+    /// the new `target_size` seals (returned), and the seal timeouts start again. Rollouts
+    /// already accepted stay, whatever the new caps and versions say, and the remembered
+    /// uids stay remembered.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig), with nothing changed, for a
+    /// change of grouping mode: the pending groups' keys would change under their callers.
+    pub fn reconfigure(&mut self, config: GroupConfig, now: Instant) -> Result<Vec<SealedGroup>> {
+        if config.mode != self.config.mode {
+            return Err(crate::Error::InvalidConfig {
+                detail: format!(
+                    "a group assembler's mode cannot change ({:?} to {:?})",
+                    self.config.mode, config.mode
+                ),
+            });
+        }
+        self.config = config;
+        self.deadlines.clear();
+        let mut sealed = Vec::new();
+        for (key, group) in std::mem::take(&mut self.pending) {
+            for record in group.rollouts {
+                let pending = self.open_group(&key, now);
+                pending.uids.insert(record.rollout_uid.clone());
+                *pending
+                    .by_replica
+                    .entry(record.replica_id.clone())
+                    .or_default() += 1;
+                pending.rollouts.push(record);
+                if pending.rollouts.len() >= self.config.target_size {
+                    sealed.push(self.seal(&key, SealReason::Full, now));
+                }
+            }
+        }
+        // The window of remembered uids takes the new bound at the next seal.
+        Ok(sealed)
+    }
+
     /// Seals (or drops) every group whose timeout passed at `now`.
     pub fn seal_due(&mut self, now: Instant) -> Due {
         let mut due = Due::default();

@@ -386,3 +386,53 @@ fn a_resealed_groups_uids_are_remembered_from_their_second_seal() -> Result<()> 
     ));
     Ok(())
 }
+
+#[test]
+fn a_reconfigured_assembler_regroups_its_pending_rollouts_under_the_new_settings() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut a = GroupAssembler::new(GroupConfig::new(4).seal_after(10 * s, 4));
+    for uid in ["a1", "a2", "a3"] {
+        a.add(rollout("a", 1, uid, "r"), t0)?;
+    }
+    a.add(rollout("b", 1, "b1", "r"), t0)?;
+    // A change of mode is refused, and changes nothing.
+    let mixed = GroupConfig::new(2).mode(GroupMode::Mixed);
+    assert!(matches!(
+        a.reconfigure(mixed, t0 + s),
+        Err(crate::Error::InvalidConfig { .. })
+    ));
+    assert_eq!(a.config().target_size, 4);
+    assert_eq!(a.counters().pending_rollouts, 4);
+    // Groups of 2: a's first two seal, in arrival order; a3 and b1 wait, their timeouts
+    // (now 5 s) counted from the reconfiguration.
+    let sealed = a.reconfigure(GroupConfig::new(2).seal_after(5 * s, 1), t0 + s)?;
+    let uids: Vec<Vec<&str>> = sealed
+        .iter()
+        .map(|g| g.rollouts.iter().map(|r| r.rollout_uid.as_str()).collect())
+        .collect();
+    assert_eq!(uids, [vec!["a1", "a2"]]);
+    assert_eq!(sealed[0].reason, SealReason::Full);
+    let c = a.counters();
+    assert_eq!(
+        (c.received, c.pending_rollouts, c.pending_groups),
+        (4, 2, 2)
+    );
+    assert_eq!(a.next_deadline(), Some(t0 + 6 * s));
+    // The sealed uids are remembered; the rest complete their groups as usual.
+    assert_eq!(
+        a.add(rollout("a", 1, "a2", "r"), t0 + 2 * s)?,
+        Added::Duplicate
+    );
+    let Added::Sealed(g) = a.add(rollout("b", 1, "b2", "r"), t0 + 2 * s)? else {
+        panic!("b is full at 2");
+    };
+    assert_eq!(g.rollouts.len(), 2);
+    let due = a.seal_due(t0 + 6 * s);
+    assert_eq!(
+        due.sealed.len(),
+        1,
+        "a3 alone, at its new timeout with min size 1"
+    );
+    Ok(())
+}

@@ -455,6 +455,40 @@ impl GroupIngest {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Takes `config` from now on, in place: every pending rollout is grouped again under
+    /// it (see [`GroupAssembler::reconfigure`]) and the groups that completes are stored
+    /// before this returns. Calls adding rollouts meanwhile go on against the same groups,
+    /// so none is lost or stored twice (a second ingest started on the same buffer would
+    /// race this one for the pending rollouts). The seal timer takes the new timeouts.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidConfig`] for a change of grouping mode, with nothing changed; else
+    /// the first error storing a completed group (as in [`Self::add`]), every group tried.
+    pub async fn reconfigure(&self, config: GroupConfig) -> Result<Vec<Added>> {
+        let (sealed, _in_flight) = {
+            let mut state = self.shared.state.lock();
+            let sealed = state.assembler.reconfigure(config, crate::buffer::now())?;
+            let watched = sealed.iter().flat_map(members).collect();
+            (
+                sealed,
+                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
+            )
+        };
+        self.shared.timer.wake.notify_one();
+        let mut out = Vec::with_capacity(sealed.len());
+        let mut first_error = None;
+        for group in sealed {
+            match self.store(group).await {
+                Ok(added) => out.push(added),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        first_error.map_or(Ok(out), Err)
+    }
+
     /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
     /// (one log unit). If that put fails, each is stored on its own, so one bad group
     /// refuses only itself.
