@@ -183,24 +183,30 @@ impl ApiBody {
                 message: "the body must be JSON (Content-Type: application/json)".to_owned(),
             });
         }
-        let mut de = serde_json::Deserializer::from_slice(&self.body);
-        let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let syntax = !e.inner().is_data();
-            ApiError::BadRequest {
-                status: if syntax {
-                    StatusCode::BAD_REQUEST
-                } else {
-                    StatusCode::UNPROCESSABLE_ENTITY
-                },
-                message: if syntax {
-                    format!("malformed JSON: {}", e.inner())
-                } else {
-                    format!("invalid request: {e}")
-                },
-            }
-        })?;
-        de.end()
-            .map_err(|e| ApiError::bad(format!("malformed JSON: {e}")))?;
-        Ok(value)
+        from_json(&self.body)
     }
+}
+
+/// `bytes` as JSON of a `T`: a 400 for malformed JSON, a 422 naming the field (its path)
+/// for well-formed JSON of the wrong shape.
+pub fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let syntax = !e.inner().is_data();
+        ApiError::BadRequest {
+            status: if syntax {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::UNPROCESSABLE_ENTITY
+            },
+            message: if syntax {
+                format!("malformed JSON: {}", e.inner())
+            } else {
+                format!("invalid request: {e}")
+            },
+        }
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad(format!("malformed JSON: {e}")))?;
+    Ok(value)
 }

@@ -11,7 +11,7 @@ use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, Uri};
+use axum::http::{header, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -130,6 +130,7 @@ pub fn router(app: Arc<App>, body_limit: usize) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/debug/waiting", get(debug_waiting))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .layer(middleware::from_fn_with_state(Arc::clone(&app), auth))
         .with_state(app)
@@ -151,6 +152,13 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
 
 async fn not_found(uri: Uri) -> ApiError {
     ApiError::NotFound(uri.path().to_owned())
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::BadRequest {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        message: format!("{} does not take {method}", uri.path()),
+    }
 }
 
 async fn health() -> Json<Value> {
@@ -258,7 +266,7 @@ async fn add_all(
     });
     let answers = match tokio::time::timeout_at(deadline, task).await {
         Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
-        Ok(Err(joined)) => return Err(ApiError::bad(format!("the write failed: {joined}"))),
+        Ok(Err(joined)) => return Err(ApiError::Internal(format!("the write failed: {joined}"))),
         Ok(Ok(answers)) => answers,
     };
     let mut out = Vec::with_capacity(n);
@@ -316,7 +324,7 @@ fn lenient<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad(format!("malformed JSON: {e}")))
+    crate::api_error::from_json(body)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -335,8 +343,7 @@ fn all() -> i64 {
 
 async fn get_rollout_data(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Bytes,
+    ApiBody { headers, body }: ApiBody,
 ) -> Result<Response, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     read_groups(&app, req.batch_size, None, Format::of(&headers)).await
@@ -344,8 +351,7 @@ async fn get_rollout_data(
 
 async fn buffer_read(
     State(app): State<Arc<App>>,
-    headers: HeaderMap,
-    body: Bytes,
+    ApiBody { headers, body }: ApiBody,
 ) -> Result<Response, ApiError> {
     let req: ReadRequest = lenient(&body)?;
     let wait = match (req.wait.unwrap_or(true), req.timeout) {
@@ -415,7 +421,7 @@ async fn read_groups(
         for commit in commits {
             commit
                 .await
-                .map_err(|e| ApiError::bad(format!("a commit failed: {e}")))??;
+                .map_err(|e| ApiError::Internal(format!("a commit failed: {e}")))??;
         }
         app.read.fetch_add(n as u64, Ordering::Relaxed);
         metrics::counter!("rollout_buffer_http_items_read_total").increment(n as u64);

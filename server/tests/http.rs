@@ -141,6 +141,7 @@ async fn bad_requests_get_json_errors_and_store_nothing() {
     let dir = store("bad");
     let server = Server::start(&dir, &["--group-size", "2", "--body-limit", "2048"]);
     let url = format!("{}/buffer/write", server.url);
+    let read = format!("{}/get_rollout_data", server.url);
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (client().post(&url).body("{not json"), 400, "malformed JSON"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": []}).to_string()), 422, "reward"),
@@ -148,6 +149,9 @@ async fn bad_requests_get_json_errors_and_store_nothing() {
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": "hi", "reward": 1}).to_string()), 400, "messages"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": 1, "extra_info": {"pad": "x".repeat(4096)}}).to_string()), 413, "limit"),
         (client().get(format!("{}/no/such/route", server.url)), 404, "/no/such/route"),
+        (client().get(&url), 405, "/buffer/write does not take GET"),
+        (client().post(&read).body(r#"{"batch_size": "3"}"#), 422, "batch_size"),
+        (client().post(&read).body(format!(r#"{{"pad": "{}"}}"#, "x".repeat(4096))), 413, "limit"),
     ];
     for (req, want, names) in cases {
         let (status, body) = send(req).await;
