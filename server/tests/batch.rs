@@ -44,16 +44,20 @@ fn items(n: usize, uid_prefix: &str) -> Vec<(&'static str, ArrayRef)> {
     ]
 }
 
-async fn post_arrow(server: &Server, body: Vec<u8>) -> (u16, Value) {
+/// POSTs `body` to `/buffer/write_batch` as an Arrow stream: the status and the body's text.
+async fn send_arrow(server: &Server, body: Vec<u8>) -> reqwest::Result<(u16, String)> {
     let resp = client()
         .post(format!("{}/buffer/write_batch", server.url))
         .header("content-type", ARROW)
         .body(body)
         .send()
-        .await
-        .expect("send");
+        .await?;
     let status = resp.status().as_u16();
-    let text = resp.text().await.expect("body");
+    Ok((status, resp.text().await?))
+}
+
+async fn post_arrow(server: &Server, body: Vec<u8>) -> (u16, Value) {
+    let (status, text) = send_arrow(server, body).await.expect("send");
     (status, serde_json::from_str(&text).expect("JSON answer"))
 }
 
@@ -131,15 +135,9 @@ async fn every_byte_of_an_arrow_body_changed_is_answered() {
             }
             let mut body = good.clone();
             body[at] = value;
-            let resp = client()
-                .post(format!("{}/buffer/write_batch", server.url))
-                .header("content-type", ARROW)
-                .body(body)
-                .send()
+            let (status, text) = send_arrow(&server, body)
                 .await
                 .unwrap_or_else(|e| panic!("byte {at} = {value:#x}: no answer ({e})"));
-            let status = resp.status().as_u16();
-            let text = resp.text().await.expect("body");
             assert!(
                 status == 200 || (400..500).contains(&status),
                 "byte {at} = {value:#x}: {status} {text}"

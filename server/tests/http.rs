@@ -399,14 +399,7 @@ async fn metrics_and_a_graceful_stop() {
     let dir = store("metrics");
     let server = Server::start(&dir, &["--group-size", "2"]);
     write_group(&server, "q", &[0.0, 1.0]).await;
-    let text = client()
-        .get(format!("{}/metrics", server.url))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let text = common::metrics_text(&server).await;
     let value = |name: &str| -> f64 {
         text.lines()
             .find(|l| l.starts_with(name) && !l.starts_with('#'))
@@ -462,24 +455,15 @@ async fn a_read_that_falls_short_waits_for_new_groups_without_spinning() {
     let dir = store("read-wait");
     let server = Server::start(&dir, &["--group-size", "2"]);
     write_group(&server, "q0", &[0.0, 1.0]).await;
-    let redelivered = |server: &Server| {
-        let url = format!("{}/metrics", server.url);
-        async move {
-            let text = client()
-                .get(url)
-                .send()
-                .await
-                .expect("metrics")
-                .text()
-                .await
-                .expect("text");
-            text.lines()
-                .find(|l| l.starts_with("rollout_buffer_rpc_redelivered{rpc=\"train\"}"))
-                .and_then(|l| l.rsplit(' ').next())
-                .and_then(|v| v.parse::<f64>().ok())
-                .unwrap_or(0.0)
-        }
-    };
+    async fn redelivered(server: &Server) -> f64 {
+        common::metrics_text(server)
+            .await
+            .lines()
+            .find(|l| l.starts_with("rollout_buffer_rpc_redelivered{rpc=\"train\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    }
     // Waits 1 s for 100 items, and gives up.
     let (status, body) = post(
         &server,

@@ -180,3 +180,15 @@ pub fn cli(command: &str, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// The server's `/metrics` text.
+pub async fn metrics_text(server: &Server) -> String {
+    client()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}

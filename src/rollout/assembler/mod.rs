@@ -299,13 +299,7 @@ impl GroupAssembler {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
         }
-        let group = self.open_group(&key, now);
-        group.uids.insert(record.rollout_uid.clone());
-        *group
-            .by_replica
-            .entry(record.replica_id.clone())
-            .or_default() += 1;
-        group.rollouts.push(record);
+        let group = self.join(&key, record, now);
         let (size, overdue) = (group.rollouts.len(), group.overdue);
         if size >= self.config.target_size {
             return Ok(Added::Sealed(self.seal(&key, SealReason::Full, now)));
@@ -415,6 +409,19 @@ impl GroupAssembler {
         }
     }
 
+    /// Puts `record` into the pending group under `key` (opened at `now` if need be), with
+    /// its uid and its replica's share; the group.
+    fn join(&mut self, key: &GroupKey, record: RolloutRecord, now: Instant) -> &mut Pending {
+        let group = self.open_group(key, now);
+        group.uids.insert(record.rollout_uid.clone());
+        *group
+            .by_replica
+            .entry(record.replica_id.clone())
+            .or_default() += 1;
+        group.rollouts.push(record);
+        group
+    }
+
     /// The pending group under `key`, created with its deadline from `now` if there is
     /// none (or it is empty).
     fn open_group(&mut self, key: &GroupKey, now: Instant) -> &mut Pending {
@@ -460,14 +467,7 @@ impl GroupAssembler {
         let mut sealed = Vec::new();
         for (key, group) in std::mem::take(&mut self.pending) {
             for record in group.rollouts {
-                let pending = self.open_group(&key, now);
-                pending.uids.insert(record.rollout_uid.clone());
-                *pending
-                    .by_replica
-                    .entry(record.replica_id.clone())
-                    .or_default() += 1;
-                pending.rollouts.push(record);
-                if pending.rollouts.len() >= self.config.target_size {
+                if self.join(&key, record, now).rollouts.len() >= self.config.target_size {
                     sealed.push(self.seal(&key, SealReason::Full, now));
                 }
             }
