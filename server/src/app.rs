@@ -436,11 +436,24 @@ async fn read_groups(
 
 async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
     let s = app.buf.stats();
-    let c = app.ingest().counters();
     let read = app.read.load(Ordering::Relaxed);
+    // Items held: the members of the groups stored (also those recovered at start) and
+    // the items waiting for their group, as slime's buffer holds items.
+    let in_groups: usize = app
+        .buf
+        .contents()
+        .iter()
+        .filter_map(|g| {
+            g.sample
+                .get("rollout_uid")
+                .and_then(|t| t.array::<String>())
+        })
+        .map(|uids| uids.len())
+        .sum();
+    let pending = app.ingest().assembler_counters().pending_rollouts;
     let data = json!({
-        "current_size": c.stored_rollouts.saturating_sub(read),
-        "max_size": s.capacity * app.settings().group_size,
+        "current_size": in_groups as u64 + pending,
+        "max_size": s.capacity.saturating_mul(app.settings().group_size),
         "total_written": app.written.load(Ordering::Relaxed),
         "total_read": read,
         "groups_ready": s.rpcs.iter().map(|r| r.eligible).sum::<usize>(),

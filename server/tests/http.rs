@@ -664,3 +664,32 @@ async fn start_rollout_during_writes_loses_and_doubles_nothing() {
     written.sort();
     assert_eq!(read, written, "every item answered is read, once");
 }
+
+/// `current_size` counts the items held, grouped or waiting for their group, also those
+/// a restart brought back.
+#[tokio::test]
+async fn current_size_counts_the_items_held_across_a_restart() {
+    let dir = store("current-size");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&server, "r", &[0.0, 1.0]).await;
+    assert_eq!(
+        post(&server, "/buffer/write", &item("p-0", "p", 1.0))
+            .await
+            .0,
+        200
+    );
+    let size = |server: &Server| {
+        let url = format!("{}/buffer/stats", server.url);
+        async move {
+            let (_, stats) = send(client().get(url)).await;
+            stats["data"]["data"]["current_size"].clone()
+        }
+    };
+    assert_eq!(size(&server).await, 3);
+    assert!(server.terminate().success());
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    assert_eq!(size(&server).await, 3);
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["r-0", "r-1"]);
+    assert_eq!(size(&server).await, 1);
+}
