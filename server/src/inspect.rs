@@ -56,7 +56,19 @@ pub async fn run(url: &str, tail: usize, json: bool) -> Result<String, String> {
             let _ = writeln!(out, "  {}", row_text(row)?);
         }
     }
-    Ok(out)
+    Ok(printable(&out))
+}
+
+/// `text` with control characters other than line ends escaped (`\u{0}`): names and
+/// texts come from the generators, and a terminal must not take them as its own.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' => c.to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn mb(bytes: u64) -> String {
@@ -231,4 +243,18 @@ fn row_text(row: &ArchivedSample) -> Result<String, String> {
         cells.push(format!("{}={cell}", field.name()));
     }
     Ok(cells.join(" "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::printable;
+
+    #[test]
+    fn control_characters_are_escaped_and_line_ends_kept() {
+        assert_eq!(
+            printable("env=a\u{0}b\n\u{1b}[31mred\tx"),
+            "env=a\\u{0}b\n\\u{1b}[31mred\\tx"
+        );
+        assert_eq!(printable("ünï 数"), "ünï 数");
+    }
 }

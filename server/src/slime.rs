@@ -164,11 +164,15 @@ impl ItemText<'_> {
         };
         let mut r = RolloutRecord::new(environment, self.instance_id, version, self.uid);
         r.reward = Some(self.reward);
+        // slime sends `str(time.time())`; anything else that is no finite number (a
+        // "NaN", "inf") is the arrival time instead.
         r.created_ts = match &extra.timestamp {
-            Some(Value::String(s)) => s.parse().unwrap_or_else(|_| now()),
-            Some(Value::Number(n)) => n.as_f64().unwrap_or_else(now),
-            _ => now(),
-        };
+            Some(Value::String(s)) => s.trim().parse().ok(),
+            Some(Value::Number(n)) => n.as_f64(),
+            _ => None,
+        }
+        .filter(|t: &f64| t.is_finite())
+        .unwrap_or_else(now);
         r.metadata
             .insert("messages".into(), MetaValue::Str(self.messages.to_owned()));
         r.metadata
@@ -533,4 +537,41 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
         json!(rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
     );
     m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ItemText;
+
+    fn created_ts(extra: &str) -> f64 {
+        let item = ItemText {
+            uid: "u".into(),
+            instance_id: "q".into(),
+            messages: "[]",
+            reward: 1.0,
+            extra_info: Some(extra),
+        };
+        item.into_record("env").expect("a valid item").created_ts
+    }
+
+    #[test]
+    fn a_timestamp_that_is_no_finite_number_is_the_arrival_time() {
+        assert_eq!(
+            created_ts(r#"{"timestamp": "1700000000.5"}"#),
+            1_700_000_000.5
+        );
+        assert_eq!(created_ts(r#"{"timestamp": 12.0}"#), 12.0);
+        let before = super::now();
+        for odd in [
+            r#""NaN""#,
+            r#""inf""#,
+            r#""-inf""#,
+            r#""soon""#,
+            "null",
+            "[1]",
+        ] {
+            let t = created_ts(&format!(r#"{{"timestamp": {odd}}}"#));
+            assert!(t.is_finite() && t >= before, "{odd}: {t}");
+        }
+    }
 }
