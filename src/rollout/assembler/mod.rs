@@ -531,6 +531,16 @@ impl GroupAssembler {
         SealedGroup::new(key.clone(), group.rollouts, reason)
     }
 
+    /// Forgets that `uids` left, so that each is taken as new when it comes again: for a
+    /// sealed group the buffer refused for good (a malformed rollout in it), whose senders
+    /// are told and may send fixed rollouts under the same uids.
+    pub fn let_resend<'a>(&mut self, uids: impl IntoIterator<Item = &'a str>) {
+        // Their places in `gone_order` no longer match, and are skipped (as for a reopen).
+        for uid in uids {
+            self.gone.remove(uid);
+        }
+    }
+
     /// Remembers `uids` as gone (sealed and stored before, by an earlier process): a
     /// rollout arriving with one of them is a duplicate, as for a group sealed here. The
     /// same bound applies: the last `remember` uids are kept.

@@ -252,7 +252,8 @@ impl GroupIngest {
     ///   [`SequenceBuffer::put_batch`]; a group id already stored counts as a duplicate
     ///   group instead). If the refusal may pass (a storage error, the buffer closed or
     ///   full), the group is pending again without this rollout, which is to be resent;
-    ///   otherwise the group's pending rollouts are forgotten.
+    ///   otherwise the group's pending rollouts are forgotten, and taken as new when they
+    ///   are resent (fixed).
     ///
     /// A resend of a rollout whose outcome is still undecided (its write or its group's
     /// store in flight) waits for it, then is answered as it then stands.
@@ -629,10 +630,14 @@ impl GroupIngest {
             Err(e) => {
                 // Dropped: its members are forgotten, its id leaves the window (it was
                 // never stored), and the oldest markers `mark_sealed` let go of are
-                // removed, so the markers in the log stay the window in memory.
+                // removed, so the markers in the log stay the window in memory. Its uids
+                // are not remembered either: fixed rollouts resent under them are new.
                 writes.retain(|w| w.value.is_none());
                 let written = shared.buf.aux_write(writes).await;
                 let mut state = shared.state.lock();
+                state
+                    .assembler
+                    .let_resend(group.rollouts.iter().map(|r| r.rollout_uid.as_str()));
                 forget_sealed(&mut state.sealed, &group.id);
                 if written.is_err() {
                     keep_sealed(&mut state.sealed, let_go);
