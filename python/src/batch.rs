@@ -76,6 +76,25 @@ impl PyBatch {
             .take()
             .ok_or_else(|| BufferError::new_err("this batch was already finished"))
     }
+
+    /// The batch, once `outputs` pass `complete`'s checks: a rejected completion keeps the
+    /// lease, so the caller can correct its outputs and complete again.
+    fn take_for_complete(
+        &self,
+        outputs: &[rollout_buffer::Patch],
+    ) -> PyResult<rollout_buffer::Batch> {
+        let mut guard = self
+            .inner
+            .lock()
+            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
+        let batch = guard
+            .as_ref()
+            .ok_or_else(|| BufferError::new_err("this batch was already finished"))?;
+        batch.check_outputs_for_complete(outputs).map_err(py_err)?;
+        guard
+            .take()
+            .ok_or_else(|| BufferError::new_err("this batch was already finished"))
+    }
 }
 
 #[pymethods]
@@ -143,7 +162,7 @@ impl PyBatch {
         outputs: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = self.dict_patches(&outputs)?;
-        let batch = self.take()?;
+        let batch = self.take_for_complete(&patches)?;
         awaitable(
             py,
             async move { batch.complete(patches).await.map_err(py_err) },
@@ -159,7 +178,7 @@ impl PyBatch {
     /// Blocking `complete`.
     fn complete_blocking(&self, py: Python<'_>, outputs: Vec<Bound<'_, PyAny>>) -> PyResult<()> {
         let patches = self.dict_patches(&outputs)?;
-        let batch = self.take()?;
+        let batch = self.take_for_complete(&patches)?;
         block(py, batch.complete(patches))
     }
 
@@ -230,7 +249,7 @@ impl PyBatch {
         columns: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = self.output_patches(&columns)?;
-        let batch = self.take()?;
+        let batch = self.take_for_complete(&patches)?;
         awaitable(
             py,
             async move { batch.complete(patches).await.map_err(py_err) },
@@ -240,7 +259,7 @@ impl PyBatch {
     /// Blocking `complete_columns`.
     fn complete_columns_blocking(&self, py: Python<'_>, columns: Bound<'_, PyAny>) -> PyResult<()> {
         let patches = self.output_patches(&columns)?;
-        let batch = self.take()?;
+        let batch = self.take_for_complete(&patches)?;
         block(py, batch.complete(patches))
     }
 

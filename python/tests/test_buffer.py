@@ -111,6 +111,25 @@ def test_a_lease_released_on_exception_is_redelivered():
     asyncio.run(main())
 
 
+def test_a_rejected_completion_keeps_the_lease_for_a_corrected_one():
+    buf = rb.Buffer(8, [rb.Rpc("gen", 2, inputs=["x"], outputs=["y"]), rb.Rpc("train", 2, inputs=["x", "y"])])
+    buf.put_columns_blocking({"x": np.arange(2, dtype=np.int32)}, ids=["a", "b"])
+    batch = buf.get_batch_for_rpc_blocking("gen", timeout=1)
+    bad_outputs = [
+        lambda: batch.complete_blocking([{"y": np.float32(1)}]),  # one output for two samples
+        lambda: batch.complete_blocking([{"y": np.float32(1)}, {}]),  # `b` lacks `y`
+        lambda: batch.complete_columns_blocking({}),  # no output at all
+    ]
+    for bad in bad_outputs:
+        with pytest.raises(ValueError):
+            bad()
+        assert buf.stats()["live_leases"] == 1, "the lease is kept"
+    batch.complete_columns_blocking({"y": np.array([1.0, 2.0], np.float32)})
+    assert buf.stats()["rpcs"]["gen"]["redelivered"] == 0
+    train = buf.get_batch_for_rpc_blocking("train", timeout=1)
+    np.testing.assert_array_equal(train.columns()["y"], [1.0, 2.0])
+
+
 def test_a_persistent_buffer_comes_back(tmp_path):
     rpcs = lambda: [rb.Rpc("train", 1, inputs=["x"])]
     buf = rb.Buffer(8, rpcs(), store=str(tmp_path))

@@ -207,6 +207,18 @@ impl Batch {
         self.finish(Some((outputs, added))).await
     }
 
+    /// Whether [`Batch::complete`] would take `outputs`: the same checks (one patch per
+    /// sample, declared outputs only, every output another RPC reads), with the batch
+    /// kept, so a caller can correct its outputs and complete the lease after all.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LengthMismatch`], [`Error::UndeclaredOutput`] or [`Error::MissingOutput`],
+    /// as `complete` would return them.
+    pub fn check_outputs_for_complete(&self, outputs: &[Patch]) -> Result<()> {
+        self.check_outputs(Some(outputs)).map(drop)
+    }
+
     /// Uses one read of every sample without writing anything.
     ///
     /// # Errors
