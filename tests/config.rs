@@ -127,3 +127,34 @@ fn a_durability_parses_from_its_name_and_a_bad_one_says_what_it_was() {
         }
     }
 }
+
+/// Memory and swap of this machine, in bytes, and whether Linux refuses reservations past
+/// them (overcommit mode 0 or 2); `None` where that cannot be read.
+fn refuses_overcommit() -> Option<(u64, bool)> {
+    let mode = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").ok()?;
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = |name: &str| -> Option<u64> {
+        let line = meminfo.lines().find(|l| l.starts_with(name))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let bytes = (kb("MemTotal:")? + kb("SwapTotal:")?) * 1024;
+    Some((bytes, mode.trim() != "1"))
+}
+
+/// A capacity whose slot table the machine cannot hold is a configuration error, not an
+/// abort of the process while the table is built (4 billion slots: 256 GiB of slot lines).
+#[test]
+fn a_capacity_past_the_machines_memory_is_an_error() {
+    let Some((bytes, refuses)) = refuses_overcommit() else {
+        return; // not Linux: the reservation's outcome is the platform's
+    };
+    assert!(
+        refuses && bytes < (200 << 30),
+        "this test needs a machine that refuses a 256 GiB reservation ({bytes} bytes, overcommit refused: {refuses})"
+    );
+    let err = build(u32::MAX as usize, vec![RpcDef::new("a", 1)], &[]).err();
+    assert!(
+        matches!(&err, Some(Error::InvalidConfig { detail }) if detail.contains("slot table")),
+        "{err:?}"
+    );
+}

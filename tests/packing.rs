@@ -197,3 +197,25 @@ fn a_token_budget_takes_groups_that_fill_it_exactly() {
     assert_eq!(packed.batch.real_tokens, 16);
     assert_eq!(packed.leftover, [2]);
 }
+
+/// Rows and a sequence length whose arrays no process can hold are an error, not a panic
+/// (a shape past `isize::MAX` cells) or an abort (a failed allocation): more cells, or
+/// bytes, than a `usize` counts.
+#[test]
+fn a_batch_too_large_to_allocate_is_an_error() {
+    let g = TrainGroup {
+        id: "g".into(),
+        environment: "e".into(),
+        policy_version: 0,
+        items: vec![item(0, 0, 2, 4, false)],
+    };
+    for (seq_len, rows) in [(1usize << 32, 1usize << 32), (1 << 58, 1)] {
+        let err = Packer::new(seq_len, rows)
+            .pack(std::slice::from_ref(&g))
+            .err();
+        assert!(
+            matches!(&err, Some(rollout_buffer::Error::InvalidPacking { detail }) if detail.contains("more memory")),
+            "{seq_len} x {rows}: {err:?}"
+        );
+    }
+}

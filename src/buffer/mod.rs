@@ -83,6 +83,9 @@ use crate::state::{Generation, RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Notify, Ordering};
 use std::time::Instant;
 
+/// Bytes of the slot table per slot, at least (its line in the state machine).
+const SLOT_LINE: usize = 64;
+
 /// Names a stored sample: its slot and the slot's generation when the sample was put.
 ///
 /// Returned by `put_batch` (in input order) and by [`Batch::handles`]; `amend_batch` rejects
@@ -393,6 +396,19 @@ impl SequenceBuffer {
         let max = u32::MAX as usize;
         if capacity == 0 || capacity > max {
             return Err(Error::InvalidCapacity { capacity, max });
+        }
+        // The slot table is allocated up front, a cache line per slot and more: a capacity
+        // the process cannot hold must be an error here, not an abort when it is built
+        // (with Linux's default overcommit, a reservation past memory and swap fails).
+        let table_bytes = capacity.saturating_mul(SLOT_LINE);
+        if Vec::<u8>::new().try_reserve_exact(table_bytes).is_err() {
+            return Err(Error::InvalidConfig {
+                detail: format!(
+                    "capacity {capacity}: its slot table alone needs {} MB, more than this \
+                     process can allocate",
+                    table_bytes >> 20
+                ),
+            });
         }
         let graph = RpcGraph::new(capacity, &config.rpcs, &config.external_keys)?;
         let specs: Vec<RpcSpec> = graph.rpcs().iter().map(RpcSpec::from).collect();

@@ -139,7 +139,8 @@ impl Packer {
     ///
     /// # Errors
     ///
-    /// Only [`Error::InvalidPacking`], for a `seq_len` of 0 or a fixed row count of 0.
+    /// Only [`Error::InvalidPacking`], for a `seq_len` of 0 or a fixed row count of 0, or
+    /// a batch of more rows and tokens than the process can allocate.
     pub fn pack(&self, groups: &[TrainGroup]) -> Result<Packed> {
         let s = self.seq_len;
         let bad = |detail: &str| Error::InvalidPacking {
@@ -215,6 +216,17 @@ impl Packer {
             }
             _ => s,
         };
+        // Eight arrays of b x width cells (at most 40 bytes a cell in all): settings the
+        // process cannot hold are an error here, not a panic or an abort building them.
+        let bytes = b.checked_mul(width).and_then(|cells| cells.checked_mul(40));
+        if bytes.is_none_or(|n| Vec::<u8>::new().try_reserve_exact(n).is_err()) {
+            return Err(Error::InvalidPacking {
+                detail: format!(
+                    "a batch of {b} rows of {width} tokens needs more memory than this \
+                     process can allocate"
+                ),
+            });
+        }
         let with_refs = !placed.is_empty()
             && placed
                 .iter()
