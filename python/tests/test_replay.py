@@ -357,6 +357,22 @@ def test_bad_input_names_field_and_uid_and_takes_nothing(tmp_path, bad, field):
     assert buf.add_rollouts(good) == ["pending"] * 3
 
 
+def test_tokens_past_int32_and_uids_that_are_no_strings_are_refused(tmp_path):
+    buf = open_buffer(tmp_path)
+    wide = RolloutRecord("math", "q1", 3, rollout_uid="u0", output_tokens=np.array([2**40 + 7, 1], np.int64))
+    with pytest.raises(ValueError, match="'u0'.*'output_tokens'.*outside int32"):
+        buf.add_rollouts([wide])
+    # An int uid was replaced by a hash that changed with every resend: never deduplicated.
+    with pytest.raises(ValueError, match="'rollout_uid' must be a string"):
+        buf.add_rollouts([RolloutRecord("math", "q1", 3, rollout_uid=5, reward=1.0)])
+    # A fractional token count was truncated when the other records took the fast path.
+    with pytest.raises(ValueError, match="'token_count' must be an int"):
+        buf.add_rollouts(group_of(size=2) + [RolloutRecord("math", "q9", 3, rollout_uid="t", token_count=1.5)])
+    assert buf.stats()["received"] == 0
+    fine = RolloutRecord("math", "q1", 3, rollout_uid="u1", output_tokens=np.array([2**31 - 1, -(2**31)], np.int64))
+    assert buf.add_rollouts([fine]) == ["pending"]
+
+
 def test_non_integer_versions_work_until_a_lag_control_is_asked_for(tmp_path):
     buf = open_buffer(tmp_path, numeric_versions=False)
     buf.add_rollouts(group_of(pv="ckpt-a"))
@@ -456,6 +472,8 @@ def test_rollouts_as_columns_are_the_same_as_records(tmp_path):
         ({"example_id": ["q", None]}, "'c1'.*'example_id'"),
         ({"logprobs": [np.zeros(2, np.float32), np.zeros(3, np.float32)]}, "'c1'.*'logprobs'.*length"),
         ({"colour": ["red", "blue"]}, "column 'colour' is not a RolloutRecord field"),
+        ({"metadata": ['{"a": 1}', "{not json"]}, "'c1'.*'metadata'.*JSON"),
+        ({"metadata": ['{"a": 1}', "[1, 2]"]}, "'c1'.*'metadata'.*object"),
     ],
 )
 def test_bad_columns_are_named_and_nothing_is_taken(tmp_path, change, message):

@@ -166,6 +166,10 @@ def _array(r: RolloutRecord, name: str, uid: str) -> Optional[np.ndarray]:
     if a.dtype != want:
         if a.dtype.kind not in "iuf" or (want == np.int32 and a.dtype.kind == "f"):
             raise _bad(name, uid, f"has dtype {a.dtype}, wants {np.dtype(want)}")
+        if want == np.int32 and a.size:
+            lo, hi = int(a.min()), int(a.max())
+            if lo < -(2**31) or hi >= 2**31:
+                raise _bad(name, uid, f"has values outside int32 ({lo} to {hi})")
         a = a.astype(want)
     return a
 
@@ -241,8 +245,10 @@ def _columns_of(recs: list) -> pa.Table:
         "sealed_ts": pa.nulls(len(recs), pa.float64()),
     }
     if any(type(v) is bool for v in col("reward")) or any(
-        type(v) is bool for v in col("token_count")
+        type(v) is not int for v in col("token_count")
     ):
+        # The record-by-record build checks them (a float token count is refused there,
+        # where a cast would truncate it).
         raise _SlowPath
     for name, value_type in ARRAY_FIELDS.items():
         arrays = col(name)
@@ -259,8 +265,9 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
     cols: dict = {name: [] for name in SCHEMA.names}
     arrays: dict = {name: [] for name in ARRAY_FIELDS}
     for r in recs:
-        uid = r.rollout_uid if isinstance(r.rollout_uid, str) else ""
-        uid = uid or derived_uid(r)
+        if r.rollout_uid is not None and not isinstance(r.rollout_uid, str):
+            raise _bad("rollout_uid", repr(r.rollout_uid), "must be a string (a resend must carry the same uid)")
+        uid = r.rollout_uid or derived_uid(r)
         for name in ("environment", "example_id"):
             v = getattr(r, name)
             if not isinstance(v, str) or not v:
@@ -438,6 +445,19 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         else:
             out[f.name] = pa.nulls(n, f.type)
     table = pa.table(out, schema=SCHEMA)
+    if "metadata" in data.column_names:
+        # JSON text of an object per row, as records give it: checked now, or the group
+        # would fail to read each time it is drawn.
+        for i, text in enumerate(table.column("metadata").to_pylist()):
+            if text is None:
+                continue
+            try:
+                ok = isinstance(json.loads(text), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                who = table.column("rollout_uid")[i].as_py() or f"row {i}"
+                raise _bad("metadata", who, f"is not the JSON text of an object: {text[:80]!r}")
     uids = table.column("rollout_uid")
     if uids.null_count:
         recs = table_to_records(table)
