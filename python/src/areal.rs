@@ -219,7 +219,9 @@ impl ArealSlots {
 
     /// Merges `samples[j]` into the entry at `indices[j]` (`update_`); the entries become
     /// ready for the MFCs whose input keys they now hold. `StaleHandle` for a slot with no
-    /// entry, `ValueError` for ids that differ; either before anything changes.
+    /// entry, `ValueError` for ids that differ; either before anything changes. A merge
+    /// that raises stops there: the entries merged before it are amended in the buffer
+    /// too, and the failing one is as its `update_` left it (to be amended again).
     fn amend(
         &self,
         py: Python<'_>,
@@ -260,9 +262,35 @@ impl ArealSlots {
             check_ids(*i, entry, other)?;
             masks.push(self.mask_of(other.getattr(intern!(py, "keys"))?, &mut last)?);
         }
+        // The samples first, then the buffer: once the buffer has the markers, the entries
+        // may be read (from another thread too), and they must hold the keys by then.
+        let own = self.sample_type.bind(py);
+        let mut merged = 0;
+        let mut failed = None;
+        for (entry, other) in stored.iter().zip(&others) {
+            let step = || -> PyResult<()> {
+                if entry.get_type().is(own) && other.get_type().is(own) && merge(entry, other)? {
+                    return Ok(());
+                }
+                match entry.getattr_opt(intern!(py, "update_"))? {
+                    Some(update) => update.call1((other,))?,
+                    None => own.getattr(intern!(py, "update_"))?.call1((entry, other))?,
+                };
+                Ok(())
+            };
+            if let Err(e) = step() {
+                failed = Some(e);
+                break;
+            }
+            merged += 1;
+        }
+        // The entries merged before a failure hold their new keys: the buffer learns of
+        // them too, so they are read as they are (else they would wait for ever for keys
+        // they hold), and the failing one can be amended again.
         let (handles, patches): (Vec<SlotHandle>, Vec<Patch>) = handles
             .into_iter()
             .zip(&masks)
+            .take(merged)
             .filter(|(_, &mask)| mask != 0)
             .map(|(h, &mask)| {
                 let patch = self
@@ -271,23 +299,11 @@ impl ArealSlots {
                 (h, patch)
             })
             .unzip();
-        // The samples first, then the buffer: once the buffer has the markers, the entries
-        // may be read (from another thread too), and they must hold the keys by then.
-        let own = self.sample_type.bind(py);
-        for (entry, other) in stored.iter().zip(&others) {
-            if entry.get_type().is(own) && other.get_type().is(own) && merge(entry, other)? {
-                continue;
-            }
-            match entry.getattr_opt(intern!(py, "update_"))? {
-                Some(update) => update.call1((other,))?,
-                None => own.getattr(intern!(py, "update_"))?.call1((entry, other))?,
-            };
-        }
         if !handles.is_empty() {
             let _entries = self.lock()?;
             now(self.buf.amend_batch(&handles, patches))?;
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// A batch for MFC number `rpc` if one is ready: its slots (int64, oldest birth first)

@@ -615,3 +615,30 @@ def test_a_get_gathers_the_keys_of_the_mfc_passed_in():
             await buf.get_batch_for_rpc(MFCDef("gen", 2, ["p", "v"]))
 
     run(go())
+
+
+def test_a_merge_that_fails_leaves_the_merged_entries_readable():
+    """An amend whose second `update_` raises: the first entry, already merged, is amended
+    in the buffer too (it was left holding keys the buffer never learned of, so it was
+    never ready), and the second can be amended again."""
+
+    class Broken(Sample):
+        def update_(self, other):
+            raise RuntimeError("a broken merge")
+
+    async def go():
+        gen, train = Mfc("gen", 2, ["a"], ["b"]), Mfc("train", 2, ["a", "b"])
+        buf = AsyncIOSequenceBuffer([gen, train], 8)
+        first, second = Sample(1, ["a"]), Broken(2, ["a"])
+        idx = await buf.put_batch([first, second])
+        await buf.get_batch_for_rpc(gen)
+        with pytest.raises(RuntimeError, match="a broken merge"):
+            await buf.amend_batch(idx, [Sample(1, ["b"]), Sample(2, ["b"])])
+        assert first.keys == {"a", "b"}
+        second.update_ = lambda other: Sample.update_(second, other)
+        await buf.amend_batch(idx[1:], [Sample(2, ["b"])])
+        slots, batch = await asyncio.wait_for(buf.get_batch_for_rpc(train), 5)
+        assert sorted(slots.tolist()) == sorted(idx.tolist())
+        assert sorted(batch.ids) == ["1", "2"]
+
+    run(go())
