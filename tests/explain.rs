@@ -101,16 +101,18 @@ async fn stale_samples_are_named() {
     assert_eq!(buf.len(), 0);
 }
 
-/// A buffer that warns after 10 s of waiting, with one prompt for an RPC `train` taking
+/// A buffer that warns after `after` of waiting, with one prompt for an RPC `train` taking
 /// batches of two, and a getter of `train` waiting for the second.
-async fn a_getter_short_of_one_sample() -> (
+async fn a_getter_short_of_one_sample(
+    after: Duration,
+) -> (
     SequenceBuffer,
     tokio::task::JoinHandle<Result<rollout_buffer::Batch, Error>>,
 ) {
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(4)
             .rpc(RpcDef::new("train", 2).inputs(["prompt"]))
-            .wait_warning(Duration::from_secs(10)),
+            .wait_warning(after),
     )
     .expect("config");
     buf.put_batch(prompts("p", 1)).await.expect("put");
@@ -123,7 +125,7 @@ async fn a_getter_short_of_one_sample() -> (
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_long_wait_warns_at_growing_intervals() {
-    let (buf, getter) = a_getter_short_of_one_sample().await;
+    let (buf, getter) = a_getter_short_of_one_sample(Duration::from_secs(10)).await;
     let warnings = |buf: &SequenceBuffer| buf.stats().rpcs[0].wait_warnings;
     // Paused time jumps to each timer: warnings at 10 s, then 30 s (10 + 20), then 70 s.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -139,6 +141,18 @@ async fn a_long_wait_warns_at_growing_intervals() {
     buf.put_batch(prompts("q", 1)).await.expect("put");
     let batch = getter.await.expect("join").expect("served");
     assert_eq!(batch.len(), 2);
+}
+
+/// A zero threshold warns at 10 ms, then at doubling intervals: a handful of warnings in
+/// a second, not one per wake-up.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_zero_threshold_still_warns_at_growing_intervals() {
+    let (buf, getter) = a_getter_short_of_one_sample(Duration::ZERO).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // At 10, 30, 70, 150, 310 and 630 ms.
+    assert_eq!(buf.stats().rpcs[0].wait_warnings, 6);
+    buf.put_batch(prompts("q", 1)).await.expect("put");
+    assert_eq!(getter.await.expect("join").expect("served").len(), 2);
 }
 
 /// A waiting getter also wakes for other timers (a lease of another RPC expiring here);
@@ -209,7 +223,7 @@ async fn the_warning_says_how_long_the_getter_waited_and_why() {
         .without_time()
         .finish();
     let _logging = tracing::subscriber::set_default(subscriber);
-    let (buf, getter) = a_getter_short_of_one_sample().await;
+    let (buf, getter) = a_getter_short_of_one_sample(Duration::from_secs(10)).await;
     tokio::time::sleep(Duration::from_secs(15)).await;
     let text = logs.text();
     let warning = text

@@ -79,6 +79,11 @@ impl PyBuffer_ {
         if let Some(after) = wait_warning {
             config = config.wait_warning(seconds(after)?);
         }
+        if store.as_deref().is_some_and(|url| url.trim().is_empty()) {
+            return Err(PyValueError::new_err(
+                "store: an empty URL (None keeps the buffer in memory)",
+            ));
+        }
         let rt = pyo3_async_runtimes::tokio::get_runtime();
         let buf = match store {
             // Inside the runtime: the spiller is a task on it.

@@ -130,6 +130,13 @@ def test_a_rejected_completion_keeps_the_lease_for_a_corrected_one():
     np.testing.assert_array_equal(train.columns()["y"], [1.0, 2.0])
 
 
+def test_an_empty_store_url_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match="empty URL"):
+        rb.Buffer(4, [rb.Rpc("train", 1, inputs=["x"])], store="")
+    assert list(tmp_path.iterdir()) == [], "nothing written in the working directory"
+
+
 def test_a_persistent_buffer_comes_back(tmp_path):
     rpcs = lambda: [rb.Rpc("train", 1, inputs=["x"])]
     buf = rb.Buffer(8, rpcs(), store=str(tmp_path))

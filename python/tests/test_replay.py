@@ -534,3 +534,35 @@ def test_an_empty_draw_is_a_batch_any_ack_of_which_is_a_no_op(tmp_path):
     buf.ack(empty.batch_id, "failed")
     buf.ack(empty.batch_id, "ok")
     assert buf.next_batch(3, 4).group_ids == [] and buf.recorded_batch(3) is None
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(lease_timeout_s=-1), "lease_timeout_s"),
+        (dict(lease_timeout_s=math.nan), "lease_timeout_s"),
+        (dict(seal_timeout_s=math.inf), "seal_timeout_s"),
+        (dict(max_uses_per_group=0), "max_uses_per_group"),
+        (dict(capacity_groups=math.nan), "capacity_groups"),
+    ],
+)
+def test_bad_options_are_refused(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        ReplayBuffer(str(tmp_path), target_group_size=2, **options)
+
+
+def test_bad_filters_are_refused(tmp_path):
+    buf = open_buffer(tmp_path)
+    buf.add_rollouts(group_of())
+    for filters, message in [
+        (dict(recent_n_versions=-1), "recent_n_versions"),
+        (dict(recent_n_versions=0), "recent_n_versions"),
+        (dict(max_policy_lag=math.nan), "max_policy_lag"),
+        (dict(require_flags=["x"]), "require_flags"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            buf.sample_groups(1, **filters)
+    batch = buf.sample_groups(1)
+    with pytest.raises(ValueError, match="list of ids"):
+        buf.get_groups(batch.group_ids[0])
+    assert len(buf.get_groups(batch.group_ids)) == 1

@@ -65,6 +65,7 @@ impl BufferConfig {
     /// Makes a getter that has waited `after` log, at warn level, why it waits (see
     /// [`SequenceBuffer::explain`](crate::SequenceBuffer::explain)), and again after
     /// twice as long each time; each warning counts in [`RpcStats::wait_warnings`](crate::RpcStats::wait_warnings).
+    /// A threshold under 10 ms counts as 10 ms (a zero one would warn at every wake-up).
     /// Off by default: waiting getters then need no timer, and the runtime no time driver.
     pub fn wait_warning(mut self, after: Duration) -> Self {
         self.wait_warning = Some(after);

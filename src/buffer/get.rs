@@ -423,6 +423,10 @@ impl Drop for Parked<'_> {
 
 /// When a waiting getter says why it waits: first after the configured threshold, then
 /// after twice as long each time, so a stuck run logs a few lines, not a stream.
+/// The shortest wait before a first warning, whatever the configured threshold: the
+/// interval doubles from it.
+const MIN_WARNING_INTERVAL: Duration = Duration::from_millis(10);
+
 struct LongWait {
     started: tokio::time::Instant,
     interval: Duration,
@@ -433,7 +437,8 @@ impl LongWait {
     fn new(after: Duration) -> Self {
         Self {
             started: tokio::time::Instant::now(),
-            interval: after,
+            // A zero threshold would never grow by doubling: one warning per wake-up.
+            interval: after.max(MIN_WARNING_INTERVAL),
             next: None,
         }
     }

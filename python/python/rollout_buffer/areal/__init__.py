@@ -193,10 +193,13 @@ class AsyncIOSequenceBuffer:
         """Waits until ``rpc.n_seqs`` entries are ready for ``rpc`` and unread by it, takes
         the oldest, and returns ``(indices, SequenceSample.gather(samples,
         keys=rpc.input_keys))``. The read is done when this returns: the last MFC's read
-        frees the slots. ``ValueError`` for an MFC not given to the constructor."""
+        frees the slots. ``ValueError`` for an MFC not given to the constructor, or a
+        timeout that is negative or no finite number."""
         r = self._rpc_index.get(rpc.name)
         if r is None:
             raise ValueError(f"{rpc.name!r} is not one of this buffer's MFCs {self._rpc_names}")
+        if timeout is not None and not 0 <= timeout < float("inf"):  # NaN too
+            raise ValueError(f"timeout must be a finite number of seconds >= 0 (or None), not {timeout}")
         if int(rpc.n_seqs) != int(self._rpcs[r].n_seqs):
             raise ValueError(
                 f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"

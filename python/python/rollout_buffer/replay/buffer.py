@@ -11,6 +11,7 @@ memory only, as the spec allows. Evictions are logged with the next durable writ
 from __future__ import annotations
 
 import logging
+import math
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -77,10 +78,15 @@ class ReplayBuffer(Serving):
         if grouping not in ("strict", "mixed"):
             raise ValueError(f"grouping must be 'strict' or 'mixed', not {grouping!r}")
         for name, v in (("capacity_groups", capacity_groups), ("target_group_size", target_group_size)):
-            if v < 1:
+            if not v >= 1:  # NaN too
                 raise ValueError(f"{name} must be >= 1, not {v}")
         if not 1 <= min_group_size <= target_group_size:
             raise ValueError(f"min_group_size must be in 1..target_group_size, not {min_group_size}")
+        for name, v in (("seal_timeout_s", seal_timeout_s), ("lease_timeout_s", lease_timeout_s)):
+            if not 0 < v < math.inf:  # NaN too
+                raise ValueError(f"{name} must be a finite number of seconds > 0, not {v}")
+        if max_uses_per_group is not None and max_uses_per_group < 1:
+            raise ValueError(f"max_uses_per_group must be >= 1 (or None: no limit), not {max_uses_per_group}")
         self.root_path = root_path
         self.compression = compression
         self.capacity = capacity_groups

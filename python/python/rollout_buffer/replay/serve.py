@@ -98,6 +98,14 @@ class Serving:
         """The unleased groups that pass the filters, and the current version."""
         if on_policy_fraction is not None and not 0.0 <= on_policy_fraction <= 1.0:
             raise ValueError(f"on_policy_fraction must be in [0, 1], not {on_policy_fraction}")
+        if max_policy_lag is not None and not max_policy_lag >= 0:  # NaN too
+            raise ValueError(f"max_policy_lag must be >= 0, not {max_policy_lag}")
+        if recent_n_versions is not None and (
+            isinstance(recent_n_versions, bool) or not isinstance(recent_n_versions, int) or recent_n_versions < 1
+        ):
+            raise ValueError(f"recent_n_versions must be an int >= 1, not {recent_n_versions!r}")
+        if require_flags is not None and not isinstance(require_flags, dict):
+            raise ValueError(f"require_flags must be a dict of flag -> value, not {require_flags!r}")
         recency_weights(np.zeros(0), recency_weighting)  # checks the name
         current = self.current_version()
         lag_used = (
@@ -217,6 +225,8 @@ class Serving:
         not in the buffer (never sealed, evicted, consumed) is a ``KeyError`` naming it
         and why."""
         self._check_open()
+        if isinstance(group_ids, str):
+            raise ValueError(f"group_ids must be a list of ids, not the one string {group_ids!r}")
         groups = []
         for gid in group_ids:
             g = self._live.get(gid)
