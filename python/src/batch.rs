@@ -53,16 +53,16 @@ impl PyBatch {
         Ok(patches)
     }
 
+    /// The batch's slot (`None` once finished).
+    fn slot(&self) -> PyResult<std::sync::MutexGuard<'_, Option<rollout_buffer::Batch>>> {
+        self.inner
+            .lock()
+            .map_err(|_| BufferError::new_err("batch lock poisoned"))
+    }
+
     /// Runs `f` on the batch, unless it was finished.
     fn with<T>(&self, f: impl FnOnce(&rollout_buffer::Batch) -> PyResult<T>) -> PyResult<T> {
-        let guard = self
-            .inner
-            .lock()
-            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
-        let batch = guard
-            .as_ref()
-            .ok_or_else(|| BufferError::new_err("this batch was already finished"))?;
-        f(batch)
+        f(self.slot()?.as_ref().ok_or_else(finished)?)
     }
 
     fn record_batch(&self) -> PyResult<arrow_array::RecordBatch> {
@@ -70,11 +70,7 @@ impl PyBatch {
     }
 
     fn take(&self) -> PyResult<rollout_buffer::Batch> {
-        self.inner
-            .lock()
-            .map_err(|_| BufferError::new_err("batch lock poisoned"))?
-            .take()
-            .ok_or_else(|| BufferError::new_err("this batch was already finished"))
+        self.slot()?.take().ok_or_else(finished)
     }
 
     /// The batch, once `outputs` pass `complete`'s checks: a rejected completion keeps the
@@ -83,18 +79,16 @@ impl PyBatch {
         &self,
         outputs: &[rollout_buffer::Patch],
     ) -> PyResult<rollout_buffer::Batch> {
-        let mut guard = self
-            .inner
-            .lock()
-            .map_err(|_| BufferError::new_err("batch lock poisoned"))?;
-        let batch = guard
-            .as_ref()
-            .ok_or_else(|| BufferError::new_err("this batch was already finished"))?;
+        let mut slot = self.slot()?;
+        let batch = slot.as_ref().ok_or_else(finished)?;
         batch.check_outputs_for_complete(outputs).map_err(py_err)?;
-        guard
-            .take()
-            .ok_or_else(|| BufferError::new_err("this batch was already finished"))
+        slot.take().ok_or_else(finished)
     }
+}
+
+/// The error of a batch used after it was finished.
+fn finished() -> PyErr {
+    BufferError::new_err("this batch was already finished")
 }
 
 #[pymethods]
