@@ -43,10 +43,12 @@
 //!
 //! The assembler's mutex (`Shared::state`, which also guards the in-flight uids) is taken
 //! before the buffer's lock (auxiliary appends and reads), never the other way round, and
-//! is never held across an await. The in-flight marks live in `in_flight.rs`.
+//! is never held across an await. The in-flight marks live in `in_flight.rs`; sealing at
+//! timeouts and on a new configuration in `timer.rs`.
 
 mod in_flight;
 mod taken;
+mod timer;
 
 use super::assembler::{Added, GroupAssembler, GroupConfig};
 use super::group::SealedGroup;
@@ -54,13 +56,12 @@ use super::record::RolloutRecord;
 use crate::buffer::AuxWrite;
 use crate::error::{Error, Result};
 use crate::sample::Sample;
-use crate::sync::Weak;
-use crate::sync::{Arc, AtomicBool, Mutex, Notify, Ordering};
+use crate::sync::{Arc, AtomicBool, Mutex, Notify};
 use crate::SequenceBuffer;
 use in_flight::{settled, InFlight};
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::time::Instant;
 use taken::Taken;
+use timer::seal_on_time;
 
 const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
@@ -415,81 +416,6 @@ impl GroupIngest {
         self.shared.state.lock().counters
     }
 
-    /// Seals and stores every group whose timeout passed by `now` (the background task
-    /// does this on its own; tests and callers driving time may call it).
-    ///
-    /// # Errors
-    ///
-    /// With a sync journal, [`Error::Storage`] or [`Error::Closed`] when forgetting the
-    /// rollouts of groups dropped unsealed fails to be logged, or the first error storing a
-    /// group (as in [`Self::add`]); every due group is tried either way.
-    ///
-    /// # Cancel safety
-    ///
-    /// The due groups leave the assembler at the first poll. A future dropped before a
-    /// group's put is claimed leaves that group unstored, its rollouts pending in the log
-    /// only (added back by the next [`Self::start`]).
-    pub async fn seal_due(&self, now: Instant) -> Result<()> {
-        let (due, _in_flight) = {
-            let mut state = self.shared.state.lock();
-            let due = state.assembler.seal_due(now);
-            let watched = due.sealed.iter().flat_map(members).collect();
-            (
-                due,
-                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
-            )
-        };
-        let forget: Vec<AuxWrite> = due
-            .dropped
-            .iter()
-            .flat_map(|(_, rollouts)| rollouts.iter())
-            .map(|r| AuxWrite::remove(pending_key(&r.rollout_uid)))
-            .collect();
-        // A failed forget leaves the dropped rollouts in the log (a restart adds them back
-        // and drops them again); the sealed groups are stored all the same.
-        let mut first_error = self.shared.buf.aux_write(forget).await.err();
-        for group in due.sealed {
-            if let Err(e) = self.store(group).await {
-                first_error.get_or_insert(e);
-            }
-        }
-        first_error.map_or(Ok(()), Err)
-    }
-
-    /// Takes `config` from now on, in place: every pending rollout is grouped again under
-    /// it (see [`GroupAssembler::reconfigure`]) and the groups that completes are stored
-    /// before this returns. Calls adding rollouts meanwhile go on against the same groups,
-    /// so none is lost or stored twice (a second ingest started on the same buffer would
-    /// race this one for the pending rollouts). The seal timer takes the new timeouts.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::InvalidConfig`] for a change of grouping mode, with nothing changed; else
-    /// the first error storing a completed group (as in [`Self::add`]), every group tried.
-    pub async fn reconfigure(&self, config: GroupConfig) -> Result<Vec<Added>> {
-        let (sealed, _in_flight) = {
-            let mut state = self.shared.state.lock();
-            let sealed = state.assembler.reconfigure(config, crate::buffer::now())?;
-            let watched = sealed.iter().flat_map(members).collect();
-            (
-                sealed,
-                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
-            )
-        };
-        self.shared.timer.wake.notify_one();
-        let mut out = Vec::with_capacity(sealed.len());
-        let mut first_error = None;
-        for group in sealed {
-            match self.store(group).await {
-                Ok(added) => out.push(added),
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        first_error.map_or(Ok(out), Err)
-    }
-
     /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
     /// (one log unit). If that put fails, each is stored on its own, so one bad group
     /// refuses only itself.
@@ -710,44 +636,4 @@ fn may_pass(e: &Error) -> bool {
         e,
         Error::Storage { .. } | Error::Closed | Error::Full { .. }
     )
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        self.timer.stopped.store(true, Ordering::Release);
-        self.timer.wake.notify_one();
-    }
-}
-
-/// The timer task: sleeps until the earliest seal deadline (or a new group), then seals
-/// what is due. Ends when the last clone of the ingest is dropped.
-async fn seal_on_time(weak: Weak<Shared>, timer: Arc<Timer>) {
-    loop {
-        let notified = timer.wake.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        if timer.stopped.load(Ordering::Acquire) {
-            return;
-        }
-        let Some(shared) = weak.upgrade() else {
-            return;
-        };
-        let deadline = shared.state.lock().assembler.next_deadline();
-        let now = crate::buffer::now();
-        if deadline.is_some_and(|d| d <= now) {
-            let ingest = GroupIngest { shared };
-            if let Err(e) = ingest.seal_due(now).await {
-                tracing::warn!(error = %e, "sealing groups at their timeout failed");
-            }
-            continue;
-        }
-        drop(shared);
-        match deadline {
-            Some(d) => {
-                // Elapsed or woken: either way, look again.
-                let _ = tokio::time::timeout_at(tokio::time::Instant::from_std(d), notified).await;
-            }
-            None => notified.await,
-        }
-    }
 }
