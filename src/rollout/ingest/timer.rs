@@ -15,7 +15,7 @@ impl GroupIngest {
     ///
     /// # Errors
     ///
-    /// With a sync journal, [`Error::Storage`] or [`Error::Closed`] when forgetting the
+    /// With a sync journal, [`Error::Storage`](crate::Error::Storage) or [`Error::Closed`](crate::Error::Closed) when forgetting the
     /// rollouts of groups dropped unsealed fails to be logged, or the first error storing a
     /// group (as in [`Self::add`]); every due group is tried either way.
     ///
@@ -52,14 +52,14 @@ impl GroupIngest {
     }
 
     /// Takes `config` from now on, in place: every pending rollout is grouped again under
-    /// it (see [`GroupAssembler::reconfigure`]) and the groups that completes are stored
+    /// it (see [`GroupAssembler::reconfigure`](crate::rollout::GroupAssembler::reconfigure)) and the groups that completes are stored
     /// before this returns. Calls adding rollouts meanwhile go on against the same groups,
     /// so none is lost or stored twice (a second ingest started on the same buffer would
     /// race this one for the pending rollouts). The seal timer takes the new timeouts.
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidConfig`] for a change of grouping mode, with nothing changed; else
+    /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a change of grouping mode, with nothing changed; else
     /// the first error storing a completed group (as in [`Self::add`]), every group tried.
     pub async fn reconfigure(&self, config: GroupConfig) -> Result<Vec<Added>> {
         let (sealed, _in_flight) = {
