@@ -49,7 +49,20 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::RateLimitedPut { .. }
         | Error::InvalidRollout { .. }
         | Error::OverBudget { .. }
-        | Error::VersionRegressed { .. } => PyValueError::new_err(msg),
+        | Error::VersionRegressed { .. }
+        // Configuration refused: bad arguments, as Python's own calls answer them.
+        | Error::InvalidCapacity { .. }
+        | Error::NoRpcs
+        | Error::DuplicateRpc { .. }
+        | Error::InvalidNSeqs { .. }
+        | Error::InvalidReads { .. }
+        | Error::InvalidPacking { .. }
+        | Error::DuplicateProducer { .. }
+        | Error::ExternalKeyProduced { .. }
+        | Error::CyclicGraph { .. }
+        | Error::InvalidSlot { .. }
+        | Error::RaggedLengths { .. }
+        | Error::InvalidConfig { .. } => PyValueError::new_err(msg),
         _ => BufferError::new_err(msg),
     }
 }

@@ -95,6 +95,13 @@ def test_errors_are_python_exceptions():
     buf.close()
     with pytest.raises(rb.Closed):
         buf.get_batch_for_rpc_blocking("gen")
+    # A configuration refused is a ValueError too.
+    with pytest.raises(ValueError, match="capacity"):
+        rb.Buffer(0, [rb.Rpc("train", 1, inputs=["x"])])
+    with pytest.raises(ValueError, match="train"):
+        rb.Buffer(4, [rb.Rpc("train", 1, inputs=["x"]), rb.Rpc("train", 1, inputs=["x"])])
+    with pytest.raises(ValueError, match="n_seqs"):
+        rb.Buffer(4, [rb.Rpc("train", 8, inputs=["x"])])
 
 
 def test_a_lease_released_on_exception_is_redelivered():
