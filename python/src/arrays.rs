@@ -65,7 +65,12 @@ pub(crate) fn tensor_from_numpy(array: &Bound<'_, PyUntypedArray>, what: &str) -
             .call_method0("ravel")?
             .call_method0("tolist")?
             .extract()
-            .map_err(|_| PyValueError::new_err(format!("{what}: an object array must hold str")))?;
+            .map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{what}: an object array must hold str (ints past int64 and rows of \
+                     different lengths also make one)"
+                ))
+            })?;
         let values = ArrayD::from_shape_vec(IxDyn(&shape), flat)
             .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
         return Ok(Tensor::from(values));

@@ -22,7 +22,8 @@
 
 use crate::arrays::{as_numpy, tensor_from_numpy, tensor_to_numpy};
 use crate::arrow_columns::{arrow_births, arrow_ids, arrow_meta, arrow_rows, concat_batches};
-use crate::convert::meta_from_py;
+use crate::convert::{at, meta_from_py, string_from_py};
+use crate::rpc::RESERVED;
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -81,6 +82,11 @@ impl Columns {
                 .map_err(|_| bad("meta: a dict of columns, or a list of column names".into()))?,
             _ => Vec::new(),
         };
+        if let Some(name) = meta_names.iter().find(|m| RESERVED.contains(&m.as_str())) {
+            return Err(bad(format!(
+                "meta: {name:?} is the samples' own {name}, not metadata"
+            )));
+        }
         let mut id_column: Option<Vec<SampleId>> = None;
         if let Some(batches) = crate::arrow::import_batches(obj) {
             let batch = concat_batches(batches?)?;
@@ -174,7 +180,12 @@ impl Columns {
         }
         if role == Role::Put {
             let ids = match (ids, id_column) {
-                (Some(ids), _) => {
+                (Some(_), Some(_)) => {
+                    return Err(bad(
+                        "ids given twice: as ids=... and as an \"id\" column".into()
+                    ))
+                }
+                (Some(ids), None) => {
                     let ids = py_ids(ids)?;
                     lengths.push(("ids".into(), ids.len()));
                     ids
@@ -315,6 +326,10 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
             })
             .collect();
     }
+    // A str is a sequence too, of its characters: never what was meant.
+    if obj.is_instance_of::<PyString>() {
+        return Err(bad("ids: a sequence of str or int, not one str".into()));
+    }
     let list = numpy_list(obj)?;
     let items = list
         .try_iter()
@@ -325,8 +340,13 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
             let item = item?;
             // Strings first: a failed integer conversion builds a Python exception, which
             // cost more than the rest of a put of string ids together.
-            if let Ok(s) = item.cast::<PyString>() {
-                Ok(SampleId::from(s.to_str()?))
+            if item.is_instance_of::<PyString>() {
+                Ok(SampleId::from(string_from_py(
+                    &item,
+                    &format!("ids: row {row}"),
+                )?))
+            } else if item.is_instance_of::<pyo3::types::PyBool>() {
+                Err(bad(format!("ids: row {row} is a bool, not an id")))
             } else if let Ok(n) = item.extract::<u64>() {
                 Ok(SampleId::from(n))
             } else {
@@ -347,9 +367,7 @@ fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
     })?;
     items
         .enumerate()
-        .map(|(row, item)| {
-            meta_from_py(&item?).map_err(|e| bad(format!("meta {name:?}, row {row}: {e}")))
-        })
+        .map(|(row, item)| meta_from_py(&item?, &format!("meta {name:?}, row {row}")))
         .collect()
 }
 
@@ -365,18 +383,37 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
         if list.iter().all(|v| v.is_instance_of::<PyString>()) {
             return list
                 .iter()
-                .map(|v| Ok(Tensor::scalar(v.extract::<String>()?)))
+                .enumerate()
+                .map(|(row, v)| {
+                    string_from_py(&v, &format!("{what}, row {row}")).map(Tensor::scalar)
+                })
                 .collect();
         }
         if list.iter().all(|v| as_numpy(&v).is_some()) {
-            return list
+            let rows = list
                 .iter()
                 .enumerate()
                 .map(|(row, v)| {
                     let array = as_numpy(&v).ok_or_else(|| bad(format!("{what}, row {row}")))?;
                     tensor_from_numpy(array, &format!("{what}, row {row}"))
                 })
-                .collect();
+                .collect::<PyResult<Vec<Tensor>>>()?;
+            // One column, one element type and number of dimensions: a batch of rows that
+            // differ could not be read back as a column.
+            if let Some(first) = rows.first() {
+                let kind = |t: &Tensor| (t.dtype(), t.shape().len());
+                if let Some(row) = rows.iter().position(|t| kind(t) != kind(first)) {
+                    return Err(bad(format!(
+                        "{what}: row {row} is {:?} {}-d, row 0 {:?} {}-d; every row has one \
+                         dtype and number of dimensions",
+                        rows[row].dtype(),
+                        rows[row].shape().len(),
+                        first.dtype(),
+                        first.shape().len()
+                    )));
+                }
+            }
+            return Ok(rows);
         }
     }
     let array = match as_numpy(obj) {
@@ -384,7 +421,8 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
         None => obj
             .py()
             .import("numpy")?
-            .call_method1("asarray", (obj,))?
+            .call_method1("asarray", (obj,))
+            .map_err(|e| at(obj.py(), &what, e))?
             .cast_into()
             .map_err(|_| bad(format!("{what}: not an array")))?,
     };
@@ -462,12 +500,16 @@ pub(crate) fn batch_columns<'py>(
         let Some(tensors) = tensors else {
             continue; // not every sample holds it (never an RPC input)
         };
-        out.set_item(name, column_to_py(py, &tensors)?)?;
+        out.set_item(name, column_to_py(py, name, &tensors)?)?;
     }
     Ok(out)
 }
 
-fn column_to_py<'py>(py: Python<'py>, tensors: &[&Tensor]) -> PyResult<Bound<'py, PyAny>> {
+fn column_to_py<'py>(
+    py: Python<'py>,
+    name: &str,
+    tensors: &[&Tensor],
+) -> PyResult<Bound<'py, PyAny>> {
     let ragged = tensors.iter().any(|t| t.lengths().is_some());
     if ragged || tensors.iter().any(|t| t.dtype() == DType::Str) {
         let rows = PyList::empty(py);
@@ -479,8 +521,21 @@ fn column_to_py<'py>(py: Python<'py>, tensors: &[&Tensor]) -> PyResult<Bound<'py
     if let Some(stacked) = Tensor::stack(tensors) {
         return tensor_to_numpy(py, &stacked);
     }
-    let (values, lengths) = Tensor::concat(tensors)
-        .ok_or_else(|| bad("a field whose samples differ in type or inner shape".into()))?;
+    let (values, lengths) = Tensor::concat(tensors).ok_or_else(|| {
+        let first = tensors.first().map(|t| (t.dtype(), t.shape().to_vec()));
+        let other = tensors
+            .iter()
+            .position(|t| Some((t.dtype(), t.shape().to_vec())) != first);
+        bad(format!(
+            "field {name:?}: its samples differ in element type or inner shape (sample 0: \
+             {:?}, sample {}: {:?}), so they make no column; read them with samples()",
+            first,
+            other.unwrap_or(0),
+            other
+                .and_then(|i| tensors.get(i))
+                .map(|t| (t.dtype(), t.shape().to_vec())),
+        ))
+    })?;
     let mut offsets = Vec::with_capacity(lengths.len() + 1);
     let mut at = 0i64;
     offsets.push(at);

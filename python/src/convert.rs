@@ -4,11 +4,11 @@
 
 use crate::arrays::{as_numpy, sequence_to_numpy, tensor_from_numpy, tensor_to_numpy};
 use crate::errors::py_err;
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyOverflowError, PyTypeError, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
-use rollout_buffer::{MetaValue, Patch, Sample, SlotHandle, Tensor};
+use rollout_buffer::{DType, MetaValue, Patch, Sample, SlotHandle, Tensor};
 
 /// A ragged field: `values` holds several sequences back to back, `lengths` their lengths.
 #[pyclass(module = "rollout_buffer._native")]
@@ -25,23 +25,53 @@ impl Ragged {
     }
 }
 
-/// A Python value as a field.
-pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+/// `err`, a failed conversion of a caller's value, as a `ValueError` that says where the
+/// value was (`sample 3 (id "a"), field "x"`), the original error as its cause. Other
+/// errors (`MemoryError`, `KeyboardInterrupt`) pass unchanged.
+pub(crate) fn at(py: Python<'_>, place: impl std::fmt::Display, err: PyErr) -> PyErr {
+    let bad_value = err.is_instance_of::<PyValueError>(py)
+        || err.is_instance_of::<PyTypeError>(py)
+        || err.is_instance_of::<PyOverflowError>(py);
+    if !bad_value {
+        return err;
+    }
+    let wrapped = PyValueError::new_err(format!("{place}: {}", err.value(py)));
+    wrapped.set_cause(py, Some(err));
+    wrapped
+}
+
+/// The Python type name of `obj`, for messages.
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_default()
+}
+
+/// A Python value as a field; `what` names it in errors (`field "x"`).
+pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
+    let py = obj.py();
     if let Ok(r) = obj.extract::<PyRef<'_, Ragged>>() {
-        let values = tensor_from_py(r.values.bind(obj.py()))?;
-        return Tensor::ragged(values, r.lengths.clone()).map_err(py_err);
+        let values = tensor_from_py(r.values.bind(py), what)?;
+        return Tensor::ragged(values, r.lengths.clone()).map_err(|e| at(py, what, py_err(e)));
     }
     if obj.is_instance_of::<PyBool>() {
         return Ok(Tensor::scalar(obj.extract::<bool>()?));
     }
     if obj.is_instance_of::<PyInt>() {
-        return Ok(Tensor::scalar(obj.extract::<i64>()?));
+        let value = obj.extract::<i64>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "{what}: the int {} does not fit in int64",
+                obj.str().map(|s| s.to_string()).unwrap_or_default()
+            ))
+        })?;
+        return Ok(Tensor::scalar(value));
     }
     if obj.is_instance_of::<PyFloat>() {
         return Ok(Tensor::scalar(obj.extract::<f64>()?));
     }
     if obj.is_instance_of::<PyString>() {
-        return Ok(Tensor::scalar(obj.extract::<String>()?));
+        return Ok(Tensor::scalar(string_from_py(obj, what)?));
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         if let Ok(strings) = obj.extract::<Vec<String>>() {
@@ -49,90 +79,210 @@ pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
         }
     }
     if let Some(array) = as_numpy(obj) {
-        return tensor_from_numpy(array, "field");
+        return tensor_from_numpy(array, what);
     }
-    if obj.hasattr(intern!(obj.py(), "__array_interface__"))? {
+    if obj.hasattr(intern!(py, "__array_interface__"))? {
         // Another array type (a memoryview, a torch CPU tensor): through numpy, once.
-        let array = obj.py().import("numpy")?.call_method1("asarray", (obj,))?;
+        let array = py.import("numpy")?.call_method1("asarray", (obj,))?;
         if let Some(array) = as_numpy(&array) {
-            return tensor_from_numpy(array, "field");
+            return tensor_from_numpy(array, what);
         }
     }
     Err(PyValueError::new_err(format!(
-        "unsupported field value of type {}: use a numpy array of int32, int64, float32, \
+        "{what}: unsupported value of type {}: use a numpy array of int32, int64, float32, \
          float64, uint8 or bool, a Python scalar, a string, a list of strings, or Ragged",
-        obj.get_type()
-            .name()
-            .map(|n| n.to_string())
-            .unwrap_or_default()
+        type_name(obj)
     )))
 }
 
-pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>) -> PyResult<MetaValue> {
-    if obj.is_instance_of::<PyBool>() {
-        Ok(MetaValue::Bool(obj.extract()?))
-    } else if obj.is_instance_of::<PyInt>() {
-        Ok(MetaValue::Int(obj.extract()?))
-    } else if obj.is_instance_of::<PyFloat>() {
-        Ok(MetaValue::Float(obj.extract()?))
-    } else if obj.is_instance_of::<PyString>() {
-        Ok(MetaValue::Str(obj.extract()?))
-    } else {
-        Err(PyValueError::new_err(
-            "metadata values are int, float, str or bool",
+/// A Python `str` as a Rust string: one that is not valid Unicode (a lone surrogate from
+/// a bad decode) is refused naming `what`.
+pub(crate) fn string_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<String> {
+    let s = obj
+        .cast::<PyString>()
+        .map_err(|_| PyValueError::new_err(format!("{what}: a str, not {}", type_name(obj))))?;
+    s.to_str().map(str::to_owned).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what}: not valid Unicode (a lone surrogate?): {}",
+            s.repr().map(|r| r.to_string()).unwrap_or_default()
         ))
-    }
+    })
 }
 
-/// `{"id": ..., "birth": ..., "meta": {...}, field: value, ...}` as a sample.
-pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Sample> {
-    let dict = obj
-        .cast::<PyDict>()
-        .map_err(|_| PyValueError::new_err("a sample is a dict"))?;
+/// A Python value as metadata; `what` names it in errors.
+pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<MetaValue> {
+    let py = obj.py();
+    if obj.is_instance_of::<PyBool>() {
+        return Ok(MetaValue::Bool(obj.extract()?));
+    }
+    if obj.is_instance_of::<PyString>() {
+        return Ok(MetaValue::Str(string_from_py(obj, what)?));
+    }
+    if obj.is_instance_of::<PyFloat>() {
+        return Ok(MetaValue::Float(obj.extract()?));
+    }
+    // Python ints and numpy integer scalars (anything with `__index__`), then numpy
+    // floats: a value read out of an array is as good as a literal.
+    let number = py.import("numbers")?;
+    if obj.is_instance_of::<PyInt>() || obj.is_instance(&number.getattr("Integral")?)? {
+        return obj.extract::<i64>().map(MetaValue::Int).map_err(|_| {
+            PyValueError::new_err(format!(
+                "{what}: the int {} does not fit in int64",
+                obj.str().map(|s| s.to_string()).unwrap_or_default()
+            ))
+        });
+    }
+    if obj.is_instance(&number.getattr("Real")?)? {
+        return Ok(MetaValue::Float(obj.extract()?));
+    }
+    Err(PyValueError::new_err(format!(
+        "{what}: metadata values are int, float, str or bool, not {}",
+        type_name(obj)
+    )))
+}
+
+/// `{"id": ..., "birth": ..., "meta": {...}, field: value, ...}` as a sample; `index` is
+/// its position in the call, for errors.
+pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Sample> {
+    let dict = obj.cast::<PyDict>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "sample {index}: a sample is a dict, not {}",
+            type_name(obj)
+        ))
+    })?;
     let id = dict
         .get_item("id")?
-        .ok_or_else(|| PyValueError::new_err("a sample needs an \"id\""))?;
+        .ok_or_else(|| PyValueError::new_err(format!("sample {index}: needs an \"id\"")))?;
     // Strings first: a failed integer conversion costs a Python exception.
-    let mut sample = match id.cast::<PyString>() {
-        Ok(s) => Sample::new(s.to_str()?),
-        Err(_) => Sample::new(id.extract::<u64>()?),
+    let mut sample = if id.is_instance_of::<PyString>() {
+        Sample::new(string_from_py(&id, &format!("sample {index}, \"id\""))?)
+    } else if id.is_instance_of::<PyInt>() && !id.is_instance_of::<PyBool>() {
+        Sample::new(id.extract::<u64>().map_err(|_| {
+            PyValueError::new_err(format!(
+                "sample {index}: \"id\" {} is not from 0 to 2^64-1",
+                id.str().map(|s| s.to_string()).unwrap_or_default()
+            ))
+        })?)
+    } else {
+        return Err(PyValueError::new_err(format!(
+            "sample {index}: \"id\" is a str or an int from 0 to 2^64-1, not {}",
+            type_name(&id)
+        )));
     };
+    let place = format!("sample {index} (id {:?})", sample.id());
+    let py = obj.py();
     for (k, v) in dict.iter() {
-        let key: String = k.extract()?;
+        let key = string_from_py(&k, &format!("{place}: a key"))?;
         match key.as_str() {
             "id" => {}
-            "birth" => sample = sample.birth(v.extract()?),
+            "birth" => {
+                let birth = v.extract::<u64>().map_err(|e| {
+                    at(
+                        py,
+                        format!("{place}, \"birth\" (an int from 0 to 2^64-1)"),
+                        e,
+                    )
+                })?;
+                sample = sample.birth(birth);
+            }
             "meta" => {
                 let meta = v
                     .cast::<PyDict>()
-                    .map_err(|_| PyValueError::new_err("\"meta\" is a dict"))?;
+                    .map_err(|_| PyValueError::new_err(format!("{place}: \"meta\" is a dict")))?;
                 for (mk, mv) in meta.iter() {
-                    sample = sample.meta(&mk.extract::<String>()?, meta_from_py(&mv)?);
+                    let name = string_from_py(&mk, &format!("{place}: a \"meta\" key"))?;
+                    let value = meta_from_py(&mv, &format!("{place}, meta {name:?}"))?;
+                    sample = sample.meta(&name, value);
                 }
             }
-            _ => sample = sample.with(key, tensor_from_py(&v)?),
+            _ => {
+                let tensor = tensor_from_py(&v, &format!("{place}, field {key:?}"))?;
+                sample = sample.with(key, tensor);
+            }
         }
     }
     Ok(sample)
 }
 
-pub(crate) fn patch_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Patch> {
-    let dict = obj
-        .cast::<PyDict>()
-        .map_err(|_| PyValueError::new_err("an output is a dict"))?;
+/// An RPC's output for one sample (`{field: value}`); `index` is its position, for errors.
+pub(crate) fn patch_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Patch> {
+    let dict = obj.cast::<PyDict>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "output {index}: an output is a dict, not {}",
+            type_name(obj)
+        ))
+    })?;
     let mut patch = Patch::new();
     for (k, v) in dict.iter() {
-        patch = patch.with(k.extract::<String>()?, tensor_from_py(&v)?);
+        let key = string_from_py(&k, &format!("output {index}: a key"))?;
+        let tensor = tensor_from_py(&v, &format!("output {index}, field {key:?}"))?;
+        patch = patch.with(key, tensor);
     }
     Ok(patch)
 }
 
 pub(crate) fn patches_from_py(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Patch>> {
-    objs.iter().map(patch_from_py).collect()
+    objs.iter()
+        .enumerate()
+        .map(|(i, o)| patch_from_py(o, i))
+        .collect()
 }
 
+/// Samples from dicts, each field of one type across them (see [`check_field_types`]).
 pub(crate) fn samples_from_py(objs: &[Bound<'_, PyAny>]) -> PyResult<Vec<Sample>> {
-    objs.iter().map(sample_from_py).collect()
+    let samples = objs
+        .iter()
+        .enumerate()
+        .map(|(i, o)| sample_from_py(o, i))
+        .collect::<PyResult<Vec<_>>>()?;
+    check_field_types(&samples)?;
+    Ok(samples)
+}
+
+/// A field's kind as a batch's column needs it the same in every sample: element type,
+/// number of dimensions, raggedness.
+fn kind_of(t: &Tensor) -> (DType, usize, bool) {
+    (t.dtype(), t.shape().len(), t.lengths().is_some())
+}
+
+/// Describes a [`kind_of`] for messages: `int64 0-d`, `float32 1-d ragged`.
+fn describe_kind((dtype, ndim, ragged): (DType, usize, bool)) -> String {
+    let name = match dtype {
+        DType::I32 => "int32",
+        DType::I64 => "int64",
+        DType::F32 => "float32",
+        DType::F64 => "float64",
+        DType::U8 => "uint8",
+        DType::Bool => "bool",
+        _ => "str",
+    };
+    format!("{name} {ndim}-d{}", if ragged { " ragged" } else { "" })
+}
+
+/// Refuses a put whose samples give one field different kinds (a Python `1` beside `0.5`,
+/// int32 beside float32 arrays, a scalar beside an array): a batch of them could not be
+/// read as one column, so the put, not every later read, is where it is caught.
+fn check_field_types(samples: &[Sample]) -> PyResult<()> {
+    let mut first: std::collections::HashMap<&str, (usize, (DType, usize, bool))> =
+        std::collections::HashMap::new();
+    for (i, sample) in samples.iter().enumerate() {
+        for (name, tensor) in sample.fields() {
+            let kind = kind_of(tensor);
+            let (j, seen) = *first.entry(name).or_insert((i, kind));
+            if seen != kind {
+                return Err(PyValueError::new_err(format!(
+                    "field {name:?}: sample {i} (id {:?}) holds {}, sample {j} (id {:?}) holds {}; \
+                     a field has one element type and number of dimensions in every sample \
+                     (write 1.0, not 1, beside 0.5)",
+                    sample.id(),
+                    describe_kind(kind),
+                    samples[j].id(),
+                    describe_kind(seen),
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `(slot, generation)` pairs as handles (the buffer checks their generations).

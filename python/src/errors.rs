@@ -62,7 +62,9 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::CyclicGraph { .. }
         | Error::InvalidSlot { .. }
         | Error::RaggedLengths { .. }
-        | Error::InvalidConfig { .. } => PyValueError::new_err(msg),
+        | Error::InvalidConfig { .. }
+        // Data that makes no Arrow column (a field of mixed types, an unsupported type).
+        | Error::Arrow { .. } => PyValueError::new_err(msg),
         _ => BufferError::new_err(msg),
     }
 }

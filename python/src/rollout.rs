@@ -2,22 +2,22 @@
 //! (`Batcher.next_batch`, packed `[B, S]` numpy arrays).
 
 use crate::buffer::PyBuffer_;
-use crate::convert::tensor_to_py;
+use crate::convert::{at, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
 use crate::errors::{py_err, BufferError};
 use crate::runtime::{awaitable, block};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyFloat, PyInt, PyString};
+use pyo3::types::{PyDict, PyString};
 use rollout_buffer::rollout::{
     Added, Advantage, Batcher, BatcherConfig, GroupBatch, GroupConfig, GroupIngest, GroupMode,
     Packer, RolloutRecord, Shortfall, SlimeHooks, Source,
 };
-use rollout_buffer::{MetaValue, Tensor};
+use rollout_buffer::Tensor;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// A field of a rollout dict, as a vector of `T`.
-fn vec_of<T>(d: &Bound<'_, PyDict>, key: &str) -> PyResult<Option<Vec<T>>>
+/// A field of a rollout dict, as a vector of `T`; `place` names the rollout in errors.
+fn vec_of<T>(d: &Bound<'_, PyDict>, key: &str, place: &str) -> PyResult<Option<Vec<T>>>
 where
     T: rollout_buffer::Element + Copy,
 {
@@ -27,66 +27,138 @@ where
     if v.is_none() {
         return Ok(None);
     }
-    let t = crate::convert::tensor_from_py(&v)?;
+    let what = format!("{place}, field `{key}`");
+    let t = tensor_from_py(&v, &what)?;
+    if t.shape().len() != 1 || t.lengths().is_some() {
+        return Err(PyValueError::new_err(format!(
+            "{what}: a 1-d array, not one of shape {:?}",
+            t.shape()
+        )));
+    }
     t.array::<T>()
         .map(|a| Some(a.iter().copied().collect()))
-        .ok_or_else(|| PyValueError::new_err(format!("rollout field `{key}` has the wrong dtype")))
+        .ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "{what}: {:?} values where {:?} are expected",
+                t.dtype(),
+                <T as rollout_buffer::Element>::DTYPE
+            ))
+        })
+}
+
+/// `d[key]` converted by `extract`, `None` when absent or `None`; a failed conversion is a
+/// `ValueError` naming the rollout, the field and what it should be.
+fn field<'py, T>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+    place: &str,
+    expected: &str,
+    extract: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<T>,
+) -> PyResult<Option<T>> {
+    match d.get_item(key)? {
+        Some(v) if !v.is_none() => extract(&v).map(Some).map_err(|e| {
+            at(
+                d.py(),
+                format!("{place}, field `{key}` (expected {expected})"),
+                e,
+            )
+        }),
+        _ => Ok(None),
+    }
+}
+
+/// A finite float (a NaN or infinite reward would make every advantage of its group
+/// meaningless).
+fn finite(v: &Bound<'_, PyAny>) -> PyResult<f64> {
+    if v.is_instance_of::<pyo3::types::PyBool>() || v.is_instance_of::<PyString>() {
+        return Err(PyValueError::new_err(format!("got {}", v.repr()?)));
+    }
+    let x: f64 = v.extract()?;
+    if x.is_finite() {
+        Ok(x)
+    } else {
+        Err(PyValueError::new_err(format!("got {x}")))
+    }
 }
 
 fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
     let d = obj
         .cast::<PyDict>()
         .map_err(|_| PyValueError::new_err("a rollout is a dict"))?;
-    let need = |k: &str| {
-        d.get_item(k)?
-            .ok_or_else(|| PyValueError::new_err(format!("a rollout needs `{k}`")))
+    // The uid first, so every later error names the rollout.
+    let uid = d
+        .get_item("rollout_uid")?
+        .ok_or_else(|| PyValueError::new_err("a rollout needs `rollout_uid`"))?;
+    let uid = string_from_py(&uid, "field `rollout_uid`")?;
+    let place = format!("rollout {uid:?}");
+    let text = |k: &str| -> PyResult<String> {
+        let v = d
+            .get_item(k)?
+            .ok_or_else(|| PyValueError::new_err(format!("{place}: needs `{k}`")))?;
+        let s = string_from_py(&v, &format!("{place}, field `{k}`"))?;
+        if s.is_empty() {
+            return Err(PyValueError::new_err(format!(
+                "{place}, field `{k}`: empty"
+            )));
+        }
+        Ok(s)
     };
-    let mut r = RolloutRecord::new(
-        need("environment")?.extract::<String>()?,
-        need("example_id")?.extract::<String>()?,
-        need("policy_version")?.extract::<u64>()?,
-        need("rollout_uid")?.extract::<String>()?,
-    );
-    if let Some(v) = d.get_item("replica_id")? {
-        r.replica_id = v.extract()?;
+    let (environment, example_id) = (text("environment")?, text("example_id")?);
+    let version = field(d, "policy_version", &place, "an int from 0", |v| {
+        v.extract::<u64>()
+    })?
+    .ok_or_else(|| PyValueError::new_err(format!("{place}: needs `policy_version`")))?;
+    let mut r = RolloutRecord::new(environment, example_id, version, uid);
+    if let Some(v) = field(d, "replica_id", &place, "a str", |v| {
+        string_from_py(v, "a str")
+    })? {
+        r.replica_id = v;
     }
-    if let Some(v) = d.get_item("created_ts")? {
-        r.created_ts = v.extract()?;
+    if let Some(v) = field(d, "created_ts", &place, "a float", |v| v.extract())? {
+        r.created_ts = v;
     }
-    r.prompt_tokens = vec_of::<i32>(d, "prompt_tokens")?.unwrap_or_default();
-    r.output_tokens = vec_of::<i32>(d, "output_tokens")?.unwrap_or_default();
-    r.logprobs = vec_of::<f32>(d, "logprobs")?.unwrap_or_default();
-    r.ref_logprobs = vec_of::<f32>(d, "ref_logprobs")?;
-    r.token_versions = vec_of::<i64>(d, "token_versions")?
-        .map(|v| v.into_iter().map(|x| x.max(0) as u64).collect());
-    if let Some(v) = d.get_item("reward")? {
-        r.reward = v.extract()?;
+    r.prompt_tokens = vec_of::<i32>(d, "prompt_tokens", &place)?.unwrap_or_default();
+    r.output_tokens = vec_of::<i32>(d, "output_tokens", &place)?.unwrap_or_default();
+    r.logprobs = vec_of::<f32>(d, "logprobs", &place)?.unwrap_or_default();
+    r.ref_logprobs = vec_of::<f32>(d, "ref_logprobs", &place)?;
+    if let Some(versions) = vec_of::<i64>(d, "token_versions", &place)? {
+        let versions = versions
+            .into_iter()
+            .map(u64::try_from)
+            .collect::<Result<Vec<u64>, _>>()
+            .map_err(|_| {
+                PyValueError::new_err(format!(
+                    "{place}, field `token_versions`: a negative version"
+                ))
+            })?;
+        r.token_versions = Some(versions);
     }
-    if let Some(v) = d.get_item("truncated")? {
-        r.truncated = v.extract()?;
+    r.reward = field(d, "reward", &place, "a finite float", finite)?;
+    if let Some(v) = field(d, "truncated", &place, "a bool", |v| v.extract::<bool>())? {
+        r.truncated = v;
     }
-    if let Some(v) = d.get_item("reward_components")? {
-        r.reward_components = v.extract()?;
+    if let Some(components) = field(
+        d,
+        "reward_components",
+        &place,
+        "a dict of str to finite float",
+        |v| {
+            let dict = v.cast::<PyDict>()?;
+            dict.iter()
+                .map(|(k, x)| Ok((string_from_py(&k, "a key")?, finite(&x)?)))
+                .collect::<PyResult<_>>()
+        },
+    )? {
+        r.reward_components = components;
     }
     if let Some(v) = d.get_item("metadata")? {
         let meta = v
             .cast::<PyDict>()
-            .map_err(|_| PyValueError::new_err("`metadata` is a dict"))?;
+            .map_err(|_| PyValueError::new_err(format!("{place}: `metadata` is a dict")))?;
         for (k, v) in meta.iter() {
-            let value = if v.is_instance_of::<pyo3::types::PyBool>() {
-                MetaValue::Bool(v.extract()?)
-            } else if v.is_instance_of::<PyInt>() {
-                MetaValue::Int(v.extract()?)
-            } else if v.is_instance_of::<PyFloat>() {
-                MetaValue::Float(v.extract()?)
-            } else if v.is_instance_of::<PyString>() {
-                MetaValue::Str(v.extract()?)
-            } else {
-                return Err(PyValueError::new_err(
-                    "metadata values are int, float, str or bool",
-                ));
-            };
-            r.metadata.insert(k.extract()?, value);
+            let key = string_from_py(&k, &format!("{place}: a `metadata` key"))?;
+            let value = meta_from_py(&v, &format!("{place}, metadata {key:?}"))?;
+            r.metadata.insert(key, value);
         }
     }
     Ok(r)
@@ -125,6 +197,20 @@ impl PyIngest {
     ) -> PyResult<Self> {
         let timeout = Duration::try_from_secs_f64(seal_timeout)
             .map_err(|e| PyValueError::new_err(format!("seal_timeout: {e}")))?;
+        // The Rust builder clamps these; from Python a value out of range is a mistake to
+        // report, not to correct (a `min_size` above the group size would drop every group
+        // that times out).
+        if group_size == 0 {
+            return Err(PyValueError::new_err("group_size: at least 1"));
+        }
+        if let Some(min) = min_size.filter(|&m| m == 0 || m > group_size) {
+            return Err(PyValueError::new_err(format!(
+                "min_size: from 1 to group_size ({group_size}), not {min}"
+            )));
+        }
+        if max_per_replica == Some(0) {
+            return Err(PyValueError::new_err("max_per_replica: at least 1"));
+        }
         let mut config = GroupConfig::new(group_size)
             .seal_after(timeout, min_size.unwrap_or(group_size))
             .mode(if mixed {

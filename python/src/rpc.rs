@@ -5,6 +5,9 @@ use pyo3::prelude::*;
 use rollout_buffer::{RateLimit, RpcDef, Selection};
 use std::time::Duration;
 
+/// The keys of a sample dict that are not fields (see `convert::sample_from_py`).
+pub(crate) const RESERVED: [&str; 3] = ["id", "birth", "meta"];
+
 /// One consumer of the buffer (see `RpcDef`).
 #[pyclass(module = "rollout_buffer._native", name = "Rpc")]
 #[derive(Clone)]
@@ -34,6 +37,22 @@ impl PyRpc {
         min_size_to_sample: usize,
         error_buffer: Option<f64>,
     ) -> PyResult<Self> {
+        // A sample dict's own entries: a field of one of these names could never be put
+        // (the dict's "id" is the sample's id), so an RPC reading it could never be served.
+        let named = [("inputs", &inputs), ("outputs", &outputs)];
+        for (what, keys) in named {
+            if let Some(key) = keys.iter().find(|k| RESERVED.contains(&k.as_str())) {
+                return Err(PyValueError::new_err(format!(
+                    "Rpc {name:?}, {what}: {key:?} is reserved (a sample's {}), not a field",
+                    RESERVED.join(", ")
+                )));
+            }
+        }
+        if let Some(key) = priority_key.as_deref().filter(|k| RESERVED.contains(k)) {
+            return Err(PyValueError::new_err(format!(
+                "Rpc {name:?}, priority_key: {key:?} is reserved, not a field"
+            )));
+        }
         let selection = match (selection, priority_key) {
             ("fifo", _) => Selection::Fifo,
             ("lifo", _) => Selection::Lifo,

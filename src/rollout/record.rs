@@ -98,8 +98,9 @@ impl RolloutRecord {
     /// # Errors
     ///
     /// [`Error::InvalidRollout`] for an empty `rollout_uid`, `logprobs`, `token_versions`
-    /// or `ref_logprobs` of another length than `output_tokens`, or a `policy_version` or
-    /// token version past `i64::MAX`.
+    /// or `ref_logprobs` of another length than `output_tokens`, a `policy_version` or
+    /// token version past `i64::MAX`, or a reward or reward component that is NaN or
+    /// infinite.
     pub fn validate(&self) -> Result<()> {
         let bad = |detail: String| Error::InvalidRollout {
             uid: self.rollout_uid.clone(),
@@ -136,6 +137,16 @@ impl RolloutRecord {
         }
         if self.policy_version > i64::MAX as u64 {
             return Err(bad("policy_version exceeds i64::MAX".into()));
+        }
+        // A NaN or infinite reward would make every advantage of its group meaningless
+        // (a group's mean and spread), silently.
+        if let Some(r) = self.reward.filter(|r| !r.is_finite()) {
+            return Err(bad(format!("reward {r} is not a finite number")));
+        }
+        if let Some((name, v)) = self.reward_components.iter().find(|(_, v)| !v.is_finite()) {
+            return Err(bad(format!(
+                "reward component `{name}` {v} is not a finite number"
+            )));
         }
         Ok(())
     }
@@ -302,6 +313,21 @@ mod tests {
         let back = RolloutRecord::from_sample(&r.to_sample("x".into()));
         assert_eq!(back, Some(r));
         Ok(())
+    }
+
+    #[test]
+    fn rewards_that_are_not_finite_numbers_are_rejected() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let mut r = RolloutRecord::new("math", "ex", 0, "u-8");
+            r.reward = Some(bad);
+            let err = r.validate().expect_err("not finite");
+            assert!(err.to_string().contains("reward"), "{err}");
+            r.reward = Some(1.0);
+            assert!(r.validate().is_ok());
+            r.reward_components.insert("format".into(), bad);
+            let err = r.validate().expect_err("a component not finite");
+            assert!(err.to_string().contains("`format`"), "{err}");
+        }
     }
 
     #[test]

@@ -79,6 +79,9 @@ def _prepare(value: Any) -> Any:
 
 
 def _prepare_dict(d: dict) -> dict:
+    # Anything else goes on as it is, for the native check to refuse naming its position.
+    if not isinstance(d, dict):
+        return d
     return {k: (v if k in _RESERVED else _prepare(v)) for k, v in d.items()}
 
 
