@@ -645,3 +645,4 @@ def test_a_merge_that_fails_leaves_the_merged_entries_readable():
         assert sorted(batch.ids) == ["1", "2"]
 
     run(go())
+

@@ -566,3 +566,128 @@ def test_bad_filters_are_refused(tmp_path):
     with pytest.raises(ValueError, match="list of ids"):
         buf.get_groups(batch.group_ids[0])
     assert len(buf.get_groups(batch.group_ids)) == 1
+
+
+def test_an_empty_add_is_a_no_op(tmp_path):
+    """A producer's flush of nothing (an empty list, table or dict of columns) returns
+    no outcomes and changes nothing; it raised a TypeError from the column checks."""
+    import pyarrow as pa
+
+    from rollout_buffer.replay import SCHEMA, to_table
+
+    buf = open_buffer(tmp_path)
+    buf.add_rollouts(group_of(size=2))
+    empty = to_table([])
+    assert empty.num_rows == 0 and empty.schema.equals(SCHEMA)
+    for nothing in ([], (), empty, pa.RecordBatch.from_pylist([], schema=SCHEMA),
+                    {"environment": [], "example_id": [], "policy_version": []}):
+        assert buf.add_rollouts(nothing) == []
+    s = buf.stats()
+    assert (s["received"], s["generator_queue_len"]) == (2, 2)
+    assert buf.add_rollouts(group_of(size=4))[2:] == ["pending", "sealed"]
+
+
+def test_an_unknown_compression_is_refused_at_construction(tmp_path):
+    """Not at the first durable write, on the writer thread; the message lists what this
+    pyarrow writes."""
+    import pyarrow as pa
+
+    root = tmp_path / "bogus"
+    with pytest.raises(ValueError, match=r"compression must be one of 'none', .*'zstd'.*not 'bogus'"):
+        ReplayBuffer(str(root), compression="bogus")
+    assert not root.exists(), "nothing created"
+    with pytest.raises(ValueError, match="compression"):
+        ReplayBuffer(str(root), compression=3)
+    names = [None, "none", "ZSTD"] + [c for c in ("snappy", "gzip", "lz4") if pa.Codec.is_available(c)]
+    for i, name in enumerate(names):
+        buf = open_buffer(tmp_path / f"ok{i}", compression=name)
+        buf.add_rollouts(group_of())
+        buf.flush()
+        assert buf.stats()["groups_written"] == 1
+        buf.close()
+
+
+def test_seed_and_start_offset_must_be_ints(tmp_path):
+    buf = open_buffer(tmp_path)
+    fill(buf, examples=3, versions=1)
+    for bad in (1.5, True, "1", None):
+        with pytest.raises(ValueError, match=f"seed must be an int, not {bad!r}"):
+            buf.sample_groups(1, seed=bad)
+        with pytest.raises(ValueError, match="seed must be an int"):
+            buf.next_batch(7, 1, seed=bad)
+        with pytest.raises(ValueError, match="start_offset must be an int"):
+            buf.sample_groups(1, start_offset=bad)
+    assert buf.stats()["batches"] == 0 and buf.recorded_batch(7) is None
+    assert buf.ready_count() == 3, "nothing leased"
+    assert len(buf.sample_groups(1, seed=np.int64(-3), start_offset=np.int32(1)).group_ids) == 1
+
+
+def test_scores_and_flags_that_are_no_dict_are_refused(tmp_path):
+    buf = open_buffer(tmp_path)
+    buf.add_rollouts(group_of())
+    [gid] = list(buf._live)
+    for scores, flags, message in [
+        ([1], None, r"scores must be a dict of score name \(str\) -> number, not \[1\]"),
+        ([("correct", 1.0)], None, "scores must be a dict"),
+        (1.0, None, "scores must be a dict"),
+        ({"correct": 1.0}, [1], r"flags must be a dict of flag name \(str\) -> bool"),
+        ({"correct": 1.0}, "verified", "flags must be a dict"),
+    ]:
+        with pytest.raises(ValueError, match=f"group '{gid}': {message}"):
+            buf.upsert_scores(gid, scores, flags=flags)
+    assert "scores" not in buf.get_groups([gid])[0].metadata
+    assert not list((tmp_path / "replay").glob("scores/*.parquet")), "nothing written"
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(token_count=2**70), "token_count"),
+        (dict(token_count=np.uint64(2**64 - 1)), "token_count"),
+        (dict(segment_idx=2**40), "segment_idx"),
+        (dict(environment="\ud800"), "environment"),
+        (dict(example_id="q\udcff"), "example_id"),
+        (dict(replica_id="\ud800"), "replica_id"),
+        (dict(prefix_hash="\ud800"), "prefix_hash"),
+        (dict(reward=10**400), "reward"),
+        (dict(created_ts=10**400), "created_ts"),
+    ],
+)
+def test_values_arrow_cannot_store_are_named_with_the_uid(tmp_path, bad, field):
+    """An int past its column (int64, int32) or a str with no UTF-8 (a lone surrogate) was
+    an OverflowError, ArrowInvalid or UnicodeEncodeError naming neither field nor rollout."""
+    buf = open_buffer(tmp_path)
+    good = group_of(size=3)
+    fields = {**rec(i=7).__dict__, **bad, "rollout_uid": "the-bad-one"}
+    with pytest.raises(ValueError, match=f"'the-bad-one'.*'{field}'"):
+        buf.add_rollouts(good + [RolloutRecord(**fields)])
+    # Without a uid, the derived one names it (deriving it raised before).
+    nameless = {**fields, "rollout_uid": ""}
+    with pytest.raises(ValueError, match=f"rollout 'r-[0-9a-f]+': field '{field}'"):
+        buf.add_rollouts([RolloutRecord(**nameless)])
+    s = buf.stats()
+    assert (s["received"], s["generator_queue_len"]) == (0, 0), "none of the call is taken"
+    assert buf.add_rollouts(good) == ["pending"] * 3
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"token_count": [0, 2**70]}, "'c1'.*'token_count'.*int64"),
+        ({"segment_idx": [0, 2**40]}, "'c1'.*'segment_idx'.*int32"),
+        ({"environment": ["math", "\ud800"]}, "'c1'.*'environment'.*UTF-8"),
+        ({"replica_id": ["r", "r\udcff"]}, "'c1'.*'replica_id'.*UTF-8"),
+    ],
+)
+def test_column_values_arrow_cannot_store_are_named_with_the_uid(tmp_path, change, message):
+    columns = {
+        "environment": ["math"] * 2,
+        "example_id": ["q"] * 2,
+        "policy_version": ["1", "1"],
+        "rollout_uid": ["c0", "c1"],
+        **change,
+    }
+    buf = open_buffer(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        buf.add_rollouts(columns)
+    assert buf.stats()["received"] == 0

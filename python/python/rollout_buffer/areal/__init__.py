@@ -66,6 +66,9 @@ class AsyncIOSequenceBuffer:
     """AReaL's ``AsyncIOSequenceBuffer(rpcs, max_size)`` (see the module docs)."""
 
     def __init__(self, rpcs: Sequence[Any], max_size: int):
+        rpcs = list(rpcs)
+        for j, r in enumerate(rpcs):
+            _mfc_fields(r, f"rpcs[{j}]")
         names = [r.name for r in rpcs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate MFC names in {names}")
@@ -114,7 +117,8 @@ class AsyncIOSequenceBuffer:
         """Stores ``samples`` (one entry each) in free slots; returns their slot
         indices as an int64 array. ``BufferFull`` when they do not all fit, with nothing
         stored. ``birth_times`` (one positive int per sample, smaller first) orders
-        selection; without it the order of arrival does."""
+        selection; without it the order of arrival does. A sample that is no
+        ``SequenceSample`` (no ``ids`` or ``keys``) is a ``ValueError``, nothing stored."""
         return self._put(samples, birth_times)
 
     def put_batch_synced(self, samples: Sequence[Any]):
@@ -132,8 +136,13 @@ class AsyncIOSequenceBuffer:
                 raise ValueError(f"birth time of sample {bad} is {births[bad]}; it must be > 0")
             births = births.tolist()
         # Room, then duplicate ids (in the buffer or within the batch), are checked by the
-        # one native put before anything is stored.
-        slots = self._slots.put(samples, births)
+        # one native put before anything is stored. So is each sample's `ids` and `keys`:
+        # a sample without them fails there, with nothing stored, and is named here.
+        try:
+            slots = self._slots.put(samples, births)
+        except AttributeError:
+            _check_samples(samples)
+            raise
         if len(slots):
             self._wake()
         return slots
@@ -141,9 +150,17 @@ class AsyncIOSequenceBuffer:
     async def amend_batch(self, indices: Sequence[int], samples: Sequence[Any]) -> None:
         """Merges ``samples[j]`` into the entry at ``indices[j]`` (AReaL's ``update_``: new
         keys added, existing ones replaced); the entries become ready for the MFCs whose
-        input keys they now hold. ``StaleHandle`` for a slot that was freed."""
-        array = np.asarray(indices, np.int64).reshape(-1)
-        self._slots.amend(array, samples)
+        input keys they now hold. ``StaleHandle`` for a slot that was freed; ``ValueError``,
+        with nothing changed, for an index that is no int >= 0 (a float is not truncated)
+        or a sample that is no ``SequenceSample``."""
+        array = _slot_indices(indices)
+        # As in the put: the native amend reads every sample's `ids` and `keys` before it
+        # merges any.
+        try:
+            self._slots.amend(array, samples)
+        except AttributeError:
+            _check_samples(samples)
+            raise
         if len(array):
             self._wake()
 
@@ -194,17 +211,18 @@ class AsyncIOSequenceBuffer:
         the oldest, and returns ``(indices, SequenceSample.gather(samples,
         keys=rpc.input_keys))``. The read is done when this returns: the last MFC's read
         frees the slots. ``ValueError`` for an MFC not given to the constructor, or a
-        timeout that is negative or no finite number."""
-        r = self._rpc_index.get(rpc.name)
+        timeout that is negative or no finite number, or an ``rpc`` that is no MFC."""
+        name, n_seqs, input_keys = _mfc_fields(rpc, "rpc")
+        r = self._rpc_index.get(name)
         if r is None:
-            raise ValueError(f"{rpc.name!r} is not one of this buffer's MFCs {self._rpc_names}")
+            raise ValueError(f"{name!r} is not one of this buffer's MFCs {self._rpc_names}")
         if timeout is not None and not 0 <= timeout < float("inf"):  # NaN too
             raise ValueError(f"timeout must be a finite number of seconds >= 0 (or None), not {timeout}")
-        if int(rpc.n_seqs) != int(self._rpcs[r].n_seqs):
+        if int(n_seqs) != int(self._rpcs[r].n_seqs):
             raise ValueError(
-                f"MFC {rpc.name!r} asks for {rpc.n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
+                f"MFC {name!r} asks for {n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
             )
-        keys = list(rpc.input_keys)
+        keys = list(input_keys)
         # Keys the constructor's MFC declares are held by whatever the buffer serves it;
         # others (AReaL gathers the keys of the MFC passed in) are checked by the gather.
         served = self._inputs[r].issuperset(keys)
@@ -212,6 +230,75 @@ class AsyncIOSequenceBuffer:
         # taking its event, so a wake-up in between is not lost).
         batch = self._slots.try_get(r, keys, served)
         if batch is None:
-            batch = await self._next_batch(r, rpc.name, keys, served, timeout)
+            batch = await self._next_batch(r, name, keys, served, timeout)
         slots, samples, gathered = batch
         return slots, samples if gathered else gather(samples, keys=keys)
+
+
+def _what(obj: Any) -> str:
+    return "None" if obj is None else f"an object of type {type(obj).__name__}"
+
+
+def _mfc_fields(rpc: Any, where: str) -> tuple:
+    """An MFC's ``(name, n_seqs, input_keys)``: what the buffer reads of AReaL's
+    ``MFCDef`` (duck-typed), or a ``ValueError`` saying so (not the AttributeError of the
+    first missing attribute)."""
+    try:
+        return rpc.name, rpc.n_seqs, rpc.input_keys
+    except AttributeError:
+        raise ValueError(
+            f"{where} must be an MFCDef (with name, n_seqs and input_keys), not {_what(rpc)}"
+        ) from None
+
+
+def _check_samples(samples: Any) -> None:
+    """After a native call failed on an attribute: the first sample that is no
+    ``SequenceSample`` (it has no ``ids`` or ``keys``) as a ``ValueError``. Returns when
+    every sample has both (the error came from elsewhere: the caller re-raises it)."""
+    if not isinstance(samples, (list, tuple)):
+        return  # an iterator the native call consumed: its error stands
+    for j, s in enumerate(samples):
+        if not (hasattr(s, "ids") and hasattr(s, "keys")):
+            raise ValueError(
+                f"samples[{j}] must be a SequenceSample (with ids and keys), not {_what(s)}"
+            ) from None
+
+
+def _slot_indices(indices: Any) -> np.ndarray:
+    """``amend_batch``'s indices as int64: ints, or numpy integers (scalars or arrays),
+    each >= 0. A float, a bool or a negative number is a ``ValueError`` naming it: a cast
+    to int64 truncated 0.9 to slot 0 and amended an entry nobody named."""
+    if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":
+        given = indices.reshape(-1)
+        # uint64 past int64 would wrap to a negative number: refused as one, by value.
+        array = given.astype(np.int64, copy=False)
+    else:
+        if isinstance(indices, (list, tuple)):
+            given = indices
+        elif isinstance(indices, (int, np.integer)) or not hasattr(indices, "__iter__"):
+            given = [indices]  # one index, as the old reshape took it
+        else:
+            given = list(indices)
+        # One look at each distinct element type (usually just int); the elements are
+        # looked at one by one only to name a wrong one.
+        if not all(
+            t is int or (issubclass(t, (int, np.integer)) and not issubclass(t, bool))
+            for t in set(map(type, given))
+        ):
+            j = next(
+                j for j, i in enumerate(given) if isinstance(i, bool) or not isinstance(i, (int, np.integer))
+            )
+            raise _bad_index(j, given[j])
+        try:
+            array = np.asarray(given, np.int64)
+        except OverflowError:  # an int past int64
+            j = next(j for j, i in enumerate(given) if not -(2**63) <= int(i) < 2**63)
+            raise _bad_index(j, given[j]) from None
+    if array.size and array.min() < 0:
+        j = int(np.flatnonzero(array < 0)[0])
+        raise _bad_index(j, given[j])
+    return array
+
+
+def _bad_index(j: int, value: Any) -> ValueError:
+    return ValueError(f"indices[{j}] is {value!r}: a slot index is an int >= 0, as put_batch returns")

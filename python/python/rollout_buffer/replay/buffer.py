@@ -50,8 +50,10 @@ class ReplayBuffer(Serving):
     """See the module docs and ``docs/scale.md``. ``grouping`` is ``"strict"`` (a group is
     environment, example and policy version) or ``"mixed"`` (environment and example, any
     versions). ``numeric_versions`` (default) requires integer policy versions, which the
-    lag controls and recency weighting need. ``clock`` (default ``time.time``) is what
-    leases, seal timeouts and retention read."""
+    lag controls and recency weighting need. ``compression`` is a Parquet codec this
+    pyarrow writes (``"zstd"``, ``"snappy"``, ``"none"``, ...; checked here, not at the
+    first write). ``clock`` (default ``time.time``) is what leases, seal timeouts and
+    retention read."""
 
     def __init__(
         self,
@@ -87,6 +89,8 @@ class ReplayBuffer(Serving):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, not {v}")
         if max_uses_per_group is not None and max_uses_per_group < 1:
             raise ValueError(f"max_uses_per_group must be >= 1 (or None: no limit), not {max_uses_per_group}")
+        # Here, not at the first write (on the writer thread, long after the mistake).
+        storage.check_compression(compression)
         self.root_path = root_path
         self.compression = compression
         self.capacity = capacity_groups
@@ -146,7 +150,8 @@ class ReplayBuffer(Serving):
         All or none: a bad record (missing environment or example id, a non-integer
         version with ``numeric_versions``, per-token arrays of different lengths, a NaN
         reward, a negative token count, ...) raises ``ValueError`` naming the field and the
-        record's uid, and none of the call's records is taken.
+        record's uid, and none of the call's records is taken. A call with no rollouts (an
+        empty list, table or dict of columns) returns ``[]`` and changes nothing.
         """
         self._check_open()
         started = time.perf_counter()
@@ -155,6 +160,8 @@ class ReplayBuffer(Serving):
             table = columns_to_table(rs, self.numeric, now)
         else:
             table = records_to_table(rs, self.numeric)[0]
+        if not table.num_rows:
+            return []  # a flush of nothing: checked (a table's columns), otherwise a no-op
         chunk = Chunk(table)
         columns = [
             table.column(name).to_pylist()

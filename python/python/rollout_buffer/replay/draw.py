@@ -19,6 +19,15 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+def check_int(name: str, value: object) -> int:
+    """A seed or an offset as an int: an int or a numpy integer, not a bool. The draw
+    masks and wraps it, which a float failed inside with a TypeError naming neither (and
+    a negative numpy integer with an OverflowError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an int, not {value!r}")
+    return int(value)
+
+
 def stable_hash(text: str) -> int:
     """64 bits of blake2b: stable across processes (unlike ``hash``)."""
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")

@@ -127,6 +127,45 @@ def _bad(field_name: str, uid: str, why: str) -> ValueError:
     return ValueError(f"rollout {uid!r}: field {field_name!r} {why}")
 
 
+# The largest value each integer field's column holds (int64 and int32).
+_INT_MAX = {"token_count": 2**63 - 1, "segment_idx": 2**31 - 1}
+
+
+def _count(field_name: str, v: Any, uid: str) -> int:
+    """An int field (``token_count``, ``segment_idx``): an int >= 0 that fits its column
+    (past it, Arrow raised an OverflowError that named neither the field nor the
+    rollout)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise _bad(field_name, uid, f"must be an int, not {v!r}")
+    v = int(v)
+    if not 0 <= v <= _INT_MAX[field_name]:
+        raise _bad(field_name, uid, f"is {v}: must be an int >= 0 and <= {_INT_MAX[field_name]}")
+    return v
+
+
+def _float(field_name: str, v: Any, uid: str) -> float:
+    """A number field as a float64 (an int past its range has none: OverflowError)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
+        raise _bad(field_name, uid, f"must be a number, not {v!r}")
+    try:
+        return float(v)
+    except OverflowError:
+        raise _bad(field_name, uid, "is an int too large for a float64") from None
+
+
+def _text(field_name: str, v: str, uid: str) -> None:
+    """Refuses a str with no UTF-8 (a lone surrogate such as ``"\\ud800"``, left by a
+    ``surrogateescape`` decode upstream): Arrow strings are UTF-8, and the build raised a
+    UnicodeEncodeError that named neither the field nor the rollout."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise _bad(
+            field_name, uid,
+            f"is not valid text: {v[e.start:e.end]!r} at position {e.start} has no UTF-8 encoding",
+        ) from None
+
+
 def _as_record(r: Any, i: int) -> RolloutRecord:
     if isinstance(r, RolloutRecord):
         return r
@@ -179,7 +218,9 @@ def derived_uid(r: RolloutRecord) -> str:
     still a duplicate."""
     h = hashlib.blake2b(digest_size=10)
     for part in (r.environment, r.example_id, str(r.policy_version), r.replica_id, repr(r.created_ts)):
-        h.update(str(part).encode())
+        # Surrogates pass (valid text encodes the same): a record with a lone surrogate
+        # still gets a uid, for the error that refuses it to name.
+        h.update(str(part).encode("utf-8", "surrogatepass"))
         h.update(b"\0")
     if r.output_tokens is not None:
         h.update(np.ascontiguousarray(r.output_tokens).tobytes())
@@ -199,7 +240,7 @@ def records_to_table(
     recs = [_as_record(r, i) for i, r in enumerate(records)]
     try:
         table = _columns_of(recs)
-    except (pa.ArrowException, TypeError, ValueError, _SlowPath):
+    except (pa.ArrowException, TypeError, ValueError, OverflowError, _SlowPath):
         table = _checked_one_by_one(recs, numeric_versions)
     return check_table(table, numeric_versions), recs
 
@@ -268,32 +309,29 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
         if r.rollout_uid is not None and not isinstance(r.rollout_uid, str):
             raise _bad("rollout_uid", repr(r.rollout_uid), "must be a string (a resend must carry the same uid)")
         uid = r.rollout_uid or derived_uid(r)
+        _text("rollout_uid", uid, uid)
         for name in ("environment", "example_id"):
             v = getattr(r, name)
             if not isinstance(v, str) or not v:
                 raise _bad(name, uid, f"must be a non-empty string, not {v!r}")
+            _text(name, v, uid)
         pv = _version(r.policy_version, numeric_versions, uid)
+        _text("policy_version", pv, uid)
         apv = r.actor_policy_version
         if apv is not None:
             apv = _version(apv, False, uid, "actor_policy_version")
-        reward = r.reward
-        if reward is not None:
-            if isinstance(reward, bool) or not isinstance(reward, (int, float, np.number)):
-                raise _bad("reward", uid, f"must be a number, not {reward!r}")
-            reward = float(reward)
+            _text("actor_policy_version", apv, uid)
+        reward = None if r.reward is None else _float("reward", r.reward, uid)
         per_token = {name: _array(r, name, uid) for name in ARRAY_FIELDS}
-        tc = r.token_count
-        if isinstance(tc, bool) or not isinstance(tc, (int, np.integer)):
-            raise _bad("token_count", uid, f"must be an int, not {tc!r}")
-        seg = r.segment_idx
-        if isinstance(seg, bool) or not isinstance(seg, (int, np.integer)):
-            raise _bad("segment_idx", uid, f"must be an int, not {seg!r}")
+        tc = _count("token_count", r.token_count, uid)
+        seg = _count("segment_idx", r.segment_idx, uid)
         for name in ("replica_id", "continuation_of", "prefix_hash"):
             v = getattr(r, name)
             if v is not None and not isinstance(v, str):
                 raise _bad(name, uid, f"must be a string, not {v!r}")
-        if not isinstance(r.created_ts, (int, float, np.number)) or isinstance(r.created_ts, bool):
-            raise _bad("created_ts", uid, f"must be a number, not {r.created_ts!r}")
+            if v is not None:
+                _text(name, v, uid)
+        created_ts = _float("created_ts", r.created_ts, uid)
         meta = None
         if r.metadata is not None:
             try:
@@ -302,12 +340,12 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
                 raise _bad("metadata", uid, f"is not JSON-serializable: {e}") from None
         for name, v in (
             ("group_id", None), ("environment", r.environment), ("example_id", r.example_id),
-            ("policy_version", pv), ("segment_idx", int(seg)), ("rollout_policy_version", pv),
-            ("replica_id", r.replica_id), ("rollout_uid", uid), ("token_count", int(tc)),
+            ("policy_version", pv), ("segment_idx", seg), ("rollout_policy_version", pv),
+            ("replica_id", r.replica_id), ("rollout_uid", uid), ("token_count", tc),
             ("reward", reward), ("actor_policy_version", apv),
             ("continuation_of", r.continuation_of), ("prefix_hash", r.prefix_hash),
             ("is_last_segment", bool(r.is_last_segment)), ("metadata", meta),
-            ("created_ts", float(r.created_ts)), ("sealed_ts", None),
+            ("created_ts", created_ts), ("sealed_ts", None),
         ):
             cols[name].append(v)
         for name, a in per_token.items():
@@ -353,7 +391,8 @@ def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
     if numeric_versions:
         pv = table.column("policy_version")
         ok = pc.match_substring_regex(pv, r"^[+-]?[0-9]+$")
-        if not pc.all(ok).as_py():
+        # min_count=0: true over no rows (by default `all` of nothing is null).
+        if not pc.all(ok, min_count=0).as_py():
             i = _first(pc.invert(ok))
             raise fail(
                 i, "policy_version",
@@ -410,12 +449,7 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     if isinstance(data, dict):
-        data = pa.table(
-            {
-                k: _list_column(v, ARRAY_FIELDS[k]) if k in ARRAY_FIELDS and isinstance(v, list) else v
-                for k, v in data.items()
-            }
-        )
+        data = dict_to_table(data)
     if not isinstance(data, pa.Table):
         raise ValueError(f"rollouts as columns: a pyarrow Table, RecordBatch or dict, not {type(data).__name__}")
     if data.schema.equals(SCHEMA):
@@ -437,6 +471,13 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
             try:
                 out[f.name] = col if col.type == f.type else pc.cast(col, f.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                # A value that does not fit (not a type that never casts): name its row.
+                i = _first_uncast(col, f.type) if isinstance(e, pa.ArrowInvalid) else None
+                if i is not None:
+                    raise _bad(
+                        source, _row_uid(data, i),
+                        f"is {col[i].as_py()!r}: not a value of its column's type {f.type} ({e})",
+                    ) from None
                 raise ValueError(f"column {source!r} of type {col.type} is not {f.type}: {e}") from None
         elif f.name == "created_ts":
             out[f.name] = pa.array(np.full(n, now))
@@ -464,6 +505,64 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         filled = [u if u else derived_uid(r) for u, r in zip(uids.to_pylist(), recs)]
         table = table.set_column(SCHEMA.get_field_index("rollout_uid"), "rollout_uid", pa.array(filled, pa.string()))
     return check_table(table, numeric_versions)
+
+
+def dict_to_table(data: dict) -> pa.Table:
+    """Columns given as a dict, as one table. A column Arrow cannot build (an int past
+    int64, a str with no UTF-8, mixed types) is a ``ValueError`` naming it, and the row
+    and its uid where one value is the cause (Arrow's own OverflowError or
+    UnicodeEncodeError named neither)."""
+    def column(k: str, v: Any) -> Any:
+        return _list_column(v, ARRAY_FIELDS[k]) if k in ARRAY_FIELDS and isinstance(v, list) else v
+
+    errors = (pa.ArrowException, OverflowError, TypeError, ValueError)
+    try:
+        return pa.table({k: column(k, v) for k, v in data.items()})
+    except errors as e:
+        failed = e
+    # Only when the build failed: which column, and which of its values.
+    uids = data.get("rollout_uid")
+
+    def who(i: int) -> str:
+        u = uids[i] if isinstance(uids, (list, tuple)) and i < len(uids) else None
+        return u if isinstance(u, str) and u else f"row {i}"
+
+    for name, values in data.items():
+        if not isinstance(values, (list, tuple)):
+            continue
+        for i, v in enumerate(values):
+            if isinstance(v, str):
+                _text(name, v, who(i))
+            elif isinstance(v, int) and not isinstance(v, bool) and not -(2**63) <= v < 2**63:
+                # Every integer column is int64 or narrower.
+                raise _bad(name, who(i), f"is {v}: too large for an integer column (int64)")
+    for name, values in data.items():
+        try:
+            pa.table({name: column(name, values)})
+        except errors as e:
+            raise ValueError(f"column {name!r}: {e}") from None
+    raise ValueError(f"rollouts as columns: {failed}")  # columns of different lengths
+
+
+def _first_uncast(col: Any, to: pa.DataType) -> Optional[int]:
+    """The first row of ``col`` that does not cast to ``to`` (an int past int32, text that
+    is no number), after a cast of the whole column failed: one cast a row, on the
+    error's path only."""
+    for i in range(len(col)):
+        try:
+            pc.cast(col.slice(i, 1), to)
+        except pa.ArrowInvalid:
+            return i
+    return None
+
+
+def _row_uid(table: pa.Table, i: int) -> str:
+    """Row ``i``'s uid for an error, or ``row i`` when the columns carry none."""
+    if "rollout_uid" in table.column_names:
+        u = table.column("rollout_uid")[i].as_py()
+        if isinstance(u, str) and u:
+            return u
+    return f"row {i}"
 
 
 def _json_default(o: Any) -> Any:

@@ -6,12 +6,13 @@ state (``buffer.py`` owns ingest, capacity and durability).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
 
-from .draw import recency_weights, round_robin, window
+from .draw import check_int, recency_weights, round_robin, window
 from .groups import materialize
 from .records import RolloutGroup, SampledBatch, table_to_records
 
@@ -45,10 +46,13 @@ class Serving:
         ``prefer_policy_versions`` first; ``on_policy_fraction`` of the batch from the
         current version; ``recency_weighting`` (``uniform``, ``linear``, ``exp``) weights
         the shuffle by lag. The batch's groups are written before its lease is logged.
+        ``seed`` and ``start_offset`` are ints (a float or a bool is a ``ValueError``).
         """
         self._check_open()
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ValueError(f"n must be an int >= 0, not {n!r}")
+        seed = check_int("seed", seed)
+        start_offset = check_int("start_offset", start_offset)
         now = self.clock()
         self._housekeeping(now)
         ready, current = self._ready(
@@ -289,6 +293,16 @@ class Serving:
         ``KeyError``; a non-finite score or a non-bool flag a ``ValueError``; then nothing
         is written."""
         self._check_open()
+        # Mappings only: `dict()` of anything else raised a TypeError about "update
+        # sequence elements", naming neither the argument nor what it takes.
+        if not isinstance(scores, Mapping):
+            raise ValueError(
+                f"group {group_id!r}: scores must be a dict of score name (str) -> number, not {scores!r}"
+            )
+        if flags is not None and not isinstance(flags, Mapping):
+            raise ValueError(
+                f"group {group_id!r}: flags must be a dict of flag name (str) -> bool (or None), not {flags!r}"
+            )
         g = self._live.get(group_id)
         if g is None:
             why = self._control.exited.get(group_id)

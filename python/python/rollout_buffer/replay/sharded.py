@@ -19,7 +19,7 @@ from typing import Any, Iterable, Optional
 import pyarrow as pa
 
 from .buffer import ReplayBuffer
-from .draw import stable_hash
+from .draw import check_int, stable_hash
 from .records import SampledBatch
 
 _ACTOR = None
@@ -147,6 +147,7 @@ class ShardedReplayBuffer:
     def _allocate(self, n: int, seed: int, kwargs: dict) -> list:
         import ray
 
+        check_int("seed", seed)  # before any shard is asked (`seed % shards` takes a float)
         filters = {k: v for k, v in kwargs.items() if k in _FILTERS}
         counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
         quota = [0] * len(counts)

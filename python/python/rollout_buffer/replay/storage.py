@@ -51,6 +51,31 @@ SCORES_SCHEMA = pa.schema(
 )
 
 
+# Parquet's codecs as pyarrow names them (LZO it does not write); case is free.
+PARQUET_CODECS = ("none", "snappy", "gzip", "brotli", "lz4", "lz4_raw", "zstd")
+
+
+def _codec_available(name: str) -> bool:
+    if name == "none":
+        return True
+    try:
+        return pa.Codec.is_available(name)
+    except ValueError:  # a name this pyarrow does not know
+        return False
+
+
+def check_compression(compression: object) -> None:
+    """Refuses a ``compression`` the data writes would fail on: not a Parquet codec, or
+    one this pyarrow was built without (``None`` is ``"none"``)."""
+    if compression is None:
+        return
+    accepted = [c for c in PARQUET_CODECS if _codec_available(c)]
+    if not isinstance(compression, str) or compression.lower() not in accepted:
+        raise ValueError(
+            f"compression must be one of {', '.join(map(repr, accepted))} (or None), not {compression!r}"
+        )
+
+
 class Store:
     """Whole-object reads and writes under one root."""
 

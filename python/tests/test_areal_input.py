@@ -1,0 +1,75 @@
+"""rollout_buffer.areal refusing input of the wrong kind: amend indices that are no slot
+numbers, samples that are no SequenceSample, RPCs that are no MFCDef. Each refusal is a
+ValueError naming the item, with nothing stored or changed."""
+
+import numpy as np
+import pytest
+
+from rollout_buffer.areal import AsyncIOSequenceBuffer, Timeout
+from test_areal import Mfc, Sample, run
+
+
+def test_amend_indices_must_be_ints_and_not_negative():
+    """A float index was truncated (0.9 amended slot 0); a bool, a negative number or an
+    int past int64 is no slot either. Refused before any entry changes."""
+
+    async def go():
+        gen, train = Mfc("gen", 2, ["p"], ["x"]), Mfc("train", 2, ["x"])
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        stored = [Sample("a", ["p"]), Sample("b", ["p"])]
+        idx = await buf.put_batch(stored)
+        await buf.get_batch_for_rpc(gen)
+        for bad, message in [
+            ([0.9], r"indices\[0\] is 0\.9"),
+            (0.9, r"indices\[0\] is 0\.9"),
+            (np.array([0.0, 1.0]), r"indices\[0\]"),
+            ([0, 1.0], r"indices\[1\] is 1\.0"),
+            ([True, 1], r"indices\[0\] is True"),
+            (np.array([True, False]), r"indices\[0\]"),
+            ([0, -1], r"indices\[1\] is -1"),
+            (np.array([-2, 1]), r"indices\[0\]"),
+            ([2**70, 1], r"indices\[0\] is 1180591620717411303424"),
+            (["0", "1"], r"indices\[0\] is '0'"),
+        ]:
+            with pytest.raises(ValueError, match=message + ".*slot index is an int >= 0"):
+                await buf.amend_batch(bad, [Sample("a", ["x"]), Sample("b", ["x"])][: np.size(bad)])
+        assert [s.keys for s in stored] == [{"p"}, {"p"}], "nothing amended"
+        with pytest.raises(Timeout):
+            await buf.get_batch_for_rpc(train, timeout=0.01)
+        # Python ints and numpy integers (scalars, arrays of any integer type) are slots.
+        await buf.amend_batch([np.int32(idx[0])], [Sample("a", ["x"])])
+        await buf.amend_batch(idx[1:].astype(np.uint16), [Sample("b", ["x"])])
+        slots, got = await buf.get_batch_for_rpc(train)
+        assert sorted(got.ids) == ["a", "b"] and buf.size == 0
+
+    run(go())
+
+
+def test_samples_and_mfcs_of_another_kind_are_named():
+    """A put or an amend of something that is no SequenceSample, and a get for something
+    that is no MFCDef, raised AttributeError; now a ValueError saying what was expected,
+    with nothing stored or changed."""
+
+    async def go():
+        gen, train = Mfc("gen", 1, ["p"], ["x"]), Mfc("train", 1, ["x"])
+        with pytest.raises(ValueError, match=r"rpcs\[1\] must be an MFCDef .*not None"):
+            AsyncIOSequenceBuffer([gen, None], 4)
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        with pytest.raises(ValueError, match=r"samples\[0\] must be a SequenceSample .*type object"):
+            await buf.put_batch([object()])
+        with pytest.raises(ValueError, match=r"samples\[1\] must be a SequenceSample .*not None"):
+            await buf.put_batch([Sample("a", ["p"]), None])
+        assert buf.size == 0, "nothing stored"
+        idx = await buf.put_batch([Sample("a", ["p"])])
+        assert idx.tolist() == [0]
+        await buf.get_batch_for_rpc(gen)
+        with pytest.raises(ValueError, match=r"samples\[0\] must be a SequenceSample"):
+            await buf.amend_batch(idx, ["x"])
+        for rpc in (None, "train", object()):
+            with pytest.raises(ValueError, match=r"rpc must be an MFCDef \(with name, n_seqs and input_keys\)"):
+                await buf.get_batch_for_rpc(rpc, timeout=0.01)
+        await buf.amend_batch(idx, [Sample("a", ["x"])])
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["a"] and buf.size == 0
+
+    run(go())
