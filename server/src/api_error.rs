@@ -187,6 +187,17 @@ impl ApiBody {
     }
 }
 
+/// Why a `\\uD800`-style escape fails: JSON allows it, but a lone UTF-16 surrogate is no
+/// Unicode character, so no string can hold it (serde's own message speaks of hex escapes).
+fn surrogate_hint(e: &serde_json::Error) -> &'static str {
+    let text = e.to_string();
+    if text.contains("surrogate") || text.contains("hex escape") {
+        " (a string holds a lone UTF-16 surrogate escape, which is not a Unicode character)"
+    } else {
+        ""
+    }
+}
+
 /// `bytes` as JSON of a `T`: a 400 for malformed JSON, a 422 naming the field (its path)
 /// for well-formed JSON of the wrong shape.
 pub fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
@@ -200,7 +211,17 @@ pub fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError>
                 StatusCode::UNPROCESSABLE_ENTITY
             },
             message: if syntax {
-                format!("malformed JSON: {}", e.inner())
+                let path = e.path().to_string();
+                let place = if path == "." {
+                    String::new()
+                } else {
+                    format!(" in `{path}`")
+                };
+                format!(
+                    "malformed JSON{place}: {}{}",
+                    e.inner(),
+                    surrogate_hint(e.inner())
+                )
             } else {
                 format!("invalid request: {e}")
             },

@@ -18,6 +18,28 @@ use rollout_buffer::rollout::RolloutRecord;
 /// The media type of an Arrow IPC stream.
 pub const ARROW_STREAM: &str = "application/vnd.apache.arrow.stream";
 
+thread_local! {
+    /// Set while this thread runs the IPC decoder under `catch_unwind` (see [`records`]).
+    static DECODING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Makes a panic of the IPC decoder on a malformed body, which [`records`] catches and
+/// answers as a 400, a `debug` event rather than the default hook's message and backtrace
+/// on stderr; every other panic still goes to the hook that was set before. Idempotent.
+pub fn quiet_decoder_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if DECODING.with(std::cell::Cell::get) {
+                tracing::debug!(panic = %info, "the Arrow IPC decoder panicked on a malformed body");
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
 /// The records of every row of the stream in `body`; a 400 naming the column (and row)
 /// at the first problem, so nothing of a bad body is stored.
 ///
@@ -35,7 +57,8 @@ pub fn records(body: &Bytes, environment: &str) -> Result<Vec<RolloutRecord>, Ap
     // The IPC decoder is not panic-free on every malformed message (a buffer whose offset
     // and length run past the body slices out of bounds): a bad body must be a 400, not a
     // dropped connection.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    DECODING.with(|d| d.set(true));
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         while !rest.is_empty() {
             match decoder.decode(&mut rest) {
                 Ok(Some(batch)) => batch_records(&batch, environment, out.len(), &mut out)?,
@@ -44,8 +67,9 @@ pub fn records(body: &Bytes, environment: &str) -> Result<Vec<RolloutRecord>, Ap
             }
         }
         decoder.finish().map_err(|e| bad(&decoder, e))
-    }))
-    .unwrap_or_else(|_| Err(ApiError::bad("bad Arrow IPC stream: a malformed message")))?;
+    }));
+    DECODING.with(|d| d.set(false));
+    decoded.unwrap_or_else(|_| Err(ApiError::bad("bad Arrow IPC stream: a malformed message")))?;
     if decoder.schema().is_none() {
         return Err(ApiError::bad(
             "not an Arrow IPC stream: the body holds no schema",

@@ -175,6 +175,7 @@ where
 }
 
 async fn serve(args: Serve) -> Result<(), String> {
+    arrow_items::quiet_decoder_panics();
     if args.group_size == 0 {
         return Err("--group-size must be >= 1".into());
     }

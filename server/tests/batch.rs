@@ -121,11 +121,18 @@ async fn bad_arrow_bodies_are_refused_whole() {
 /// Every single-byte change of a valid Arrow body (to 0x00 and to 0xFF, as a hostile or
 /// damaged client might send) is answered: a 200, or a 4xx with a JSON body. The IPC
 /// decoder panics on some of them (a buffer's offset run past the body); that must not
-/// drop the connection.
+/// drop the connection, nor print the panic (the server logs it at debug level).
 #[tokio::test]
 async fn every_byte_of_an_arrow_body_changed_is_answered() {
     let dir = store("arrow-flips");
-    let server = Server::start(&dir, &["--group-size", "2"]);
+    let log =
+        std::env::temp_dir().join(format!("rb-server-arrow-flips-{}.log", std::process::id()));
+    let server = Server::start_logging(
+        &dir,
+        &["--group-size", "2"],
+        &log,
+        "info,rollout_buffer_server::arrow_items=debug",
+    );
     let good = ipc(items(2, "h"));
     let mut refused = 0;
     for at in 0..good.len() {
@@ -153,6 +160,19 @@ async fn every_byte_of_an_arrow_body_changed_is_answered() {
     assert!(refused > 0);
     let (status, _) = post_arrow(&server, ipc(items(2, "i"))).await;
     assert_eq!(status, 200, "still serving");
+    assert!(server.terminate().success());
+    let text = std::fs::read_to_string(&log).expect("the server's log");
+    let _ = std::fs::remove_file(&log);
+    let log = text;
+    assert!(
+        log.contains("the Arrow IPC decoder panicked on a malformed body"),
+        "some changed bodies panic the decoder, logged at debug level"
+    );
+    // The default hook's report starts `thread '<name>' panicked at`.
+    assert!(
+        !log.lines().any(|l| l.starts_with("thread '")),
+        "a caught decoder panic printed by the default hook:\n{log}"
+    );
 }
 
 #[tokio::test]

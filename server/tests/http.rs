@@ -144,6 +144,9 @@ async fn bad_requests_get_json_errors_and_store_nothing() {
     let read = format!("{}/get_rollout_data", server.url);
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (client().post(&url).body("{not json"), 400, "malformed JSON"),
+        // Valid JSON (`json.dumps` writes it), but no Unicode string can hold the escape.
+        (client().post(&url).body(r#"{"uid": "\ud800", "instance_id": "q", "messages": [], "reward": 1}"#), 400, "malformed JSON in `uid`: "),
+        (client().post(&url).body(r#"{"uid": "a\udc80", "instance_id": "q", "messages": [], "reward": 1}"#), 400, "lone UTF-16 surrogate"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": []}).to_string()), 422, "reward"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": "high"}).to_string()), 422, "reward"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": "hi", "reward": 1}).to_string()), 400, "messages"),

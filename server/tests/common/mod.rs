@@ -16,14 +16,38 @@ pub struct Server {
 
 impl Server {
     pub fn start(store: &std::path::Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
+        Self::spawn(store, args, Stdio::null(), None)
+    }
+
+    /// [`Self::start`] with the server's stderr (its log, at `log_filter`) in file `log`.
+    pub fn start_logging(
+        store: &std::path::Path,
+        args: &[&str],
+        log: &std::path::Path,
+        log_filter: &str,
+    ) -> Server {
+        let file = std::fs::File::create(log).expect("the log file");
+        Self::spawn(store, args, Stdio::from(file), Some(log_filter))
+    }
+
+    fn spawn(
+        store: &std::path::Path,
+        args: &[&str],
+        stderr: Stdio,
+        log_filter: Option<&str>,
+    ) -> Server {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"));
+        if let Some(filter) = log_filter {
+            command.env("RUST_LOG", filter);
+        }
+        let mut child = command
             .arg("serve")
             .arg("--store")
             .arg(store)
             .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("spawn the server");
         let stdout = child.stdout.take().expect("stdout");
