@@ -48,6 +48,22 @@ fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .unwrap_or_default()
 }
 
+/// `obj` as a dict; `what` says what it should be (`sample 3: a sample`).
+fn dict_of<'a, 'py>(obj: &'a Bound<'py, PyAny>, what: &str) -> PyResult<&'a Bound<'py, PyDict>> {
+    obj.cast::<PyDict>()
+        .map_err(|_| PyValueError::new_err(format!("{what} is a dict, not {}", type_name(obj))))
+}
+
+/// A Python int as an `i64`; one past its range is refused naming `what`.
+fn int64(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<i64> {
+    obj.extract::<i64>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "{what}: the int {} does not fit in int64",
+            obj.str().map(|s| s.to_string()).unwrap_or_default()
+        ))
+    })
+}
+
 /// A Python value as a field; `what` names it in errors (`field "x"`).
 pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Tensor> {
     let py = obj.py();
@@ -59,13 +75,7 @@ pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ten
         return Ok(Tensor::scalar(obj.extract::<bool>()?));
     }
     if obj.is_instance_of::<PyInt>() {
-        let value = obj.extract::<i64>().map_err(|_| {
-            PyValueError::new_err(format!(
-                "{what}: the int {} does not fit in int64",
-                obj.str().map(|s| s.to_string()).unwrap_or_default()
-            ))
-        })?;
-        return Ok(Tensor::scalar(value));
+        return Ok(Tensor::scalar(int64(obj, what)?));
     }
     if obj.is_instance_of::<PyFloat>() {
         return Ok(Tensor::scalar(obj.extract::<f64>()?));
@@ -125,12 +135,7 @@ pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<MetaV
     // floats: a value read out of an array is as good as a literal.
     let number = py.import("numbers")?;
     if obj.is_instance_of::<PyInt>() || obj.is_instance(&number.getattr("Integral")?)? {
-        return obj.extract::<i64>().map(MetaValue::Int).map_err(|_| {
-            PyValueError::new_err(format!(
-                "{what}: the int {} does not fit in int64",
-                obj.str().map(|s| s.to_string()).unwrap_or_default()
-            ))
-        });
+        return int64(obj, what).map(MetaValue::Int);
     }
     if obj.is_instance(&number.getattr("Real")?)? {
         return Ok(MetaValue::Float(obj.extract()?));
@@ -144,12 +149,7 @@ pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<MetaV
 /// `{"id": ..., "birth": ..., "meta": {...}, field: value, ...}` as a sample; `index` is
 /// its position in the call, for errors.
 pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Sample> {
-    let dict = obj.cast::<PyDict>().map_err(|_| {
-        PyValueError::new_err(format!(
-            "sample {index}: a sample is a dict, not {}",
-            type_name(obj)
-        ))
-    })?;
+    let dict = dict_of(obj, &format!("sample {index}: a sample"))?;
     let id = dict
         .get_item("id")?
         .ok_or_else(|| PyValueError::new_err(format!("sample {index}: needs an \"id\"")))?;
@@ -206,12 +206,7 @@ pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<S
 
 /// An RPC's output for one sample (`{field: value}`); `index` is its position, for errors.
 pub(crate) fn patch_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<Patch> {
-    let dict = obj.cast::<PyDict>().map_err(|_| {
-        PyValueError::new_err(format!(
-            "output {index}: an output is a dict, not {}",
-            type_name(obj)
-        ))
-    })?;
+    let dict = dict_of(obj, &format!("output {index}: an output"))?;
     let mut patch = Patch::new();
     for (k, v) in dict.iter() {
         let key = string_from_py(&k, &format!("output {index}: a key"))?;
