@@ -73,3 +73,34 @@ def test_samples_and_mfcs_of_another_kind_are_named():
         assert got.ids == ["a"] and buf.size == 0
 
     run(go())
+
+
+def test_birth_times_must_be_ints_greater_than_zero():
+    """A float birth time was truncated by the cast to int64 (1.5 stored as 1, ordered
+    beside the entries born at 1); a bool or text is no birth time either. Refused as an
+    amend index is, before any slot is taken."""
+
+    async def go():
+        train = Mfc("train", 2, ["p"])
+        buf = AsyncIOSequenceBuffer([train], 4)
+        two = [Sample("a", ["p"]), Sample("b", ["p"])]
+        for bad, message in [
+            ([1.5, 2], r"birth_times\[0\] is 1\.5"),
+            ([1, 2.0], r"birth_times\[1\] is 2\.0"),
+            (np.array([1.5, 2.5]), r"birth_times\[0\]"),
+            ([True, 2], r"birth_times\[0\] is True"),
+            (["1", "2"], r"birth_times\[0\] is '1'"),
+            ([1, 0], r"birth_times\[1\] is 0"),
+            (np.array([3, -1]), r"birth_times\[1\]"),
+            ([2**70, 1], r"birth_times\[0\] is 1180591620717411303424"),
+        ]:
+            with pytest.raises(ValueError, match=message + ".*: a birth time is an int > 0"):
+                await buf.put_batch(two, birth_times=bad)
+        assert buf.size == 0, "nothing stored"
+        # Ints and numpy integers (scalars, arrays of any integer type) order the reads.
+        await buf.put_batch(two, birth_times=np.array([9, 8], np.uint32))
+        await buf.put_batch([Sample("c", ["p"]), Sample("d", ["p"])], birth_times=[np.int64(2), 1])
+        _, got = await buf.get_batch_for_rpc(train)
+        assert got.ids == ["d", "c"]
+
+    run(go())

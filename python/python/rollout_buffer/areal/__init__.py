@@ -25,10 +25,11 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
 * ``amend_batch`` of a freed slot raises ``StaleHandle`` instead of waiting forever;
 * ``get_batch_for_rpc(rpc, timeout=...)`` may time out (``Timeout``); without a timeout it
   waits as AReaL's does;
-* bad input changes nothing: a ``birth_times`` of the wrong length or a birth time <= 0
-  raises ``ValueError`` before any slot is taken (AReaL left slots stuck in
-  ``being_put``, or failed an assertion at the next get); an amend whose ids do not match
-  raises ``ValueError`` before any sample changes (AReaL left the slot amended forever);
+* bad input changes nothing: a ``birth_times`` of the wrong length or a birth time that
+  is no int > 0 (a float is not truncated) raises ``ValueError`` before any slot is taken
+  (AReaL left slots stuck in ``being_put``, or failed an assertion at the next get); an
+  amend whose ids do not match raises ``ValueError`` before any sample changes (AReaL
+  left the slot amended forever);
 * ids must be unique among stored entries (``ValueError``, as AReaL's ``load_data`` raised
   for a duplicate in one fetch);
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
@@ -116,9 +117,10 @@ class AsyncIOSequenceBuffer:
     async def put_batch(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]] = None):
         """Stores ``samples`` (one entry each) in free slots; returns their slot
         indices as an int64 array. ``BufferFull`` when they do not all fit, with nothing
-        stored. ``birth_times`` (one positive int per sample, smaller first) orders
-        selection; without it the order of arrival does. A sample that is no
-        ``SequenceSample`` (no ``ids`` or ``keys``) is a ``ValueError``, nothing stored."""
+        stored. ``birth_times`` (one int > 0 per sample, smaller first; a float or a bool
+        is a ``ValueError``, nothing stored) orders selection; without it the order of
+        arrival does. A sample that is no ``SequenceSample`` (no ``ids`` or ``keys``) is a
+        ``ValueError``, nothing stored."""
         return self._put(samples, birth_times)
 
     def put_batch_synced(self, samples: Sequence[Any]):
@@ -128,12 +130,10 @@ class AsyncIOSequenceBuffer:
     def _put(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]]):
         births = None
         if birth_times is not None:
-            births = np.asarray(birth_times, dtype=np.int64).reshape(-1)
+            # As amend indices are: a cast to int64 truncated a birth time of 1.5 to 1.
+            births = _int_array(birth_times, "birth_times", 1, "a birth time is an int > 0 (smaller is older)")
             if births.shape != (len(samples),):
                 raise ValueError(f"{len(births)} birth times for {len(samples)} samples")
-            if (births <= 0).any():
-                bad = int(np.flatnonzero(births <= 0)[0])
-                raise ValueError(f"birth time of sample {bad} is {births[bad]}; it must be > 0")
             births = births.tolist()
         # Room, then duplicate ids (in the buffer or within the batch), are checked by the
         # one native put before anything is stored. So is each sample's `ids` and `keys`:
@@ -265,20 +265,27 @@ def _check_samples(samples: Any) -> None:
 
 
 def _slot_indices(indices: Any) -> np.ndarray:
-    """``amend_batch``'s indices as int64: ints, or numpy integers (scalars or arrays),
-    each >= 0. A float, a bool or a negative number is a ``ValueError`` naming it: a cast
-    to int64 truncated 0.9 to slot 0 and amended an entry nobody named."""
-    if isinstance(indices, np.ndarray) and indices.dtype.kind in "iu":
-        given = indices.reshape(-1)
+    """``amend_batch``'s indices as int64, each >= 0 (see :func:`_int_array`)."""
+    return _int_array(indices, "indices", 0, "a slot index is an int >= 0, as put_batch returns")
+
+
+def _int_array(values: Any, name: str, least: int, rule: str) -> np.ndarray:
+    """``values`` (amend indices, birth times) as int64: ints, or numpy integers (scalars
+    or arrays), each >= ``least``. A float, a bool, a number below ``least`` or past int64
+    is a ``ValueError`` naming it as ``name[j]`` and saying ``rule``: a cast to int64
+    truncated an index of 0.9 to slot 0 (amending an entry nobody named) and a birth time
+    of 1.5 to 1."""
+    if isinstance(values, np.ndarray) and values.dtype.kind in "iu":
+        given = values.reshape(-1)
         # uint64 past int64 would wrap to a negative number: refused as one, by value.
         array = given.astype(np.int64, copy=False)
     else:
-        if isinstance(indices, (list, tuple)):
-            given = indices
-        elif isinstance(indices, (int, np.integer)) or not hasattr(indices, "__iter__"):
-            given = [indices]  # one index, as the old reshape took it
+        if isinstance(values, (list, tuple)):
+            given = values
+        elif isinstance(values, (int, np.integer)) or not hasattr(values, "__iter__"):
+            given = [values]  # one value, as the old reshape took it
         else:
-            given = list(indices)
+            given = list(values)
         # One look at each distinct element type (usually just int); the elements are
         # looked at one by one only to name a wrong one.
         if not all(
@@ -288,17 +295,17 @@ def _slot_indices(indices: Any) -> np.ndarray:
             j = next(
                 j for j, i in enumerate(given) if isinstance(i, bool) or not isinstance(i, (int, np.integer))
             )
-            raise _bad_index(j, given[j])
+            raise _bad_int(name, j, given[j], rule)
         try:
             array = np.asarray(given, np.int64)
         except OverflowError:  # an int past int64
             j = next(j for j, i in enumerate(given) if not -(2**63) <= int(i) < 2**63)
-            raise _bad_index(j, given[j]) from None
-    if array.size and array.min() < 0:
-        j = int(np.flatnonzero(array < 0)[0])
-        raise _bad_index(j, given[j])
+            raise _bad_int(name, j, given[j], rule) from None
+    if array.size and array.min() < least:
+        j = int(np.flatnonzero(array < least)[0])
+        raise _bad_int(name, j, given[j], rule)
     return array
 
 
-def _bad_index(j: int, value: Any) -> ValueError:
-    return ValueError(f"indices[{j}] is {value!r}: a slot index is an int >= 0, as put_batch returns")
+def _bad_int(name: str, j: int, value: Any, rule: str) -> ValueError:
+    return ValueError(f"{name}[{j}] is {value!r}: {rule}")

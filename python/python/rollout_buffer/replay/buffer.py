@@ -42,6 +42,60 @@ log = logging.getLogger(__name__)
 SNAPSHOT_EVERY = 256
 
 
+# The options that count something: an int >= 1. A float was taken as it was (a capacity
+# of 2.5 groups) and a bool as 0 or 1; a numpy uint64 would wrap `len(live) - capacity`
+# below zero, so the counts are kept as Python ints. The limits may be None: no limit.
+_COUNTS = ("capacity_groups", "target_group_size", "min_group_size", "flush_rows")
+_LIMITS = ("max_per_replica", "max_uses_per_group", "max_groups_per_version")
+# Durations: (name, 0 allowed, infinity allowed). A NaN or a negative retention evicted
+# every unleased group at the next call; a NaN flush interval never flushed by time.
+_SECONDS = (
+    ("seal_timeout_s", False, False),
+    ("lease_timeout_s", False, False),
+    ("flush_interval_s", True, True),  # 0: at every call; infinity: by flush_rows only
+    ("retention_ttl_s", False, True),  # None or infinity: no retention by age
+)
+
+
+def check_options(options: dict) -> dict:
+    """Checks :class:`ReplayBuffer`'s arguments (``options``, by name): each bad one is a
+    ``ValueError`` naming it. Returns the counts and limits as ints (or None). The sharded
+    front checks with it before it starts any actor."""
+    if options["grouping"] not in ("strict", "mixed"):
+        raise ValueError(f"grouping must be 'strict' or 'mixed', not {options['grouping']!r}")
+    counts = {}
+    for name in _COUNTS + _LIMITS:
+        v = options[name]
+        if v is None and name in _LIMITS:
+            counts[name] = None
+        elif isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            no_limit = " (or None: no limit)" if name in _LIMITS else ""
+            raise ValueError(f"{name} must be an int >= 1{no_limit}, not {v!r}")
+        else:
+            counts[name] = int(v)
+    if counts["min_group_size"] > counts["target_group_size"]:
+        raise ValueError(
+            f"min_group_size must be in 1..target_group_size ({counts['target_group_size']}),"
+            f" not {counts['min_group_size']}"
+        )
+    for name, zero_ok, inf_ok in _SECONDS:
+        v = options[name]
+        if not (v is None and name == "retention_ttl_s") and not _duration_ok(v, zero_ok, inf_ok):
+            rule = f"a {'' if inf_ok else 'finite '}number of seconds {'>=' if zero_ok else '>'} 0"
+            none = " (or None: no retention by age)" if name == "retention_ttl_s" else ""
+            raise ValueError(f"{name} must be {rule}{none}, not {v!r}")
+    # Here, not at the first write (on the writer thread, long after the mistake).
+    storage.check_compression(options["compression"])
+    return counts
+
+
+def _duration_ok(v: Any, zero_ok: bool, inf_ok: bool) -> bool:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+        return False
+    # Comparisons, so that NaN fails both.
+    return (0 <= v if zero_ok else 0 < v) and (v <= math.inf if inf_ok else v < math.inf)
+
+
 class ReplayBufferClosed(RuntimeError):
     """A call on a closed :class:`ReplayBuffer`."""
 
@@ -77,35 +131,23 @@ class ReplayBuffer(Serving):
         durable: bool = True,
         clock: Optional[Callable[[], float]] = None,
     ) -> None:
-        if grouping not in ("strict", "mixed"):
-            raise ValueError(f"grouping must be 'strict' or 'mixed', not {grouping!r}")
-        for name, v in (("capacity_groups", capacity_groups), ("target_group_size", target_group_size)):
-            if not v >= 1:  # NaN too
-                raise ValueError(f"{name} must be >= 1, not {v}")
-        if not 1 <= min_group_size <= target_group_size:
-            raise ValueError(f"min_group_size must be in 1..target_group_size, not {min_group_size}")
-        for name, v in (("seal_timeout_s", seal_timeout_s), ("lease_timeout_s", lease_timeout_s)):
-            if not 0 < v < math.inf:  # NaN too
-                raise ValueError(f"{name} must be a finite number of seconds > 0, not {v}")
-        if max_uses_per_group is not None and max_uses_per_group < 1:
-            raise ValueError(f"max_uses_per_group must be >= 1 (or None: no limit), not {max_uses_per_group}")
-        # Here, not at the first write (on the writer thread, long after the mistake).
-        storage.check_compression(compression)
+        # Every argument, by name (`locals()` holds only them, and self, here).
+        counts = check_options(locals())
         self.root_path = root_path
         self.compression = compression
-        self.capacity = capacity_groups
-        self.target_size = target_group_size
-        self.min_size = min_group_size
+        self.capacity = counts["capacity_groups"]
+        self.target_size = counts["target_group_size"]
+        self.min_size = counts["min_group_size"]
         self.seal_timeout_s = seal_timeout_s
-        self.max_per_replica = max_per_replica
+        self.max_per_replica = counts["max_per_replica"]
         self.accept = None if accept_policy_versions is None else {str(v) for v in accept_policy_versions}
         self.mixed = grouping == "mixed"
-        self.max_uses = max_uses_per_group
+        self.max_uses = counts["max_uses_per_group"]
         self.lease_timeout_s = lease_timeout_s
         self.retention_ttl_s = retention_ttl_s
-        self.max_per_version = max_groups_per_version
+        self.max_per_version = counts["max_groups_per_version"]
         self.numeric = numeric_versions
-        self.flush_rows = flush_rows
+        self.flush_rows = counts["flush_rows"]
         self.flush_interval_s = flush_interval_s
         self.clock = clock or time.time
         self._store = storage.Store(root_path, durable)
@@ -151,7 +193,8 @@ class ReplayBuffer(Serving):
         version with ``numeric_versions``, per-token arrays of different lengths, a NaN
         reward, a negative token count, ...) raises ``ValueError`` naming the field and the
         record's uid, and none of the call's records is taken. A call with no rollouts (an
-        empty list, table or dict of columns) returns ``[]`` and changes nothing.
+        empty list, table or dict of columns, or ``{}``) returns ``[]`` and changes
+        nothing.
         """
         self._check_open()
         started = time.perf_counter()

@@ -19,18 +19,27 @@ import numpy as np
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def check_int(name: str, value: object) -> int:
-    """A seed or an offset as an int: an int or a numpy integer, not a bool. The draw
-    masks and wraps it, which a float failed inside with a TypeError naming neither (and
-    a negative numpy integer with an OverflowError)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an int, not {value!r}")
+def check_int(name: str, value: object, least: Optional[int] = None) -> int:
+    """A seed, an offset, a step or a count as an int: an int or a numpy integer, not a
+    bool (nor a float, which ``int()`` would truncate), and at least ``least`` if given.
+    The draw masks and wraps it, which a float failed inside with a TypeError naming
+    neither (and a negative numpy integer with an OverflowError)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, np.integer))
+        or (least is not None and value < least)
+    ):
+        rule = "an int" if least is None else f"an int >= {least}"
+        raise ValueError(f"{name} must be {rule}, not {value!r}")
     return int(value)
 
 
 def stable_hash(text: str) -> int:
     """64 bits of blake2b: stable across processes (unlike ``hash``)."""
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    # Surrogates pass (valid text encodes the same): the sharded front routes a record
+    # with a lone surrogate to the shard whose check names it, not a UnicodeEncodeError.
+    data = text.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

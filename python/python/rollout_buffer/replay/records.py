@@ -154,19 +154,27 @@ def _float(field_name: str, v: Any, uid: str) -> float:
 
 
 def _text(field_name: str, v: str, uid: str) -> None:
-    """Refuses a str with no UTF-8 (a lone surrogate such as ``"\\ud800"``, left by a
-    ``surrogateescape`` decode upstream): Arrow strings are UTF-8, and the build raised a
+    """Refuses a str with no UTF-8 (see :func:`not_utf8`): the build raised a
     UnicodeEncodeError that named neither the field nor the rollout."""
+    why = not_utf8(v)
+    if why is not None:
+        raise _bad(field_name, uid, why)
+
+
+def not_utf8(v: str) -> Optional[str]:
+    """What makes a str unstorable in an Arrow string (UTF-8), for an error naming where
+    it is: a lone surrogate such as ``"\\ud800"``, left by a ``surrogateescape`` decode
+    upstream. None for valid text."""
     try:
         v.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise _bad(
-            field_name, uid,
-            f"is not valid text: {v[e.start:e.end]!r} at position {e.start} has no UTF-8 encoding",
-        ) from None
+        return f"is not valid text: {v[e.start:e.end]!r} at position {e.start} has no UTF-8 encoding"
+    return None
 
 
-def _as_record(r: Any, i: int) -> RolloutRecord:
+def as_record(r: Any, i: int) -> RolloutRecord:
+    """Record ``i`` of a call as a ``RolloutRecord`` (a dict's fields), or a
+    ``ValueError`` naming it."""
     if isinstance(r, RolloutRecord):
         return r
     if isinstance(r, dict):
@@ -237,7 +245,7 @@ def records_to_table(
     Column by column when every value has its expected type (the common case, a few
     microseconds a record); a call that does not build that way is checked record by
     record, to name what is wrong."""
-    recs = [_as_record(r, i) for i, r in enumerate(records)]
+    recs = [as_record(r, i) for i, r in enumerate(records)]
     try:
         table = _columns_of(recs)
     except (pa.ArrowException, TypeError, ValueError, OverflowError, _SlowPath):
@@ -452,6 +460,10 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         data = dict_to_table(data)
     if not isinstance(data, pa.Table):
         raise ValueError(f"rollouts as columns: a pyarrow Table, RecordBatch or dict, not {type(data).__name__}")
+    if not data.num_columns and not data.num_rows:
+        # `{}` (or a table of no columns): a flush of nothing, as an empty list is. Not
+        # refused for lacking `environment`: it has no column to check.
+        return SCHEMA.empty_table()
     if data.schema.equals(SCHEMA):
         # Already the dataset's schema (from `to_table`, or read back): only checked.
         return check_table(data, numeric_versions)

@@ -14,9 +14,18 @@ import pyarrow as pa
 
 from .draw import check_int, recency_weights, round_robin, window
 from .groups import materialize
-from .records import RolloutGroup, SampledBatch, table_to_records
+from .records import RolloutGroup, SampledBatch, not_utf8, table_to_records
 
 _STATUSES = ("ok", "failed")
+
+
+def _check_name(group_id: str, kind: str, name: str) -> None:
+    """A score or flag name is an Arrow string in the sidecar: one with no UTF-8 (a lone
+    surrogate) failed in the write with a UnicodeEncodeError naming neither it nor the
+    group."""
+    why = not_utf8(name)
+    if why is not None:
+        raise ValueError(f"group {group_id!r}: {kind} name {name!r} {why}")
 
 
 class Serving:
@@ -49,8 +58,7 @@ class Serving:
         ``seed`` and ``start_offset`` are ints (a float or a bool is a ``ValueError``).
         """
         self._check_open()
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-            raise ValueError(f"n must be an int >= 0, not {n!r}")
+        n = check_int("n", n, 0)
         seed = check_int("seed", seed)
         start_offset = check_int("start_offset", start_offset)
         now = self.clock()
@@ -138,13 +146,15 @@ class Serving:
         return ready, current
 
     def recorded_batch(self, step: int) -> Optional[SampledBatch]:
-        """The batch recorded for ``step``, if any."""
+        """The batch recorded for ``step``, if any. ``step`` is an int (a float or a bool
+        is a ``ValueError``: ``int(1.9)`` answered with step 1's batch)."""
         self._check_open()
-        bid = self._control.steps.get(int(step))
+        step = check_int("step", step)
+        bid = self._control.steps.get(step)
         if bid is None:
             return None
         b = self._control.batches[bid]
-        return SampledBatch(bid, list(b["g"]), b["ts"], int(step))
+        return SampledBatch(bid, list(b["g"]), b["ts"], step)
 
     def _order(self, groups: list, seed: int, mode: str, current: Optional[int]) -> list:
         if not groups:
@@ -176,13 +186,12 @@ class Serving:
         ``n_groups`` with ``sample_groups(**kwargs)`` (``seed`` defaults to ``step``). A
         step whose draw found nothing ready is not recorded, so asking again draws again."""
         self._check_open()
-        if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-            raise ValueError(f"step must be an int, not {step!r}")
-        recorded = self.recorded_batch(int(step))
+        step = check_int("step", step)
+        recorded = self.recorded_batch(step)
         if recorded is not None:
             return recorded
-        kwargs.setdefault("seed", int(step))
-        return self.sample_groups(n_groups, _step=int(step), **kwargs)
+        kwargs.setdefault("seed", step)
+        return self.sample_groups(n_groups, _step=step, **kwargs)
 
     def ack(self, batch_id: str, status: str = "ok") -> None:
         """Settles a batch: ``"ok"`` counts a use of each group (a group reaching
@@ -290,8 +299,8 @@ class Serving:
         """Scores every rollout of a group, or one (``rollout_uid``), into the sidecar
         dataset: merged over earlier scores, durable when this returns, visible to
         ``require_flags`` and in ``metadata["scores"]``. An unknown group or uid is a
-        ``KeyError``; a non-finite score or a non-bool flag a ``ValueError``; then nothing
-        is written."""
+        ``KeyError``; a non-finite score, a non-bool flag or a name that is no valid text
+        a ``ValueError``; then nothing is written."""
         self._check_open()
         # Mappings only: `dict()` of anything else raised a TypeError about "update
         # sequence elements", naming neither the argument nor what it takes.
@@ -313,6 +322,7 @@ class Serving:
         for k, v in dict(scores).items():
             if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"group {group_id!r}: score {k!r} must be a str -> number, not {v!r}")
+            _check_name(group_id, "score", k)
             if not math.isfinite(float(v)):
                 raise ValueError(f"group {group_id!r}: score {k!r} is {v}: not finite")
             clean[k] = float(v)
@@ -320,6 +330,7 @@ class Serving:
         for k, v in dict(flags or {}).items():
             if not isinstance(k, str) or not isinstance(v, (bool, np.bool_)):
                 raise ValueError(f"group {group_id!r}: flag {k!r} must be a str -> bool, not {v!r}")
+            _check_name(group_id, "flag", k)
             clean_flags[k] = bool(v)
         uids = [rollout_uid] if rollout_uid is not None else list(g.uids)
         from . import storage

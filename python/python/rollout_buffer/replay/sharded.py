@@ -13,14 +13,15 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 
 from __future__ import annotations
 
+import inspect
 import time
 from typing import Any, Iterable, Optional
 
 import pyarrow as pa
 
-from .buffer import ReplayBuffer
+from .buffer import ReplayBuffer, check_options
 from .draw import check_int, stable_hash
-from .records import SampledBatch
+from .records import SampledBatch, as_record, dict_to_table
 
 _ACTOR = None
 # The draw's filters: what decides which groups a shard counts as ready.
@@ -45,10 +46,21 @@ def remote(root_path: str, *, ray_options: Optional[dict] = None, **kwargs: Any)
     ``max_concurrency=1``, ``max_restarts=-1`` and ``max_task_retries=-1`` (a call cut by
     a crash is retried on the restarted actor: acks, ``add_rollouts`` and ``next_batch``
     are safe to retry; a retried ``sample_groups`` may leave one more leased batch, which
-    expires after ``lease_timeout_s``)."""
+    expires after ``lease_timeout_s``). A bad ``kwargs`` option is a ``ValueError`` here,
+    before the actor starts."""
+    _check_buffer_options(root_path, kwargs)
     opts = {"max_concurrency": 1, "max_restarts": -1, "max_task_retries": -1}
     opts.update(ray_options or {})
     return _actor_class().options(**opts).remote(root_path, **kwargs)
+
+
+def _check_buffer_options(root_path: str, kwargs: dict) -> None:
+    """Checks a ``ReplayBuffer``'s arguments before its actor starts: an actor refusing
+    them would die in its constructor, and every call to it raise that as an actor error
+    (an unknown name is a ``TypeError``, as the constructor's)."""
+    given = inspect.signature(ReplayBuffer).bind(root_path, **kwargs)
+    given.apply_defaults()
+    check_options(given.arguments)
 
 
 def _join(root: str, name: str) -> str:
@@ -61,7 +73,8 @@ class ShardedReplayBuffer:
     of another environment is a ``ValueError``. ``by="hash"``: ``shards`` is a count, and
     a record goes to the shard of the hash of its environment and example id (so a
     group's rollouts always meet). Other keyword arguments go to every shard's
-    :class:`ReplayBuffer`."""
+    :class:`ReplayBuffer`, checked here first (a bad one is a ``ValueError`` naming it,
+    before any actor starts)."""
 
     def __init__(
         self,
@@ -104,12 +117,19 @@ class ShardedReplayBuffer:
         """Routes rollouts to their shards, one call per shard; returns ``(positions,
         ObjectRef)`` pairs (``positions``: where the shard's rollouts were in the input).
         ``records`` is what :meth:`ReplayBuffer.add_rollouts` takes: records, or columns
-        (a pyarrow Table or RecordBatch, split into one table per shard)."""
+        (a pyarrow Table or RecordBatch, or a dict of columns, split into one table per
+        shard). What routing reads is checked here, as the shards check it: a dict of
+        columns Arrow cannot build, a missing ``environment`` or ``example_id`` column or
+        a record that is no ``RolloutRecord`` (or dict of its fields) is a ``ValueError``
+        naming it, and no shard is sent anything."""
         if isinstance(records, dict):
-            records = pa.table(records)
+            # As ReplayBuffer builds it: an error names the column, and the row and uid.
+            records = dict_to_table(records)
         if isinstance(records, (pa.Table, pa.RecordBatch)):
-            envs = records.column("environment").to_pylist()
-            exs = records.column("example_id").to_pylist()
+            if not records.num_columns and not records.num_rows:
+                return []  # `{}`: nothing, as ReplayBuffer takes it
+            envs = _routing_column(records, "environment")
+            exs = _routing_column(records, "example_id")
             parts: dict = {}
             for i, (env, ex) in enumerate(zip(envs, exs)):
                 parts.setdefault(self.shard_of(env, ex), []).append(i)
@@ -122,9 +142,10 @@ class ShardedReplayBuffer:
             ]
         grouped: dict = {}
         for i, r in enumerate(records):
-            env = r["environment"] if isinstance(r, dict) else r.environment
-            ex = r["example_id"] if isinstance(r, dict) else r.example_id
-            pos, rs = grouped.setdefault(self.shard_of(env, ex), ([], []))
+            # A dict without `environment` (a KeyError) or an object without the field is
+            # named as ReplayBuffer names it; the shard gets the record as it was given.
+            rec = as_record(r, i)
+            pos, rs = grouped.setdefault(self.shard_of(rec.environment, rec.example_id), ([], []))
             pos.append(i)
             rs.append(r)
         return [(pos, self.handles[s].add_rollouts.remote(rs)) for s, (pos, rs) in grouped.items()]
@@ -134,7 +155,7 @@ class ShardedReplayBuffer:
         import ray
 
         if isinstance(records, dict):
-            records = pa.table(records)
+            records = dict_to_table(records)
         elif not isinstance(records, (pa.Table, pa.RecordBatch)):
             records = list(records)
         out: list = [None] * len(records)
@@ -147,7 +168,10 @@ class ShardedReplayBuffer:
     def _allocate(self, n: int, seed: int, kwargs: dict) -> list:
         import ray
 
-        check_int("seed", seed)  # before any shard is asked (`seed % shards` takes a float)
+        # Before any shard is asked: `seed % shards` takes a float, and the split counts
+        # `n` down past zero (1.5 groups drew 2).
+        check_int("n", n, 0)
+        check_int("seed", seed)
         filters = {k: v for k, v in kwargs.items() if k in _FILTERS}
         counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
         quota = [0] * len(counts)
@@ -178,6 +202,7 @@ class ShardedReplayBuffer:
         else a new draw (each shard records its part)."""
         import ray
 
+        step = check_int("step", step)  # here, not as every shard's error
         recorded = ray.get([h.recorded_batch.remote(step) for h in self.handles])
         if any(b is not None for b in recorded):
             return _combine([(i, b) for i, b in enumerate(recorded) if b is not None], step)
@@ -226,6 +251,14 @@ class ShardedReplayBuffer:
         import ray
 
         ray.get([h.close.remote() for h in self.handles])
+
+
+def _routing_column(table: Any, name: str) -> list:
+    """A column routing reads, or the ``ValueError`` the shards give for its absence
+    (Arrow's KeyError said only that the field does not exist)."""
+    if name not in table.column_names:
+        raise ValueError(f"column {name!r} is missing")
+    return table.column(name).to_pylist()
 
 
 def _combine(parts: list, step: Optional[int]) -> SampledBatch:

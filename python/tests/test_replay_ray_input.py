@@ -1,0 +1,112 @@
+"""The sharded replay front on a local Ray cluster refusing input of the wrong kind as a
+shard does, before it sends anything to any shard or starts one: bad rollouts (as
+records or columns), text without UTF-8 under hash routing, steps that are no ints, an
+empty dict of columns, and constructor options a shard would refuse."""
+
+import re
+import sys
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import test_replay  # noqa: E402
+from rollout_buffer.replay import ShardedReplayBuffer  # noqa: E402
+from test_replay import Clock, group_of, rec  # noqa: E402
+from test_replay_input import BAD_OPTIONS  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # The shards unpickle the tests' clock by value: the workers cannot import test modules.
+    for module in (sys.modules[__name__], test_replay):
+        ray.cloudpickle.register_pickle_by_value(module)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def front_of(root, shards=("math", "code"), **kw):
+    kw.setdefault("target_group_size", 4)
+    return ShardedReplayBuffer(str(root), list(shards), durable=False, clock=Clock(), **kw)
+
+
+def received(front):
+    return [s["received"] for s in front.stats()]
+
+
+def columns(**change):
+    return {
+        "environment": ["math", "code"],
+        "example_id": ["q", "q"],
+        "policy_version": ["1", "1"],
+        "rollout_uid": ["c0", "c1"],
+        **change,
+    }
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (columns(environment=["math", "\ud800"]), "'c1'.*'environment'.*UTF-8"),
+        (columns(example_id=["q", "q\udcff"]), "'c1'.*'example_id'.*UTF-8"),
+        (columns(token_count=[0, 2**70]), "'c1'.*'token_count'.*int64"),
+        (columns(reward=[0.0, "high"]), "column 'reward'"),
+        (columns(reward=[0.0]), "rollouts as columns"),  # of different lengths
+        ({"example_id": ["q"], "policy_version": ["1"]}, "column 'environment' is missing"),
+        ({"environment": ["math"], "policy_version": ["1"]}, "column 'example_id' is missing"),
+        ([rec(), {"example_id": "q", "policy_version": "1"}], r"record 1: .*'environment'"),
+        ([rec(), "math"], "record 1: a RolloutRecord or a dict, not str"),
+    ],
+)
+def test_the_sharded_front_names_bad_rollouts_as_a_shard_does(cluster, tmp_path, data, message):
+    """The front built a dict of columns with ``pa.table`` (and read its routing columns
+    and fields) before any shard checked it: Arrow's UnicodeEncodeError, OverflowError or
+    KeyError named neither field nor uid. Now the shards' ValueError, before any shard is
+    sent anything."""
+    front = front_of(tmp_path / "sharded")
+    with pytest.raises(ValueError, match=message):
+        front.add_rollouts(data)
+    with pytest.raises(ValueError, match=message):
+        front.add_rollouts_refs(data)
+    assert received(front) == [0, 0]
+    assert front.add_rollouts(columns()) == ["pending", "pending"]
+    assert received(front) == [1, 1]
+
+
+def test_the_hash_sharded_front_routes_text_without_utf8_to_the_shard_that_names_it(cluster, tmp_path):
+    """Hashing an environment with a lone surrogate raised a UnicodeEncodeError in the
+    front; the record now reaches its shard, whose check names the field and uid."""
+    front = ShardedReplayBuffer(str(tmp_path / "h"), 2, by="hash", durable=False, clock=Clock())
+    with pytest.raises(ValueError, match="'the-bad-one': field 'environment' is not valid text"):
+        front.add_rollouts([rec(env="\ud800", uid="the-bad-one")])
+    assert received(front) == [0, 0]
+
+
+def test_steps_counts_and_empty_adds(cluster, tmp_path):
+    """The front passed a step of 1.9 to every shard, which answered with step 1's batch,
+    and split ``sample_groups(1.5)`` as 2 groups; ``{}`` was refused with Arrow's
+    KeyError."""
+    front = front_of(tmp_path / "sharded")
+    assert front.add_rollouts({}) == [] and front.add_rollouts_refs({}) == []
+    assert received(front) == [0, 0]
+    front.add_rollouts(group_of(env="math") + group_of(env="code"))
+    drawn = front.next_batch(1, 2)
+    for bad in (1.9, True):
+        with pytest.raises(ValueError, match=re.escape(f"step must be an int, not {bad!r}")):
+            front.next_batch(bad, 2)
+    with pytest.raises(ValueError, match=r"n must be an int >= 0, not 1\.5"):
+        front.sample_groups(1.5)
+    assert front.next_batch(np.int32(1), 2) == drawn
+    assert sum(s["batches"] for s in front.stats()) == 2, "one part a shard, nothing more"
+
+
+@pytest.mark.parametrize("options, message", BAD_OPTIONS[::3])
+def test_options_a_shard_would_refuse_are_refused_before_any_starts(cluster, tmp_path, options, message):
+    root = tmp_path / "refused"
+    with pytest.raises(ValueError, match=message):
+        ShardedReplayBuffer(str(root), ["math", "code"], **options)
+    assert not root.exists(), "no shard started (each makes its folder)"
