@@ -109,9 +109,7 @@ fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
     })?
     .ok_or_else(|| PyValueError::new_err(format!("{place}: needs `policy_version`")))?;
     let mut r = RolloutRecord::new(environment, example_id, version, uid);
-    if let Some(v) = field(d, "replica_id", &place, "a str", |v| {
-        string_from_py(v, "a str")
-    })? {
+    if let Some(v) = field(d, "replica_id", &place, "a str", |v| v.extract::<String>())? {
         r.replica_id = v;
     }
     if let Some(v) = field(d, "created_ts", &place, "a float", |v| v.extract())? {
@@ -145,7 +143,7 @@ fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
         |v| {
             let dict = v.cast::<PyDict>()?;
             dict.iter()
-                .map(|(k, x)| Ok((string_from_py(&k, "a key")?, finite(&x)?)))
+                .map(|(k, x)| Ok((k.extract::<String>()?, finite(&x)?)))
                 .collect::<PyResult<_>>()
         },
     )? {

@@ -127,6 +127,9 @@ def rollout(**changes):
     ({"logprobs": np.ones(3)}, r"field `logprobs`: F64 values where F32 are expected"),
     ({"metadata": {"k": 2**70}}, r'rollout "u0", metadata "k": the int'),
     ({"rollout_uid": 5}, r"field `rollout_uid`: a str, not int"),
+    ({"replica_id": 3}, r'rollout "u0", field `replica_id` \(expected a str\)'),
+    ({"replica_id": "\ud800"}, r"field `replica_id` .*surrogates not allowed"),
+    ({"reward_components": {1: 0.5}}, r"field `reward_components` \(expected a dict of str"),
 ])
 def test_bad_rollouts_name_the_uid_and_field_and_leave_the_group_as_it_was(changes, message):
     buf = rb.Buffer(16, [rb.Rpc("train", 1, inputs=list(rb.GROUP_INPUTS))])
