@@ -19,6 +19,12 @@ Same names, constructor fields (``capacity`` per environment, ``alpha``, ``max_s
   counts drawn without replacement in proportion to their sizes, and within one,
   rollouts are drawn without replacement with weight ``(i + 1) ** alpha`` by insertion
   index; each draw counts a use, and rollouts used ``max_samples`` times retire.
+* Input of the wrong kind is a ``ValueError`` naming the argument, or the batch, group
+  and rollout and the field (a reward that is no finite number, a weight step that is
+  no int, a timestamp that is no finite number, a loss module's advantages that are not
+  one finite number per rollout), and a refused call stores nothing and counts nothing.
+  Marin took some of these (a NaN reward made its group's advantages NaN) and failed on
+  others halfway through a store.
 
 The draws are Marin's draw for draw: the same calls on ``numpy.random.default_rng(seed)``
 with the same arguments, so a run with a given seed samples the same batches as Marin's
@@ -37,6 +43,8 @@ remove members from their group, so RLOO at training time runs over the survivor
 from __future__ import annotations
 
 import logging
+import math
+import operator
 import threading
 import time
 from dataclasses import dataclass
@@ -44,6 +52,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from . import checks
 from .store import EnvRollouts, GroupIndex
 from .types import (
     RLOO,
@@ -102,19 +111,31 @@ class ReplayBuffer:
         loss_module: Any = None,
         seed: int = 0,
     ):
-        if capacity <= 0 or local_batch_size <= 0:
-            raise ValueError(f"capacity ({capacity}) and local_batch_size ({local_batch_size}) must be > 0")
-        self.capacity = int(capacity)
-        self.local_batch_size = int(local_batch_size)
-        self.alpha = float(alpha)
-        self.total_processes = int(total_processes)
-        self.max_samples = int(max_samples)
-        self.max_rollout_step_delay = int(max_rollout_step_delay)
-        self.max_rollout_timestamp_delay = float(max_rollout_timestamp_delay)
-        self.filter_out_groups_with_no_variance = bool(filter_out_groups_with_no_variance)
+        # Everything is checked before anything is kept: a float count was truncated
+        # (capacity 2.5 kept 2), a string flag was true, and a NaN alpha or delay was
+        # taken, to fail at the first draw or to find every rollout stale.
+        self.capacity = checks.count("capacity", capacity, least=1)
+        self.local_batch_size = checks.count("local_batch_size", local_batch_size, least=1)
+        self.alpha = checks.number("alpha", alpha)
+        self.total_processes = checks.count("total_processes", total_processes, least=1)
+        self.max_samples = checks.count("max_samples", max_samples)
+        # A negative delay (or a timestamp delay of 0) makes no rollout ever fresh: the
+        # trainer would starve without a word.
+        self.max_rollout_step_delay = checks.count("max_rollout_step_delay", max_rollout_step_delay, least=0)
+        self.max_rollout_timestamp_delay = checks.number(
+            "max_rollout_timestamp_delay", max_rollout_timestamp_delay, positive=True, inf_ok=True
+        )
+        self.filter_out_groups_with_no_variance = checks.flag(
+            "filter_out_groups_with_no_variance", filter_out_groups_with_no_variance
+        )
+        if loss_module is not None and not callable(getattr(loss_module, "compute_advantages", None)):
+            raise ValueError(f"loss_module must have a compute_advantages(rollouts) method, not {loss_module!r}")
         self.loss_module = loss_module if loss_module is not None else RLOO()
+        try:
+            self._rng = np.random.default_rng(seed=seed)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"seed must be an int >= 0 (or None), not {seed!r}: {e}") from None
         self.seed = seed
-        self._rng = np.random.default_rng(seed=seed)
         self._weights = np.zeros(0)
         self._envs: Dict[str, EnvRollouts] = {}
         self._groups = GroupIndex()
@@ -158,9 +179,11 @@ class ReplayBuffer:
 
     def set_current_step(self, step: int) -> None:
         """Sets the trainer's step and drops the rollouts that are no longer fresh."""
+        # Checked before it is kept: "3" was taken as 3, 1.9 as 1.
+        step = checks.count("step", step, int64=True)
         now = time.time()
         with self._cond:
-            self._current_step = int(step)
+            self._current_step = step
             removed = 0
             for env in self._envs.values():
                 removed += env.keep(self._fresh(env.steps, env.stamps, self._current_step, now), self._groups)
@@ -170,49 +193,101 @@ class ReplayBuffer:
     # ----- in ---------------------------------------------------------------------------
 
     def add_batches(self, new_batches: Sequence[Any]) -> None:
-        """Adds rollout batches (see the module docs for what is skipped)."""
+        """Adds rollout batches (see the module docs for what is skipped). A rollout of
+        the wrong kind (a reward that is no finite number, a weight step that is no int, a
+        timestamp that is no number, an env name that is no str) or a loss module's
+        advantages of the wrong length or not finite are a ``ValueError`` naming the
+        batch, group and rollout, and none of the call is stored."""
         now = time.time()
-        staged: Dict[str, list] = {}
         with self._cond:
             step = self._current_step
-        for batch in new_batches:
-            groups = list(getattr(batch, "groups", None) or [])
-            if not groups or not groups[0].rollouts:
-                continue
-            first = groups[0].rollouts[0].metadata
-            w_step, stamp = int(first.weight_step), float(first.timestamp)
-            fresh = step - self.max_rollout_step_delay <= w_step <= step
-            if not (fresh and stamp > now - self.max_rollout_timestamp_delay):
-                logger.info("skipping a stale batch (weight step %d, current step %d)", w_step, step)
-                continue
-            with self._cond:
-                self._total_batches_added += 1
-            for group in groups:
-                rollouts = list(group.rollouts)
-                if not rollouts:
-                    continue  # an empty group is skipped, never an IndexError
-                rewards = np.array([r.episode_reward for r in rollouts], dtype=np.float32)
-                if self.filter_out_groups_with_no_variance and not np.std(rewards) > 0.0:
-                    continue
-                advantages = self.loss_module.compute_advantages(rollouts)
-                meta = getattr(group, "metadata", None)
-                staged.setdefault(rollouts[-1].env_name, []).append(
-                    (rollouts, advantages, w_step, getattr(meta, "group_id", None), getattr(meta, "lesson_id", None))
-                )
-        if not staged:
+        # Everything that can fail (reading the rollouts, the loss module) runs here,
+        # before the lock: a failure used to leave part of the call stored, members in the
+        # group index that no environment held, and the batch counted.
+        accepted, staged = self._stage(new_batches, step, now)
+        if not accepted:
             return
         with self._cond:
+            self._total_batches_added += accepted
             for env_name, groups in staged.items():
                 env = self._envs.get(env_name)
                 if env is None:
                     env = self._envs[env_name] = EnvRollouts()
                 rows = [
-                    (rollouts, advantages, w_step, self._groups.open(env_name, group_id, lesson_id))
-                    for rollouts, advantages, w_step, group_id, lesson_id in groups
+                    (rollouts, advantages, w_step, self._groups.open(env_name, group_id, lesson_id), steps, stamps)
+                    for rollouts, advantages, w_step, group_id, lesson_id, steps, stamps in groups
                 ]
-                env.extend(rows, self._groups)
+                added = env.extend(rows, self._groups)
+                if added and self._current_step != step:
+                    # set_current_step ran while this call staged its rollouts: keep what
+                    # it would have kept had they been stored first (none of them stale
+                    # after the step moved on).
+                    keep = np.ones(len(env), bool)
+                    keep[len(env) - added:] = self._fresh(
+                        env.steps[-added:], env.stamps[-added:], self._current_step, now
+                    )
+                    env.keep(keep, self._groups)
                 env.trim(self.capacity, self._groups)
             self._cond.notify_all()
+
+    def _stage(self, new_batches: Any, step: int, now: float) -> tuple:
+        """The batches to store: ``(accepted, {env: [group rows]})``. Marin's skips (an
+        empty batch or first group, a stale batch, a group without variance when asked)
+        happen here; a rollout or advantages of the wrong kind raise."""
+        if new_batches is None or isinstance(new_batches, (str, bytes, dict)) or hasattr(new_batches, "groups"):
+            raise ValueError(f"new_batches must be a list of rollout batches, not {_short(new_batches)}")
+        accepted = 0
+        staged: Dict[str, list] = {}
+        for b, batch in enumerate(new_batches):
+            if not hasattr(batch, "groups"):
+                # A group or a rollout passed as a batch was skipped as empty: lost.
+                raise ValueError(f"new_batches[{b}] is no rollout batch (it has no `groups`): {_short(batch)}")
+            groups = list(batch.groups or [])
+            first = _rollouts_of(groups[0], f"new_batches[{b}].groups[0]") if groups else []
+            if not first:
+                continue
+            w_step, stamp = _when(first[0], f"new_batches[{b}].groups[0].rollouts[0]")
+            fresh = step - self.max_rollout_step_delay <= w_step <= step
+            if not (fresh and stamp > now - self.max_rollout_timestamp_delay):
+                logger.info("skipping a stale batch (weight step %d, current step %d)", w_step, step)
+                continue
+            accepted += 1
+            for g, group in enumerate(groups):
+                where = f"new_batches[{b}].groups[{g}]"
+                rollouts = first if g == 0 else _rollouts_of(group, where)
+                if not rollouts:
+                    continue  # an empty group is skipped, never an IndexError
+                rewards, steps, stamps = _read_rollouts(rollouts, where)
+                if self.filter_out_groups_with_no_variance and not np.std(rewards.astype(np.float32)) > 0.0:
+                    continue
+                env_name = getattr(rollouts[-1], "env_name", None)
+                if not isinstance(env_name, str):
+                    raise ValueError(f"{where}.rollouts[{len(rollouts) - 1}]: env_name must be a str, not {_short(env_name)}")
+                advantages = self._advantages(rollouts, where)
+                meta = getattr(group, "metadata", None)
+                group_id = getattr(meta, "group_id", None)
+                try:
+                    hash(group_id)
+                except TypeError:
+                    raise ValueError(f"{where}: metadata.group_id must be hashable (a str), not {_short(group_id)}") from None
+                staged.setdefault(env_name, []).append(
+                    (rollouts, advantages, w_step, group_id, getattr(meta, "lesson_id", None), steps, stamps)
+                )
+        return accepted, staged
+
+    def _advantages(self, rollouts: list, where: str) -> np.ndarray:
+        """The loss module's advantages for one group, one finite number per rollout."""
+        got = self.loss_module.compute_advantages(rollouts)
+        try:
+            adv = np.asarray(got, dtype=np.float64)
+        except (TypeError, ValueError):
+            adv = None
+        if adv is None or adv.shape != (len(rollouts),) or not np.isfinite(adv).all():
+            raise ValueError(
+                f"{where}: loss_module.compute_advantages must give {len(rollouts)} finite numbers "
+                f"(one per rollout), not {_short(got)}"
+            )
+        return adv
 
     # ----- out --------------------------------------------------------------------------
 
@@ -226,23 +301,41 @@ class ReplayBuffer:
         sizes = np.array([len(self._envs[n]) for n in names])
         if sizes.sum() < self.local_batch_size:
             return None
-        # Marin draws env labels (one per stored rollout) without replacement; drawing
-        # positions in the same flat order consumes the generator identically.
-        picked = self._rng.choice(int(sizes.sum()), size=self.local_batch_size, replace=False)
-        labels = np.searchsorted(np.cumsum(sizes), picked, side="right")
-        order, counts = [], {}
-        for label in labels.tolist():
-            if label not in counts:
-                order.append(label)
-                counts[label] = 0
-            counts[label] += 1
+        # A draw that fails (recency weights that overflow or vanish: (i + 1) ** alpha
+        # past 1e308 for a large alpha) leaves the generator and the uses as they were,
+        # and says which alpha; it used to count the uses of the environments drawn
+        # before the failing one, move the generator on and blame "probabilities".
+        state = self._rng.bit_generator.state
+        name = names[0]
+        try:
+            # Marin draws env labels (one per stored rollout) without replacement; drawing
+            # positions in the same flat order consumes the generator identically.
+            picked = self._rng.choice(int(sizes.sum()), size=self.local_batch_size, replace=False)
+            labels = np.searchsorted(np.cumsum(sizes), picked, side="right")
+            order, counts = [], {}
+            for label in labels.tolist():
+                if label not in counts:
+                    order.append(label)
+                    counts[label] = 0
+                counts[label] += 1
+            drawn = []
+            for label in order:
+                name = names[label]
+                env = self._envs[name]
+                weights = self._recency(len(env))
+                with np.errstate(invalid="ignore"):
+                    p = weights / weights.sum()
+                drawn.append((name, env, self._rng.choice(len(env), p=p, size=counts[label], replace=False)))
+        except ValueError as e:
+            self._rng.bit_generator.state = state
+            raise ValueError(
+                f"alpha={self.alpha}: the recency weights (i + 1) ** alpha of environment {name!r} "
+                f"({len(self._envs[name])} rollouts) cannot be drawn from ({e}); nothing was drawn"
+            ) from None
         out = []
-        for label in order:
-            env = self._envs[names[label]]
-            weights = self._recency(len(env))
-            rows = self._rng.choice(len(env), p=weights / weights.sum(), size=counts[label], replace=False)
+        for name, env, rows in drawn:
             env.usage[rows] += 1
-            out.extend((names[label], int(r)) for r in rows)
+            out.extend((name, int(r)) for r in rows)
         return out
 
     def _recency(self, n: int) -> np.ndarray:
@@ -251,7 +344,10 @@ class ReplayBuffer:
         computing it afresh, so the draws stay Marin's."""
         if len(self._weights) < n:
             size = max(n, 2 * len(self._weights), 1024)
-            self._weights = (np.arange(size) + 1) ** self.alpha
+            # The table runs past n, where a large alpha overflows to inf: no error unless
+            # a draw reads it (and then the draw says so).
+            with np.errstate(over="ignore"):
+                self._weights = (np.arange(size) + 1) ** self.alpha
         return self._weights[:n]
 
     def _retire(self) -> None:
@@ -325,17 +421,118 @@ class ReplayBuffer:
                 "total_batches_sampled": self._total_batches_sampled,
             }
 
-    def wait_for_batch(self, timeout: float) -> Optional[List[RolloutWithCount]]:
+    def wait_for_batch(self, timeout: Optional[float]) -> Optional[List[RolloutWithCount]]:
         """:meth:`sample_rollouts`, waiting up to ``timeout`` seconds for enough rollouts
-        (woken by :meth:`add_batches`, not by polling)."""
-        deadline = time.monotonic() + timeout
+        (woken by :meth:`add_batches`, not by polling); ``None`` or infinity waits until
+        there are. A NaN timeout is a ``ValueError`` (it waited forever)."""
+        timeout = checks.timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while True:
                 batch = self.sample_rollouts()
-                left = deadline - time.monotonic()
-                if batch is not None or left <= 0:
+                if batch is not None:
                     return batch
-                self._cond.wait(left)
+                if deadline is None:
+                    self._cond.wait()
+                    continue
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                # In slices: a wait past the platform's time_t (1e300 s) is an
+                # OverflowError.
+                self._cond.wait(min(left, _WAIT_SLICE))
+
+
+# The longest single wait on the condition (seconds); a longer timeout waits again.
+_WAIT_SLICE = 3600.0
+
+
+def _short(value: Any) -> str:
+    """A value for an error message: its type and a repr cut short."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _name(rollout: Any) -> str:
+    return f"env {getattr(rollout, 'env_name', None)!r}, example {getattr(rollout, 'env_example_id', None)!r}"
+
+
+def _rollouts_of(group: Any, where: str) -> list:
+    if not hasattr(group, "rollouts"):
+        raise ValueError(f"{where} is no rollout group (it has no `rollouts`): {_short(group)}")
+    return list(group.rollouts or [])
+
+
+def _when(rollout: Any, where: str) -> tuple:
+    """A rollout's ``metadata.weight_step`` (an int within int64, as its column stores
+    it) and ``metadata.timestamp`` (a finite number)."""
+    meta = getattr(rollout, "metadata", None)
+    w_step = checks.integer(getattr(meta, "weight_step", None))
+    if w_step is None or not checks.INT64_MIN <= w_step <= checks.INT64_MAX:
+        raise ValueError(
+            f"{where} ({_name(rollout)}): metadata.weight_step must be an int that fits int64, "
+            f"not {_short(getattr(meta, 'weight_step', None))}"
+        )
+    stamp = checks.real(getattr(meta, "timestamp", None))
+    if stamp is None or not math.isfinite(stamp):
+        raise ValueError(
+            f"{where} ({_name(rollout)}): metadata.timestamp must be a finite number, "
+            f"not {_short(getattr(meta, 'timestamp', None))}"
+        )
+    return w_step, stamp
+
+
+def _read_rollouts(rollouts: list, where: str) -> tuple:
+    """One group's rewards, weight steps and timestamps as arrays, every value checked: a
+    NaN or None reward made every advantage of its group NaN, and a weight step past int64
+    failed the store half done."""
+    # The common case in bulk (plain Python or numpy numbers, finite, in range); anything
+    # else goes one by one below, which names the rollout at fault. (A sum that
+    # overflows is no error: the slow path then checks each value.)
+    try:
+        rewards = list(map(_REWARD, rollouts))
+        metas = list(map(_META, rollouts))
+        steps = list(map(_STEP, metas))
+        stamps = list(map(_STAMP, metas))
+    except AttributeError:
+        pass
+    else:
+        try:
+            bulk = (
+                set(map(type, rewards)) <= _REALS
+                and set(map(type, stamps)) <= _REALS
+                and set(map(type, steps)) <= _INTS
+                and math.isfinite(sum(rewards))
+                and math.isfinite(sum(stamps))
+                and _INT64_RANGE[0] <= min(steps)
+                and max(steps) <= _INT64_RANGE[1]
+            )
+        except OverflowError:  # an int past a float's range
+            bulk = False
+        if bulk:
+            return np.array(rewards, np.float64), np.array(steps, np.int64), np.array(stamps, np.float64)
+    out = (np.empty(len(rollouts), np.float64), np.empty(len(rollouts), np.int64), np.empty(len(rollouts), np.float64))
+    for i, r in enumerate(rollouts):
+        value = getattr(r, "episode_reward", None)
+        reward = checks.real(value)
+        if reward is None or not math.isfinite(reward):
+            raise ValueError(
+                f"{where}.rollouts[{i}] ({_name(r)}): episode_reward must be a finite number, not {_short(value)}"
+            )
+        out[0][i] = reward
+        out[1][i], out[2][i] = _when(r, f"{where}.rollouts[{i}]")
+    return out
+
+
+# What _read_rollouts reads, and the types it takes in bulk (never bool: it is no reward
+# nor step).
+_REWARD = operator.attrgetter("episode_reward")
+_META = operator.attrgetter("metadata")
+_STEP = operator.attrgetter("weight_step")
+_STAMP = operator.attrgetter("timestamp")
+_REALS = {float, int, np.float64, np.float32, np.int64, np.int32}
+_INTS = {int, np.int64, np.int32}
+_INT64_RANGE = (checks.INT64_MIN, checks.INT64_MAX)
 
 
 class ReplayDataLoader:
@@ -346,25 +543,37 @@ class ReplayDataLoader:
     def __init__(self, rollout_reader: Any, replay_buffer: ReplayBuffer, rollout_fetch_interval: float = 1.0):
         self.rollout_reader = rollout_reader
         self.replay_buffer = replay_buffer
-        self.rollout_fetch_interval = rollout_fetch_interval
+        # Checked here, not in the thread: a NaN, 0 or negative interval spun the loop
+        # at full CPU, None read once and never again, and a string or infinity killed
+        # the thread, after which get_rollouts only ever timed out.
+        self.rollout_fetch_interval = checks.number("rollout_fetch_interval", rollout_fetch_interval, positive=True)
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
 
     def start(self) -> None:
         if self._thread is not None:
-            raise RuntimeError("ReplayDataLoader already running")
+            if self._thread.is_alive():
+                raise RuntimeError("ReplayDataLoader already running (or still stopping)")
+            self._thread = None
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="replay-data-loader", daemon=True)
         self._thread.start()
 
+    # How long stop() waits for the thread (seconds), as Marin's.
+    _join_timeout = 5.0
+
     def stop(self) -> None:
         if self._thread is not None:
             self._stop.set()
-            self._thread.join(timeout=5.0)
-            self._thread = None
+            self._thread.join(timeout=self._join_timeout)
+            # A thread still inside the reader after 5 s is kept: forgetting it let start()
+            # run a second loop beside it, two threads reading one reader at once.
+            if not self._thread.is_alive():
+                self._thread = None
 
-    def get_rollouts(self, timeout: float = 5.0) -> Optional[List[RolloutWithCount]]:
-        """The next batch, or ``None`` after ``timeout`` seconds without enough rollouts."""
+    def get_rollouts(self, timeout: Optional[float] = 5.0) -> Optional[List[RolloutWithCount]]:
+        """The next batch, or ``None`` after ``timeout`` seconds without enough rollouts
+        (see :meth:`ReplayBuffer.wait_for_batch`)."""
         return self.replay_buffer.wait_for_batch(timeout)
 
     def _loop(self) -> None:

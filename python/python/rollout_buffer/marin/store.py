@@ -72,29 +72,31 @@ class EnvRollouts:
     def __len__(self) -> int:
         return len(self.items)
 
-    def extend(self, groups_in: Sequence[tuple], groups: GroupIndex) -> None:
-        """Appends groups, each ``(rollouts, advantages, weight_step, group id)``, with one
-        concatenation per column (not one per group)."""
+    def extend(self, groups_in: Sequence[tuple], groups: GroupIndex) -> int:
+        """Appends groups, each ``(rollouts, advantages, weight_step, group id, steps,
+        stamps)`` as the buffer checked them (advantages, steps and stamps one per
+        rollout), with one concatenation per column (not one per group); returns how many
+        rollouts it added. Nothing here can fail halfway: it runs under the buffer's lock,
+        after every check."""
         new: List[RolloutWithCount] = []
         gids: List[str] = []
-        rollouts_all: List[Any] = []
-        for rollouts, advantages, weight_step, gid in groups_in:
-            if len(advantages) != len(rollouts):
-                raise ValueError(f"{len(advantages)} advantages for {len(rollouts)} rollouts")
-            for r, a in zip(rollouts, advantages):
-                item = RolloutWithCount(rollout=r, advantage=float(a), usage_count=0, weight_step=weight_step)
+        steps: List[np.ndarray] = [self.steps]
+        stamps: List[np.ndarray] = [self.stamps]
+        for rollouts, advantages, weight_step, gid, group_steps, group_stamps in groups_in:
+            for r, a in zip(rollouts, advantages.tolist()):
+                item = RolloutWithCount(rollout=r, advantage=a, usage_count=0, weight_step=weight_step)
                 groups.add(gid, item)
                 new.append(item)
             gids.extend([gid] * len(rollouts))
-            rollouts_all.extend(rollouts)
+            steps.append(group_steps)
+            stamps.append(group_stamps)
         n = len(new)
         self.items = np.concatenate([self.items, _objects(new)])
         self.group_ids = np.concatenate([self.group_ids, _objects(gids)])
         self.usage = np.concatenate([self.usage, np.zeros(n, np.int64)])
-        steps = np.fromiter((int(r.metadata.weight_step) for r in rollouts_all), np.int64, n)
-        stamps = np.fromiter((float(r.metadata.timestamp) for r in rollouts_all), np.float64, n)
-        self.steps = np.concatenate([self.steps, steps])
-        self.stamps = np.concatenate([self.stamps, stamps])
+        self.steps = np.concatenate(steps)
+        self.stamps = np.concatenate(stamps)
+        return n
 
     def trim(self, capacity: int, groups: GroupIndex) -> int:
         """Keeps the newest ``capacity``; returns how many left."""
