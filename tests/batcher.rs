@@ -306,3 +306,36 @@ async fn a_rejected_group_is_archived_with_its_reason_once_the_batch_completes()
         ]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_group_is_discarded_once_and_the_batch_goes_on() {
+    // Its reward was written as float32 (by a verifier's complete, say): no trainer can
+    // read it as a group. Given back, it was leased first and failed every later call.
+    let buf = SequenceBuffer::new(4, [trainer_rpc()]).expect("config");
+    let bad = group("a", 0, 8, [0.0, 1.0]).with("reward", vec![0.0f32, 1.0]);
+    let good = group("a", 1, 8, [0.0, 1.0]);
+    let good_id = good.id().to_string();
+    buf.put_batch(vec![bad, good]).await.expect("put");
+    let batcher = Batcher::new(
+        vec![source("a", &buf, 1.0)],
+        // Room for both groups: whichever is leased first, both are.
+        config(2, 16, Shortfall::ReturnShort),
+    )
+    .expect("batcher");
+    for _ in 0..2 {
+        let batch = batcher.next_batch().await.expect("the readable group");
+        assert_eq!(
+            batch.batch.group_ids,
+            std::slice::from_ref(&good_id),
+            "the unreadable one is gone"
+        );
+        drop(batch); // given back: served again, alone
+    }
+    let st = buf.stats();
+    assert_eq!(
+        (buf.len(), st.filtered),
+        (1, 1),
+        "discarded once, as filtered"
+    );
+    common::assert_invariants(&buf);
+}

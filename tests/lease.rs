@@ -133,6 +133,9 @@ async fn complete_and_commit_must_give_outputs_others_read() {
     let buf = ppo(4, 1);
     buf.put_batch(vec![prompt("s")]).await.expect("put");
     let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    // Asked first, the batch is kept: a caller told so can still complete it.
+    assert!(matches!(b.check_commit(), Err(Error::MissingOutput { .. })));
+    assert_eq!(buf.stats().live_leases, 1, "checking changes nothing");
     assert_eq!(
         b.commit().await.err(),
         Some(Error::MissingOutput {
@@ -156,6 +159,9 @@ async fn complete_and_commit_must_give_outputs_others_read() {
     buf.put_batch(vec![prompt("t").with("tokens", vec![1i32])])
         .await
         .expect("put");
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    assert_eq!(b.check_commit(), Ok(()));
+    drop(b);
     common::commit_next(&buf, "gen").await;
     assert_invariants(&buf);
 }

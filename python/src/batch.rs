@@ -73,6 +73,15 @@ impl PyBatch {
         self.slot()?.take().ok_or_else(finished)
     }
 
+    /// The batch, once a commit passes its check (the RPC owes no outputs): a refused
+    /// commit keeps the lease, so the caller can complete it with outputs instead.
+    fn take_for_commit(&self) -> PyResult<rollout_buffer::Batch> {
+        let mut slot = self.slot()?;
+        let batch = slot.as_ref().ok_or_else(finished)?;
+        batch.check_commit().map_err(py_err)?;
+        slot.take().ok_or_else(finished)
+    }
+
     /// The batch, once `outputs` pass `complete`'s checks: a rejected completion keeps the
     /// lease, so the caller can correct its outputs and complete again.
     fn take_for_complete(
@@ -165,7 +174,7 @@ impl PyBatch {
 
     /// Uses one read of each sample without outputs.
     fn commit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let batch = self.take()?;
+        let batch = self.take_for_commit()?;
         awaitable(py, async move { batch.commit().await.map_err(py_err) })
     }
 
@@ -178,7 +187,7 @@ impl PyBatch {
 
     /// Blocking `commit`.
     fn commit_blocking(&self, py: Python<'_>) -> PyResult<()> {
-        let batch = self.take()?;
+        let batch = self.take_for_commit()?;
         block(py, batch.commit())
     }
 

@@ -82,9 +82,15 @@ fn finite(v: &Bound<'_, PyAny>) -> PyResult<f64> {
 }
 
 fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
-    let d = obj
-        .cast::<PyDict>()
-        .map_err(|_| PyValueError::new_err("a rollout is a dict"))?;
+    let d = obj.cast::<PyDict>().map_err(|_| {
+        PyValueError::new_err(format!(
+            "a rollout is a dict, not {}",
+            obj.get_type()
+                .name()
+                .map(|n| n.to_string())
+                .unwrap_or_default()
+        ))
+    })?;
     // The uid first, so every later error names the rollout.
     let uid = d
         .get_item("rollout_uid")?

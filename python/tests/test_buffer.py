@@ -118,7 +118,7 @@ def test_a_lease_released_on_exception_is_redelivered():
     asyncio.run(main())
 
 
-def test_a_rejected_completion_keeps_the_lease_for_a_corrected_one():
+def test_a_rejected_completion_or_commit_keeps_the_lease_for_a_corrected_one():
     buf = rb.Buffer(8, [rb.Rpc("gen", 2, inputs=["x"], outputs=["y"]), rb.Rpc("train", 2, inputs=["x", "y"])])
     buf.put_columns_blocking({"x": np.arange(2, dtype=np.int32)}, ids=["a", "b"])
     batch = buf.get_batch_for_rpc_blocking("gen", timeout=1)
@@ -126,6 +126,7 @@ def test_a_rejected_completion_keeps_the_lease_for_a_corrected_one():
         lambda: batch.complete_blocking([{"y": np.float32(1)}]),  # one output for two samples
         lambda: batch.complete_blocking([{"y": np.float32(1)}, {}]),  # `b` lacks `y`
         lambda: batch.complete_columns_blocking({}),  # no output at all
+        batch.commit_blocking,  # no outputs, where `train` reads `y`
     ]
     for bad in bad_outputs:
         with pytest.raises(ValueError):

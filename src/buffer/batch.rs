@@ -219,6 +219,16 @@ impl Batch {
         self.check_outputs(Some(outputs)).map(drop)
     }
 
+    /// Whether [`Batch::commit`] would be taken: not when the RPC owes outputs another RPC
+    /// reads. The batch is kept, so a caller told so can complete it with outputs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::MissingOutput`], as `commit` would return it.
+    pub fn check_commit(&self) -> Result<()> {
+        self.check_outputs(None).map(drop)
+    }
+
     /// Uses one read of every sample without writing anything.
     ///
     /// # Errors

@@ -29,6 +29,10 @@ use crate::SequenceBuffer;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// The archive's detail for a leased group the batcher could not read as a group (see
+/// [`Batcher::next_batch`]).
+pub const UNREADABLE: &str = "unreadable";
+
 /// One environment's buffer and the RPC the trainer reads groups through.
 #[derive(Debug, Clone)]
 pub struct Source {
@@ -178,8 +182,11 @@ impl Batcher {
     ///   not an error.
     /// * [`Error::InvalidPacking`] when a source's RPC leases more than one group at once,
     ///   or the packer's settings are invalid (see [`Packer::pack`]).
-    /// * [`Error::InvalidRollout`] for a leased sample that is not a well-formed group (see
-    ///   [`TrainGroup::read`]).
+    ///
+    /// A leased sample that is not a well-formed group (see [`TrainGroup::read`]) is no
+    /// error: it is discarded (archived with `reason = filtered`, detail
+    /// [`UNREADABLE`], counted in `stats().filtered`) with a warning, and the batch goes
+    /// on without it; given back, it would be leased first and fail every later call.
     ///
     /// # Cancel safety
     ///
@@ -242,7 +249,20 @@ impl Batcher {
                     }
                 }
             };
-            let group = read_group(&lease)?;
+            let group = match read_group(&lease) {
+                Ok(group) => group,
+                // A group no trainer can read (a field of another type or length, written
+                // by a verifier's complete, say): given back, it would be leased first and
+                // fail again at every call. It leaves for the archive, with why.
+                Err(e @ Error::InvalidRollout { .. }) => {
+                    tracing::warn!(error = %e, "an unreadable group is discarded");
+                    if let Err(e) = lease.discard_with_reason(UNREADABLE) {
+                        tracing::warn!(error = %e, "discarding an unreadable group failed");
+                    }
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
             if used + tokens > total {
                 // Does not fit: give it back, and this source is done for this batch.

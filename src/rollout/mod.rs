@@ -42,7 +42,7 @@ pub use assembler::{
     Added, AssemblerCounters, Due, GroupAssembler, GroupConfig, Undersized, RETRY_AFTER,
 };
 #[cfg(not(rollout_buffer_loom))]
-pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source};
+pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source, UNREADABLE};
 pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
 pub use hooks::{
     process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection, SlimeHooks,
