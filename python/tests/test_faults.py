@@ -144,3 +144,50 @@ def test_a_store_made_read_only_fails_clearly_and_recovers(tmp_path):
         got.add(batch.samples()[0]["id"])
         batch.commit_blocking()
     assert got == {"a0", "a1", "c0"}
+
+
+# Leases expiring (each a debug event of the library) while getters block and the main
+# thread polls stats() and len(), with Python logging at DEBUG: the library logged under
+# its lock, through a bridge that needs the GIL, while stats() held the GIL and waited
+# for the lock; the process hung for good within two seconds.
+LOG_UNDER_LOAD = r"""
+import logging, sys, threading, time
+import numpy as np
+import rollout_buffer as rb
+logging.basicConfig(level=logging.DEBUG, stream=open(__import__("os").devnull, "w"))
+buf = rb.Buffer(64, [rb.Rpc("gen", 1, inputs=["x"], lease_timeout=0.002)])
+stop = False
+def produce():
+    i = 0
+    while not stop:
+        try:
+            buf.put_batch_blocking([{"id": f"s{i}", "x": np.zeros(1, np.int32)}])
+            i += 1
+        except rb.BufferError:
+            pass
+        time.sleep(0.0005)
+held = []
+def get():
+    while not stop:
+        try:
+            held.append(buf.get_batch_for_rpc_blocking("gen", timeout=0.05))
+            del held[:-20]
+        except rb.Timeout:
+            pass
+for target in (produce, get, get):
+    threading.Thread(target=target, daemon=True).start()
+end = time.monotonic() + 3
+while time.monotonic() < end:
+    buf.stats(), len(buf)
+stop = True
+print("redelivered", buf.stats()["redelivered"])
+"""
+
+
+def test_debug_logging_under_load_never_deadlocks_with_the_gil():
+    done = subprocess.run(
+        [__import__("sys").executable, "-c", LOG_UNDER_LOAD], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    redelivered = int(done.stdout.split()[-1])
+    assert redelivered > 0, "leases expired meanwhile (the events that deadlocked)"

@@ -107,6 +107,16 @@ impl Shared {
         if freed.is_empty() {
             return;
         }
+        // Logged here, after the lock, never under it (see `Wake::expired_samples`).
+        if !freed.evicted.is_empty() {
+            tracing::debug!(
+                evicted = freed.evicted.len(),
+                "evicted to make room for a put"
+            );
+        }
+        if !freed.stale.is_empty() {
+            tracing::debug!(dropped = freed.stale.len(), "stale samples dropped");
+        }
         if !freed.spilled.is_empty() || !freed.dead_segments.is_empty() {
             // Spilled fields are read back (then their segments deleted) in a task.
             if let Some(freed) = self.hand_over_spilled(std::mem::take(&mut freed)) {

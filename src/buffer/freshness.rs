@@ -65,9 +65,6 @@ impl SequenceBuffer {
                 inner.log(|| Record::Aux(vec![write.clone()]));
                 inner.aux_apply(&[write]);
             }
-            if !freed.is_empty() {
-                tracing::debug!(version, dropped = freed.len(), "stale samples dropped");
-            }
             (wake, inner.take_freed(&freed))
         };
         shared.notify(wake);

@@ -311,12 +311,6 @@ impl Shared {
                     ))
                 }
                 Ok(None) => {
-                    tracing::trace!(
-                        rpc = %self.graph.rpcs()[r].name,
-                        eligible = inner.table.eligible(r),
-                        n_seqs = inner.table.rpcs[r].n_seqs,
-                        "getter waits for eligible samples"
-                    );
                     inner.table.park_getter(r);
                     *counted = true;
                     Err(Ok(inner.table.next_deadline()))
@@ -330,7 +324,14 @@ impl Shared {
         }
         match leased {
             Ok(batch) => Ok(Attempt::Leased(batch, logged, loads)),
-            Err(Ok(deadline)) => Ok(Attempt::Wait(deadline)),
+            Err(Ok(deadline)) => {
+                // After the lock, as every log event (see `Wake::expired_samples`).
+                tracing::trace!(
+                    rpc = %self.graph.rpcs()[r].name,
+                    "getter waits for eligible samples"
+                );
+                Ok(Attempt::Wait(deadline))
+            }
             Err(Err(e)) => Err(e),
         }
     }

@@ -512,6 +512,7 @@ impl SequenceBuffer {
             rpcs: (0..self.shared.graph.rpcs().len()).collect(),
             space: true,
             spill: true,
+            ..Wake::default()
         });
     }
 
@@ -604,6 +605,12 @@ impl Shared {
 
     /// Notifies the waiters a transition unblocked. Call after dropping the lock.
     pub(crate) fn notify(&self, wake: Wake) {
+        if wake.expired_samples > 0 {
+            tracing::debug!(
+                samples = wake.expired_samples,
+                "leases expired; redelivering"
+            );
+        }
         for r in wake.rpcs.iter() {
             match self.rpc_ready.get(r) {
                 Some(n) => n.notify_waiters(),

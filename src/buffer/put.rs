@@ -341,7 +341,6 @@ impl Shared {
             && inner.table.is_turn_of(*ticket)
             && inner.table.make_room(n, bytes, &mut evicted)
         {
-            tracing::debug!(evicted = evicted.len(), "evicted to make room for a put");
             claimed = inner.table.claim_put_sized(n, bytes, resident, *ticket);
         }
         let evicted = inner.take_freed(&evicted);

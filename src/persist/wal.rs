@@ -167,7 +167,9 @@ impl Journal for Wal {
     fn append(&self, records: Vec<Record>, then: Option<Durable>) -> Option<Durable> {
         let mut q = self.shared.queue.lock();
         if q.stopped {
-            tracing::warn!("the log writer has stopped; a change is not logged");
+            // Not logged here: the caller holds the buffer's lock, under which a log event
+            // can wait on what the subscriber needs (a Python bridge needs the GIL, whose
+            // holder may wait for that lock). The writer logged its stop once, as an error.
             return then;
         }
         let was_empty = q.records.is_empty();

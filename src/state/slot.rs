@@ -95,6 +95,10 @@ pub(crate) struct Wake {
     pub(crate) space: bool,
     /// More payload bytes are resident than the memory budget allows: the spiller has work.
     pub(crate) spill: bool,
+    /// Samples of leases that expired (and were given back), logged once the lock is
+    /// dropped: a log event under the lock can wait on whatever the subscriber needs (a
+    /// Python logging bridge needs the GIL, whose holder may be waiting for the lock).
+    pub(crate) expired_samples: u32,
 }
 
 impl Wake {
@@ -102,6 +106,7 @@ impl Wake {
         self.rpcs = self.rpcs.union(other.rpcs);
         self.space |= other.space;
         self.spill |= other.spill;
+        self.expired_samples = self.expired_samples.saturating_add(other.expired_samples);
     }
 }
 

@@ -110,7 +110,7 @@ impl Shared {
         self.notify(Wake {
             rpcs: RpcSet::EMPTY,
             space: true,
-            spill: false,
+            ..Wake::default()
         });
         result
     }

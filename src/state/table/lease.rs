@@ -261,11 +261,10 @@ impl SlotTable {
             if let Some(lease) = self.leases.get(id) {
                 let r = lease.rpc;
                 self.totals.expired_leases[r] += 1;
-                tracing::debug!(
-                    rpc = r,
-                    slots = lease.slots.len(),
-                    "lease expired; redelivering"
-                );
+                // Logged by whoever notifies, after the lock (see `Wake::expired_samples`).
+                wake.expired_samples = wake
+                    .expired_samples
+                    .saturating_add(u32::try_from(lease.slots.len()).unwrap_or(u32::MAX));
                 expired.push((r, lease.slots.clone()));
             }
             wake.merge(self.finish_lease(id, LeaseEnd::Released, &[], freed));

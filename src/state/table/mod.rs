@@ -326,7 +326,7 @@ impl SlotTable {
         self.deliverable(Wake {
             rpcs: RpcSet::EMPTY,
             space: was_head,
-            spill: false,
+            ..Wake::default()
         })
     }
 
@@ -434,6 +434,7 @@ impl SlotTable {
             rpcs: RpcSet::EMPTY,
             space: !slots.is_empty(),
             spill: false,
+            expired_samples: 0,
         })
     }
 
@@ -501,6 +502,7 @@ impl SlotTable {
             rpcs,
             space: wake.space && !self.putters.is_empty(),
             spill: self.residency.over(),
+            expired_samples: wake.expired_samples,
         }
     }
 
@@ -524,13 +526,12 @@ impl SlotTable {
             Wake {
                 rpcs: RpcSet::EMPTY,
                 space: true,
-                spill: false,
+                ..Wake::default()
             }
         } else {
             Wake {
                 rpcs: self.sync_ready(s),
-                space: false,
-                spill: false,
+                ..Wake::default()
             }
         }
     }

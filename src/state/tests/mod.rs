@@ -592,11 +592,13 @@ fn a_merged_wake_keeps_every_waiter_either_side_woke() {
         rpcs: RpcSet::one(0),
         space: true,
         spill: false,
+        expired_samples: 2,
     };
     let b = super::Wake {
         rpcs: RpcSet::one(1),
         space: false,
         spill: true,
+        expired_samples: 3,
     };
     for (mut into, other) in [(a, b), (b, a)] {
         into.merge(other);
@@ -606,6 +608,7 @@ fn a_merged_wake_keeps_every_waiter_either_side_woke() {
                 rpcs: RpcSet::one(0).union(RpcSet::one(1)),
                 space: true,
                 spill: true,
+                expired_samples: 5,
             }
         );
     }
