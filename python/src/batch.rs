@@ -95,6 +95,13 @@ impl PyBatch {
     }
 }
 
+/// Fails, with the batch still held, when no asyncio event loop runs here: the awaitable
+/// a completion returns needs one, and finding that out only after the batch was taken
+/// gave the lease up (redelivering the samples) for a call that raised.
+pub(crate) fn needs_event_loop(py: Python<'_>) -> PyResult<()> {
+    pyo3_async_runtimes::tokio::get_current_loop(py).map(drop)
+}
+
 /// The error of a batch used after it was finished.
 fn finished() -> PyErr {
     BufferError::new_err("this batch was already finished")
@@ -165,6 +172,7 @@ impl PyBatch {
         outputs: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = self.dict_patches(&outputs)?;
+        needs_event_loop(py)?;
         let batch = self.take_for_complete(&patches)?;
         awaitable(
             py,
@@ -174,6 +182,7 @@ impl PyBatch {
 
     /// Uses one read of each sample without outputs.
     fn commit<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        needs_event_loop(py)?;
         let batch = self.take_for_commit()?;
         awaitable(py, async move { batch.commit().await.map_err(py_err) })
     }
@@ -252,6 +261,7 @@ impl PyBatch {
         columns: Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let patches = self.output_patches(&columns)?;
+        needs_event_loop(py)?;
         let batch = self.take_for_complete(&patches)?;
         awaitable(
             py,

@@ -369,6 +369,7 @@ impl PyTrainBatch {
 
     /// Commits the packed groups and discards the rejected ones.
     fn complete<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        crate::batch::needs_event_loop(py)?;
         let batch = self.take()?;
         awaitable(py, async move { batch.complete().await.map_err(py_err) })
     }

@@ -362,3 +362,19 @@ def test_a_memory_budget_spills_and_every_sample_comes_back(tmp_path):
     assert seen == set(range(n))
     buf.flush()
     assert buf.stats()["spill"]["live_segments"] == 0
+
+
+def test_an_awaitable_completion_outside_an_event_loop_keeps_the_lease():
+    # The awaitable needs a running loop; finding that out after taking the batch gave the
+    # lease up, and the corrected blocking call then said "already finished".
+    buf = rb.Buffer(8, [rb.Rpc("gen", 2, inputs=["x"], outputs=["y"]), rb.Rpc("train", 2, inputs=["x", "y"])])
+    buf.put_columns_blocking({"x": np.arange(2, dtype=np.int32)}, ids=["a", "b"])
+    batch = buf.get_batch_for_rpc_blocking("gen", timeout=1)
+    outputs = [{"y": np.float32(1)}, {"y": np.float32(2)}]
+    for call in (lambda: batch.complete(outputs), batch.commit,
+                 lambda: batch.complete_columns({"y": np.array([1.0, 2.0], np.float32)})):
+        with pytest.raises(RuntimeError, match="no running event loop"):
+            call()
+        assert buf.stats()["live_leases"] == 1, "the lease is kept"
+    batch.complete_blocking(outputs)
+    assert buf.stats()["rpcs"]["gen"]["redelivered"] == 0
