@@ -80,6 +80,13 @@ impl PyRpc {
             .reads(reads)
             .selection(selection);
         if let Some(t) = lease_timeout {
+            // Zero expires every lease at once: each batch is served to the next getter
+            // while its holder works on it, and every completion fails.
+            if t.is_nan() || t <= 0.0 {
+                return Err(PyValueError::new_err(format!(
+                    "lease_timeout: seconds > 0 (or None: no timeout), not {t}"
+                )));
+            }
             let t = Duration::try_from_secs_f64(t)
                 .map_err(|e| PyValueError::new_err(format!("lease_timeout: {e}")))?;
             def = def.lease_timeout(t);

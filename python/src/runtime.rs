@@ -121,6 +121,10 @@ impl Ready {
     }
 }
 
+/// A timeout in seconds; `math.inf` waits as long as no timeout would.
 pub(crate) fn seconds(t: f64) -> PyResult<Duration> {
+    if t == f64::INFINITY {
+        return Ok(Duration::MAX);
+    }
     Duration::try_from_secs_f64(t).map_err(|e| PyValueError::new_err(format!("timeout: {e}")))
 }

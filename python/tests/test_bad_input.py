@@ -153,3 +153,16 @@ def test_ingest_settings_out_of_range_are_refused(kwargs, message):
     buf = rb.Buffer(16, [rb.Rpc("train", 1, inputs=list(rb.GROUP_INPUTS))])
     with pytest.raises(ValueError, match=message):
         rb.Ingest(buf, **kwargs)
+
+
+@pytest.mark.parametrize("lease_timeout", [0.0, -1.0, float("nan")])
+def test_a_lease_timeout_that_expires_every_lease_at_once_is_refused(lease_timeout):
+    with pytest.raises(ValueError, match="lease_timeout: seconds > 0"):
+        rb.Rpc("train", 1, inputs=["x"], lease_timeout=lease_timeout)
+
+
+def test_an_infinite_timeout_waits_as_no_timeout_does():
+    buf = one_rpc()
+    buf.put_batch_blocking([{"id": "a", "reward": 1.0}, {"id": "b", "reward": 2.0}])
+    batch = buf.get_batch_for_rpc_blocking("train", timeout=float("inf"))
+    assert len(batch) == 2
