@@ -5,7 +5,6 @@ restart, a step asked for twice or concurrently, steps, versions, RPC names and 
 lists of the wrong kind, constructor arguments that left every next_batch failing,
 leases of dead consumers, and producers, verifiers and a trainer running at once."""
 
-import sys
 import time
 
 import numpy as np
@@ -20,17 +19,6 @@ RPCS = [
     {"name": "verify", "n_seqs": 1, "inputs": ["output_tokens"], "outputs": ["reward"], "lease_timeout": 30.0},
     {"name": "train", "n_seqs": 1, "inputs": GROUP_INPUTS},
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # The tasks below are pickled by value: the workers cannot import test modules.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def rollout(example, member, **change):

@@ -7,7 +7,6 @@ The actors' clock is the wall clock plus an offset the test writes to a file, so
 expires when the test says, without waiting."""
 
 import os
-import sys
 import time
 
 import numpy as np
@@ -37,18 +36,6 @@ class FileClock:
     def jump(self, seconds):
         with open(self.path, "w") as f:
             f.write(str(seconds))
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # Actors and tasks unpickle this module's classes and functions by value: the
-    # workers cannot import the test module.
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def records(env, examples, producer, version=1):

@@ -4,7 +4,6 @@ records or columns), text without UTF-8 under hash routing, steps that are no in
 empty dict of columns, and constructor options a shard would refuse."""
 
 import re
-import sys
 
 import numpy as np
 import pytest
@@ -17,16 +16,8 @@ from test_replay import Clock, group_of, rec  # noqa: E402
 from test_replay_input import BAD_OPTIONS  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # The shards unpickle the tests' clock by value: the workers cannot import test modules.
-    for module in (sys.modules[__name__], test_replay):
-        ray.cloudpickle.register_pickle_by_value(module)
-    try:
-        yield
-    finally:
-        ray.shutdown()
+# The shards unpickle the tests' clock by value (see conftest.py).
+RAY_BY_VALUE = (test_replay,)
 
 
 def front_of(root, shards=("math", "code"), **kw):
