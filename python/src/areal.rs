@@ -137,7 +137,7 @@ impl ArealSlots {
             .rpcs(defs)
             .external_keys(names.clone());
         let buf = {
-            let _entered = pyo3_async_runtimes::tokio::get_runtime().enter();
+            let _entered = crate::interpreter::runtime()?.enter();
             SequenceBuffer::with_config(config).map_err(py_err)?
         };
         let keys = names
@@ -324,6 +324,7 @@ impl ArealSlots {
             .rpcs
             .get(rpc)
             .ok_or_else(|| PyValueError::new_err(format!("no MFC number {rpc}")))?;
+        crate::interpreter::check_not_forked()?;
         let mut freed = Vec::new();
         let (slots, samples) = {
             let mut entries = self.lock()?;

@@ -5,6 +5,7 @@ use crate::batch::PyBatch;
 use crate::columns::{Columns, Role};
 use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
+use crate::interpreter::runtime;
 use crate::rpc::PyRpc;
 use crate::runtime::{awaitable, block, seconds};
 use pyo3::exceptions::PyValueError;
@@ -84,27 +85,22 @@ impl PyBuffer_ {
                 "store: an empty URL (None keeps the buffer in memory)",
             ));
         }
-        let rt = pyo3_async_runtimes::tokio::get_runtime();
         let buf = match store {
             // Inside the runtime: the spiller is a task on it.
             None => {
-                let _entered = rt.enter();
+                let _entered = runtime()?.enter();
                 SequenceBuffer::with_config(config).map_err(py_err)?
             }
-            Some(url) => py
-                .detach(|| {
-                    rt.block_on(async {
-                        let store = rollout_buffer::persist::Store::open(&url)?;
-                        SequenceBuffer::open_in(
-                            store,
-                            config,
-                            rollout_buffer::persist::PersistOptions::default()
-                                .durability(durability),
-                        )
-                        .await
-                    })
-                })
-                .map_err(py_err)?,
+            // Opening may wait on the store (recovery, a slow object store): Ctrl-C works.
+            Some(url) => block(py, async move {
+                let store = rollout_buffer::persist::Store::open(&url)?;
+                SequenceBuffer::open_in(
+                    store,
+                    config,
+                    rollout_buffer::persist::PersistOptions::default().durability(durability),
+                )
+                .await
+            })?,
         };
         Ok(Self { buf })
     }
@@ -252,6 +248,7 @@ impl PyBuffer_ {
 
     /// A batch for `rpc` if one is ready now, else `None`; never waits.
     fn try_get_batch_for_rpc(&self, rpc: &str) -> PyResult<Option<PyBatch>> {
+        crate::interpreter::check_not_forked()?;
         let batch = self.buf.try_get_batch_for_rpc(rpc).map_err(py_err)?;
         Ok(batch.map(|batch| PyBatch {
             inner: Mutex::new(Some(batch)),

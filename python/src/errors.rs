@@ -1,26 +1,35 @@
 //! The Python exceptions of the package and the mapping of the crate's `Error` onto them.
+//!
+//! They live in module `rollout_buffer` (which re-exports them): an exception pickled in a
+//! Ray task or a multiprocessing worker is found again by that name, so `except
+//! rollout_buffer.Timeout` catches it in the caller.
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyTimeoutError, PyValueError};
 use pyo3::prelude::*;
 use rollout_buffer::Error;
 
-create_exception!(_native, BufferError, PyException, "An error of the buffer.");
 create_exception!(
-    _native,
+    rollout_buffer,
+    BufferError,
+    PyException,
+    "An error of the buffer."
+);
+create_exception!(
+    rollout_buffer,
     BufferFull,
     BufferError,
     "No room now (`try_put_batch`)."
 );
-create_exception!(_native, Closed, BufferError, "The buffer is closed.");
+create_exception!(rollout_buffer, Closed, BufferError, "The buffer is closed.");
 create_exception!(
-    _native,
+    rollout_buffer,
     StaleHandle,
     BufferError,
     "A handle names a freed or reused slot."
 );
 create_exception!(
-    _native,
+    rollout_buffer,
     Timeout,
     PyTimeoutError,
     "A wait timed out; nothing was changed."

@@ -13,7 +13,8 @@
 //!
 //! Files: `errors.rs` (exceptions), `arrays.rs` and `arrow.rs` (the only `unsafe`, each
 //! block with its `SAFETY` reason), `columns.rs` and `arrow_columns.rs`, `convert.rs`, `rpc.rs`, `batch.rs`,
-//! `buffer.rs`, `runtime.rs`, `rollout.rs` (the RL layer), `areal.rs` (the AReaL drop-in's
+//! `buffer.rs`, `runtime.rs` (running calls) with `deliver.rs` (awaited results) and
+//! `interpreter.rs` (exit and fork), `rollout.rs` (the RL layer), `areal.rs` (the AReaL drop-in's
 //! core) and `sequence_sample.rs` (its stand-in sample's merge and gather), `cli.rs` (the command line, for the
 //! console script).
 
@@ -26,7 +27,9 @@ mod buffer;
 mod cli;
 mod columns;
 mod convert;
+mod deliver;
 mod errors;
+mod interpreter;
 mod rollout;
 mod rpc;
 mod runtime;
@@ -43,8 +46,10 @@ use pyo3::prelude::*;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     // The library logs with `tracing`; with no subscriber its events become `log` records,
     // which go to Python's `logging` under the Rust module path (`rollout_buffer.buffer.get`,
-    // say). Another extension may have installed a logger first: then that one gets them.
-    let _ = pyo3_log::try_init();
+    // say). The hooks keep threads the runtime started from attaching to an interpreter that
+    // is exiting, and a forked child from using a runtime whose threads it lost.
+    interpreter::install_logger(m.py())?;
+    interpreter::register_hooks(m)?;
     m.add_class::<PyBuffer_>()?;
     m.add_class::<areal::ArealSlots>()?;
     m.add_function(wrap_pyfunction!(sequence_sample::gather_samples, m)?)?;

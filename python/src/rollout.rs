@@ -226,10 +226,8 @@ impl PyIngest {
             config = config.max_per_replica(n);
         }
         let buf = buffer.buf.clone();
-        let rt = pyo3_async_runtimes::tokio::get_runtime();
-        let ingest = py
-            .detach(|| rt.block_on(GroupIngest::start(buf, config)))
-            .map_err(py_err)?;
+        // Starting replays the store's pending rollouts: it may wait, so Ctrl-C works.
+        let ingest = block(py, GroupIngest::start(buf, config))?;
         Ok(Self { ingest })
     }
 

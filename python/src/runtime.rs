@@ -2,8 +2,8 @@
 //! a get with samples ready, a commit): they are polled once on the calling thread and
 //! never touch another thread. Only a call that must wait is handed over: a blocking call
 //! to the runtime with the GIL released (checking for Ctrl-C every 100 ms), an awaitable
-//! to the runtime with its result sent back to the asyncio loop. Timeouts arrive as
-//! seconds.
+//! to the runtime with its result sent back to the asyncio loop (`deliver.rs`). Timeouts
+//! arrive as seconds.
 //!
 //! Polling once with a no-op waker and then handing the same future on is sound: a future
 //! must use the waker of its latest poll, and the buffer's waits re-check their condition
@@ -11,6 +11,7 @@
 //! between the two polls.
 
 use crate::errors::py_err;
+use crate::interpreter::runtime;
 use pyo3::exceptions::{PyStopIteration, PyValueError};
 use pyo3::prelude::*;
 use pyo3::IntoPyObjectExt;
@@ -18,11 +19,12 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
+use tokio::runtime::Runtime;
 
 /// Polls `fut` once on this thread, inside the runtime's context (timers, spawns):
 /// its output if it finished, else the future to drive elsewhere.
-fn poll_once<F: Future>(mut fut: Pin<Box<F>>) -> Result<F::Output, Pin<Box<F>>> {
-    let _entered = pyo3_async_runtimes::tokio::get_runtime().enter();
+fn poll_once<F: Future>(rt: &Runtime, mut fut: Pin<Box<F>>) -> Result<F::Output, Pin<Box<F>>> {
+    let _entered = rt.enter();
     let mut cx = Context::from_waker(Waker::noop());
     match fut.as_mut().poll(&mut cx) {
         Poll::Ready(out) => Ok(out),
@@ -35,7 +37,7 @@ fn poll_once<F: Future>(mut fut: Pin<Box<F>>) -> Result<F::Output, Pin<Box<F>>> 
 /// caller that holds a lock of its own across the call needs both. `BufferError` if it
 /// would wait.
 pub(crate) fn now<T>(fut: impl Future<Output = rollout_buffer::Result<T>>) -> PyResult<T> {
-    match poll_once(Box::pin(fut)) {
+    match poll_once(runtime()?, Box::pin(fut)) {
         Ok(result) => result.map_err(py_err),
         Err(_) => Err(crate::errors::BufferError::new_err(
             "a call that cannot wait would have waited (a buffer with a store or a memory budget?)",
@@ -52,11 +54,11 @@ pub(crate) fn block<T: Send>(
 ) -> PyResult<T> {
     // The first poll does the call's work (a put's preparation, say): without the GIL, so
     // other Python threads run meanwhile.
-    let mut fut = match py.detach(|| poll_once(Box::pin(fut))) {
+    let rt = runtime()?;
+    let mut fut = match py.detach(|| poll_once(rt, Box::pin(fut))) {
         Ok(result) => return result.map_err(py_err),
         Err(pending) => pending,
     };
-    let rt = pyo3_async_runtimes::tokio::get_runtime();
     loop {
         let step = py.detach(|| {
             rt.block_on(async { tokio::time::timeout(Duration::from_millis(100), &mut fut).await })
@@ -80,26 +82,22 @@ where
 {
     // The event loop first: without one, fail before anything is done (a sync journal
     // would otherwise finish a change whose caller was told it failed).
-    pyo3_async_runtimes::tokio::get_current_loop(py)?;
-    match py.detach(|| poll_once(Box::pin(fut))) {
+    let event_loop = pyo3_async_runtimes::tokio::get_current_loop(py)?;
+    let rt = runtime()?;
+    match py.detach(|| poll_once(rt, Box::pin(fut))) {
         Ok(result) => {
             let value = result.and_then(|v| v.into_py_any(py));
-            Ok(Bound::new(py, Ready { value: Some(value) })?.into_any())
+            Ok(Bound::new(py, Ready { value })?.into_any())
         }
-        Err(pending) => {
-            // Only a call that waits needs the task's context (copied here, still inside
-            // the caller's call): a call that finished at once skips that copy.
-            let locals = pyo3_async_runtimes::tokio::get_current_locals(py)?;
-            pyo3_async_runtimes::tokio::future_into_py_with_locals(py, locals, pending)
-        }
+        Err(pending) => crate::deliver::spawn(event_loop, rt, pending),
     }
 }
 
 /// An awaitable whose result is already there: awaiting it returns it (or raises its
-/// error) without suspending.
-#[pyclass(module = "rollout_buffer._native")]
+/// error) without suspending, every time it is awaited, as a done asyncio future does.
+#[pyclass(module = "rollout_buffer._native", frozen)]
 pub(crate) struct Ready {
-    value: Option<PyResult<Py<PyAny>>>,
+    value: PyResult<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -112,11 +110,10 @@ impl Ready {
         slf
     }
 
-    fn __next__(&mut self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        match self.value.take() {
-            Some(Ok(value)) => Err(PyStopIteration::new_err((value,))),
-            Some(Err(e)) => Err(e),
-            None => Err(PyStopIteration::new_err((py.None(),))),
+    fn __next__(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
+        match &self.value {
+            Ok(value) => Err(PyStopIteration::new_err((value.clone_ref(py),))),
+            Err(e) => Err(e.clone_ref(py)),
         }
     }
 }
