@@ -7,14 +7,27 @@ use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
 use crate::interpreter::runtime;
 use crate::rpc::PyRpc;
-use crate::runtime::{awaitable, block, seconds};
+use crate::runtime::{awaitable, block, seconds, within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
 use std::sync::Mutex;
+use std::time::Duration;
 
 /// Handles as `(slot, generation)` pairs for Python.
+/// A put, with its timeout if one is given.
+async fn put(
+    buf: &SequenceBuffer,
+    samples: Vec<rollout_buffer::Sample>,
+    timeout: Option<Duration>,
+) -> rollout_buffer::Result<Vec<rollout_buffer::SlotHandle>> {
+    match timeout {
+        Some(t) => buf.put_batch_timeout(samples, t).await,
+        None => buf.put_batch(samples).await,
+    }
+}
+
 fn pairs(handles: &[rollout_buffer::SlotHandle]) -> Vec<(u32, u32)> {
     handles.iter().map(|h| (h.slot(), h.generation())).collect()
 }
@@ -78,7 +91,7 @@ impl PyBuffer_ {
             config = config.memory_budget(bytes);
         }
         if let Some(after) = wait_warning {
-            config = config.wait_warning(seconds(after)?);
+            config = config.wait_warning(seconds("wait_warning", after)?);
         }
         if store.as_deref().is_some_and(|url| url.trim().is_empty()) {
             return Err(PyValueError::new_err(
@@ -106,20 +119,20 @@ impl PyBuffer_ {
     }
 
     /// Stores samples (dicts), waiting for room; resolves to one `(slot, generation)` per
-    /// sample.
+    /// sample. `timeout` in seconds raises `Timeout`.
+    #[pyo3(signature = (samples, timeout=None))]
     fn put_batch<'py>(
         &self,
         py: Python<'py>,
         samples: Vec<Bound<'py, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = samples_from_py(&samples)?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let buf = self.buf.clone();
         awaitable(py, async move {
-            let handles = buf.put_batch(samples).await.map_err(py_err)?;
-            Ok(handles
-                .iter()
-                .map(|h| (h.slot(), h.generation()))
-                .collect::<Vec<_>>())
+            let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
+            Ok(pairs(&handles))
         })
     }
 
@@ -155,33 +168,38 @@ impl PyBuffer_ {
     /// `(values, offsets)`, lists of arrays or of str, or anything exporting Arrow), with
     /// ids from `ids` or an `id` column and metadata from `meta` (a dict of columns, or
     /// names of columns); resolves to one `(slot, generation)` per sample. All or nothing.
-    #[pyo3(signature = (columns, ids=None, meta=None))]
+    /// `timeout` in seconds raises `Timeout`.
+    #[pyo3(signature = (columns, ids=None, meta=None, timeout=None))]
     fn put_columns<'py>(
         &self,
         py: Python<'py>,
         columns: Bound<'py, PyAny>,
         ids: Option<Bound<'py, PyAny>>,
         meta: Option<Bound<'py, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let buf = self.buf.clone();
         awaitable(py, async move {
-            let handles = buf.put_batch(samples).await.map_err(py_err)?;
+            let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
             Ok(pairs(&handles))
         })
     }
 
     /// Blocking `put_columns`.
-    #[pyo3(signature = (columns, ids=None, meta=None))]
+    #[pyo3(signature = (columns, ids=None, meta=None, timeout=None))]
     fn put_columns_blocking(
         &self,
         py: Python<'_>,
         columns: Bound<'_, PyAny>,
         ids: Option<Bound<'_, PyAny>>,
         meta: Option<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
-        let handles = block(py, self.buf.put_batch(samples))?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let handles = block(py, put(&self.buf, samples, timeout))?;
         Ok(pairs(&handles))
     }
 
@@ -214,14 +232,17 @@ impl PyBuffer_ {
     }
 
     /// Blocking `put_batch`.
+    #[pyo3(signature = (samples, timeout=None))]
     fn put_batch_blocking(
         &self,
         py: Python<'_>,
         samples: Vec<Bound<'_, PyAny>>,
+        timeout: Option<f64>,
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = samples_from_py(&samples)?;
-        let handles = block(py, self.buf.put_batch(samples))?;
-        Ok(handles.iter().map(|h| (h.slot(), h.generation())).collect())
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let handles = block(py, put(&self.buf, samples, timeout))?;
+        Ok(pairs(&handles))
     }
 
     /// Waits for and leases a batch for `rpc` (`timeout` in seconds raises `Timeout`).
@@ -233,7 +254,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let buf = self.buf.clone();
-        let timeout = timeout.map(seconds).transpose()?;
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         awaitable(py, async move {
             let batch = match timeout {
                 Some(t) => buf.get_batch_for_rpc_timeout(&rpc, t).await,
@@ -263,7 +284,7 @@ impl PyBuffer_ {
         rpc: String,
         timeout: Option<f64>,
     ) -> PyResult<PyBatch> {
-        let batch = match timeout.map(seconds).transpose()? {
+        let batch = match timeout.map(|t| seconds("timeout", t)).transpose()? {
             Some(t) => block(py, self.buf.get_batch_for_rpc_timeout(&rpc, t))?,
             None => block(py, self.buf.get_batch_for_rpc(&rpc))?,
         };
@@ -282,9 +303,14 @@ impl PyBuffer_ {
         self.buf.close();
     }
 
-    /// Waits until everything is durable and archived.
-    fn flush(&self, py: Python<'_>) -> PyResult<()> {
-        block(py, self.buf.flush())
+    /// Waits until everything is durable and archived (`timeout` in seconds raises
+    /// `Timeout`; what was flushing goes on).
+    #[pyo3(signature = (timeout=None))]
+    fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        match timeout.map(|t| seconds("timeout", t)).transpose()? {
+            Some(t) => block(py, within(t, "flush", self.buf.flush())),
+            None => block(py, self.buf.flush()),
+        }
     }
 
     fn __len__(&self) -> usize {

@@ -4,7 +4,7 @@
 use crate::buffer::PyBuffer_;
 use crate::convert::{at, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
 use crate::errors::{py_err, BufferError};
-use crate::runtime::{awaitable, block};
+use crate::runtime::{awaitable, block, seconds, within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -433,18 +433,39 @@ impl PyBatcher {
         })
     }
 
-    /// The next packed batch.
-    fn next_batch<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+    /// The next packed batch; `timeout` in seconds raises `Timeout` (with every group it
+    /// had leased given back).
+    #[pyo3(signature = (timeout=None))]
+    fn next_batch<'py>(
+        &self,
+        py: Python<'py>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
         let batcher = Arc::clone(&self.batcher);
         awaitable(py, async move {
-            let batch = batcher.next_batch().await.map_err(py_err)?;
+            let batch = next_batch(&batcher, timeout).await.map_err(py_err)?;
             Ok(PyTrainBatch::new(batch))
         })
     }
 
     /// Blocking `next_batch`.
-    fn next_batch_blocking(&self, py: Python<'_>) -> PyResult<PyTrainBatch> {
-        let batch = block(py, self.batcher.next_batch())?;
+    #[pyo3(signature = (timeout=None))]
+    fn next_batch_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyTrainBatch> {
+        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let batch = block(py, next_batch(&self.batcher, timeout))?;
         Ok(PyTrainBatch::new(batch))
+    }
+}
+
+/// A `Batcher`'s next batch, within `timeout` if one is given (dropped at the timeout, it
+/// gives back every group it had leased).
+async fn next_batch(
+    batcher: &Batcher,
+    timeout: Option<Duration>,
+) -> rollout_buffer::Result<GroupBatch> {
+    match timeout {
+        Some(t) => within(t, "next_batch", batcher.next_batch()).await,
+        None => batcher.next_batch().await,
     }
 }

@@ -118,10 +118,32 @@ impl Ready {
     }
 }
 
-/// A timeout in seconds; `math.inf` waits as long as no timeout would.
-pub(crate) fn seconds(t: f64) -> PyResult<Duration> {
+/// Argument `name`, a duration in seconds; `math.inf` waits as long as no timeout would.
+pub(crate) fn seconds(name: &str, t: f64) -> PyResult<Duration> {
     if t == f64::INFINITY {
         return Ok(Duration::MAX);
     }
-    Duration::try_from_secs_f64(t).map_err(|e| PyValueError::new_err(format!("timeout: {e}")))
+    Duration::try_from_secs_f64(t).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
+}
+
+/// `fut`, or the buffer's `Timeout` naming `op` if it has not finished after `timeout`:
+/// for calls whose future may be dropped at any await with nothing changed (a flush, a
+/// `Batcher`'s next batch, which gives back what it had leased).
+pub(crate) async fn within<T>(
+    timeout: Duration,
+    op: &str,
+    fut: impl Future<Output = rollout_buffer::Result<T>>,
+) -> rollout_buffer::Result<T> {
+    // A deadline past the clock's range is no deadline.
+    let Some(at) = tokio::time::Instant::now().checked_add(timeout) else {
+        return fut.await;
+    };
+    match tokio::time::timeout_at(at, fut).await {
+        Ok(result) => result,
+        Err(_) => Err(rollout_buffer::Error::Timeout {
+            op: op.to_owned(),
+            after: timeout,
+            samples: Default::default(),
+        }),
+    }
 }

@@ -378,3 +378,37 @@ def test_an_awaitable_completion_outside_an_event_loop_keeps_the_lease():
         assert buf.stats()["live_leases"] == 1, "the lease is kept"
     batch.complete_blocking(outputs)
     assert buf.stats()["rpcs"]["gen"]["redelivered"] == 0
+
+
+def test_every_waiting_call_takes_a_timeout():
+    rpcs = lambda: [rb.Rpc("train", 1, inputs=["x"])]
+    buf = rb.Buffer(2, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+    full = rb.Buffer(1, rpcs())
+    full.put_batch_blocking([{"id": "a", "x": np.zeros(1, np.float32)}])
+    one = {"id": "b", "x": np.zeros(1, np.float32)}
+    batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=16, rows=1, group_size=2, wait=60.0)
+
+    with pytest.raises(rb.Timeout, match="put_batch"):
+        full.put_batch_blocking([one], timeout=0.05)
+    with pytest.raises(rb.Timeout):
+        full.put_columns_blocking({"x": np.zeros((1, 1), np.float32)}, ids=["c"], timeout=0.05)
+    with pytest.raises(rb.Timeout, match="next_batch"):
+        batcher.next_batch_blocking(timeout=0.05)
+
+    async def main():
+        with pytest.raises(rb.Timeout):
+            await full.put_batch([one], timeout=0.05)
+        with pytest.raises(rb.Timeout):
+            await full.put_columns({"x": np.zeros((1, 1), np.float32)}, ids=["c"], timeout=0.05)
+        with pytest.raises(rb.Timeout, match="next_batch"):
+            await batcher.next_batch(timeout=0.05)
+
+    asyncio.run(main())
+    # Nothing was stored by the refused puts, and the full buffer still serves its sample.
+    assert len(full) == 1 and full.stats()["put"] == 1
+    assert full.get_batch_for_rpc_blocking("train", timeout=5).samples()[0]["id"] == "a"
+    full.flush(timeout=5)
+    with pytest.raises(ValueError, match="timeout"):
+        full.flush(timeout=-1)
+    with pytest.raises(ValueError, match="wait_warning"):
+        rb.Buffer(1, rpcs(), wait_warning=-1)

@@ -136,6 +136,19 @@ def test_a_waited_awaitable_cancelled_gives_the_batch_back():
     assert asyncio.run(main()) == ["s1"]
 
 
+def test_a_get_left_waiting_on_a_closed_loop_gives_its_batch_back():
+    buf = buffer(n=2)
+    loop = asyncio.new_event_loop()
+    orphan = loop.create_task(get_awaited(buf, timeout=None))
+    loop.run_until_complete(asyncio.sleep(0.05))  # the get is waiting now
+    loop.close()  # without cancelling it: its batch has nowhere to go
+    buf.put_batch_blocking([sample(0), sample(1)])
+    # The orphan may lease the batch first; it gives it back as its result is dropped.
+    batch = buf.get_batch_for_rpc_blocking("gen", timeout=10)
+    assert sorted(s["id"] for s in batch.samples()) == ["s0", "s1"]
+    assert not orphan.done()
+
+
 @pytest.mark.parametrize("exc", [rb.BufferError, rb.BufferFull, rb.Closed, rb.StaleHandle, rb.Timeout])
 def test_exceptions_survive_pickling_as_themselves(exc):
     again = pickle.loads(pickle.dumps(exc("what went wrong")))
@@ -154,8 +167,8 @@ def test_a_timeout_in_a_spawned_worker_is_caught_as_timeout_by_the_parent():
             pool.apply_async(wait_in_worker, (0,)).get(timeout=60)
 
 
-async def get_awaited(buf):
-    return await buf.get_batch_for_rpc("gen", timeout=0.5)
+async def get_awaited(buf, timeout=0.5):
+    return await buf.get_batch_for_rpc("gen", timeout=timeout)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -113,9 +113,11 @@ class Buffer:
             capacity, list(rpcs), store, list(external_keys), durability, memory_budget, wait_warning
         )
 
-    async def put_batch(self, samples: Iterable[dict]) -> list:
-        """Stores samples, waiting for room; returns one ``(slot, generation)`` each."""
-        return await self._native.put_batch([_prepare_dict(s) for s in samples])
+    async def put_batch(self, samples: Iterable[dict], timeout: Optional[float] = None) -> list:
+        """Stores samples, waiting for room; returns one ``(slot, generation)`` each.
+        ``timeout`` (s) raises ``Timeout``, with nothing stored unless the samples were
+        already on their way to a durable store (look before putting them again)."""
+        return await self._native.put_batch([_prepare_dict(s) for s in samples], timeout)
 
     async def amend_batch(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
         """Adds or replaces fields of stored samples; ``handles`` are the ``(slot,
@@ -126,11 +128,13 @@ class Buffer:
         """Blocking :meth:`amend_batch`."""
         self._native.amend_batch_blocking(list(handles), [_prepare_dict(p) for p in patches])
 
-    def put_batch_blocking(self, samples: Iterable[dict]) -> list:
+    def put_batch_blocking(self, samples: Iterable[dict], timeout: Optional[float] = None) -> list:
         """Blocking :meth:`put_batch`."""
-        return self._native.put_batch_blocking([_prepare_dict(s) for s in samples])
+        return self._native.put_batch_blocking([_prepare_dict(s) for s in samples], timeout)
 
-    async def put_columns(self, columns: Any, ids: Any = None, meta: Any = None) -> list:
+    async def put_columns(
+        self, columns: Any, ids: Any = None, meta: Any = None, timeout: Optional[float] = None
+    ) -> list:
         """Stores one sample per row of ``columns``, waiting for room; returns one
         ``(slot, generation)`` per sample. All or nothing.
 
@@ -143,13 +147,15 @@ class Buffer:
         columns (int, float, bool or str), or the names of columns of ``columns`` to store
         as metadata. Any problem (unequal lengths, an unsupported dtype, bad offsets,
         missing or repeated ids, a column no RPC declares) is a ``ValueError`` naming the
-        column and row, with nothing stored.
+        column and row, with nothing stored. ``timeout`` as for :meth:`put_batch`.
         """
-        return await self._native.put_columns(columns, ids, meta)
+        return await self._native.put_columns(columns, ids, meta, timeout)
 
-    def put_columns_blocking(self, columns: Any, ids: Any = None, meta: Any = None) -> list:
+    def put_columns_blocking(
+        self, columns: Any, ids: Any = None, meta: Any = None, timeout: Optional[float] = None
+    ) -> list:
         """Blocking :meth:`put_columns`."""
-        return self._native.put_columns_blocking(columns, ids, meta)
+        return self._native.put_columns_blocking(columns, ids, meta, timeout)
 
     async def amend_columns(self, handles: Iterable[tuple], columns: Any) -> None:
         """Adds or replaces fields given as columns, one row per handle (see
@@ -204,9 +210,10 @@ class Buffer:
         samples lack (``missing``: key -> count) and ``dropped_stale`` so far."""
         return self._native.explain(rpc)
 
-    def flush(self) -> None:
-        """Waits until everything is durable and archived."""
-        self._native.flush()
+    def flush(self, timeout: Optional[float] = None) -> None:
+        """Waits until everything is durable and archived; ``timeout`` (s) raises
+        ``Timeout`` (the flushing goes on)."""
+        self._native.flush(timeout)
 
     def close(self) -> None:
         """Closes the buffer: every waiter gets ``Closed``."""
@@ -275,11 +282,12 @@ class Batcher:
         native = [(name, _native_of(buf), rpc, fraction) for name, buf, rpc, fraction in sources]
         self._native = _NativeBatcher(native, seq_len, rows, group_size, advantage, wait)
 
-    async def next_batch(self) -> TrainBatch:
+    async def next_batch(self, timeout: Optional[float] = None) -> TrainBatch:
         """The next batch; ``arrays()`` gives its ``[B, S]`` numpy arrays, ``complete()``
-        commits it once trained on."""
-        return await self._native.next_batch()
+        commits it once trained on. ``timeout`` (s) raises ``Timeout``, with every group
+        it had leased given back."""
+        return await self._native.next_batch(timeout)
 
-    def next_batch_blocking(self) -> TrainBatch:
+    def next_batch_blocking(self, timeout: Optional[float] = None) -> TrainBatch:
         """Blocking :meth:`next_batch`; ``complete_blocking()`` commits the batch."""
-        return self._native.next_batch_blocking()
+        return self._native.next_batch_blocking(timeout)
