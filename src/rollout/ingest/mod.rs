@@ -209,11 +209,14 @@ impl GroupIngest {
         let now = crate::buffer::now();
         let mut sealed = Vec::new();
         let mut stale = Vec::new();
+        // Logged once the lock is dropped: a log event can wait (under Python, for the GIL).
+        let mut unreadable = Vec::new();
+        let mut invalid = Vec::new();
         {
             let mut state = ingest.shared.state.lock();
             for (key, value) in buf.aux_range(PENDING) {
                 let Some(record) = RolloutRecord::from_sample(&value) else {
-                    tracing::warn!(key = %key, "unreadable pending rollout skipped");
+                    unreadable.push(key);
                     continue;
                 };
                 state.counters.recovered_rollouts += 1;
@@ -223,9 +226,15 @@ impl GroupIngest {
                     // groups): it stays out, and so leaves the log.
                     Ok(Added::Duplicate) => stale.push(AuxWrite::remove(key.to_string())),
                     Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "invalid pending rollout skipped"),
+                    Err(e) => invalid.push(e),
                 }
             }
+        }
+        for key in unreadable {
+            tracing::warn!(key = %key, "unreadable pending rollout skipped");
+        }
+        for e in invalid {
+            tracing::warn!(error = %e, "invalid pending rollout skipped");
         }
         if !stale.is_empty() {
             buf.aux_write(stale).await?;
