@@ -11,8 +11,8 @@
 //! read never finds a slot the buffer has published but whose sample is not stored yet.
 //! The GIL stays held throughout (these buffer calls finish at once: `runtime::now`), and
 //! no Python code runs under the lock: samples are read before it is taken, and merged and
-//! released after it is dropped. Python code may switch threads, and a thread waiting for
-//! the lock holds the GIL.
+//! released after it is dropped. A thread waiting for the lock releases the GIL while it
+//! waits: a log event of the buffer's under the lock runs Python's logging, which needs it.
 //!
 //! Samples of the stand-in `SequenceSample` class are merged and gathered natively
 //! (`sequence_sample.rs`); samples of another class by that class's own methods.
@@ -28,7 +28,7 @@ use pyo3::types::{PyList, PyString, PyType};
 use rollout_buffer::{
     BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle, Tensor,
 };
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
 type KeyMask = u64;
@@ -57,10 +57,19 @@ pub(crate) struct ArealSlots {
 }
 
 impl ArealSlots {
-    fn lock(&self) -> PyResult<MutexGuard<'_, Entries>> {
-        self.entries
-            .lock()
-            .map_err(|_| BufferError::new_err("the drop-in's slot lock is poisoned"))
+    fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Entries>> {
+        loop {
+            match self.entries.try_lock() {
+                Ok(entries) => return Ok(entries),
+                // The holder may need the GIL to finish (a log event of the buffer's goes
+                // through Python's logging): wait without it. The lock is held for
+                // microseconds, so yielding beats parking.
+                Err(TryLockError::WouldBlock) => py.detach(std::thread::yield_now),
+                Err(TryLockError::Poisoned(_)) => {
+                    return Err(BufferError::new_err("the drop-in's slot lock is poisoned"))
+                }
+            }
+        }
     }
 
     /// The keys of this buffer that `keys` (a sample's `keys`) holds; `last` caches the
@@ -197,7 +206,7 @@ impl ArealSlots {
         }
         let mut replaced = Vec::new();
         let slots = {
-            let mut entries = self.lock()?;
+            let mut entries = self.lock(py)?;
             // Again under the lock: another thread may have put since.
             self.check_room(n)?;
             let handles = now(self.buf.try_put_batch(rows))?;
@@ -238,7 +247,7 @@ impl ArealSlots {
             )));
         }
         let (handles, stored) = {
-            let entries = self.lock()?;
+            let entries = self.lock(py)?;
             let mut handles = Vec::with_capacity(others.len());
             let mut stored = Vec::with_capacity(others.len());
             for &i in indices.iter() {
@@ -300,7 +309,7 @@ impl ArealSlots {
             })
             .unzip();
         if !handles.is_empty() {
-            let _entries = self.lock()?;
+            let _entries = self.lock(py)?;
             now(self.buf.amend_batch(&handles, patches))?;
         }
         failed.map_or(Ok(()), Err)
@@ -327,7 +336,7 @@ impl ArealSlots {
         crate::interpreter::check_not_forked()?;
         let mut freed = Vec::new();
         let (slots, samples) = {
-            let mut entries = self.lock()?;
+            let mut entries = self.lock(py)?;
             let Some(batch) = self.buf.try_get_batch_for_rpc(name).map_err(py_err)? else {
                 return Ok(None);
             };

@@ -191,3 +191,49 @@ def test_debug_logging_under_load_never_deadlocks_with_the_gil():
     assert done.returncode == 0, done.stderr[-2000:]
     redelivered = int(done.stdout.split()[-1])
     assert redelivered > 0, "leases expired meanwhile (the events that deadlocked)"
+
+
+# The AReaL drop-in held its slot lock across a put, with the GIL; a refused put logs a
+# debug event under it, which runs Python's logging, which can hand the GIL to a thread
+# that then waited for the slot lock holding the GIL: hung for good within seconds.
+AREAL_LOG_UNDER_LOCK = r"""
+import logging, os, threading, time
+from rollout_buffer.areal import AsyncIOSequenceBuffer
+logging.basicConfig(level=logging.DEBUG, stream=open(os.devnull, "w"))
+class Mfc:
+    name, n_seqs, input_keys, output_keys = "gen", 1, ("x",), ()
+class Sample:
+    def __init__(self, id):
+        self.ids, self.keys, self.seqlens = [str(id)], {"x"}, {"x": [[1]]}
+        self.data, self.metadata = None, {}
+buf = AsyncIOSequenceBuffer([Mfc()], max_size=1 << 20)
+stop = False
+counts = {"refused": 0, "stored": 0}
+def refused():
+    while not stop:
+        try:
+            buf.put_batch_synced([Sample("d"), Sample("d")])
+        except ValueError:
+            counts["refused"] += 1
+def stored():
+    while not stop:
+        buf.put_batch_synced([Sample(f"s{counts['stored']}")])
+        counts["stored"] += 1
+threads = [threading.Thread(target=f, daemon=True) for f in (refused, stored)]
+for t in threads:
+    t.start()
+time.sleep(2)
+stop = True
+for t in threads:
+    t.join()
+print(counts["refused"], counts["stored"])
+"""
+
+
+def test_debug_logging_under_the_areal_slot_lock_never_deadlocks():
+    done = subprocess.run(
+        [__import__("sys").executable, "-c", AREAL_LOG_UNDER_LOCK], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused, stored = map(int, done.stdout.split())
+    assert refused > 0 and stored > 0, "both threads ran: refused puts logged under the lock"

@@ -77,15 +77,31 @@ pub(crate) struct Recycler {
     min_age: Duration,
 }
 
+/// Something making a [`Recycler`] could not do, logged by the caller at debug level.
+pub(crate) struct Note {
+    what: &'static str,
+    path: PathBuf,
+    error: io::Error,
+}
+
+impl Note {
+    /// Logs it (at debug: the store works without recycled files).
+    pub(crate) fn log(&self) {
+        tracing::debug!(error = %self.error, path = %self.path.display(), "{}", self.what);
+    }
+}
+
 impl Recycler {
     /// A recycler with a new folder of its own under `root`, after removing the folders
     /// other recyclers left there. `None` when the folder cannot be made (the store then
-    /// deletes and creates files as `object_store` does).
-    pub(crate) fn new(root: &Path) -> Option<Self> {
-        Self::with_min_age(root, MIN_AGE)
+    /// deletes and creates files as `object_store` does). What could not be done is in
+    /// `notes`, for the caller to log once its lock is dropped (nothing is logged under a
+    /// lock: a log event can wait, under Python for the GIL).
+    pub(crate) fn new(root: &Path, notes: &mut Vec<Note>) -> Option<Self> {
+        Self::with_min_age(root, MIN_AGE, notes)
     }
 
-    fn with_min_age(root: &Path, min_age: Duration) -> Option<Self> {
+    fn with_min_age(root: &Path, min_age: Duration, notes: &mut Vec<Note>) -> Option<Self> {
         let parent = root.join(RECYCLED_DIR);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -93,8 +109,12 @@ impl Recycler {
         let dir = parent.join(format!("{}-{nanos}", std::process::id()));
         if let Ok(entries) = std::fs::read_dir(&parent) {
             for entry in entries.flatten() {
-                if let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                    tracing::debug!(error = %e, path = %entry.path().display(), "left a recycled folder");
+                if let Err(error) = std::fs::remove_dir_all(entry.path()) {
+                    notes.push(Note {
+                        what: "left a recycled folder",
+                        path: entry.path(),
+                        error,
+                    });
                 }
             }
         }
@@ -105,8 +125,12 @@ impl Recycler {
                 next: AtomicU64::new(0),
                 min_age,
             }),
-            Err(e) => {
-                tracing::debug!(error = %e, dir = %dir.display(), "no recycled files for this store");
+            Err(error) => {
+                notes.push(Note {
+                    what: "no recycled files for this store",
+                    path: dir,
+                    error,
+                });
                 None
             }
         }
@@ -271,7 +295,7 @@ mod tests {
     }
 
     fn now(root: &Path) -> Recycler {
-        Recycler::with_min_age(root, Duration::ZERO).expect("recycler")
+        Recycler::with_min_age(root, Duration::ZERO, &mut Vec::new()).expect("recycler")
     }
 
     #[test]
@@ -299,7 +323,8 @@ mod tests {
     #[test]
     fn a_spare_is_not_written_before_it_has_been_aside_long_enough() {
         let root = root("age");
-        let r = Recycler::with_min_age(&root, Duration::from_secs(3600)).expect("recycler");
+        let r = Recycler::with_min_age(&root, Duration::from_secs(3600), &mut Vec::new())
+            .expect("recycler");
         let old = root.join("a");
         std::fs::write(&old, b"old").expect("write");
         r.delete(&old).expect("delete");

@@ -69,10 +69,16 @@ struct Local {
 impl Local {
     /// The recycler, made on first use. Blocking.
     fn recycler(&self) -> Option<Arc<Recycler>> {
-        self.recycler
+        let mut notes = Vec::new();
+        let recycler = self
+            .recycler
             .lock()
-            .get_or_insert_with(|| Recycler::new(&self.root).map(Arc::new))
-            .clone()
+            .get_or_insert_with(|| Recycler::new(&self.root, &mut notes).map(Arc::new))
+            .clone();
+        for note in &notes {
+            note.log();
+        }
+        recycler
     }
 
     /// The recycler if it exists and has a spare ready (never blocks on the disk).

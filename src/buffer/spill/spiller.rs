@@ -76,6 +76,8 @@ impl Shared {
             .map(|(_, _, s)| s.fields.filtered_by(|_, t| spills(t)))
             .collect();
         let written = store.write(rows).await;
+        // Logged once the lock is dropped: a log event can wait (under Python, for the GIL).
+        let mut failed = None;
         let mut inner = self.lock();
         let result = match written {
             Ok(segment) => {
@@ -86,7 +88,7 @@ impl Shared {
                 Round::Wrote
             }
             Err(e) => {
-                tracing::warn!(error = %e, samples = picked.len(), "spill write failed");
+                failed = Some(e.to_string());
                 for (s, _, _) in &picked {
                     let resident = inner.table.residency.per_slot[*s as usize];
                     inner.table.end_spill(*s as usize, resident);
@@ -105,7 +107,11 @@ impl Shared {
             .as_mut()
             .map(super::SpillState::take_retired)
             .unwrap_or_default();
+        let samples = picked.len();
         drop(inner);
+        if let Some(error) = failed {
+            tracing::warn!(%error, samples, "spill write failed");
+        }
         self.delete_segments(&store, dead);
         self.notify(Wake {
             rpcs: RpcSet::EMPTY,
