@@ -237,3 +237,59 @@ def test_debug_logging_under_the_areal_slot_lock_never_deadlocks():
     assert done.returncode == 0, done.stderr[-2000:]
     refused, stored = map(int, done.stdout.split())
     assert refused > 0 and stored > 0, "both threads ran: refused puts logged under the lock"
+
+
+# Opening a store that accepts connections and never answers: Ctrl-C must end the wait
+# (the constructor waited for the object store's own timeouts and retries, with signals
+# unchecked).
+OPEN_STALLED = r"""
+import signal, sys, threading, time
+import rollout_buffer as rb
+threading.Timer(0.5, lambda: signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    rb.Buffer(8, [rb.Rpc("gen", 1, inputs=["x"])], store="s3://bucket/run")
+    print("opened", time.monotonic() - start)
+except KeyboardInterrupt:
+    print("interrupted", time.monotonic() - start)
+"""
+
+
+def test_ctrl_c_interrupts_opening_a_store_that_never_answers():
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    held = []
+
+    def accept():
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    port = server.getsockname()[1]
+    env = dict(
+        os.environ,
+        AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}",
+        AWS_ALLOW_HTTP="true",
+        AWS_ACCESS_KEY_ID="key",
+        AWS_SECRET_ACCESS_KEY="secret",
+        AWS_REGION="us-east-1",
+    )
+    try:
+        done = subprocess.run(
+            [__import__("sys").executable, "-c", OPEN_STALLED], capture_output=True, text=True, timeout=120, env=env
+        )
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+    assert done.returncode == 0, done.stderr[-2000:]
+    outcome, after = done.stdout.split()
+    assert outcome == "interrupted", done.stdout
+    assert float(after) < 10, f"the interrupt took {after} s"
+    assert held, "the store was reached (and never answered)"
