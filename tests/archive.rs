@@ -462,3 +462,33 @@ async fn the_tail_is_the_latest_births_whatever_the_files_times() {
         assert_eq!(births, want, "--tail {n}");
     }
 }
+
+/// A `max_delay` past the clock's range is no delay, not a panic (adding it to now
+/// overflowed in the archiver's task): rows wait for `max_rows`, `max_bytes` or a flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_max_delay_past_the_clocks_range_waits_for_the_flush() {
+    use rollout_buffer::persist::{ArchiveOptions, Archiver};
+    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+    let store = Store::open("memory://").expect("store");
+    let options = ArchiveOptions {
+        max_delay: std::time::Duration::MAX,
+        ..ArchiveOptions::default()
+    };
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    let samples = (0..3)
+        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i; 4]))
+        .collect();
+    buf.put_batch(samples).await.expect("put");
+    for _ in 0..3 {
+        common::commit_next(&buf, "train").await;
+    }
+    archiver.flush().await.expect("flush");
+    let rows = ArchiveWriter::new(store).read_all().await.expect("read");
+    assert_eq!(rows.len(), 3);
+}

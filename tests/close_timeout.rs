@@ -130,3 +130,37 @@ async fn timeouts_lease_and_store_nothing() {
     assert_eq!(b.len(), 2);
     assert_invariants(&buf);
 }
+
+/// Durations past the clock's range are no deadline, not a panic: a put whose timeout is
+/// `Duration::MAX` waits for room as one without a timeout does, and a getter whose wait
+/// warning is `Duration::MAX` waits without ever warning (adding either to now overflowed,
+/// and the runtime thread panicked).
+#[tokio::test(start_paused = true)]
+async fn a_timeout_or_wait_warning_past_the_clocks_range_waits_without_end() {
+    let one = || {
+        rollout_buffer::BufferConfig::new(1)
+            .rpc(rollout_buffer::RpcDef::new("gen", 1).inputs(["prompt"]))
+    };
+    let buf = rollout_buffer::SequenceBuffer::with_config(one()).expect("buffer");
+    buf.put_batch(prompts("one", 1)).await.expect("put");
+    let put = buf.put_batch_timeout(prompts("two", 1), Duration::MAX);
+    tokio::pin!(put);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(3600), &mut put)
+            .await
+            .is_err(),
+        "the put waits for room"
+    );
+    let b = buf.get_batch_for_rpc("gen").await.expect("get");
+    b.commit().await.expect("commit");
+    let handles = put.await.expect("room now: the put goes in");
+    assert_eq!(handles.len(), 1);
+
+    let quiet = rollout_buffer::SequenceBuffer::with_config(one().wait_warning(Duration::MAX))
+        .expect("buffer");
+    let r = quiet
+        .get_batch_for_rpc_timeout("gen", Duration::from_secs(3600))
+        .await;
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(quiet.stats().rpcs[0].wait_warnings, 0);
+}

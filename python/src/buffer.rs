@@ -7,7 +7,7 @@ use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
 use crate::interpreter::runtime;
 use crate::rpc::PyRpc;
-use crate::runtime::{awaitable, block, seconds, within};
+use crate::runtime::{awaitable, block, seconds, timeout_arg, within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,7 +15,6 @@ use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
 use std::sync::Mutex;
 use std::time::Duration;
 
-/// Handles as `(slot, generation)` pairs for Python.
 /// A put, with its timeout if one is given.
 async fn put(
     buf: &SequenceBuffer,
@@ -28,6 +27,7 @@ async fn put(
     }
 }
 
+/// Handles as `(slot, generation)` pairs for Python.
 fn pairs(handles: &[rollout_buffer::SlotHandle]) -> Vec<(u32, u32)> {
     handles.iter().map(|h| (h.slot(), h.generation())).collect()
 }
@@ -128,7 +128,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = samples_from_py(&samples)?;
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let buf = self.buf.clone();
         awaitable(py, async move {
             let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
@@ -179,7 +179,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let buf = self.buf.clone();
         awaitable(py, async move {
             let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
@@ -198,7 +198,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let handles = block(py, put(&self.buf, samples, timeout))?;
         Ok(pairs(&handles))
     }
@@ -240,7 +240,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = samples_from_py(&samples)?;
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let handles = block(py, put(&self.buf, samples, timeout))?;
         Ok(pairs(&handles))
     }
@@ -254,7 +254,7 @@ impl PyBuffer_ {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let buf = self.buf.clone();
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         awaitable(py, async move {
             let batch = match timeout {
                 Some(t) => buf.get_batch_for_rpc_timeout(&rpc, t).await,
@@ -284,7 +284,7 @@ impl PyBuffer_ {
         rpc: String,
         timeout: Option<f64>,
     ) -> PyResult<PyBatch> {
-        let batch = match timeout.map(|t| seconds("timeout", t)).transpose()? {
+        let batch = match timeout_arg(timeout)? {
             Some(t) => block(py, self.buf.get_batch_for_rpc_timeout(&rpc, t))?,
             None => block(py, self.buf.get_batch_for_rpc(&rpc))?,
         };
@@ -307,7 +307,7 @@ impl PyBuffer_ {
     /// `Timeout`; what was flushing goes on).
     #[pyo3(signature = (timeout=None))]
     fn flush(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
-        match timeout.map(|t| seconds("timeout", t)).transpose()? {
+        match timeout_arg(timeout)? {
             Some(t) => block(py, within(t, "flush", self.buf.flush())),
             None => block(py, self.buf.flush()),
         }

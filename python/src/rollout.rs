@@ -4,7 +4,7 @@
 use crate::buffer::PyBuffer_;
 use crate::convert::{at, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
 use crate::errors::{py_err, BufferError};
-use crate::runtime::{awaitable, block, seconds, within};
+use crate::runtime::{awaitable, block, timeout_arg, within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -441,7 +441,7 @@ impl PyBatcher {
         py: Python<'py>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let batcher = Arc::clone(&self.batcher);
         awaitable(py, async move {
             let batch = next_batch(&batcher, timeout).await.map_err(py_err)?;
@@ -452,7 +452,7 @@ impl PyBatcher {
     /// Blocking `next_batch`.
     #[pyo3(signature = (timeout=None))]
     fn next_batch_blocking(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<PyTrainBatch> {
-        let timeout = timeout.map(|t| seconds("timeout", t)).transpose()?;
+        let timeout = timeout_arg(timeout)?;
         let batch = block(py, next_batch(&self.batcher, timeout))?;
         Ok(PyTrainBatch::new(batch))
     }

@@ -126,6 +126,11 @@ pub(crate) fn seconds(name: &str, t: f64) -> PyResult<Duration> {
     Duration::try_from_secs_f64(t).map_err(|e| PyValueError::new_err(format!("{name}: {e}")))
 }
 
+/// A call's `timeout` argument, in seconds (`None`: no timeout).
+pub(crate) fn timeout_arg(t: Option<f64>) -> PyResult<Option<Duration>> {
+    t.map(|t| seconds("timeout", t)).transpose()
+}
+
 /// `fut`, or the buffer's `Timeout` naming `op` if it has not finished after `timeout`:
 /// for calls whose future may be dropped at any await with nothing changed (a flush, a
 /// `Batcher`'s next batch, which gives back what it had leased).

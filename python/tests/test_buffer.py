@@ -2,6 +2,7 @@
 calls, errors as exceptions, the lease context manager, persistence."""
 
 import asyncio
+import math
 
 import numpy as np
 import pytest
@@ -412,3 +413,9 @@ def test_every_waiting_call_takes_a_timeout():
         full.flush(timeout=-1)
     with pytest.raises(ValueError, match="wait_warning"):
         rb.Buffer(1, rpcs(), wait_warning=-1)
+    # Past the clock's range is no deadline (it panicked: adding it to now overflowed).
+    endless = rb.Buffer(2, rpcs(), wait_warning=math.inf)
+    assert len(endless.put_batch_blocking([one], timeout=math.inf)) == 1
+    with pytest.raises(rb.Timeout):
+        rb.Buffer(1, rpcs(), wait_warning=1e15).get_batch_for_rpc_blocking("train", timeout=0.05)
+    assert endless.get_batch_for_rpc_blocking("train", timeout=math.inf).samples()[0]["id"] == "b"

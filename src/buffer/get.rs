@@ -427,6 +427,9 @@ impl Drop for Parked<'_> {
 /// The shortest wait before a first warning, whatever the configured threshold: the
 /// interval doubles from it.
 const MIN_WARNING_INTERVAL: Duration = Duration::from_millis(10);
+/// The longest: a threshold past it (`Duration::MAX`, say) is never reached, and a clock
+/// time that far ahead still exists (adding `Duration::MAX` to now would overflow).
+const MAX_WARNING_INTERVAL: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 struct LongWait {
     started: tokio::time::Instant,
@@ -439,7 +442,7 @@ impl LongWait {
         Self {
             started: tokio::time::Instant::now(),
             // A zero threshold would never grow by doubling: one warning per wake-up.
-            interval: after.max(MIN_WARNING_INTERVAL),
+            interval: after.clamp(MIN_WARNING_INTERVAL, MAX_WARNING_INTERVAL),
             next: None,
         }
     }
@@ -461,7 +464,7 @@ impl LongWait {
     }
 
     fn advance(&mut self) {
-        self.interval = self.interval.saturating_mul(2);
+        self.interval = self.interval.saturating_mul(2).min(MAX_WARNING_INTERVAL);
         self.next = Some(tokio::time::Instant::now() + self.interval);
     }
 }

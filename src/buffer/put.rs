@@ -283,9 +283,11 @@ impl SequenceBuffer {
         samples: Vec<Sample>,
         timeout: Duration,
     ) -> Result<Vec<SlotHandle>> {
-        let at = tokio::time::Instant::now() + timeout;
-        self.put_until(samples, Vec::new(), Some((at, timeout)))
-            .await
+        // A deadline past the clock's range is none: the put waits as long as it must.
+        let deadline = tokio::time::Instant::now()
+            .checked_add(timeout)
+            .map(|at| (at, timeout));
+        self.put_until(samples, Vec::new(), deadline).await
     }
 }
 

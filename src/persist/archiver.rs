@@ -276,7 +276,8 @@ struct Queue {
 impl Queue {
     fn push(&mut self, rows: Vec<ArchivedSample>) {
         if self.due.is_none() {
-            self.due = Some(tokio::time::Instant::now() + self.options.max_delay);
+            // A delay past the clock's range is none: written by size and flush only.
+            self.due = tokio::time::Instant::now().checked_add(self.options.max_delay);
         }
         self.pending_bytes += rows.iter().map(|r| r.sample.payload_bytes()).sum::<u64>();
         self.pending.extend(rows);
@@ -315,7 +316,7 @@ impl Queue {
         .await;
         self.due = match (&result, self.failed.is_empty()) {
             (Ok(()), _) | (Err(_), true) => None,
-            (Err(_), false) => Some(tokio::time::Instant::now() + self.options.max_delay),
+            (Err(_), false) => tokio::time::Instant::now().checked_add(self.options.max_delay),
         };
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(result.clone());
