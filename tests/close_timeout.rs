@@ -164,3 +164,45 @@ async fn a_timeout_or_wait_warning_past_the_clocks_range_waits_without_end() {
     assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
     assert_eq!(quiet.stats().rpcs[0].wait_warnings, 0);
 }
+
+/// A duration that, added to now within the next half millisecond, makes a deadline in the
+/// clock's last millisecond.
+fn to_the_clocks_edge() -> Duration {
+    let now = tokio::time::Instant::now();
+    let (mut fits, mut overflows) = (Duration::ZERO, Duration::MAX);
+    while overflows - fits > Duration::from_nanos(1) {
+        let mid = fits + (overflows - fits) / 2;
+        if now.checked_add(mid).is_some() {
+            fits = mid;
+        } else {
+            overflows = mid;
+        }
+    }
+    fits - Duration::from_micros(500)
+}
+
+/// A timeout that puts the deadline at the clock's far edge still waits: the timer adds
+/// its rounding to a deadline, which overflowed there (a panic in the getter's task).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_at_the_clocks_far_edge_waits_without_panicking() {
+    let buf = rollout_buffer::SequenceBuffer::with_config(
+        rollout_buffer::BufferConfig::new(1)
+            .rpc(rollout_buffer::RpcDef::new("gen", 1).inputs(["prompt"])),
+    )
+    .expect("buffer");
+    let get = buf.get_batch_for_rpc_timeout("gen", to_the_clocks_edge());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), get)
+            .await
+            .is_err(),
+        "the get waits"
+    );
+    buf.put_batch(prompts("one", 1)).await.expect("put");
+    let put = buf.put_batch_timeout(prompts("two", 1), to_the_clocks_edge());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), put)
+            .await
+            .is_err(),
+        "the put waits for room"
+    );
+}

@@ -128,7 +128,10 @@ pub(crate) fn seconds(name: &str, t: f64) -> PyResult<Duration> {
 
 /// A call's `timeout` argument, in seconds (`None`: no timeout).
 pub(crate) fn timeout_arg(t: Option<f64>) -> PyResult<Option<Duration>> {
-    t.map(|t| seconds("timeout", t)).transpose()
+    // Thirty years or more is none: a deadline near the clock's far edge would overflow.
+    const FOREVER: Duration = Duration::from_secs(86_400 * 365 * 30);
+    let t = t.map(|t| seconds("timeout", t)).transpose()?;
+    Ok(t.filter(|&t| t < FOREVER))
 }
 
 /// `fut`, or the buffer's `Timeout` naming `op` if it has not finished after `timeout`:

@@ -155,7 +155,7 @@ impl SequenceBuffer {
     ///
     /// As [`Self::get_batch_for_rpc`].
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
-        tokio::time::timeout(timeout, self.get_batch_for_rpc(rpc))
+        tokio::time::timeout(timeout.min(super::FOREVER), self.get_batch_for_rpc(rpc))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::Timeout {
@@ -207,7 +207,7 @@ impl SequenceBuffer {
         step: u64,
         timeout: Duration,
     ) -> Result<Batch> {
-        tokio::time::timeout(timeout, self.get_batch(rpc, Some(step)))
+        tokio::time::timeout(timeout.min(super::FOREVER), self.get_batch(rpc, Some(step)))
             .await
             .unwrap_or_else(|_| {
                 Err(Error::Timeout {
@@ -427,9 +427,8 @@ impl Drop for Parked<'_> {
 /// The shortest wait before a first warning, whatever the configured threshold: the
 /// interval doubles from it.
 const MIN_WARNING_INTERVAL: Duration = Duration::from_millis(10);
-/// The longest: a threshold past it (`Duration::MAX`, say) is never reached, and a clock
-/// time that far ahead still exists (adding `Duration::MAX` to now would overflow).
-const MAX_WARNING_INTERVAL: Duration = Duration::from_secs(86_400 * 365 * 30);
+/// The longest: a threshold past it (`Duration::MAX`, say) is never reached.
+const MAX_WARNING_INTERVAL: Duration = super::FOREVER;
 
 struct LongWait {
     started: tokio::time::Instant,

@@ -283,11 +283,9 @@ impl SequenceBuffer {
         samples: Vec<Sample>,
         timeout: Duration,
     ) -> Result<Vec<SlotHandle>> {
-        // A deadline past the clock's range is none: the put waits as long as it must.
-        let deadline = tokio::time::Instant::now()
-            .checked_add(timeout)
-            .map(|at| (at, timeout));
-        self.put_until(samples, Vec::new(), deadline).await
+        let at = tokio::time::Instant::now() + timeout.min(super::FOREVER);
+        self.put_until(samples, Vec::new(), Some((at, timeout)))
+            .await
     }
 }
 

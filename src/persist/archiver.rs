@@ -276,8 +276,11 @@ struct Queue {
 impl Queue {
     fn push(&mut self, rows: Vec<ArchivedSample>) {
         if self.due.is_none() {
-            // A delay past the clock's range is none: written by size and flush only.
-            self.due = tokio::time::Instant::now().checked_add(self.options.max_delay);
+            // A delay past thirty years is that long: without end in practice, where a
+            // deadline at the clock's far edge would overflow.
+            self.due = Some(
+                tokio::time::Instant::now() + self.options.max_delay.min(crate::buffer::FOREVER),
+            );
         }
         self.pending_bytes += rows.iter().map(|r| r.sample.payload_bytes()).sum::<u64>();
         self.pending.extend(rows);
@@ -316,7 +319,9 @@ impl Queue {
         .await;
         self.due = match (&result, self.failed.is_empty()) {
             (Ok(()), _) | (Err(_), true) => None,
-            (Err(_), false) => tokio::time::Instant::now().checked_add(self.options.max_delay),
+            (Err(_), false) => Some(
+                tokio::time::Instant::now() + self.options.max_delay.min(crate::buffer::FOREVER),
+            ),
         };
         for waiter in self.waiters.drain(..) {
             let _ = waiter.send(result.clone());
