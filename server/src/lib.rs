@@ -188,6 +188,9 @@ async fn serve(args: Serve) -> Result<(), String> {
             args.write_timeout
         )
     })?;
+    // Thirty years at most: each write's deadline is now plus this, which past the clock's
+    // range panicked (every write answered by a closed connection).
+    let write_timeout = write_timeout.min(Duration::from_secs(86_400 * 365 * 30));
     if !(args.group_timeout > 0.0 && Duration::try_from_secs_f64(args.group_timeout).is_ok()) {
         return Err(format!(
             "--group-timeout must be > 0 and finite, not {}",

@@ -4,7 +4,7 @@ mod common;
 
 use arrow_array::{ArrayRef, Float32Array, Int64Array, RecordBatch, StringArray};
 use arrow_ipc::writer::StreamWriter;
-use common::{client, get, item, post, store, uids, Server};
+use common::{client, get, item, post, store, uids, write_group, Server};
 use serde_json::{json, Value};
 use std::sync::Arc;
 
@@ -292,4 +292,15 @@ async fn reads_answer_arrow_streams_when_asked() {
     // Taken: a JSON read now finds nothing.
     let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
     assert_eq!(read["success"], false);
+}
+
+/// A write timeout that a duration holds but the clock cannot reach (each write's deadline
+/// overflowed: a panic, and the client saw its connection closed) waits as long as it must.
+#[tokio::test]
+async fn a_write_timeout_past_the_clocks_range_still_takes_writes() {
+    let dir = store("endless-write-timeout");
+    let server = Server::start(&dir, &["--group-size", "2", "--write-timeout", "1e19"]);
+    write_group(&server, "q0", &[0.0, 1.0]).await;
+    let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
+    assert_eq!(status, 200);
 }
