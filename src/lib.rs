@@ -55,6 +55,7 @@
 #[cfg(feature = "arrow")]
 pub mod arrow;
 mod buffer;
+mod deadline;
 mod error;
 mod exit;
 #[cfg(feature = "persist")]

@@ -5,7 +5,9 @@
 mod common;
 use bytes::Bytes;
 use common::{s3_url, TempDir};
-use rollout_buffer::persist::{archive_tail, ArchiveWriter, ArchivedSample, Store};
+use rollout_buffer::persist::{
+    archive_tail, ArchiveOptions, ArchiveWriter, ArchivedSample, Archiver, Store,
+};
 use rollout_buffer::ExitReason;
 use rollout_buffer::{Error, Sample, Tensor};
 
@@ -270,7 +272,6 @@ async fn damaged_files_never_panic() {
 /// read it, once the archiver is flushed; samples still in the buffer are not there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffer_archives_consumed_samples() {
-    use rollout_buffer::persist::{ArchiveOptions, Archiver};
     use rollout_buffer::{BufferConfig, Patch, RpcDef, SequenceBuffer};
     let store = Store::open("memory://").expect("store");
     let options = ArchiveOptions {
@@ -327,19 +328,16 @@ fn archiver_needs_a_runtime() {
     assert!(matches!(r, Err(Error::NoRuntime { .. })));
 }
 
-/// `max_bytes` writes a batch once the pending samples' tensor bytes reach it, long before
-/// `max_rows` or `max_delay` would: with large samples it is what bounds the archive's
-/// memory.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_archiver_writes_once_the_pending_bytes_reach_max_bytes() {
-    use rollout_buffer::persist::{ArchiveOptions, Archiver};
+/// An archiver over a store in memory, fed by a buffer of 8 slots whose `n` samples of
+/// `len` tokens (i32) were put and each consumed once by its one RPC, "train"; the
+/// buffer is returned so that it lives as long as the test.
+async fn consumed_into_an_archive(
+    options: ArchiveOptions,
+    n: i32,
+    len: usize,
+) -> (Store, Archiver, rollout_buffer::SequenceBuffer) {
     use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
     let store = Store::open("memory://").expect("store");
-    let options = ArchiveOptions {
-        max_rows: 1 << 20,
-        max_bytes: 10_000,
-        max_delay: std::time::Duration::from_secs(3600),
-    };
     let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(8)
@@ -347,15 +345,29 @@ async fn the_archiver_writes_once_the_pending_bytes_reach_max_bytes() {
             .freed_sink(archiver.clone()),
     )
     .expect("buffer");
-    // 4,096 bytes each: the third pending sample crosses 10,000 bytes, so eight consumed
-    // one at a time make two batches of three, and two wait.
-    let samples = (0..8)
-        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i; 1024]))
+    let samples = (0..n)
+        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i; len]))
         .collect();
     buf.put_batch(samples).await.expect("put");
-    for _ in 0..8 {
+    for _ in 0..n {
         common::commit_next(&buf, "train").await;
     }
+    (store, archiver, buf)
+}
+
+/// `max_bytes` writes a batch once the pending samples' tensor bytes reach it, long before
+/// `max_rows` or `max_delay` would: with large samples it is what bounds the archive's
+/// memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_archiver_writes_once_the_pending_bytes_reach_max_bytes() {
+    let options = ArchiveOptions {
+        max_rows: 1 << 20,
+        max_bytes: 10_000,
+        max_delay: std::time::Duration::from_secs(3600),
+    };
+    // 4,096 bytes each: the third pending sample crosses 10,000 bytes, so eight consumed
+    // one at a time make two batches of three, and two wait.
+    let (store, archiver, _buf) = consumed_into_an_archive(options, 8, 1024).await;
     let reader = ArchiveWriter::new(store);
     let start = std::time::Instant::now();
     loop {
@@ -467,27 +479,11 @@ async fn the_tail_is_the_latest_births_whatever_the_files_times() {
 /// overflowed in the archiver's task): rows wait for `max_rows`, `max_bytes` or a flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_max_delay_past_the_clocks_range_waits_for_the_flush() {
-    use rollout_buffer::persist::{ArchiveOptions, Archiver};
-    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
-    let store = Store::open("memory://").expect("store");
     let options = ArchiveOptions {
         max_delay: std::time::Duration::MAX,
         ..ArchiveOptions::default()
     };
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), options).expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(8)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
-    let samples = (0..3)
-        .map(|i| Sample::new(format!("s{i}")).with("tokens", vec![i; 4]))
-        .collect();
-    buf.put_batch(samples).await.expect("put");
-    for _ in 0..3 {
-        common::commit_next(&buf, "train").await;
-    }
+    let (store, archiver, _buf) = consumed_into_an_archive(options, 3, 4).await;
     archiver.flush().await.expect("flush");
     let rows = ArchiveWriter::new(store).read_all().await.expect("read");
     assert_eq!(rows.len(), 3);

@@ -4,7 +4,7 @@
 use crate::buffer::PyBuffer_;
 use crate::convert::{at, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
 use crate::errors::{py_err, BufferError};
-use crate::runtime::{awaitable, block, timeout_arg, within};
+use crate::runtime::{awaitable, block, seconds, timeout_arg, within};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString};
@@ -199,8 +199,7 @@ impl PyIngest {
         mixed: bool,
         max_per_replica: Option<usize>,
     ) -> PyResult<Self> {
-        let timeout = Duration::try_from_secs_f64(seal_timeout)
-            .map_err(|e| PyValueError::new_err(format!("seal_timeout: {e}")))?;
+        let timeout = seconds("seal_timeout", seal_timeout)?;
         // The Rust builder clamps these; from Python a value out of range is a mistake to
         // report, not to correct (a `min_size` above the group size would drop every group
         // that times out).
@@ -424,8 +423,7 @@ impl PyBatcher {
             hooks: Arc::new(SlimeHooks { group_size }),
             advantage,
             dynamic: None,
-            wait: Duration::try_from_secs_f64(wait)
-                .map_err(|e| PyValueError::new_err(format!("wait: {e}")))?,
+            wait: seconds("wait", wait)?,
             shortfall: Shortfall::FillFromOthers,
         };
         Ok(Self {

@@ -3,7 +3,6 @@
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rollout_buffer::{RateLimit, RpcDef, Selection};
-use std::time::Duration;
 
 /// The keys of a sample dict that are not fields (see `convert::sample_from_py`).
 pub(crate) const RESERVED: [&str; 3] = ["id", "birth", "meta"];
@@ -87,9 +86,7 @@ impl PyRpc {
                     "lease_timeout: seconds > 0 (or None: no timeout), not {t}"
                 )));
             }
-            let t = Duration::try_from_secs_f64(t)
-                .map_err(|e| PyValueError::new_err(format!("lease_timeout: {e}")))?;
-            def = def.lease_timeout(t);
+            def = def.lease_timeout(crate::runtime::seconds("lease_timeout", t)?);
         }
         if let Some(s) = max_staleness {
             def = def.max_staleness(s);

@@ -118,7 +118,8 @@ impl Ready {
     }
 }
 
-/// Argument `name`, a duration in seconds; `math.inf` waits as long as no timeout would.
+/// Argument `name`, a duration in seconds; `math.inf` waits as long as no timeout would
+/// (every deadline the library sets stops thirty years out).
 pub(crate) fn seconds(name: &str, t: f64) -> PyResult<Duration> {
     if t == f64::INFINITY {
         return Ok(Duration::MAX);

@@ -381,6 +381,30 @@ def test_an_awaitable_completion_outside_an_event_loop_keeps_the_lease():
     assert buf.stats()["rpcs"]["gen"]["redelivered"] == 0
 
 
+def test_infinity_is_taken_wherever_a_duration_is():
+    # lease_timeout, seal_timeout and the Batcher's wait refused it ("cannot convert float
+    # infinity") while every timeout and wait_warning took it.
+    buf = rb.Buffer(4, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS, lease_timeout=math.inf)])
+    ingest = rb.Ingest(buf, group_size=2, seal_timeout=math.inf)
+    # One row of 14 tokens: the group's two rollouts of 4 + 3 fill it, so the batch is
+    # whole without waiting for more.
+    batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=14, rows=1, group_size=2, wait=math.inf)
+    outcomes = [
+        ingest.add_rollout_blocking({
+            "environment": "math", "example_id": "ex0", "policy_version": 0,
+            "rollout_uid": f"0-{k}", "prompt_tokens": np.arange(4, dtype=np.int32),
+            "output_tokens": np.full(3, 1, np.int32), "logprobs": np.full(3, -0.5, np.float32),
+            "reward": float(k),
+        })
+        for k in range(2)
+    ]
+    assert outcomes == ["pending", "sealed"]
+    batch = batcher.next_batch_blocking(timeout=10)
+    assert len(batch.arrays()["group_ids"]) == 1
+    batch.complete_blocking()
+    assert len(buf) == 0
+
+
 def test_every_waiting_call_takes_a_timeout():
     rpcs = lambda: [rb.Rpc("train", 1, inputs=["x"])]
     buf = rb.Buffer(2, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])

@@ -329,6 +329,25 @@ def test_the_loader_refuses_an_interval_that_would_spin_stall_or_kill_it(interva
         ReplayDataLoader(Reader(), buffer(), interval)
 
 
+def test_a_loader_with_an_interval_past_the_lock_limit_waits_until_stopped(monkeypatch):
+    # Event.wait(1e13) raised OverflowError after the first read, ending the thread.
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    reader = Reader()
+    loader = ReplayDataLoader(reader, buffer(), 1e13)
+    loader.start()
+    deadline = time.monotonic() + 10
+    while reader.calls == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert reader.calls == 1
+    loader._thread.join(timeout=0.2)
+    assert loader._thread.is_alive(), "the loader waits for its next read"
+    loader.stop()
+    assert loader._thread is None, "stopped within the join timeout"
+    assert died == [], died
+    assert reader.calls == 1
+
+
 def test_a_loader_stopped_while_its_reader_blocks_is_not_started_twice():
     block = threading.Event()
     reader = Reader(block)

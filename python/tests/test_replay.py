@@ -541,7 +541,7 @@ def test_an_empty_draw_is_a_batch_any_ack_of_which_is_a_no_op(tmp_path):
     [
         (dict(lease_timeout_s=-1), "lease_timeout_s"),
         (dict(lease_timeout_s=math.nan), "lease_timeout_s"),
-        (dict(seal_timeout_s=math.inf), "seal_timeout_s"),
+        (dict(seal_timeout_s=-1.0), "seal_timeout_s"),
         (dict(max_uses_per_group=0), "max_uses_per_group"),
         (dict(capacity_groups=math.nan), "capacity_groups"),
     ],

@@ -102,7 +102,8 @@ struct Serve {
     /// memory near half of what 64 does under load, at no cost in throughput.
     #[arg(long, default_value_t = 16)]
     archive_mb: u64,
-    /// Seconds a write waits for room before answering 503 with Retry-After.
+    /// Seconds a write may take in all (its turn, room, the log write) before answering
+    /// 503 with Retry-After; > 0.
     #[arg(long, default_value_t = 2.0)]
     write_timeout: f64,
     /// Largest request body, bytes (larger ones get 413).
@@ -182,12 +183,18 @@ async fn serve(args: Serve) -> Result<(), String> {
     if args.archive_mb == 0 {
         return Err("--archive-mb must be >= 1".into());
     }
-    let write_timeout = Duration::try_from_secs_f64(args.write_timeout).map_err(|_| {
-        format!(
-            "--write-timeout must be >= 0 and finite, not {}",
-            args.write_timeout
-        )
-    })?;
+    // Not 0: the timeout bounds the whole write, its log write included, so at 0 every
+    // write answered 503 however much room there was.
+    let write_timeout = Duration::try_from_secs_f64(args.write_timeout)
+        .ok()
+        .filter(|t| !t.is_zero())
+        .ok_or_else(|| {
+            format!(
+                "--write-timeout must be > 0 and finite (it bounds the whole write, the log \
+                 write included), not {}",
+                args.write_timeout
+            )
+        })?;
     // Thirty years at most: each write's deadline is now plus this, which past the clock's
     // range panicked (every write answered by a closed connection).
     let write_timeout = write_timeout.min(Duration::from_secs(86_400 * 365 * 30));

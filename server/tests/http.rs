@@ -244,12 +244,17 @@ async fn start_rollout_sets_the_group_size_as_slime_sends_it() {
     assert_eq!(post(&server, "/start_rollout", &json!({})).await.0, 200);
 }
 
-/// Timeouts on the command line past what a duration holds are usage errors (exit 1 with
-/// the option named), not a crash.
+/// Timeouts on the command line past what a duration holds, or a write timeout of 0 (every
+/// write would answer 503), are usage errors (exit 1 with the option named), not a crash.
 #[test]
-fn huge_timeouts_on_the_command_line_are_refused() {
+fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
     let dir = store("huge-timeouts");
-    for option in ["--group-timeout", "--write-timeout"] {
+    let cases = [
+        ("--group-timeout", "1e20"),
+        ("--write-timeout", "1e20"),
+        ("--write-timeout", "0"),
+    ];
+    for (option, value) in cases {
         let (ok, _, err) = common::cli(
             "serve",
             &[
@@ -258,7 +263,7 @@ fn huge_timeouts_on_the_command_line_are_refused() {
                 "--listen".as_ref(),
                 "127.0.0.1:0".as_ref(),
                 option.as_ref(),
-                "1e20".as_ref(),
+                value.as_ref(),
             ],
         );
         assert!(!ok);

@@ -155,15 +155,18 @@ impl SequenceBuffer {
     ///
     /// As [`Self::get_batch_for_rpc`].
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
-        tokio::time::timeout(timeout.min(super::FOREVER), self.get_batch_for_rpc(rpc))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    op: format!("get_batch_for_rpc({rpc})"),
-                    after: timeout,
-                    samples: Unstored::default(),
-                })
+        tokio::time::timeout(
+            timeout.min(crate::deadline::FOREVER),
+            self.get_batch_for_rpc(rpc),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                op: format!("get_batch_for_rpc({rpc})"),
+                after: timeout,
+                samples: Unstored::default(),
             })
+        })
     }
 
     /// Leases the batch of training step `step` for `rpc`. The first request chooses it by
@@ -207,15 +210,18 @@ impl SequenceBuffer {
         step: u64,
         timeout: Duration,
     ) -> Result<Batch> {
-        tokio::time::timeout(timeout.min(super::FOREVER), self.get_batch(rpc, Some(step)))
-            .await
-            .unwrap_or_else(|_| {
-                Err(Error::Timeout {
-                    op: format!("get_batch_for_step({rpc}, {step})"),
-                    after: timeout,
-                    samples: Unstored::default(),
-                })
+        tokio::time::timeout(
+            timeout.min(crate::deadline::FOREVER),
+            self.get_batch(rpc, Some(step)),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(Error::Timeout {
+                op: format!("get_batch_for_step({rpc}, {step})"),
+                after: timeout,
+                samples: Unstored::default(),
             })
+        })
     }
 }
 
@@ -428,7 +434,7 @@ impl Drop for Parked<'_> {
 /// interval doubles from it.
 const MIN_WARNING_INTERVAL: Duration = Duration::from_millis(10);
 /// The longest: a threshold past it (`Duration::MAX`, say) is never reached.
-const MAX_WARNING_INTERVAL: Duration = super::FOREVER;
+const MAX_WARNING_INTERVAL: Duration = crate::deadline::FOREVER;
 
 struct LongWait {
     started: tokio::time::Instant,

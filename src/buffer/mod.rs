@@ -81,15 +81,10 @@ use crate::rpc_defs::{RpcDef, RpcGraph};
 use crate::sample::{IdIndex, Patch, Sample, SampleId};
 use crate::state::{Generation, RpcSpec, SlotTable, Wake};
 use crate::sync::{Arc, AtomicBool, AtomicU64, Mutex, MutexGuard, Notify, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Bytes of the slot table per slot, at least (its line in the state machine).
 const SLOT_LINE: usize = 64;
-
-/// The longest wait a deadline is set for: a timeout past it (`Duration::MAX`, say) waits
-/// this long, which is without end in practice, where a deadline at the clock's far edge
-/// would overflow when the timer adds its rounding to it (a panic).
-pub(crate) const FOREVER: Duration = Duration::from_secs(86_400 * 365 * 30);
 
 /// Names a stored sample: its slot and the slot's generation when the sample was put.
 ///

@@ -283,7 +283,7 @@ impl SequenceBuffer {
         samples: Vec<Sample>,
         timeout: Duration,
     ) -> Result<Vec<SlotHandle>> {
-        let at = tokio::time::Instant::now() + timeout.min(super::FOREVER);
+        let at = tokio::time::Instant::now() + timeout.min(crate::deadline::FOREVER);
         self.put_until(samples, Vec::new(), Some((at, timeout)))
             .await
     }

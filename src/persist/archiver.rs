@@ -279,7 +279,7 @@ impl Queue {
             // A delay past thirty years is that long: without end in practice, where a
             // deadline at the clock's far edge would overflow.
             self.due = Some(
-                tokio::time::Instant::now() + self.options.max_delay.min(crate::buffer::FOREVER),
+                tokio::time::Instant::now() + self.options.max_delay.min(crate::deadline::FOREVER),
             );
         }
         self.pending_bytes += rows.iter().map(|r| r.sample.payload_bytes()).sum::<u64>();
@@ -320,7 +320,7 @@ impl Queue {
         self.due = match (&result, self.failed.is_empty()) {
             (Ok(()), _) | (Err(_), true) => None,
             (Err(_), false) => Some(
-                tokio::time::Instant::now() + self.options.max_delay.min(crate::buffer::FOREVER),
+                tokio::time::Instant::now() + self.options.max_delay.min(crate::deadline::FOREVER),
             ),
         };
         for waiter in self.waiters.drain(..) {

@@ -519,7 +519,7 @@ async fn next_group(shared: &WalShared, interval: Option<Duration>, retry: bool)
             let now = Instant::now();
             // An interval too long to represent means "only on flush or close".
             let due_at = match (interval, q.oldest) {
-                (Some(d), Some(t)) => t.checked_add(d),
+                (Some(d), Some(t)) => t.checked_add(d.min(crate::deadline::FOREVER)),
                 (None, Some(t)) => Some(t),
                 _ => None,
             };

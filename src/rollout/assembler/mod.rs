@@ -371,9 +371,8 @@ impl GroupAssembler {
         }
         let key = group.key;
         let merging = self.pending.contains_key(&key);
-        let retry_at = now
-            .checked_add(self.config.seal_timeout.max(RETRY_AFTER))
-            .unwrap_or(now + Duration::from_secs(1 << 40));
+        let retry_at =
+            crate::deadline::after(now, self.config.seal_timeout.max(RETRY_AFTER)).unwrap_or(now);
         let (min_size, target_size) = (self.config.min_size, self.config.target_size);
         for record in group.rollouts {
             if !keep(&record) {
@@ -430,10 +429,9 @@ impl GroupAssembler {
             rollouts: Vec::new(),
             uids: BTreeSet::new(),
             by_replica: BTreeMap::new(),
-            // A timeout too long to represent never passes.
-            deadline: now
-                .checked_add(timeout)
-                .unwrap_or(now + Duration::from_secs(1 << 40)),
+            // A timeout past FOREVER waits that long; `now` is the clock's far edge only in
+            // theory (`after` fails some 290 billion years after boot).
+            deadline: crate::deadline::after(now, timeout).unwrap_or(now),
             first: now,
             overdue: false,
         });

@@ -38,7 +38,9 @@ impl SlotTable {
         let spec = self.rpcs.get(r)?;
         let n = spec.n_seqs;
         // A timeout too large to represent as an instant means no deadline.
-        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
+        let deadline = spec
+            .lease_timeout
+            .and_then(|t| crate::deadline::after(now?, t));
         if self.ready.get(r)?.len() < n {
             return None;
         }
@@ -114,7 +116,9 @@ impl SlotTable {
         now: Option<Instant>,
     ) -> Option<LeaseId> {
         let spec = self.rpcs.get(r)?;
-        let deadline = spec.lease_timeout.and_then(|t| now?.checked_add(t));
+        let deadline = spec
+            .lease_timeout
+            .and_then(|t| crate::deadline::after(now?, t));
         let mut distinct = slots.to_vec();
         distinct.sort_unstable();
         distinct.dedup();

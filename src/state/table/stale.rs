@@ -101,7 +101,7 @@ impl SlotTable {
             if let (Some(bound), Some(age)) = (rpc.max_age, fresh.age) {
                 let deadline = bound
                     .checked_sub(age.age)
-                    .and_then(|left| age.at.checked_add(left));
+                    .and_then(|left| crate::deadline::after(age.at, left));
                 match deadline {
                     None if bound <= age.age => stale.insert(r),
                     Some(deadline) if now.is_some_and(|now| deadline <= now) => stale.insert(r),

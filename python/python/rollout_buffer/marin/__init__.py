@@ -584,7 +584,9 @@ class ReplayDataLoader:
                     self.replay_buffer.add_batches(batches)
             except Exception:  # a bad read must not end the loader (Marin's behaviour)
                 logger.exception("ReplayDataLoader: reading or adding rollouts failed")
-            self._stop.wait(self.rollout_fetch_interval)
+            # Event.wait refuses a timeout past TIMEOUT_MAX (OverflowError, about 292 years
+            # on Linux), which ended the thread after its first read.
+            self._stop.wait(min(self.rollout_fetch_interval, threading.TIMEOUT_MAX))
 
     def __enter__(self) -> "ReplayDataLoader":
         self.start()

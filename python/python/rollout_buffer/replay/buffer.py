@@ -50,8 +50,8 @@ _LIMITS = ("max_per_replica", "max_uses_per_group", "max_groups_per_version")
 # Durations: (name, 0 allowed, infinity allowed). A NaN or a negative retention evicted
 # every unleased group at the next call; a NaN flush interval never flushed by time.
 _SECONDS = (
-    ("seal_timeout_s", False, False),
-    ("lease_timeout_s", False, False),
+    ("seal_timeout_s", False, True),  # infinity: sealed by size only
+    ("lease_timeout_s", False, True),  # infinity: a lease never expires
     ("flush_interval_s", True, True),  # 0: at every call; infinity: by flush_rows only
     ("retention_ttl_s", False, True),  # None or infinity: no retention by age
 )
