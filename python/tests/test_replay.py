@@ -304,7 +304,8 @@ def test_policy_lag_controls_and_stats(tmp_path):
     near = buf.sample_groups(10, max_policy_lag=1)
     assert {g.policy_version for g in buf.get_groups(near.group_ids)} == {"4", "5"}
     buf.ack(near.batch_id, "ok")
-    recent = buf.sample_groups(10, recent_n_versions=1, seed=2)
+    # A numpy int counts as an int (it was refused).
+    recent = buf.sample_groups(10, recent_n_versions=np.int64(1), seed=2)
     assert {g.policy_version for g in buf.get_groups(recent.group_ids)} == {"5"}
     buf.ack(recent.batch_id, "ok")
     mix = buf.sample_groups(4, on_policy_fraction=0.5, seed=3)
@@ -557,6 +558,7 @@ def test_bad_filters_are_refused(tmp_path):
     for filters, message in [
         (dict(recent_n_versions=-1), "recent_n_versions"),
         (dict(recent_n_versions=0), "recent_n_versions"),
+        (dict(recent_n_versions=np.True_), "recent_n_versions"),
         (dict(max_policy_lag=math.nan), "max_policy_lag"),
         (dict(require_flags=["x"]), "require_flags"),
     ]:

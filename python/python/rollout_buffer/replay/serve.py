@@ -112,10 +112,15 @@ class Serving:
             raise ValueError(f"on_policy_fraction must be in [0, 1], not {on_policy_fraction}")
         if max_policy_lag is not None and not max_policy_lag >= 0:  # NaN too
             raise ValueError(f"max_policy_lag must be >= 0, not {max_policy_lag}")
+        # numpy ints too (a count taken from an array): it was refused as "not an int".
         if recent_n_versions is not None and (
-            isinstance(recent_n_versions, bool) or not isinstance(recent_n_versions, int) or recent_n_versions < 1
+            isinstance(recent_n_versions, (bool, np.bool_))
+            or not isinstance(recent_n_versions, (int, np.integer))
+            or recent_n_versions < 1
         ):
             raise ValueError(f"recent_n_versions must be an int >= 1, not {recent_n_versions!r}")
+        if recent_n_versions is not None:
+            recent_n_versions = int(recent_n_versions)
         if require_flags is not None and not isinstance(require_flags, dict):
             raise ValueError(f"require_flags must be a dict of flag -> value, not {require_flags!r}")
         recency_weights(np.zeros(0), recency_weighting)  # checks the name
