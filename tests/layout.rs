@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 /// Top-level modules by layer, lowest first. A module may import from lower layers only.
 const LAYERS: &[&[&str]] = &[
-    &["sync"],
+    &["sync", "deadline"],
     &["error", "exit"],
     &["tensor"],
     &["sample"],

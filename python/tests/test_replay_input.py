@@ -83,7 +83,7 @@ BAD_OPTIONS = [
     (dict(retention_ttl_s=-1.0), r"retention_ttl_s must be a number of seconds > 0 \(or None"),
     (dict(retention_ttl_s=math.nan), "retention_ttl_s must be"),
     (dict(flush_interval_s=math.nan), "flush_interval_s must be a number of seconds >= 0"),
-    (dict(seal_timeout_s="30"), "seal_timeout_s must be a finite number of seconds > 0, not '30'"),
+    (dict(seal_timeout_s="30"), "seal_timeout_s must be a number of seconds > 0, not '30'"),
 ]
 
 

@@ -304,3 +304,30 @@ async fn a_write_timeout_past_the_clocks_range_still_takes_writes() {
     let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
     assert_eq!(status, 200);
 }
+
+/// Timeouts on the command line past what a duration holds, or a write timeout of 0 (every
+/// write would answer 503), are usage errors (exit 1 with the option named), not a crash.
+#[test]
+fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
+    let dir = store("huge-timeouts");
+    let cases = [
+        ("--group-timeout", "1e20"),
+        ("--write-timeout", "1e20"),
+        ("--write-timeout", "0"),
+    ];
+    for (option, value) in cases {
+        let (ok, _, err) = common::cli(
+            "serve",
+            &[
+                "--store".as_ref(),
+                dir.as_os_str(),
+                "--listen".as_ref(),
+                "127.0.0.1:0".as_ref(),
+                option.as_ref(),
+                value.as_ref(),
+            ],
+        );
+        assert!(!ok);
+        assert!(err.contains(option) && !err.contains("panicked"), "{err}");
+    }
+}

@@ -519,7 +519,9 @@ async fn next_group(shared: &WalShared, interval: Option<Duration>, retry: bool)
             let now = Instant::now();
             // An interval too long to represent means "only on flush or close".
             let due_at = match (interval, q.oldest) {
-                (Some(d), Some(t)) => t.checked_add(d.min(crate::deadline::FOREVER)),
+                (Some(d), Some(t)) => {
+                    crate::deadline::after(t.into_std(), d).map(Instant::from_std)
+                }
                 (None, Some(t)) => Some(t),
                 _ => None,
             };

@@ -372,7 +372,7 @@ impl GroupAssembler {
         let key = group.key;
         let merging = self.pending.contains_key(&key);
         let retry_at =
-            crate::deadline::after(now, self.config.seal_timeout.max(RETRY_AFTER)).unwrap_or(now);
+            crate::deadline::at_most_forever(now, self.config.seal_timeout.max(RETRY_AFTER));
         let (min_size, target_size) = (self.config.min_size, self.config.target_size);
         for record in group.rollouts {
             if !keep(&record) {
@@ -429,9 +429,8 @@ impl GroupAssembler {
             rollouts: Vec::new(),
             uids: BTreeSet::new(),
             by_replica: BTreeMap::new(),
-            // A timeout past FOREVER waits that long; `now` is the clock's far edge only in
-            // theory (`after` fails some 290 billion years after boot).
-            deadline: crate::deadline::after(now, timeout).unwrap_or(now),
+            // A timeout past FOREVER waits that long.
+            deadline: crate::deadline::at_most_forever(now, timeout),
             first: now,
             overdue: false,
         });
