@@ -37,7 +37,8 @@ impl Format {
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
-            .any(|m| m.split(';').next().map(str::trim) == Some(ARROW_STREAM));
+            .filter_map(|m| m.split(';').next())
+            .any(|m| m.trim().eq_ignore_ascii_case(ARROW_STREAM));
         if arrow {
             Self::Arrow
         } else {

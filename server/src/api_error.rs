@@ -160,9 +160,11 @@ impl<S: Send + Sync> FromRequest<S> for ApiBody {
 }
 
 impl ApiBody {
-    /// Whether the body is declared as `media_type` (parameters aside).
+    /// Whether the body is declared as `media_type` (parameters aside; media types are
+    /// case-insensitive).
     pub fn is(&self, media_type: &str) -> bool {
-        self.media_type() == Some(media_type)
+        self.media_type()
+            .is_some_and(|m| m.eq_ignore_ascii_case(media_type))
     }
 
     fn media_type(&self) -> Option<&str> {
@@ -174,9 +176,10 @@ impl ApiBody {
     /// syntax 400; the wrong shape 422 naming the path), with strings borrowed from the
     /// body where `T` borrows them.
     pub fn json<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
-        let json = self
-            .media_type()
-            .is_some_and(|m| m == "application/json" || m.ends_with("+json"));
+        let json = self.media_type().is_some_and(|m| {
+            let m = m.to_ascii_lowercase();
+            m == "application/json" || m.ends_with("+json")
+        });
         if !json {
             return Err(ApiError::BadRequest {
                 status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -195,6 +198,28 @@ fn surrogate_hint(e: &serde_json::Error) -> &'static str {
         " (a string holds a lone UTF-16 surrogate escape, which is not a Unicode character)"
     } else {
         ""
+    }
+}
+
+/// `T` from a JSON object only: serde's derived structs also take an array of their fields
+/// in order, so `["u1", "q", [], 0.5, {}]` was stored as an item and `[]` read as `{}`.
+#[derive(Debug)]
+pub struct Object<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Fields<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Fields(std::marker::PhantomData))
+            .map(Object)
     }
 }
 

@@ -6,7 +6,7 @@
 //! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
 
 use crate::answer::{self, Format, Items};
-use crate::api_error::{ApiBody, ApiError, ApiJson};
+use crate::api_error::{ApiBody, ApiError, ApiJson, Object};
 use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
@@ -142,7 +142,10 @@ async fn auth(State(app): State<Arc<App>>, req: Request, next: Next) -> Response
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
+            // The scheme is case-insensitive (RFC 9110, 11.1): `bearer` is `Bearer`.
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token);
         if given != Some(token.as_str()) {
             return ApiError::Unauthorized.into_response();
         }
@@ -284,7 +287,10 @@ async fn write(
     body: ApiBody,
 ) -> Result<Json<Envelope<Vec<Value>>>, ApiError> {
     refuse_if_busy(&app)?;
-    let record = body.json::<Item>()?.into_record(&app.environment)?;
+    let record = body
+        .json::<Object<Item>>()?
+        .0
+        .into_record(&app.environment)?;
     let out = add_all(&app, vec![record]).await?;
     Ok(envelope(
         true,
@@ -304,9 +310,9 @@ async fn write_batch(
     let records = if body.is(arrow_items::ARROW_STREAM) {
         arrow_items::records(&body.body, &app.environment)?
     } else {
-        body.json::<Vec<Item>>()?
+        body.json::<Vec<Object<Item>>>()?
             .into_iter()
-            .map(|i| i.into_record(&app.environment))
+            .map(|i| i.0.into_record(&app.environment))
             .collect::<Result<Vec<_>, _>>()?
     };
     let n = records.len();
@@ -319,15 +325,15 @@ async fn write_batch(
     ))
 }
 
-/// A JSON body that may be empty (slime's consumer posts `{}` or nothing).
+/// A JSON object body that may be empty (slime's consumer posts `{}` or nothing).
 fn lenient<T: DeserializeOwned + Default>(body: &Bytes) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    crate::api_error::from_json(body)
+    crate::api_error::from_json::<Object<T>>(body).map(|o| o.0)
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 struct ReadRequest {
     #[serde(default = "all")]
     batch_size: i64,
@@ -339,6 +345,17 @@ struct ReadRequest {
 
 fn all() -> i64 {
     -1
+}
+
+/// An empty body is `{}`: all ready groups (a derived default had `batch_size` 0, refused).
+impl Default for ReadRequest {
+    fn default() -> Self {
+        Self {
+            batch_size: all(),
+            timeout: None,
+            wait: None,
+        }
+    }
 }
 
 async fn get_rollout_data(
@@ -376,6 +393,15 @@ async fn read_groups(
     if batch_size == 0 || batch_size < -1 {
         return Err(ApiError::bad(format!(
             "`batch_size` must be -1 (all) or > 0, not {batch_size}"
+        )));
+    }
+    // More than the buffer ever holds: the read would hold every ready group, hiding them
+    // from every other reader, until its timeout (up to an hour), then answer nothing.
+    let most = app.buf.capacity().saturating_mul(app.settings().group_size);
+    if usize::try_from(batch_size).is_ok_and(|n| n > most) {
+        return Err(ApiError::bad(format!(
+            "`batch_size` {batch_size} is more than this server ever holds: {most} items \
+             (--capacity groups of the group size)"
         )));
     }
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);

@@ -177,8 +177,12 @@ where
 
 async fn serve(args: Serve) -> Result<(), String> {
     arrow_items::quiet_decoder_panics();
-    if args.group_size == 0 {
-        return Err("--group-size must be >= 1".into());
+    if !(1..=slime::MAX_GROUP_SIZE).contains(&args.group_size) {
+        return Err(format!(
+            "--group-size must be from 1 to {}, not {}",
+            slime::MAX_GROUP_SIZE,
+            args.group_size
+        ));
     }
     if args.archive_mb == 0 {
         return Err("--archive-mb must be >= 1".into());
@@ -198,9 +202,9 @@ async fn serve(args: Serve) -> Result<(), String> {
     // Thirty years at most: each write's deadline is now plus this, which past the clock's
     // range panicked (every write answered by a closed connection).
     let write_timeout = write_timeout.min(Duration::from_secs(86_400 * 365 * 30));
-    if !(args.group_timeout > 0.0 && Duration::try_from_secs_f64(args.group_timeout).is_ok()) {
+    if slime::timeout_seconds(args.group_timeout).is_none() {
         return Err(format!(
-            "--group-timeout must be > 0 and finite, not {}",
+            "--group-timeout must be at least a nanosecond and finite, not {}",
             args.group_timeout
         ));
     }

@@ -138,6 +138,16 @@ impl ItemText<'_> {
                 )))
             }
         };
+        for (key, text) in [("messages", self.messages), ("extra_info", extra_text)] {
+            let depth = nesting(text);
+            if depth > MAX_NESTING {
+                return Err(ApiError::bad(format!(
+                    "item {}: `{key}` nests arrays and objects {depth} deep; at most \
+                     {MAX_NESTING}",
+                    self.uid
+                )));
+            }
+        }
         let extra: Extra = serde_json::from_str(extra_text).map_err(|e| {
             ApiError::bad(format!(
                 "item {}: `extra_info` is not a JSON object: {e}",
@@ -181,10 +191,54 @@ impl ItemText<'_> {
     }
 }
 
+/// The deepest nesting of arrays and objects `messages` and `extra_info` may have: the
+/// limit the rest of a request has (serde_json's). They are kept as text, which serde_json
+/// skips over without one, and a chat 200,000 levels deep, stored and answered, made every
+/// reader's JSON parser give up (Python's `json` at about a thousand).
+const MAX_NESTING: usize = 128;
+
+/// How deep arrays and objects nest in the JSON text `text` (well-formed: serde_json or
+/// the Arrow decoder checked it).
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 fn now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The largest group size (`--group-size`, `num_repeat_per_sample`): slime's are 4 to 64.
+pub const MAX_GROUP_SIZE: usize = 1 << 16;
+
+/// `t` seconds as a group timeout: `None` unless it is finite and at least a nanosecond
+/// (1e-320 is > 0, and was a zero timeout: every group sealed, or was dropped, at once).
+pub fn timeout_seconds(t: f64) -> Option<Duration> {
+    Duration::try_from_secs_f64(t).ok().filter(|d| !d.is_zero())
 }
 
 /// slime's group settings (`/start_rollout`'s optional fields).
@@ -238,9 +292,10 @@ impl Settings {
         };
         let mut next = *self;
         if let Some(g) = num("num_repeat_per_sample")? {
-            if g < 1.0 || g.fract() != 0.0 {
+            // Bounded: 1e308 saturated to usize::MAX, a size no group ever reaches.
+            if g < 1.0 || g.fract() != 0.0 || g > MAX_GROUP_SIZE as f64 {
                 return Err(ApiError::bad(format!(
-                    "`num_repeat_per_sample` must be a whole number >= 1, not {g}"
+                    "`num_repeat_per_sample` must be a whole number from 1 to {MAX_GROUP_SIZE}, not {g}"
                 )));
             }
             next.group_size = g as usize;
@@ -267,9 +322,10 @@ impl Settings {
             }
         }
         if let Some(t) = num("group_timeout_seconds")? {
-            if !(t > 0.0 && Duration::try_from_secs_f64(t).is_ok()) {
+            if timeout_seconds(t).is_none() {
                 return Err(ApiError::bad(format!(
-                    "`group_timeout_seconds` must be > 0 and finite (at most {:e} s), not {t}",
+                    "`group_timeout_seconds` must be at least a nanosecond and finite (at most \
+                     {:e} s), not {t}",
                     Duration::MAX.as_secs_f64()
                 )));
             }
@@ -573,5 +629,19 @@ mod tests {
             let t = created_ts(&format!(r#"{{"timestamp": {odd}}}"#));
             assert!(t.is_finite() && t >= before, "{odd}: {t}");
         }
+    }
+
+    #[test]
+    fn nesting_counts_arrays_and_objects_but_not_brackets_in_strings() {
+        use super::nesting;
+        assert_eq!(nesting("[]"), 1);
+        assert_eq!(
+            nesting(r#"[{"role": "user", "content": [{"type": "text"}]}]"#),
+            4
+        );
+        assert_eq!(nesting(r#"["[[[{{{", "\"[[", {"k": "]]]"}]"#), 2);
+        assert_eq!(nesting("1"), 0);
+        let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
+        assert_eq!(nesting(&deep), 129);
     }
 }

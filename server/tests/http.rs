@@ -422,7 +422,7 @@ fn serve_refuses_settings_out_of_range_before_touching_the_store() {
             ],
         );
         assert!(!ok, "{flag} {value} was accepted");
-        assert!(err.contains(&format!("{flag} must be >= 1")), "{err}");
+        assert!(err.contains(&format!("{flag} must be")), "{err}");
         assert!(!dir.exists(), "{flag} {value}: the store was created");
     }
 }
