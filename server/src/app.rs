@@ -312,7 +312,12 @@ async fn write_batch(
     } else {
         body.json::<Vec<Object<Item>>>()?
             .into_iter()
-            .map(|i| i.0.into_record(&app.environment))
+            .enumerate()
+            .map(|(i, item)| {
+                (item.0)
+                    .into_record(&app.environment)
+                    .map_err(|e| e.at(format_args!("[{i}]")))
+            })
             .collect::<Result<Vec<_>, _>>()?
     };
     let n = records.len();

@@ -121,7 +121,10 @@ fn batch_records(
             reward: reward.value(row),
             extra_info: extra,
         };
-        out.push(item.into_record(environment)?);
+        out.push(
+            item.into_record(environment)
+                .map_err(|e| e.at(format_args!("row {at}")))?,
+        );
     }
     Ok(())
 }

@@ -95,6 +95,8 @@ async fn bad_arrow_bodies_are_refused_whole() {
     text_reward[3].1 = Arc::new(StringArray::from(vec!["high", "low"]));
     let mut bad_messages = items(2, "e");
     bad_messages[2].1 = Arc::new(StringArray::from(vec!["[{\"role\": ", "[]"]));
+    let mut empty_uid = items(2, "h");
+    empty_uid[0].1 = Arc::new(StringArray::from(vec!["h0", ""]));
     let mut truncated = ipc(items(4, "g"));
     truncated.truncate(truncated.len() - 100);
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -105,6 +107,7 @@ async fn bad_arrow_bodies_are_refused_whole() {
         (ipc(null_uid), "row 1: `uid` is null"),
         (ipc(text_reward), "`reward` must be numeric"),
         (ipc(bad_messages), "row 0: `messages` is not JSON"),
+        (ipc(empty_uid), "row 1: item: `uid` is empty"),
     ];
     for (body, says) in cases {
         let (status, answer) = post_arrow(&server, body).await;

@@ -196,3 +196,17 @@ async fn media_types_and_the_bearer_scheme_ignore_case() {
         .expect("send");
     assert_eq!(resp.status().as_u16(), 401);
 }
+
+/// A bad item of a JSON batch is named by its place: an empty uid names no item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_item_of_a_batch_is_named_by_its_place() {
+    let dir = store("batch-place");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let mut nameless = item("x", "q", 1.0);
+    nameless["uid"] = json!("");
+    let batch = json!([item("a", "q", 1.0), nameless]);
+    let (status, body) = post(&server, "/buffer/write_batch", &batch).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["message"], "[1]: item: `uid` is empty");
+    assert_eq!(written(&server).await, 0, "nothing stored");
+}
