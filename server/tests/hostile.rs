@@ -4,22 +4,19 @@
 
 mod common;
 
-use common::{client, get, item, post, store, uids, write_group, Server};
+use common::{answer, client, get, item, post, store, uids, write_group, Server};
 use serde_json::{json, Value};
 
 /// The status and JSON body of a POST of raw `body` with `content_type`.
 async fn raw(server: &Server, path: &str, content_type: &str, body: String) -> (u16, Value) {
-    let resp = client()
-        .post(format!("{}{path}", server.url))
-        .header("content-type", content_type)
-        .body(body)
-        .send()
-        .await
-        .expect("send");
-    let status = resp.status().as_u16();
-    let text = resp.text().await.expect("body");
-    let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
-    (status, body)
+    let url = format!("{}{path}", server.url);
+    answer(
+        client()
+            .post(url)
+            .header("content-type", content_type)
+            .body(body),
+    )
+    .await
 }
 
 async fn written(server: &Server) -> u64 {

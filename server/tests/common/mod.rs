@@ -139,12 +139,14 @@ pub async fn get(server: &Server, path: &str) -> (u16, Value) {
     send(client().get(format!("{}{path}", server.url))).await
 }
 
+/// Sends `req` as JSON; the status and the parsed body.
 pub async fn send(req: reqwest::RequestBuilder) -> (u16, Value) {
-    let resp = req
-        .header("content-type", "application/json")
-        .send()
-        .await
-        .expect("send");
+    answer(req.header("content-type", "application/json")).await
+}
+
+/// Sends `req` as it is; the status and the parsed body.
+pub async fn answer(req: reqwest::RequestBuilder) -> (u16, Value) {
+    let resp = req.send().await.expect("send");
     let status = resp.status().as_u16();
     let text = resp.text().await.expect("body");
     let body = serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text:?}"));
