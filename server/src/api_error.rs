@@ -116,14 +116,27 @@ impl IntoResponse for ApiError {
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+impl<T: DeserializeOwned, S: BodyTimeout + Send + Sync> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(rejection) => Err(rejected(rejection)),
+        let timeout = state.body_timeout();
+        match tokio::time::timeout(timeout, axum::Json::<T>::from_request(req, state)).await {
+            Err(_) => Err(body_timed_out(timeout)),
+            Ok(Ok(axum::Json(v))) => Ok(ApiJson(v)),
+            Ok(Err(rejection)) => Err(rejected(rejection)),
         }
+    }
+}
+
+/// A 408: the body did not arrive within `timeout`.
+fn body_timed_out(timeout: std::time::Duration) -> ApiError {
+    ApiError::BadRequest {
+        status: StatusCode::REQUEST_TIMEOUT,
+        message: format!(
+            "the body did not arrive within {} s (--body-timeout)",
+            timeout.as_secs_f64()
+        ),
     }
 }
 
@@ -153,13 +166,21 @@ pub struct ApiBody {
     pub body: Bytes,
 }
 
-impl<S: Send + Sync> FromRequest<S> for ApiBody {
+/// The state that says how long a body may take to arrive.
+pub trait BodyTimeout {
+    /// How long a request's body may take to arrive once its head has.
+    fn body_timeout(&self) -> std::time::Duration;
+}
+
+impl<S: BodyTimeout + Send + Sync> FromRequest<S> for ApiBody {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         let headers = req.headers().clone();
-        let body = Bytes::from_request(req, state)
+        let timeout = state.body_timeout();
+        let body = tokio::time::timeout(timeout, Bytes::from_request(req, state))
             .await
+            .map_err(|_| body_timed_out(timeout))?
             .map_err(|e| ApiError::BadRequest {
                 status: e.status(),
                 message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {

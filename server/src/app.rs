@@ -43,6 +43,7 @@ pub struct App {
     token: Option<String>,
     prometheus: PrometheusHandle,
     write_timeout: Duration,
+    body_timeout: Duration,
     /// Items being added now (see [`add_all`]).
     in_flight: Arc<tokio::sync::Semaphore>,
     max_in_flight: usize,
@@ -63,6 +64,8 @@ pub struct Options {
     pub write_timeout: Duration,
     /// Largest request body, bytes.
     pub body_limit: usize,
+    /// How long a request's body may take to arrive.
+    pub body_timeout: Duration,
 }
 
 impl App {
@@ -95,6 +98,7 @@ impl App {
             token: options.token.clone(),
             prometheus,
             write_timeout: options.write_timeout,
+            body_timeout: options.body_timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
             max_in_flight,
             queued: AtomicUsize::new(0),
@@ -203,6 +207,12 @@ fn outcome(added: &Added) -> &'static str {
         Added::VersionRejected => "version_rejected",
         Added::ReplicaCapped => "replica_capped",
         _ => "duplicate_group",
+    }
+}
+
+impl crate::api_error::BodyTimeout for Arc<App> {
+    fn body_timeout(&self) -> Duration {
+        self.body_timeout
     }
 }
 

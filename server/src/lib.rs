@@ -109,6 +109,10 @@ struct Serve {
     /// Largest request body, bytes (larger ones get 413).
     #[arg(long, default_value_t = 64 << 20)]
     body_limit: usize,
+    /// Seconds a request's body may take to arrive once its head has (408 after); > 0.
+    /// A client that declared a length and stopped sending held its request for good.
+    #[arg(long, default_value_t = 60.0)]
+    body_timeout: f64,
     /// Environment name the items are stored under.
     #[arg(long, default_value = "slime")]
     environment: String,
@@ -175,6 +179,17 @@ where
     code
 }
 
+/// A command-line timeout: > 0 and finite (`why` says what 0 would break), at most thirty
+/// years (a request's deadline is now plus this, which past the clock's range panicked:
+/// every write answered by a closed connection).
+fn seconds(option: &str, t: f64, why: &str) -> Result<Duration, String> {
+    let d = Duration::try_from_secs_f64(t)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{option} must be > 0 and finite{why}, not {t}"))?;
+    Ok(d.min(Duration::from_secs(86_400 * 365 * 30)))
+}
+
 async fn serve(args: Serve) -> Result<(), String> {
     arrow_items::quiet_decoder_panics();
     if !(1..=slime::MAX_GROUP_SIZE).contains(&args.group_size) {
@@ -189,19 +204,12 @@ async fn serve(args: Serve) -> Result<(), String> {
     }
     // Not 0: the timeout bounds the whole write, its log write included, so at 0 every
     // write answered 503 however much room there was.
-    let write_timeout = Duration::try_from_secs_f64(args.write_timeout)
-        .ok()
-        .filter(|t| !t.is_zero())
-        .ok_or_else(|| {
-            format!(
-                "--write-timeout must be > 0 and finite (it bounds the whole write, the log \
-                 write included), not {}",
-                args.write_timeout
-            )
-        })?;
-    // Thirty years at most: each write's deadline is now plus this, which past the clock's
-    // range panicked (every write answered by a closed connection).
-    let write_timeout = write_timeout.min(Duration::from_secs(86_400 * 365 * 30));
+    let write_timeout = seconds(
+        "--write-timeout",
+        args.write_timeout,
+        " (it bounds the whole write, the log write included)",
+    )?;
+    let body_timeout = seconds("--body-timeout", args.body_timeout, "")?;
     if slime::timeout_seconds(args.group_timeout).is_none() {
         return Err(format!(
             "--group-timeout must be at least a nanosecond and finite, not {}",
@@ -228,6 +236,7 @@ async fn serve(args: Serve) -> Result<(), String> {
         token: args.token.clone(),
         write_timeout,
         body_limit: args.body_limit,
+        body_timeout,
     };
     let app = app::App::new(buf.clone(), settings, &app_options, prometheus)
         .await

@@ -317,6 +317,7 @@ fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
         ("--group-timeout", "1e20"),
         ("--write-timeout", "1e20"),
         ("--write-timeout", "0"),
+        ("--body-timeout", "0"),
     ];
     for (option, value) in cases {
         let (ok, _, err) = common::cli(

@@ -207,3 +207,34 @@ async fn a_bad_item_of_a_batch_is_named_by_its_place() {
     assert_eq!(body["message"], "[1]: item: `uid` is empty");
     assert_eq!(written(&server).await, 0, "nothing stored");
 }
+
+/// A client that declared a body and stopped sending it held its request (and a task) for
+/// good; it gets a 408 once `--body-timeout` has passed, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_stops_arriving_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = store("body-timeout");
+    let server = Server::start(&dir, &["--group-size", "2", "--body-timeout", "0.2"]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for path in ["/buffer/write", "/start_rollout"] {
+        let mut stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: 50\r\n\r\n{{\"uid\""
+        );
+        stream.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        tokio::time::timeout(std::time::Duration::from_secs(20), read)
+            .await
+            .expect("answered, not held")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 408"), "{path}: {answer}");
+        assert!(answer.contains("--body-timeout"), "{path}: {answer}");
+    }
+    let (status, body) = post(&server, "/buffer/write", &item("a", "q", 1.0)).await;
+    assert_eq!(status, 200, "{body}");
+}
