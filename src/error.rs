@@ -328,6 +328,19 @@ pub enum Error {
         /// The slot's current generation.
         current: u32,
     },
+    /// One sample's handle appears twice in one amend: which patch wins would depend on
+    /// their order.
+    #[error(
+        "amend_batch: the handle of slot {slot} appears twice (positions {first} and {index})"
+    )]
+    DuplicateHandle {
+        /// The slot.
+        slot: u32,
+        /// Its first position in the call.
+        first: usize,
+        /// Its second position.
+        index: usize,
+    },
     /// A handle names a slot outside the buffer.
     #[error("handle names slot {slot}, but the capacity is {capacity}")]
     InvalidSlot {

@@ -71,6 +71,32 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
 /// (`SlotHandle::new(slot, generation)`) is the same handle: it amends its sample, round
 /// after round of the slot's reuse, and the first round's is refused once the slot moved on.
 /// A batch hands out the same handles.
+/// One sample twice in one amend is refused, nothing applied: the last patch won silently.
+#[tokio::test]
+async fn a_handle_twice_in_one_amend_is_refused() {
+    let buf = scored(4);
+    let h = buf
+        .put_batch(vec![prompt("s0"), prompt("s1")])
+        .await
+        .expect("put");
+    let twice = [h[0], h[1], h[0]];
+    let patches = [1.0, 2.0, 3.0].map(|v| Patch::new().with("a", v).with("b", v));
+    let err = buf.amend_batch(&twice, patches.to_vec()).await;
+    assert!(
+        matches!(
+            err,
+            Err(Error::DuplicateHandle {
+                first: 0,
+                index: 2,
+                ..
+            })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(buf.stats().rpcs[0].eligible, 0, "nothing applied");
+    assert_invariants(&buf);
+}
+
 #[tokio::test]
 async fn a_handle_rebuilt_from_its_two_integers_is_the_same_handle() {
     use rollout_buffer::SlotHandle;

@@ -9,8 +9,12 @@
 //! `arrays.rs`).
 
 use arrow_array::ffi::{from_ffi, to_ffi, FFI_ArrowArray, FFI_ArrowSchema};
-use arrow_array::ffi_stream::{FFI_ArrowArrayStream, RecordBatchStreamReader};
-use arrow_array::{Array, RecordBatch, RecordBatchIterator, StructArray};
+use arrow_array::ffi_stream::{ArrayStreamReader, FFI_ArrowArrayStream, RecordBatchStreamReader};
+use arrow_array::{
+    make_array, Array, ArrayReader, ArrayRef, RecordBatch, RecordBatchIterator, RecordBatchReader,
+    StructArray,
+};
+use arrow_schema::{Field, SchemaRef};
 use pyo3::exceptions::{PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyCapsule, PyTuple};
@@ -59,17 +63,92 @@ pub(crate) fn export_stream<'py>(
 /// The record batches of any object that exports Arrow: a stream (`__arrow_c_stream__`:
 /// a pyarrow Table, a polars DataFrame, a DuckDB relation) or one struct array
 /// (`__arrow_c_array__`: a pyarrow RecordBatch). `None` if it exports neither.
-pub(crate) fn import_batches(obj: &Bound<'_, PyAny>) -> Option<PyResult<Vec<RecordBatch>>> {
+/// The schema comes too: a stream of no batches (an empty table) still names its columns.
+pub(crate) fn import_batches(
+    obj: &Bound<'_, PyAny>,
+) -> Option<PyResult<(SchemaRef, Vec<RecordBatch>)>> {
     if obj.hasattr("__arrow_c_stream__").ok()? {
         return Some(import_stream(obj));
     }
     if obj.hasattr("__arrow_c_array__").ok()? {
-        return Some(import_array(obj).map(|b| vec![b]));
+        return Some(import_array(obj).map(|b| (b.schema(), vec![b])));
     }
     None
 }
 
-fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RecordBatch>> {
+/// One column from an object exporting Arrow that is not numpy's: one array
+/// (`__arrow_c_array__`: a pyarrow Array) or a stream of them (`__arrow_c_stream__`: a
+/// ChunkedArray, a polars Series), its chunks in order, with its field. `None` if it
+/// exports neither. Read as Arrow, not through `numpy.asarray`, which made nulls NaN and
+/// int64 floats.
+pub(crate) fn import_column(obj: &Bound<'_, PyAny>) -> Option<PyResult<(Field, Vec<ArrayRef>)>> {
+    if obj.hasattr("__arrow_c_array__").ok()? {
+        return Some(import_one_array(obj));
+    }
+    if obj.hasattr("__arrow_c_stream__").ok()? {
+        return Some(import_array_stream(obj));
+    }
+    None
+}
+
+fn import_one_array(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>)> {
+    let (schema, array) = array_capsules(obj)?;
+    let schema_ptr = schema.pointer_checked(Some(SCHEMA))?;
+    let array_ptr = array.pointer_checked(Some(ARRAY))?;
+    // SAFETY: as in `import_array`: capsules named `arrow_schema` and `arrow_array` hold
+    // initialised C Data Interface structs; the schema is only read, the array moved out.
+    let (field, data) = unsafe {
+        let schema: &FFI_ArrowSchema = &*schema_ptr.as_ptr().cast::<FFI_ArrowSchema>();
+        let field = Field::try_from(schema).map_err(arrow_err)?;
+        let array = std::ptr::replace(array_ptr.as_ptr().cast(), FFI_ArrowArray::empty());
+        (field, from_ffi(array, schema).map_err(arrow_err)?)
+    };
+    data.validate_full().map_err(arrow_err)?;
+    Ok((field, vec![make_array(data)]))
+}
+
+fn import_array_stream(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>)> {
+    let capsule = obj.call_method0("__arrow_c_stream__")?;
+    let capsule = capsule
+        .cast::<PyCapsule>()
+        .map_err(|_| PyTypeError::new_err("__arrow_c_stream__ did not return a capsule"))?;
+    let pointer = capsule.pointer_checked(Some(STREAM))?;
+    // SAFETY: as in `import_stream`: the capsule holds an initialised stream, which
+    // `from_raw` moves out of.
+    let reader =
+        unsafe { ArrayStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
+    let field = reader.field().as_ref().clone();
+    // As in `import_stream`: a malformed array may panic while it is built.
+    let chunks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        reader
+            .map(|a| {
+                let a = a.map_err(arrow_err)?;
+                a.to_data().validate_full().map_err(arrow_err)?;
+                Ok(a)
+            })
+            .collect::<PyResult<Vec<ArrayRef>>>()
+    }))
+    .unwrap_or_else(|_| {
+        Err(PyValueError::new_err(
+            "Arrow: the stream holds a malformed array",
+        ))
+    })?;
+    Ok((field, chunks))
+}
+
+fn array_capsules<'py>(
+    obj: &Bound<'py, PyAny>,
+) -> PyResult<(Bound<'py, PyCapsule>, Bound<'py, PyCapsule>)> {
+    let pair = obj.call_method0("__arrow_c_array__")?;
+    let (schema, array): (Bound<'py, PyAny>, Bound<'py, PyAny>) = pair.extract()?;
+    let capsule = |c: Bound<'py, PyAny>| {
+        c.cast_into::<PyCapsule>()
+            .map_err(|_| PyTypeError::new_err("__arrow_c_array__ did not return capsules"))
+    };
+    Ok((capsule(schema)?, capsule(array)?))
+}
+
+fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
     let capsule = obj.call_method0("__arrow_c_stream__")?;
     let capsule = capsule
         .cast::<PyCapsule>()
@@ -81,12 +160,14 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<Vec<RecordBatch>> {
     // for the call.
     let reader =
         unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
+    let schema = reader.schema();
     // arrow-rs builds each batch from the imported arrays before `validated` can look at
     // them, and a malformed array can make that panic: an error here, never a crash.
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         reader
             .map(|b| b.map_err(arrow_err).and_then(validated))
-            .collect()
+            .collect::<PyResult<Vec<RecordBatch>>>()
+            .map(|batches| (schema, batches))
     }))
     .unwrap_or_else(|_| {
         Err(PyValueError::new_err(
@@ -106,14 +187,7 @@ fn validated(batch: RecordBatch) -> PyResult<RecordBatch> {
 }
 
 fn import_array(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
-    let pair = obj.call_method0("__arrow_c_array__")?;
-    let (schema, array): (Bound<'_, PyAny>, Bound<'_, PyAny>) = pair.extract()?;
-    let schema = schema
-        .cast::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err("__arrow_c_array__ did not return capsules"))?;
-    let array = array
-        .cast::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err("__arrow_c_array__ did not return capsules"))?;
+    let (schema, array) = array_capsules(obj)?;
     let schema_ptr = schema.pointer_checked(Some(SCHEMA))?;
     let array_ptr = array.pointer_checked(Some(ARRAY))?;
     // SAFETY: capsules named `arrow_schema` and `arrow_array` hold initialised C Data

@@ -9,18 +9,23 @@ use arrow_array::types::{
     Float32Type, Float64Type, Int32Type, Int64Type, UInt32Type, UInt64Type, UInt8Type,
 };
 use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use pyo3::prelude::*;
 use rollout_buffer::{DType, MetaValue, SampleId, Tensor};
 use std::sync::Arc;
 
-pub(crate) fn concat_batches(batches: Vec<RecordBatch>) -> PyResult<RecordBatch> {
+/// The batches of a stream back to back; none is an empty batch of `schema` (its columns
+/// still checked: an empty table of an undeclared column, for one id, was stored).
+pub(crate) fn concat_batches(
+    schema: SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> PyResult<RecordBatch> {
     match batches.len() {
-        0 => Ok(RecordBatch::new_empty(Arc::new(Schema::empty()))),
+        0 => Ok(RecordBatch::new_empty(schema)),
         1 => Ok(batches
             .into_iter()
             .next()
-            .unwrap_or_else(|| RecordBatch::new_empty(Arc::new(Schema::empty())))),
+            .unwrap_or_else(|| RecordBatch::new_empty(schema))),
         _ => {
             let schema = batches[0].schema();
             let mut columns = Vec::with_capacity(schema.fields().len());
@@ -34,7 +39,7 @@ pub(crate) fn concat_batches(batches: Vec<RecordBatch>) -> PyResult<RecordBatch>
 }
 
 /// Arrays of one type back to back (a stream of several batches).
-fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
+pub(crate) fn concat_arrays(parts: &[&dyn Array]) -> PyResult<arrow_array::ArrayRef> {
     let data: Vec<arrow_data::ArrayData> = parts.iter().map(|a| a.to_data()).collect();
     let refs: Vec<&arrow_data::ArrayData> = data.iter().collect();
     let total = refs.iter().map(|d| d.len()).sum();

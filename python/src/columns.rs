@@ -21,13 +21,17 @@
 //! fields as one list of sequence views per sample.
 
 use crate::arrays::{as_numpy, tensor_from_numpy, tensor_to_numpy};
-use crate::arrow_columns::{arrow_births, arrow_ids, arrow_meta, arrow_rows, concat_batches};
+use crate::arrow_columns::{
+    arrow_births, arrow_ids, arrow_meta, arrow_rows, concat_arrays, concat_batches,
+};
 use crate::convert::{at, meta_from_py, string_from_py};
 use crate::rpc::RESERVED;
+use arrow_array::{Array, ArrayRef, RecordBatch};
+use arrow_schema::{Field, Schema};
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
 use rollout_buffer::{DType, FieldKey, MetaValue, Patch, Sample, SampleId, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -88,8 +92,9 @@ impl Columns {
             )));
         }
         let mut id_column: Option<Vec<SampleId>> = None;
-        if let Some(batches) = crate::arrow::import_batches(obj) {
-            let batch = concat_batches(batches?)?;
+        if let Some(imported) = crate::arrow::import_batches(obj) {
+            let (schema, batches) = imported?;
+            let batch = concat_batches(schema, batches)?;
             let schema = batch.schema();
             let mut seen = std::collections::HashSet::new();
             for (field, column) in schema.fields().iter().zip(batch.columns()) {
@@ -359,6 +364,13 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
 }
 
 fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
+    // A str is a sequence too: `meta={"env": "math"}` gave four samples "m", "a", "t", "h".
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<PyBytes>() {
+        return Err(bad(format!(
+            "meta {name:?}: one value per sample (a list), not a single {}",
+            obj.get_type().name()?
+        )));
+    }
     let list = numpy_list(obj)?;
     let items = list.try_iter().map_err(|_| {
         bad(format!(
@@ -374,12 +386,30 @@ fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
 /// One Python column as one tensor per row.
 fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     let what = format!("column {name:?}");
-    if let Ok(pair) = obj.cast::<PyTuple>() {
-        if pair.len() == 2 {
-            return offsets_rows(&what, &pair.get_item(0)?, &pair.get_item(1)?);
+    if as_numpy(obj).is_none() {
+        if let Some(column) = crate::arrow::import_column(obj) {
+            let (field, chunks) = column?;
+            return arrow_column_rows(name, field, chunks);
         }
     }
+    no_masked(obj, &what)?;
+    // A tuple is always `(values, offsets)`: read as rows when it was not two long, a
+    // tuple of two rows was split by the second as offsets.
+    if let Ok(pair) = obj.cast::<PyTuple>() {
+        if pair.len() != 2 {
+            return Err(bad(format!(
+                "{what}: a tuple is a ragged column (values, offsets), not {} items; pass \
+                 rows as a list",
+                pair.len()
+            )));
+        }
+        return offsets_rows(&what, &pair.get_item(0)?, &pair.get_item(1)?);
+    }
     if let Ok(list) = obj.cast::<PyList>() {
+        for (row, v) in list.iter().enumerate() {
+            no_arrow_nulls(&v, &format!("{what}, row {row}"))?;
+            no_masked(&v, &format!("{what}, row {row}"))?;
+        }
         if list.iter().all(|v| v.is_instance_of::<PyString>()) {
             return list
                 .iter()
@@ -439,12 +469,76 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     })
 }
 
+/// An Arrow column given inside a dict of columns (a pyarrow Array or ChunkedArray, a
+/// polars Series), read as a table's column is.
+fn arrow_column_rows(name: &str, field: Field, chunks: Vec<ArrayRef>) -> PyResult<Vec<Tensor>> {
+    let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
+    let column = match parts.len() {
+        0 => return Ok(Vec::new()),
+        1 => chunks[0].clone(),
+        _ => concat_arrays(&parts)?,
+    };
+    let field = field.with_name(name);
+    let schema = Arc::new(Schema::new(vec![field.clone()]));
+    let batch = RecordBatch::try_new(schema, vec![column.clone()])
+        .map_err(|e| bad(format!("column {name:?}: {e}")))?;
+    arrow_rows(name, &field, column.as_ref(), &batch)
+}
+
+/// A numpy masked array's masked entries are its nulls, which no column holds: they were
+/// stored with whatever value lay under the mask.
+fn no_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if as_numpy(obj).is_none() || !obj.hasattr("mask")? {
+        return Ok(());
+    }
+    let ma = obj.py().import("numpy")?.getattr("ma")?;
+    if !obj.is_instance(&ma.getattr("MaskedArray")?)? {
+        return Ok(());
+    }
+    let masked = ma.call_method1("getmaskarray", (obj,))?;
+    if masked.call_method0("any")?.extract::<bool>()? {
+        let first = masked
+            .call_method0("ravel")?
+            .call_method0("argmax")?
+            .extract::<usize>()?;
+        return Err(bad(format!(
+            "{what}: masked (a null) at element {first}; a column holds a value for every \
+             sample (fill it first: `.filled(value)`)"
+        )));
+    }
+    Ok(())
+}
+
+/// Arrow values (not numpy's) with a null, which `numpy.asarray` made NaN.
+fn no_arrow_nulls(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if as_numpy(obj).is_some() {
+        return Ok(());
+    }
+    let Some(column) = crate::arrow::import_column(obj) else {
+        return Ok(());
+    };
+    let (_, chunks) = column?;
+    let mut at = 0;
+    for chunk in &chunks {
+        if let Some(i) = (0..chunk.len()).find(|&i| chunk.is_null(i)) {
+            return Err(bad(format!(
+                "{what}: null at element {} (every value must be there)",
+                at + i
+            )));
+        }
+        at += chunk.len();
+    }
+    Ok(())
+}
+
 /// A `(values, offsets)` column: row `i` is `values[offsets[i]:offsets[i + 1]]`.
 fn offsets_rows(
     what: &str,
     values: &Bound<'_, PyAny>,
     offsets: &Bound<'_, PyAny>,
 ) -> PyResult<Vec<Tensor>> {
+    no_arrow_nulls(values, &format!("{what}: values"))?;
+    no_masked(values, &format!("{what}: values"))?;
     let np = values.py().import("numpy")?;
     let values = np.call_method1("asarray", (values,))?;
     let values =

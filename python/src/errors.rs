@@ -70,6 +70,7 @@ pub(crate) fn py_err(e: Error) -> PyErr {
         | Error::ExternalKeyProduced { .. }
         | Error::CyclicGraph { .. }
         | Error::InvalidSlot { .. }
+        | Error::DuplicateHandle { .. }
         | Error::RaggedLengths { .. }
         | Error::InvalidConfig { .. }
         // Data that makes no Arrow column (a field of mixed types, an unsupported type).

@@ -200,6 +200,19 @@ def test_non_contiguous_columns_are_copied_once():
     ({"x": (np.zeros(5), np.array([0, 2, 3, 4, 6]))}, {"ids": list("abcd")}, r"last offset must be the number of values, 5"),
     ({"x": np.float64(3.0)}, {"ids": ["a"]}, r"single value"),
     ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"v": [1, 2, 3]}}, r'meta "v"'),
+    # Each of these was stored wrong: nulls as NaN, masked values as they lay, a str as
+    # one metadata value per character.
+    ({"x": pa.array([1, None, 3, 4], pa.int64())}, {"ids": list("abcd")}, r'column "x": null at row 1'),
+    ({"x": pa.chunked_array([[1.0], [2.0, None, 4.0]])}, {"ids": list("abcd")}, r'null at row 2'),
+    ({"x": pl.Series([1, 2, None, 4], dtype=pl.Int32)}, {"ids": list("abcd")}, r'null at row 2'),
+    ({"x": (pa.array([1.0, None, 2.0, 3.0, 4.0]), [0, 1, 2, 3, 5])}, {"ids": list("abcd")}, r"values: null at element 1"),
+    ({"x": [pa.array([1.0, 2.0]), pa.array([1.0, None]), pa.array([1.0, 2.0]), pa.array([1.0, 2.0])]},
+     {"ids": list("abcd")}, r'column "x", row 1: null at element 1'),
+    ({"x": np.ma.array(np.zeros(4), mask=[0, 1, 0, 0])}, {"ids": list("abcd")}, r"masked \(a null\) at element 1"),
+    ({"x": (np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2))}, {"ids": list("abcd")}, r"a tuple is a ragged column"),
+    ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"env": "math"}}, r'meta "env": one value per sample'),
+    (pa.table({"nope": pa.array([], pa.int32())}), {"ids": ["a"]}, r'column "nope" is not a key'),
+    (pa.table({"x": pa.array([], pa.int32())}), {"ids": ["a"]}, r'ids has 1 rows, but column "x" has 0'),
 ])
 def test_bad_columns_raise_value_errors_and_store_nothing(columns, kwargs, message):
     buf = one_rpc(inputs=("x", "y"))
@@ -331,3 +344,28 @@ def test_a_batch_exported_to_arrow_puts_back_as_it_was():
     np.testing.assert_array_equal(back.columns()["x"], np.arange(8).reshape(4, 2))
     with pytest.raises(ValueError, match=r'meta: no column named "missing"'):
         dst.put_columns_blocking(pa.table({"id": ["z"], "x": [[1, 2]]}), meta=["missing"])
+
+
+def test_arrow_columns_inside_a_dict_are_read_as_arrow():
+    # numpy.asarray made int64 past 2**53 a float (and a null NaN); a list column failed.
+    big = 2**53 + 1
+    buf = one_rpc(inputs=("x", "y", "z"))
+    buf.put_columns_blocking({
+        "x": pa.array([big, 1, 2, 3], pa.int64()),
+        "y": pa.chunked_array([[[1, 2]], [[3], [4, 5, 6], []]], pa.list_(pa.int32())),
+        "z": pl.Series([0.5, 1.5, 2.5, 3.5]),
+    }, ids=list("abcd"))
+    cols = buf.get_batch_for_rpc_blocking("train").columns()
+    assert cols["x"].dtype == np.int64 and cols["x"].tolist() == [big, 1, 2, 3]
+    values, offsets = cols["y"]
+    assert values.tolist() == [1, 2, 3, 4, 5, 6] and offsets.tolist() == [0, 2, 3, 6, 6]
+    assert cols["z"].tolist() == [0.5, 1.5, 2.5, 3.5]
+
+
+def test_one_sample_twice_in_an_amend_is_refused():
+    # The last row won without a word.
+    buf = rb.Buffer(8, [rb.Rpc("r", 1, inputs=["x", "e"])], external_keys=["e"])
+    hs = buf.put_columns_blocking({"x": np.array([1, 2], np.int32)}, ids=["a", "b"])
+    with pytest.raises(ValueError, match=r"appears twice \(positions 0 and 1\)"):
+        buf.amend_columns_blocking([hs[0], hs[0]], {"e": np.array([10.0, 20.0])})
+    assert buf.stats()["rpcs"]["r"]["eligible"] == 0, "nothing applied"

@@ -29,6 +29,7 @@ impl SequenceBuffer {
     /// * [`Error::Closed`] once the buffer is closed, or when a sync journal's writer
     ///   stopped before the amend was durable.
     /// * [`Error::LengthMismatch`] when `handles` and `patches` differ in length.
+    /// * [`Error::DuplicateHandle`] when one sample's handle appears twice.
     /// * [`Error::InvalidSlot`] for a handle naming a slot outside the buffer, and
     ///   [`Error::StaleHandle`] for one whose slot was freed or reused since it was issued.
     /// * [`Error::Storage`] when a sync journal fails to write the amend.
@@ -51,6 +52,18 @@ impl SequenceBuffer {
         }
         if handles.is_empty() {
             return Ok(());
+        }
+        // Two patches of one sample in one call: the last silently won.
+        let mut first_at = std::collections::HashMap::with_capacity(handles.len());
+        for (index, h) in handles.iter().enumerate() {
+            if let Some(&first) = first_at.get(&h.slot()) {
+                return Err(Error::DuplicateHandle {
+                    slot: h.slot(),
+                    first,
+                    index,
+                });
+            }
+            first_at.insert(h.slot(), index);
         }
         let added: Vec<KeySet> = patches
             .iter()
