@@ -173,6 +173,11 @@ impl Columns {
                 let name: String = k
                     .extract()
                     .map_err(|_| bad("meta: names must be str".into()))?;
+                if RESERVED.contains(&name.as_str()) {
+                    return Err(bad(format!(
+                        "meta: {name:?} is the samples' own {name}, not metadata"
+                    )));
+                }
                 if cols.fields.iter().any(|(f, _)| f.as_str() == name) {
                     return Err(bad(format!(
                         "meta {name:?} is also a column of fields: one name, one role"
@@ -245,11 +250,18 @@ impl Columns {
     }
 
     /// The rows as patches (outputs of a batch, amends).
+    /// One patch per row, with its fields and its metadata (a column `to_arrow()` marks
+    /// as metadata, or one named in `meta=`, was dropped without a word).
     pub(crate) fn into_patches(self) -> Vec<Patch> {
         let mut fields: Vec<_> = self
             .fields
             .into_iter()
             .map(|(k, rows)| (k, rows.into_iter()))
+            .collect();
+        let mut meta: Vec<_> = self
+            .meta
+            .into_iter()
+            .map(|(k, values)| (k, values.into_iter()))
             .collect();
         (0..self.n)
             .map(|_| {
@@ -257,6 +269,11 @@ impl Columns {
                 for (k, rows) in &mut fields {
                     if let Some(t) = rows.next() {
                         p = p.with(k.clone(), t);
+                    }
+                }
+                for (k, values) in &mut meta {
+                    if let Some(v) = values.next() {
+                        p = p.meta(k, v);
                     }
                 }
                 p
@@ -377,10 +394,43 @@ fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
             "meta {name:?}: a sequence of int, float, str or bool"
         ))
     })?;
-    items
+    let mut values = items
         .enumerate()
         .map(|(row, item)| meta_from_py(&item?, &format!("meta {name:?}, row {row}")))
-        .collect()
+        .collect::<PyResult<Vec<MetaValue>>>()?;
+    one_meta_type(name, &mut values)?;
+    Ok(values)
+}
+
+/// One type per metadata column, as a field column has one dtype: ints among floats become
+/// floats; any other mix (a bool among numbers, a str among anything) is refused, since
+/// no Arrow column (`to_arrow()`, polars, DuckDB) could hold it.
+fn one_meta_type(name: &str, values: &mut [MetaValue]) -> PyResult<()> {
+    let kind = |v: &MetaValue| match v {
+        MetaValue::Int(_) => "int",
+        MetaValue::Float(_) => "float",
+        MetaValue::Str(_) => "str",
+        MetaValue::Bool(_) => "bool",
+        _ => "other",
+    };
+    let has_float = values.iter().any(|v| matches!(v, MetaValue::Float(_)));
+    if has_float {
+        for v in values.iter_mut() {
+            if let MetaValue::Int(i) = *v {
+                *v = MetaValue::Float(i as f64);
+            }
+        }
+    }
+    let Some(first) = values.first().map(kind) else {
+        return Ok(());
+    };
+    if let Some(row) = values.iter().position(|v| kind(v) != first) {
+        return Err(bad(format!(
+            "meta {name:?}, row {row}: a {} among {first} values; one type per column",
+            kind(&values[row])
+        )));
+    }
+    Ok(())
 }
 
 /// One Python column as one tensor per row.

@@ -212,6 +212,9 @@ def test_non_contiguous_columns_are_copied_once():
     ({"x": (np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2))}, {"ids": list("abcd")}, r"a tuple is a ragged column"),
     ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"env": "math"}}, r'meta "env": one value per sample'),
     (pa.table({"nope": pa.array([], pa.int32())}), {"ids": ["a"]}, r'column "nope" is not a key'),
+    # Stored, then every Arrow export of the batch failed.
+    ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"birth": list("wxyz")}}, r'meta: "birth" is the samples'),
+    ({"x": np.zeros((4, 2))}, {"ids": list("abcd"), "meta": {"c": [1.0, 2, True, 4.0]}}, r'meta "c", row 2: a bool among float'),
     (pa.table({"x": pa.array([], pa.int32())}), {"ids": ["a"]}, r'ids has 1 rows, but column "x" has 0'),
 ])
 def test_bad_columns_raise_value_errors_and_store_nothing(columns, kwargs, message):
@@ -369,3 +372,22 @@ def test_one_sample_twice_in_an_amend_is_refused():
     with pytest.raises(ValueError, match=r"appears twice \(positions 0 and 1\)"):
         buf.amend_columns_blocking([hs[0], hs[0]], {"e": np.array([10.0, 20.0])})
     assert buf.stats()["rpcs"]["r"]["eligible"] == 0, "nothing applied"
+
+
+def test_metadata_columns_of_an_output_table_are_stored():
+    # A column to_arrow() marks as metadata was dropped without a word by complete_columns.
+    buf = rb.Buffer(8, [rb.Rpc("gen", 1, inputs=["x"], outputs=["y"]), rb.Rpc("train", 1, inputs=["y"])])
+    buf.put_columns_blocking({"x": np.array([1], np.int32)}, ids=["a"])
+    gen = buf.get_batch_for_rpc_blocking("gen")
+    schema = pa.schema([pa.field("y", pa.float64()), pa.field("note", pa.string(), metadata={"rollout_buffer.role": "meta"})])
+    gen.complete_columns_blocking(pa.table([pa.array([2.0]), pa.array(["hello"])], schema=schema))
+    [sample] = buf.get_batch_for_rpc_blocking("train").samples()
+    assert sample["meta"]["note"] == "hello" and sample["y"] == 2.0
+
+
+def test_ints_among_floats_in_a_metadata_column_are_floats():
+    buf = one_rpc()
+    buf.put_columns_blocking({"x": np.zeros((4, 2))}, ids=list("abcd"), meta={"c": [1, 2.5, 3, 4]})
+    batch = buf.get_batch_for_rpc_blocking("train")
+    assert [s["meta"]["c"] for s in batch.samples()] == [1.0, 2.5, 3.0, 4.0]
+    assert batch.to_arrow().column("c").type == pa.float64()
