@@ -352,6 +352,19 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
     if obj.is_instance_of::<PyString>() {
         return Err(bad("ids: a sequence of str or int, not one str".into()));
     }
+    // Arrow ids (a pyarrow Array or ChunkedArray, a polars Series) as an `id` column is
+    // read: iterated, they were Arrow scalars, "neither str nor int".
+    if as_numpy(obj).is_none() {
+        if let Some(column) = crate::arrow::import_column(obj) {
+            let (_, chunks) = column?;
+            let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
+            return match parts.len() {
+                0 => Ok(Vec::new()),
+                1 => arrow_ids(parts[0]),
+                _ => arrow_ids(concat_arrays(&parts)?.as_ref()),
+            };
+        }
+    }
     let list = numpy_list(obj)?;
     let items = list
         .try_iter()

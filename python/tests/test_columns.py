@@ -391,3 +391,18 @@ def test_ints_among_floats_in_a_metadata_column_are_floats():
     batch = buf.get_batch_for_rpc_blocking("train")
     assert [s["meta"]["c"] for s in batch.samples()] == [1.0, 2.5, 3.0, 4.0]
     assert batch.to_arrow().column("c").type == pa.float64()
+
+
+def test_ids_may_be_an_arrow_array():
+    # Iterated, they were Arrow scalars: "row 0 is neither str nor a non-negative int".
+    buf = one_rpc(n=2)
+    buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.array(["a", "b"]))
+    buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.chunked_array([["c"], ["d"]], pa.large_string()))
+    seen = []
+    for _ in range(2):
+        batch = buf.get_batch_for_rpc_blocking("train")
+        seen += [s["id"] for s in batch.samples()]
+        batch.commit_blocking()
+    assert sorted(seen) == ["a", "b", "c", "d"]
+    with pytest.raises(ValueError, match="nulls"):
+        buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.array(["e", None]))
