@@ -191,6 +191,14 @@ pub(crate) fn sample_from_py(obj: &Bound<'_, PyAny>, index: usize) -> PyResult<S
                     .map_err(|_| PyValueError::new_err(format!("{place}: \"meta\" is a dict")))?;
                 for (mk, mv) in meta.iter() {
                     let name = string_from_py(&mk, &format!("{place}: a \"meta\" key"))?;
+                    // Stored, this failed every Arrow export of the batch (a column named
+                    // twice), as `put_columns` already says at the put.
+                    if crate::rpc::RESERVED.contains(&name.as_str()) || dict.contains(&name)? {
+                        return Err(PyValueError::new_err(format!(
+                            "{place}: meta {name:?} is also the sample's own {name}: one \
+                             name, one role"
+                        )));
+                    }
                     let value = meta_from_py(&mv, &format!("{place}, meta {name:?}"))?;
                     sample = sample.meta(&name, value);
                 }

@@ -406,3 +406,16 @@ def test_ids_may_be_an_arrow_array():
     assert sorted(seen) == ["a", "b", "c", "d"]
     with pytest.raises(ValueError, match="nulls"):
         buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.array(["e", None]))
+
+
+@pytest.mark.parametrize("sample", [
+    {"id": "a", "x": 1.0, "meta": {"id": "o"}},
+    {"id": "a", "x": 1.0, "meta": {"birth": 3}},
+    {"id": "a", "x": 1.0, "meta": {"x": "also a field"}},
+])
+def test_a_dict_samples_metadata_may_not_reuse_a_name(sample):
+    # Stored, each made every Arrow export of its batch fail (a column named twice).
+    buf = one_rpc(n=1)
+    with pytest.raises(ValueError, match="one name, one role"):
+        buf.put_batch_blocking([sample])
+    assert len(buf) == 0
