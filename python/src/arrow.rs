@@ -108,18 +108,14 @@ fn import_one_array(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>)> 
 }
 
 fn import_array_stream(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>)> {
-    let capsule = obj.call_method0("__arrow_c_stream__")?;
-    let capsule = capsule
-        .cast::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err("__arrow_c_stream__ did not return a capsule"))?;
+    let capsule = stream_capsule(obj)?;
     let pointer = capsule.pointer_checked(Some(STREAM))?;
     // SAFETY: as in `import_stream`: the capsule holds an initialised stream, which
     // `from_raw` moves out of.
     let reader =
         unsafe { ArrayStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
     let field = reader.field().as_ref().clone();
-    // As in `import_stream`: a malformed array may panic while it is built.
-    let chunks = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let chunks = guarded(|| {
         reader
             .map(|a| {
                 let a = a.map_err(arrow_err)?;
@@ -127,13 +123,25 @@ fn import_array_stream(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>
                 Ok(a)
             })
             .collect::<PyResult<Vec<ArrayRef>>>()
-    }))
-    .unwrap_or_else(|_| {
+    })?;
+    Ok((field, chunks))
+}
+
+/// The capsule `obj.__arrow_c_stream__()` returns.
+fn stream_capsule<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyCapsule>> {
+    obj.call_method0("__arrow_c_stream__")?
+        .cast_into::<PyCapsule>()
+        .map_err(|_| PyTypeError::new_err("__arrow_c_stream__ did not return a capsule"))
+}
+
+/// `read()` of an imported stream: arrow-rs builds each array before it can be validated,
+/// and a malformed one can make that panic: an error here, never a crash.
+fn guarded<T>(read: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
         Err(PyValueError::new_err(
             "Arrow: the stream holds a malformed array",
         ))
-    })?;
-    Ok((field, chunks))
+    })
 }
 
 fn array_capsules<'py>(
@@ -149,10 +157,7 @@ fn array_capsules<'py>(
 }
 
 fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
-    let capsule = obj.call_method0("__arrow_c_stream__")?;
-    let capsule = capsule
-        .cast::<PyCapsule>()
-        .map_err(|_| PyTypeError::new_err("__arrow_c_stream__ did not return a capsule"))?;
+    let capsule = stream_capsule(obj)?;
     let pointer = capsule.pointer_checked(Some(STREAM))?;
     // SAFETY: the capsule is named `arrow_array_stream`, so by the PyCapsule protocol it
     // holds an initialised `ArrowArrayStream`, which `from_raw` moves out of (setting its
@@ -161,18 +166,11 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch
     let reader =
         unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
     let schema = reader.schema();
-    // arrow-rs builds each batch from the imported arrays before `validated` can look at
-    // them, and a malformed array can make that panic: an error here, never a crash.
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    guarded(|| {
         reader
             .map(|b| b.map_err(arrow_err).and_then(validated))
             .collect::<PyResult<Vec<RecordBatch>>>()
             .map(|batches| (schema, batches))
-    }))
-    .unwrap_or_else(|_| {
-        Err(PyValueError::new_err(
-            "Arrow: the stream holds a malformed array",
-        ))
     })
 }
 
