@@ -205,3 +205,27 @@ pub(crate) fn as_numpy<'a, 'py>(
 ) -> Option<&'a Bound<'py, PyUntypedArray>> {
     obj.cast::<PyUntypedArray>().ok()
 }
+
+/// A numpy masked array's masked entries are its nulls, which no column holds: they were
+/// stored with whatever value lay under the mask.
+pub(crate) fn no_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if as_numpy(obj).is_none() || !obj.hasattr("mask")? {
+        return Ok(());
+    }
+    let ma = obj.py().import("numpy")?.getattr("ma")?;
+    if !obj.is_instance(&ma.getattr("MaskedArray")?)? {
+        return Ok(());
+    }
+    let masked = ma.call_method1("getmaskarray", (obj,))?;
+    if masked.call_method0("any")?.extract::<bool>()? {
+        let first = masked
+            .call_method0("ravel")?
+            .call_method0("argmax")?
+            .extract::<usize>()?;
+        return Err(pyo3::exceptions::PyValueError::new_err(format!(
+            "{what}: masked (a null) at element {first}; a column holds a value for every \
+             sample (fill it first: `.filled(value)`)"
+        )));
+    }
+    Ok(())
+}

@@ -1,14 +1,16 @@
-//! Columns from Arrow: the record batches an Arrow exporter hands over (`arrow.rs`), as
-//! one tensor per row for each column. Numbers, booleans and strings, and fixed-size and
-//! variable-size lists of them, are read directly, each column copied once; anything else
-//! (deeper nesting, the crate's own layout) goes through the crate's Arrow reader.
+//! Columns from Arrow: the record batches an Arrow exporter hands over (`arrow.rs`), and
+//! single Arrow columns given in a dict of columns, as one tensor per row for each column.
+//! Numbers, booleans and strings, and fixed-size and variable-size lists of them, are read
+//! directly, each column copied once; anything else (deeper nesting, the crate's own
+//! layout) goes through the crate's Arrow reader.
 
+use crate::arrays::as_numpy;
 use crate::columns::{bad, lengths_of};
 use arrow_array::cast::AsArray;
 use arrow_array::types::{
     Float32Type, Float64Type, Int32Type, Int64Type, UInt32Type, UInt64Type, UInt8Type,
 };
-use arrow_array::{Array, ArrowPrimitiveType, RecordBatch};
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use pyo3::prelude::*;
 use rollout_buffer::{DType, MetaValue, SampleId, Tensor};
@@ -254,4 +256,46 @@ fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
         }
         _ => return None,
     })
+}
+
+/// An Arrow column given inside a dict of columns (a pyarrow Array or ChunkedArray, a
+/// polars Series), read as a table's column is.
+pub(crate) fn arrow_column_rows(
+    name: &str,
+    field: Field,
+    chunks: Vec<ArrayRef>,
+) -> PyResult<Vec<Tensor>> {
+    let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
+    let column = match parts.len() {
+        0 => return Ok(Vec::new()),
+        1 => chunks[0].clone(),
+        _ => concat_arrays(&parts)?,
+    };
+    let field = field.with_name(name);
+    let schema = Arc::new(Schema::new(vec![field.clone()]));
+    let batch = RecordBatch::try_new(schema, vec![column.clone()])
+        .map_err(|e| bad(format!("column {name:?}: {e}")))?;
+    arrow_rows(name, &field, column.as_ref(), &batch)
+}
+
+/// Arrow values (not numpy's) with a null, which `numpy.asarray` made NaN.
+pub(crate) fn no_arrow_nulls(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    if as_numpy(obj).is_some() {
+        return Ok(());
+    }
+    let Some(column) = crate::arrow::import_column(obj) else {
+        return Ok(());
+    };
+    let (_, chunks) = column?;
+    let mut at = 0;
+    for chunk in &chunks {
+        if let Some(i) = (0..chunk.len()).find(|&i| chunk.is_null(i)) {
+            return Err(bad(format!(
+                "{what}: null at element {} (every value must be there)",
+                at + i
+            )));
+        }
+        at += chunk.len();
+    }
+    Ok(())
 }

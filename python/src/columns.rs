@@ -20,14 +20,14 @@
 //! `put_columns` stored, in order), else are copied once. Strings come as lists, ragged
 //! fields as one list of sequence views per sample.
 
-use crate::arrays::{as_numpy, tensor_from_numpy, tensor_to_numpy};
+use crate::arrays::{as_numpy, no_masked, tensor_from_numpy, tensor_to_numpy};
 use crate::arrow_columns::{
-    arrow_births, arrow_ids, arrow_meta, arrow_rows, concat_arrays, concat_batches,
+    arrow_births, arrow_column_rows, arrow_ids, arrow_meta, arrow_rows, concat_arrays,
+    concat_batches, no_arrow_nulls,
 };
 use crate::convert::{at, meta_from_py, string_from_py};
 use crate::rpc::RESERVED;
-use arrow_array::{Array, ArrayRef, RecordBatch};
-use arrow_schema::{Field, Schema};
+use arrow_array::Array;
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -530,68 +530,6 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
             "{what} is a single value: a column needs one row per sample"
         ))
     })
-}
-
-/// An Arrow column given inside a dict of columns (a pyarrow Array or ChunkedArray, a
-/// polars Series), read as a table's column is.
-fn arrow_column_rows(name: &str, field: Field, chunks: Vec<ArrayRef>) -> PyResult<Vec<Tensor>> {
-    let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
-    let column = match parts.len() {
-        0 => return Ok(Vec::new()),
-        1 => chunks[0].clone(),
-        _ => concat_arrays(&parts)?,
-    };
-    let field = field.with_name(name);
-    let schema = Arc::new(Schema::new(vec![field.clone()]));
-    let batch = RecordBatch::try_new(schema, vec![column.clone()])
-        .map_err(|e| bad(format!("column {name:?}: {e}")))?;
-    arrow_rows(name, &field, column.as_ref(), &batch)
-}
-
-/// A numpy masked array's masked entries are its nulls, which no column holds: they were
-/// stored with whatever value lay under the mask.
-fn no_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
-    if as_numpy(obj).is_none() || !obj.hasattr("mask")? {
-        return Ok(());
-    }
-    let ma = obj.py().import("numpy")?.getattr("ma")?;
-    if !obj.is_instance(&ma.getattr("MaskedArray")?)? {
-        return Ok(());
-    }
-    let masked = ma.call_method1("getmaskarray", (obj,))?;
-    if masked.call_method0("any")?.extract::<bool>()? {
-        let first = masked
-            .call_method0("ravel")?
-            .call_method0("argmax")?
-            .extract::<usize>()?;
-        return Err(bad(format!(
-            "{what}: masked (a null) at element {first}; a column holds a value for every \
-             sample (fill it first: `.filled(value)`)"
-        )));
-    }
-    Ok(())
-}
-
-/// Arrow values (not numpy's) with a null, which `numpy.asarray` made NaN.
-fn no_arrow_nulls(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
-    if as_numpy(obj).is_some() {
-        return Ok(());
-    }
-    let Some(column) = crate::arrow::import_column(obj) else {
-        return Ok(());
-    };
-    let (_, chunks) = column?;
-    let mut at = 0;
-    for chunk in &chunks {
-        if let Some(i) = (0..chunk.len()).find(|&i| chunk.is_null(i)) {
-            return Err(bad(format!(
-                "{what}: null at element {} (every value must be there)",
-                at + i
-            )));
-        }
-        at += chunk.len();
-    }
-    Ok(())
 }
 
 /// A `(values, offsets)` column: row `i` is `values[offsets[i]:offsets[i + 1]]`.
