@@ -260,16 +260,22 @@ fn flat_values(array: &dyn Array) -> Option<Result<Tensor, String>> {
 
 /// An Arrow column given inside a dict of columns (a pyarrow Array or ChunkedArray, a
 /// polars Series), read as a table's column is.
+/// A column's chunks as one array (`None`: no chunk, no rows).
+pub(crate) fn one_array(chunks: Vec<ArrayRef>) -> PyResult<Option<ArrayRef>> {
+    if chunks.len() <= 1 {
+        return Ok(chunks.into_iter().next());
+    }
+    let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
+    concat_arrays(&parts).map(Some)
+}
+
 pub(crate) fn arrow_column_rows(
     name: &str,
     field: Field,
     chunks: Vec<ArrayRef>,
 ) -> PyResult<Vec<Tensor>> {
-    let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
-    let column = match parts.len() {
-        0 => return Ok(Vec::new()),
-        1 => chunks[0].clone(),
-        _ => concat_arrays(&parts)?,
+    let Some(column) = one_array(chunks)? else {
+        return Ok(Vec::new());
     };
     let field = field.with_name(name);
     let schema = Arc::new(Schema::new(vec![field.clone()]));

@@ -22,12 +22,11 @@
 
 use crate::arrays::{as_numpy, no_masked, tensor_from_numpy, tensor_to_numpy};
 use crate::arrow_columns::{
-    arrow_births, arrow_column_rows, arrow_ids, arrow_meta, arrow_rows, concat_arrays,
-    concat_batches, no_arrow_nulls,
+    arrow_births, arrow_column_rows, arrow_ids, arrow_meta, arrow_rows, concat_batches,
+    no_arrow_nulls, one_array,
 };
 use crate::convert::{at, meta_from_py, string_from_py};
 use crate::rpc::RESERVED;
-use arrow_array::Array;
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -249,9 +248,8 @@ impl Columns {
             .collect()
     }
 
-    /// The rows as patches (outputs of a batch, amends).
-    /// One patch per row, with its fields and its metadata (a column `to_arrow()` marks
-    /// as metadata, or one named in `meta=`, was dropped without a word).
+    /// The rows as patches (outputs of a batch, amends), each with its fields and its
+    /// metadata (a column `to_arrow()` marks as metadata was dropped without a word).
     pub(crate) fn into_patches(self) -> Vec<Patch> {
         let mut fields: Vec<_> = self
             .fields
@@ -357,11 +355,9 @@ fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
     if as_numpy(obj).is_none() {
         if let Some(column) = crate::arrow::import_column(obj) {
             let (_, chunks) = column?;
-            let parts: Vec<&dyn Array> = chunks.iter().map(|c| c.as_ref()).collect();
-            return match parts.len() {
-                0 => Ok(Vec::new()),
-                1 => arrow_ids(parts[0]),
-                _ => arrow_ids(concat_arrays(&parts)?.as_ref()),
+            return match one_array(chunks)? {
+                Some(ids) => arrow_ids(ids.as_ref()),
+                None => Ok(Vec::new()),
             };
         }
     }

@@ -13,6 +13,7 @@ use super::select::lease;
 use super::spill::{BatchLoad, LoadPlan, SpillStore};
 use super::steps::{lease_step, log_step, StepLogged};
 use super::{now, Inner, SequenceBuffer, Shared, SlotHandle};
+use crate::deadline::FOREVER;
 use crate::error::{Error, Result, Unstored};
 use crate::rpc_defs::Selection;
 use crate::sample::Sample;
@@ -155,18 +156,15 @@ impl SequenceBuffer {
     ///
     /// As [`Self::get_batch_for_rpc`].
     pub async fn get_batch_for_rpc_timeout(&self, rpc: &str, timeout: Duration) -> Result<Batch> {
-        tokio::time::timeout(
-            timeout.min(crate::deadline::FOREVER),
-            self.get_batch_for_rpc(rpc),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Timeout {
-                op: format!("get_batch_for_rpc({rpc})"),
-                after: timeout,
-                samples: Unstored::default(),
+        tokio::time::timeout(timeout.min(FOREVER), self.get_batch_for_rpc(rpc))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    op: format!("get_batch_for_rpc({rpc})"),
+                    after: timeout,
+                    samples: Unstored::default(),
+                })
             })
-        })
     }
 
     /// Leases the batch of training step `step` for `rpc`. The first request chooses it by
@@ -210,18 +208,15 @@ impl SequenceBuffer {
         step: u64,
         timeout: Duration,
     ) -> Result<Batch> {
-        tokio::time::timeout(
-            timeout.min(crate::deadline::FOREVER),
-            self.get_batch(rpc, Some(step)),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(Error::Timeout {
-                op: format!("get_batch_for_step({rpc}, {step})"),
-                after: timeout,
-                samples: Unstored::default(),
+        tokio::time::timeout(timeout.min(FOREVER), self.get_batch(rpc, Some(step)))
+            .await
+            .unwrap_or_else(|_| {
+                Err(Error::Timeout {
+                    op: format!("get_batch_for_step({rpc}, {step})"),
+                    after: timeout,
+                    samples: Unstored::default(),
+                })
             })
-        })
     }
 }
 
@@ -434,7 +429,7 @@ impl Drop for Parked<'_> {
 /// interval doubles from it.
 const MIN_WARNING_INTERVAL: Duration = Duration::from_millis(10);
 /// The longest: a threshold past it (`Duration::MAX`, say) is never reached.
-const MAX_WARNING_INTERVAL: Duration = crate::deadline::FOREVER;
+const MAX_WARNING_INTERVAL: Duration = FOREVER;
 
 struct LongWait {
     started: tokio::time::Instant,
