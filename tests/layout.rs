@@ -439,3 +439,66 @@ fn only_sync_rs_names_synchronisation_primitives() {
         found.join("\n")
     );
 }
+
+/// Library code never unwraps: a failure on a caller's, a file's or the network's data is
+/// a typed error. `expect` and `unwrap` are for test code only, in a `#[cfg(test)] mod`
+/// at the end of a file or in a test file (`tests.rs`, `*_tests.rs`, under `tests/`),
+/// each saying why.
+#[test]
+fn library_code_never_unwraps() {
+    let mut found = Vec::new();
+    for dir in ["src", "python/src", "server/src"] {
+        for file in rust_files(&Path::new(ROOT).join(dir)) {
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            let text = fs::read_to_string(&file).unwrap_or_default();
+            let test_file = name == "tests.rs"
+                || name.ends_with("_tests.rs")
+                || file.components().any(|c| c.as_os_str() == "tests");
+            let unwraps = text.contains(".unwrap()") || text.contains(".expect(");
+            if !unwraps {
+                continue;
+            }
+            if test_file {
+                assert!(
+                    text.contains("tests/layout.rs checks"),
+                    "{}: test code that unwraps says why",
+                    file.display()
+                );
+                continue;
+            }
+            let lines: Vec<&str> = text.lines().collect();
+            let tests_from = (0..lines.len())
+                .find(|&i| {
+                    lines[i].trim() == "#[cfg(test)]"
+                        && lines[i + 1..]
+                            .iter()
+                            .find(|l| !l.trim().is_empty())
+                            .is_some_and(|l| l.trim_start().starts_with("mod "))
+                })
+                .unwrap_or(lines.len());
+            for (i, line) in lines[..tests_from].iter().enumerate() {
+                let code = line.trim_start();
+                if !code.starts_with("//")
+                    && (code.contains(".unwrap()") || code.contains(".expect("))
+                {
+                    found.push(format!("{}:{}: {}", file.display(), i + 1, code));
+                }
+            }
+            let test_unwraps = lines[tests_from..]
+                .iter()
+                .any(|l| l.contains(".unwrap()") || l.contains(".expect("));
+            if test_unwraps {
+                assert!(
+                    text.contains("tests/layout.rs checks"),
+                    "{}: test code that unwraps says why",
+                    file.display()
+                );
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "unwrap / expect in library code:\n{}",
+        found.join("\n")
+    );
+}

@@ -251,6 +251,9 @@ fn with_type(body: Vec<u8>, media_type: &'static str) -> Response {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
     use arrow_array::StringArray;
 

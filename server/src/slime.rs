@@ -597,6 +597,9 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::ItemText;
 
     fn created_ts(extra: &str) -> f64 {

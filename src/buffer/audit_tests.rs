@@ -2,6 +2,10 @@
 //! index): each breaks one thing a valid buffer holds and checks the audit names it. The
 //! slot table's own audit has its tests in `src/state/tests/audit.rs`.
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::*;
 use crate::tensor::Tensor;
 

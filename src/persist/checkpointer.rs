@@ -185,6 +185,9 @@ async fn keep_image(
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     //! The image against recovery: for random record sequences, a checkpoint written from
     //! the image, recovered, equals the recovery of the log those records were written to.
     //! (`expect` here is on fixtures that cannot fail, an in-memory store and a runtime, or

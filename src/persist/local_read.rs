@@ -64,6 +64,9 @@ pub(crate) fn read_whole(pool: &Arc<BufferPool>, path: &Path) -> std::io::Result
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
 
     fn read_one(pool: &Arc<BufferPool>, path: &Path, range: Range<u64>) -> std::io::Result<Bytes> {

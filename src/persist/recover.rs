@@ -248,6 +248,9 @@ async fn full_pass(store: &Store, lenient: bool, archiving: bool) -> Result<Reco
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
     use crate::buffer::Record;
     use crate::persist::codec::Replayed;

@@ -269,6 +269,9 @@ fn remove_missing_ok(path: &Path) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
 
     /// A fresh directory, removed when the test ends.

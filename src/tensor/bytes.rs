@@ -228,6 +228,9 @@ pub(crate) fn aligned_bytes(bytes: &[u8]) -> SharedBytes {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
 
     /// `i32` 0..12 little-endian, 8-byte aligned.

@@ -1,6 +1,10 @@
 //! Retired segments are deleted whoever takes them off the retired list: a put whose
 //! claim fails takes them too (with any samples it evicted), and must hand them on.
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::super::{BufferConfig, SequenceBuffer};
 use super::{Segment, SpillFuture, SpillStore};
 use crate::rpc_defs::RpcDef;

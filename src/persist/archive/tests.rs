@@ -1,5 +1,9 @@
 //! Tests of the archive writer: partitions, bulky columns, widening earlier files.
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::*;
 
 fn rows(ids: std::ops::Range<usize>, field: &'static str) -> Vec<ArchivedSample> {

@@ -108,6 +108,9 @@ pub(super) fn fetch_start(start: u64) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
     use crate::sync::Arc;
     use arrow_array::{Array, ArrayRef, BinaryViewArray, RecordBatch};

@@ -263,6 +263,9 @@ impl PageHeader {
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
     use crate::persist::codec::{put_tensor, Writer};
     use crate::persist::spill::value::put_tensor_padded;

@@ -3,6 +3,10 @@
 //! of another element type and a collection of booleans are refused, each of which the
 //! walk by wire types alone lets through.
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::checks::{check_chunk_pages, footer_metadata};
 use super::shapes::{FILE_META_DATA, PAGE_HEADER};
 use super::thrift::{put_varint, Thrift, STRUCT};

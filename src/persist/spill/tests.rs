@@ -2,6 +2,10 @@
 //! plain columns, plain storage of incompressible columns, large binary columns, the
 //! fallback to Parquet's reader, and create-only writes.
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::thrift::put_varint;
 use super::*;
 use crate::persist::codec::{put_tensor, Writer};

@@ -105,6 +105,9 @@ fn view(r: &mut Reader<'_>, owner: &SharedBytes, start: usize) -> Result<Option<
 
 #[cfg(test)]
 mod tests {
+    // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
+    // fail (an in-memory store, a runtime, data the test built); library code has none
+    // (tests/layout.rs checks).
     use super::*;
     use crate::tensor::aligned_bytes;
 

@@ -1,6 +1,10 @@
 //! Unit tests of the assembler: sealing, duplicates, timeouts, caps, and the undoing of
 //! arrivals (`withdraw`, `reopen`).
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use super::*;
 
 fn rollout(example: &str, version: u64, uid: &str, replica: &str) -> RolloutRecord {

@@ -1,5 +1,9 @@
 //! Unit tests of the memory budget's bookkeeping (`state/residency.rs`, `state/table/spill.rs`).
 
+// `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot fail
+// (an in-memory store, a runtime, data the test built); library code has none
+// (tests/layout.rs checks).
+
 use crate::rpc_defs::{KeySet, Selection};
 use crate::state::{RpcSpec, SlotTable};
 
