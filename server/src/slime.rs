@@ -198,23 +198,16 @@ impl ItemText<'_> {
 const MAX_NESTING: usize = 128;
 
 /// How deep arrays and objects nest in the JSON text `text` (well-formed: serde_json or
-/// the Arrow decoder checked it).
+/// the Arrow decoder checked it). A string's contents, most of a chat's bytes, are skipped
+/// with `memchr` to its closing quote: a byte at a time, this scan was a sixth of the
+/// server's time under Arrow batch writes.
 fn nesting(text: &str) -> usize {
-    let (mut depth, mut deepest) = (0usize, 0usize);
-    let (mut in_string, mut escaped) = (false, false);
-    for &b in text.as_bytes() {
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-            continue;
-        }
+    let bytes = text.as_bytes();
+    let (mut depth, mut deepest, mut at) = (0usize, 0usize, 0usize);
+    while let Some(&b) = bytes.get(at) {
+        at += 1;
         match b {
-            b'"' => in_string = true,
+            b'"' => at = string_end(bytes, at),
             b'[' | b'{' => {
                 depth += 1;
                 deepest = deepest.max(depth);
@@ -224,6 +217,22 @@ fn nesting(text: &str) -> usize {
         }
     }
     deepest
+}
+
+/// Where the JSON string whose contents start at `at` ends: just past its closing quote
+/// (the text's end when there is none).
+fn string_end(bytes: &[u8], mut at: usize) -> usize {
+    loop {
+        let Some(rest) = bytes.get(at..) else {
+            return bytes.len();
+        };
+        match memchr::memchr2(b'"', b'\\', rest) {
+            None => return bytes.len(),
+            // An escape: the byte after the backslash is never the closing quote.
+            Some(i) if rest[i] == b'\\' => at += i + 2,
+            Some(i) => return at + i + 1,
+        }
+    }
 }
 
 fn now() -> f64 {
@@ -644,6 +653,10 @@ mod tests {
         );
         assert_eq!(nesting(r#"["[[[{{{", "\"[[", {"k": "]]]"}]"#), 2);
         assert_eq!(nesting("1"), 0);
+        // An escaped backslash ends in the closing quote; an escaped quote does not.
+        assert_eq!(nesting(r#"["\\", [1]]"#), 2);
+        assert_eq!(nesting(r#"["\\\"[", [[1]]]"#), 3);
+        assert_eq!(nesting(r#"["open [[["#), 1);
         let deep = format!("{}{}", "[".repeat(129), "]".repeat(129));
         assert_eq!(nesting(&deep), 129);
     }
