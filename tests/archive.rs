@@ -488,3 +488,78 @@ async fn a_max_delay_past_the_clocks_range_waits_for_the_flush() {
     let rows = ArchiveWriter::new(store).read_all().await.expect("read");
     assert_eq!(rows.len(), 3);
 }
+
+/// Metadata holding integers in some consumed samples and floats in later ones is archived
+/// as floats, the files written before rewritten so every file has one type; a sample whose
+/// field changed type since the archive's first rows cannot be archived beside them: it is
+/// dropped (the flush reports it), and the samples consumed after it are archived. The
+/// archiver had kept it with the rest and failed every write after, for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retyped_metadata_widens_to_floats_and_a_retyped_field_never_stalls_the_archive() {
+    use rollout_buffer::{BufferConfig, MetaValue, RpcDef, SequenceBuffer};
+    let store = Store::open("memory://").expect("store");
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), ArchiveOptions::default())
+        .expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    // Each sample is consumed and flushed on its own: one archive write each.
+    let consume = |sample: Sample| {
+        let (buf, archiver) = (&buf, &archiver);
+        async move {
+            buf.put_batch(vec![sample]).await.expect("put");
+            common::commit_next(buf, "train").await;
+            archiver.flush().await
+        }
+    };
+    let sample = |id: &str| Sample::new(id).with("tokens", vec![1i32, 2]);
+    consume(sample("int").meta("score", 1i64))
+        .await
+        .expect("flush");
+    consume(sample("float").meta("score", 0.5f64))
+        .await
+        .expect("ints then floats archive");
+    let retyped = Sample::new("retyped").with("tokens", vec![1i64, 2]);
+    match consume(retyped).await {
+        Err(Error::Arrow { column, .. }) => assert_eq!(column, "tokens"),
+        other => panic!("a retyped field is reported, got {other:?}"),
+    }
+    consume(sample("after").meta("score", 2i64))
+        .await
+        .expect("the samples after it are archived");
+
+    let rows = by_id(
+        ArchiveWriter::new(store.clone())
+            .read_all()
+            .await
+            .expect("read"),
+    );
+    let got: Vec<(&str, Option<&MetaValue>)> = rows
+        .iter()
+        .map(|r| (r.sample.id().as_str(), r.sample.get_meta("score")))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("after", Some(&MetaValue::Float(2.0))),
+            ("float", Some(&MetaValue::Float(0.5))),
+            ("int", Some(&MetaValue::Float(1.0))),
+        ]
+    );
+    // Every file holds the scores as floats, the first one rewritten.
+    for path in archive_files(&store).await {
+        let bytes = store.get(&path).await.expect("get").expect("file");
+        let builder = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+            .expect("parquet");
+        let score = builder.schema().field_with_name("score").expect("score");
+        assert_eq!(
+            score.data_type(),
+            &arrow_schema::DataType::Float64,
+            "{path}"
+        );
+    }
+    assert!(!widening_marked(&store).await);
+}

@@ -110,6 +110,43 @@ fn inconsistent_columns_are_typed_errors() {
         Sample::new("b").meta("v", "one"),
     ];
     assert!(matches!(to_record_batch(&meta), Err(Error::Arrow { .. })));
+    let bool_and_int = [
+        Sample::new("a").meta("v", 1i64),
+        Sample::new("b").meta("v", true),
+    ];
+    assert!(matches!(
+        to_record_batch(&bool_and_int),
+        Err(Error::Arrow { .. })
+    ));
+}
+
+/// A metadata key holding an integer in some samples and a float in others (a score of 1
+/// and one of 0.5) is one column of floats, as a put of Python columns makes it; it had
+/// made the export fail.
+#[test]
+fn integer_and_float_metadata_share_a_column_of_floats() {
+    let samples = [
+        Sample::new("a").meta("score", 1i64),
+        Sample::new("b").meta("score", 0.5f64),
+        Sample::new("c"),
+        Sample::new("d").meta("score", -(1i64 << 40)),
+    ];
+    let batch = to_record_batch(&samples).expect("to arrow");
+    assert_eq!(column_type(&batch, "score"), "Float64");
+    let back = from_record_batch(&batch).expect("from arrow");
+    let scores: Vec<Option<&MetaValue>> = back.iter().map(|s| s.get_meta("score")).collect();
+    assert_eq!(
+        scores,
+        [
+            Some(&MetaValue::Float(1.0)),
+            Some(&MetaValue::Float(0.5)),
+            None,
+            Some(&MetaValue::Float(-(2f64.powi(40)))),
+        ]
+    );
+    // Integers alone stay integers.
+    let ints = to_record_batch(&samples[..1]).expect("to arrow");
+    assert_eq!(column_type(&ints, "score"), "Int64");
 }
 
 #[test]

@@ -393,6 +393,18 @@ def test_ints_among_floats_in_a_metadata_column_are_floats():
     assert batch.to_arrow().column("c").type == pa.float64()
 
 
+def test_ints_in_one_put_and_floats_in_another_export_as_floats():
+    # Each put's column has one type; a batch spanning both made to_arrow() fail.
+    buf = one_rpc()
+    buf.put_columns_blocking({"x": np.zeros((2, 2))}, ids=["a", "b"], meta={"c": [1, 2]})
+    buf.put_columns_blocking({"x": np.zeros((2, 2))}, ids=["c", "d"], meta={"c": [0.5, 1.5]})
+    table = buf.get_batch_for_rpc_blocking("train").to_arrow()
+    assert table.column("c").type == pa.float64()
+    assert dict(zip(table.column("id").to_pylist(), table.column("c").to_pylist())) == {
+        "a": 1.0, "b": 2.0, "c": 0.5, "d": 1.5}
+    assert pl.from_arrow(table)["c"].dtype == pl.Float64
+
+
 def test_ids_may_be_an_arrow_array():
     # Iterated, they were Arrow scalars: "row 0 is neither str nor a non-negative int".
     buf = one_rpc(n=2)

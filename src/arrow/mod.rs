@@ -30,8 +30,10 @@ pub use arrow_array::{self, RecordBatch};
 /// Re-exported so callers use the same Arrow version.
 pub use arrow_schema;
 
-/// Field metadata key: `field` or `meta`.
+/// Field metadata key: `field` or [`META_ROLE`].
 pub(crate) const ROLE: &str = "rollout_buffer.role";
+/// The [`ROLE`] of a metadata column.
+pub(crate) const META_ROLE: &str = "meta";
 /// Field metadata key: the tensor's number of dimensions (of its values, when ragged).
 pub(crate) const NDIM: &str = "rollout_buffer.ndim";
 /// Field metadata key: `true` for ragged tensors.

@@ -2,7 +2,7 @@
 
 use super::elements::{dtype_of, ArrowElement};
 use super::write::arrow_err;
-use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
+use super::{BIRTH, ID, META_ROLE, NDIM, RAGGED, ROLE};
 use crate::error::Result;
 use crate::sample::{FieldKey, MetaValue, Sample};
 use crate::tensor::with_element;
@@ -50,7 +50,7 @@ pub fn from_record_batch(batch: &RecordBatch) -> Result<Vec<Sample>> {
             continue;
         }
         match field.metadata().get(ROLE).map(String::as_str) {
-            Some("meta") => read_meta(field, column.as_ref(), &mut samples)?,
+            Some(META_ROLE) => read_meta(field, column.as_ref(), &mut samples)?,
             // Columns a container of samples adds about them (the archive's `reason`).
             Some("archive") => {}
             _ => read_field(field, column.as_ref(), &mut samples)?,

@@ -1,7 +1,7 @@
 //! Samples to an Arrow `RecordBatch` (see the module docs for the layout).
 
 use super::elements::{ArrowElement, Gather};
-use super::{BIRTH, ID, NDIM, RAGGED, ROLE};
+use super::{BIRTH, ID, META_ROLE, NDIM, RAGGED, ROLE};
 use crate::error::{Error, Result};
 use crate::sample::{MetaValue, Sample};
 use crate::sync::Arc;
@@ -15,13 +15,15 @@ use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_schema::{DataType, Field, Schema};
 use std::ops::Range;
 
-/// One row per sample: `id`, `birth`, a column per field name and per metadata key.
+/// One row per sample: `id`, `birth`, a column per field name and per metadata key. A
+/// metadata key holding integers in some samples and floats in others is a column of
+/// floats.
 ///
 /// # Errors
 ///
 /// [`Error::Arrow`], naming the column, when one name holds tensors of different element
 /// types, numbers of dimensions or raggedness in different samples, metadata of different
-/// types, or is both a field and a metadata key (or `id` / `birth`); and when a column
+/// types (other than integers and floats), or is both a field and a metadata key (or `id` / `birth`); and when a column
 /// exceeds Arrow's 32-bit offsets (over 2 GiB of ids or text, or over 2^31 list entries
 /// in one level).
 ///
@@ -259,24 +261,33 @@ fn nested<T: ArrowElement>(
     Ok(child)
 }
 
-/// The column of metadata key `name`; every sample that has it must use the same type.
+/// The column of metadata key `name`; every sample that has it must use the same type,
+/// except that integers among floats are floats (a score of 1 in one put and 0.5 in
+/// another), as a put of Python columns stores them.
 fn meta_column(name: &str, values: &[Option<&MetaValue>]) -> Result<(Field, ArrayRef)> {
     let kind = |v: &MetaValue| std::mem::discriminant(v);
     let Some(first) = values.iter().flatten().next() else {
         return Err(arrow_err(name, "no sample holds this metadata key"));
     };
-    if values.iter().flatten().any(|v| kind(v) != kind(first)) {
+    let number = |v: &&MetaValue| matches!(v, MetaValue::Int(_) | MetaValue::Float(_));
+    let mixed = values.iter().flatten().any(|v| kind(v) != kind(first));
+    if mixed && !values.iter().flatten().all(number) {
         return Err(arrow_err(name, "metadata values of different types"));
     }
     let column: ArrayRef = match first {
-        MetaValue::Int(_) => Arc::new(Int64Array::from_iter(values.iter().map(|v| match v {
-            Some(MetaValue::Int(x)) => Some(*x),
-            _ => None,
-        }))),
-        MetaValue::Float(_) => Arc::new(Float64Array::from_iter(values.iter().map(|v| match v {
-            Some(MetaValue::Float(x)) => Some(*x),
-            _ => None,
-        }))),
+        MetaValue::Int(_) if !mixed => {
+            Arc::new(Int64Array::from_iter(values.iter().map(|v| match v {
+                Some(MetaValue::Int(x)) => Some(*x),
+                _ => None,
+            })))
+        }
+        MetaValue::Int(_) | MetaValue::Float(_) => {
+            Arc::new(Float64Array::from_iter(values.iter().map(|v| match v {
+                Some(MetaValue::Float(x)) => Some(*x),
+                Some(MetaValue::Int(x)) => Some(*x as f64),
+                _ => None,
+            })))
+        }
         MetaValue::Str(_) => Arc::new(StringArray::from_iter(values.iter().map(|v| match v {
             Some(MetaValue::Str(x)) => Some(x.as_str()),
             _ => None,
@@ -287,6 +298,6 @@ fn meta_column(name: &str, values: &[Option<&MetaValue>]) -> Result<(Field, Arra
         }))),
     };
     let field = Field::new(name, column.data_type().clone(), true)
-        .with_metadata([(ROLE, "meta".to_string())]);
+        .with_metadata([(ROLE, META_ROLE.to_string())]);
     Ok((field, column))
 }

@@ -121,7 +121,8 @@ impl Batch {
     ///
     /// [`Error::Arrow`] as [`crate::arrow::to_record_batch`] fails: a name holding tensors
     /// of different element types, dimensions or raggedness (or metadata of different
-    /// types) in different samples, or used both as a field and a metadata key.
+    /// types, but for integers among floats, which are floats) in different samples, or
+    /// used both as a field and a metadata key.
     #[cfg(feature = "arrow")]
     pub fn to_record_batch(&self) -> Result<arrow_array::RecordBatch> {
         let samples: Vec<Sample> = self.samples().map(|s| s.to_sample()).collect();

@@ -284,6 +284,30 @@ impl ArchiveWriter {
         record_batch_of(&refs)
     }
 
+    /// Drops from `rows`, logging an error for each, the samples no write can archive
+    /// beside the archive's rows and the rows kept before them: a reserved name, mistyped
+    /// partition metadata, a field whose type differs from the one archived. What is kept
+    /// then writes without an [`Error::Arrow`], so one such sample never holds back the
+    /// ones consumed after it.
+    pub(crate) fn keep_archivable(&self, rows: &mut Vec<ArchivedSample>) {
+        let mut schema = self.schema.lock().clone().flatten();
+        rows.retain(|row| {
+            let fits = partition_dir(&row.sample)
+                .and_then(|_| record_batch_of(&[row]))
+                .and_then(|batch| archive_schema::merge(schema.as_ref(), &batch.schema()));
+            match fits {
+                Ok(grown) => {
+                    schema = Some(grown);
+                    true
+                }
+                Err(why) => {
+                    tracing::error!(id = %row.sample.id(), error = %why, "sample cannot be archived; dropped");
+                    false
+                }
+            }
+        });
+    }
+
     /// One Parquet file of `batches` (of one schema; at least one), for `path`.
     fn encode(&self, path: &str, batches: &[RecordBatch]) -> Result<Bytes> {
         let bad = |e| storage_err(self.store.url(), path, e);

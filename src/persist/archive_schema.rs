@@ -19,10 +19,13 @@
 //! which fields and metadata they carry), so the rewrites are few.
 
 use super::store::{storage_err, Store};
+use crate::arrow::{META_ROLE, ROLE};
 use crate::error::{Error, Result};
 use crate::sync::Arc;
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float64Type, Int64Type};
 use arrow_array::{new_null_array, ArrayRef, RecordBatch};
-use arrow_schema::{Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
@@ -34,8 +37,9 @@ pub(crate) const SCHEMA_FILE: &str = "archive_schema.parquet";
 /// (`ArchiveWriter::widen`), so a writer after a crash finishes the rewrite.
 pub(crate) const WIDENING_FILE: &str = "archive_schema.widening";
 
-/// `known` with the columns of `batch` it lacks appended (nullable); `known` itself when
-/// it has them all.
+/// `known` with the columns of `batch` it lacks appended (nullable), and metadata columns
+/// archived as integers made floats if `batch` brings floats (see [`unified`]); `known`
+/// itself when nothing changes.
 ///
 /// # Errors
 ///
@@ -44,42 +48,70 @@ pub(crate) fn merge(known: Option<&SchemaRef>, batch: &Schema) -> Result<SchemaR
     let mut fields: Vec<Field> = known
         .map(|s| s.fields().iter().map(|f| f.as_ref().clone()).collect())
         .unwrap_or_default();
-    let before = fields.len();
+    let mut changed = false;
     for f in batch.fields() {
-        match fields.iter().find(|k| k.name() == f.name()) {
-            Some(k) if k.data_type() != f.data_type() => {
-                return Err(Error::Arrow {
-                    column: f.name().clone(),
-                    detail: format!(
-                        "archived as {} before, now {}: one archive keeps one type per column",
-                        k.data_type(),
-                        f.data_type()
-                    ),
-                })
+        match fields.iter_mut().find(|k| k.name() == f.name()) {
+            Some(k) => match unified(k, f) {
+                Some(t) if &t == k.data_type() => {}
+                Some(t) => {
+                    *k = k.clone().with_data_type(t);
+                    changed = true;
+                }
+                None => {
+                    return Err(Error::Arrow {
+                        column: f.name().clone(),
+                        detail: format!(
+                            "archived as {} before, now {}: one archive keeps one type per column",
+                            k.data_type(),
+                            f.data_type()
+                        ),
+                    })
+                }
+            },
+            None => {
+                fields.push(f.as_ref().clone().with_nullable(true));
+                changed = true;
             }
-            Some(_) => {}
-            None => fields.push(f.as_ref().clone().with_nullable(true)),
         }
     }
     match known {
-        Some(k) if fields.len() == before => Ok(Arc::clone(k)),
+        Some(k) if !changed => Ok(Arc::clone(k)),
         _ => Ok(Arc::new(Schema::new(fields))),
     }
 }
 
-/// Whether a file of columns `file` is to be widened to `schema`: it has fewer columns,
-/// and each of its columns is in `schema` with the same type (so conforming it to
-/// `schema` drops nothing).
-pub(crate) fn widens(file: &Schema, schema: &Schema) -> bool {
-    file.fields().len() < schema.fields().len()
-        && file.fields().iter().all(|f| {
-            schema
-                .field_with_name(f.name())
-                .is_ok_and(|k| k.data_type() == f.data_type())
-        })
+/// The type a column archived as `known` has once a batch brings it as `new`: the same
+/// type, or `Float64` for a metadata key that holds integers in some samples and floats in
+/// others (a score of 1 here and 0.5 there, as Python callers write them), as a batch's
+/// own export makes it. `None`: the types cannot share a column.
+fn unified(known: &Field, new: &Field) -> Option<DataType> {
+    if known.data_type() == new.data_type() {
+        return Some(known.data_type().clone());
+    }
+    let number = |f: &Field| {
+        f.metadata().get(ROLE).is_some_and(|role| role == META_ROLE)
+            && matches!(f.data_type(), DataType::Int64 | DataType::Float64)
+    };
+    (number(known) && number(new)).then_some(DataType::Float64)
 }
 
-/// `batch` with `schema`'s columns in its order, nulls for those it lacks.
+/// Whether a file of columns `file` is to be rewritten to `schema`: it lacks some of its
+/// columns or holds integers where `schema` now holds floats, and conforming it to
+/// `schema` loses nothing (each of its columns is in `schema` with its type or the one it
+/// widens to).
+pub(crate) fn widens(file: &Schema, schema: &Schema) -> bool {
+    let mut retyped = false;
+    let fits = file.fields().iter().all(|f| {
+        schema.field_with_name(f.name()).is_ok_and(|k| {
+            retyped |= k.data_type() != f.data_type();
+            unified(k, f).as_ref() == Some(k.data_type())
+        })
+    });
+    fits && (retyped || file.fields().len() < schema.fields().len())
+}
+
+/// `batch` with `schema`'s columns in its order, nulls for those it lacks, and integer
+/// metadata as floats where `schema` has made the column floats.
 ///
 /// # Errors
 ///
@@ -89,11 +121,17 @@ pub(crate) fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordB
     let columns: Vec<ArrayRef> = schema
         .fields()
         .iter()
-        .map(|f| {
-            batch
-                .column_by_name(f.name())
-                .cloned()
-                .unwrap_or_else(|| new_null_array(f.data_type(), n))
+        .map(|f| match batch.column_by_name(f.name()) {
+            None => new_null_array(f.data_type(), n),
+            Some(c) if c.data_type() == f.data_type() => Arc::clone(c),
+            // An integer column made floats; any other mismatch is left for `try_new` to
+            // name.
+            Some(c) => match c.as_primitive_opt::<Int64Type>() {
+                Some(ints) if f.data_type() == &DataType::Float64 => {
+                    Arc::new(ints.unary::<_, Float64Type>(|x| x as f64))
+                }
+                _ => Arc::clone(c),
+            },
         })
         .collect();
     RecordBatch::try_new(Arc::clone(schema), columns).map_err(|e| Error::Arrow {
@@ -137,6 +175,9 @@ pub(crate) async fn load(store: &Store) -> Result<Option<SchemaRef>> {
 
 async fn rebuild(store: &Store) -> Result<Option<SchemaRef>> {
     let mut widest: Option<SchemaRef> = None;
+    // Each file's types too: a metadata column made floats may still be integers in the
+    // widest file, if a crash cut the rewrite short.
+    let mut all: Vec<SchemaRef> = Vec::new();
     for path in store.list("archive").await? {
         if !path.ends_with(".parquet") {
             continue;
@@ -145,18 +186,24 @@ async fn rebuild(store: &Store) -> Result<Option<SchemaRef>> {
             continue;
         };
         match decode(bytes) {
-            Ok(s)
+            Ok(s) => {
                 if widest
                     .as_ref()
-                    .is_none_or(|w| s.fields().len() > w.fields().len()) =>
-            {
-                widest = Some(s);
+                    .is_none_or(|w| s.fields().len() > w.fields().len())
+                {
+                    widest = Some(Arc::clone(&s));
+                }
+                all.push(s);
             }
-            Ok(_) => {}
             Err(detail) => tracing::warn!(path, detail, "an unreadable archive file is skipped"),
         }
     }
-    Ok(widest)
+    // Every file's columns are a prefix of the widest one's: merging adds none, it only
+    // makes floats of what any file holds as floats.
+    Ok(widest.map(|w| {
+        all.iter()
+            .fold(w, |acc, s| merge(Some(&acc), s).unwrap_or(acc))
+    }))
 }
 
 /// The Arrow schema of a Parquet file.

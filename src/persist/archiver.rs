@@ -459,15 +459,10 @@ async fn write(
             Ok(())
         }
         Err(e @ Error::Arrow { .. }) => {
-            // Some sample cannot be archived at all (a reserved name, mistyped partition
-            // metadata): drop those, keep the rest for the next write.
-            pending.retain(|row| match ArchiveWriter::record_batch(std::slice::from_ref(row)) {
-                Ok(_) => true,
-                Err(why) => {
-                    tracing::error!(id = %row.sample.id(), error = %why, "sample cannot be archived; dropped");
-                    false
-                }
-            });
+            // Some sample cannot be archived (a reserved name, mistyped partition metadata,
+            // a field retyped since the archive's first rows): drop those, keep the rest
+            // for the next write. Keeping them all failed every write after, for good.
+            writer.keep_archivable(pending);
             Err(e)
         }
         Err(e) => {
