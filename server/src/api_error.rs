@@ -9,7 +9,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::{Deserialize, DeserializeOwned};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 /// A failed request.
 #[derive(Debug, thiserror::Error)]
@@ -254,6 +254,40 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
         }
         d.deserialize_map(Fields(std::marker::PhantomData))
             .map(Object)
+    }
+}
+
+/// A JSON object whose keys are all different: a payload naming a setting twice is refused
+/// (a 422 naming the key), as an item naming a field twice is, where a plain map kept the
+/// last value without a word.
+#[derive(Debug)]
+pub struct UniqueKeys(pub Map<String, Value>);
+
+impl<'de> Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Keys;
+        impl<'de> serde::de::Visitor<'de> for Keys {
+            type Value = Map<String, Value>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut out = Map::new();
+                while let Some((key, value)) = map.next_entry::<String, Value>()? {
+                    if out.contains_key(&key) {
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{key}`"
+                        )));
+                    }
+                    out.insert(key, value);
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(Keys).map(UniqueKeys)
     }
 }
 

@@ -6,7 +6,7 @@
 //! are in the buffer's log, and the new ingest adds them back, so nothing pending is lost.
 
 use crate::answer::{self, Format, Items};
-use crate::api_error::{ApiBody, ApiError, ApiJson, Object};
+use crate::api_error::{ApiBody, ApiError, ApiJson, Object, UniqueKeys};
 use crate::arrow_items;
 use crate::slime::{self, Item, Settings};
 use axum::body::Bytes;
@@ -508,7 +508,7 @@ async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
 
 async fn start_rollout(
     State(app): State<Arc<App>>,
-    ApiJson(payload): ApiJson<Map<String, Value>>,
+    ApiJson(UniqueKeys(payload)): ApiJson<UniqueKeys>,
 ) -> Result<Json<Value>, ApiError> {
     // One at a time, so the settings and the ingest's grouping change together.
     let _one_start = app.starts.lock().await;

@@ -238,3 +238,34 @@ async fn a_body_that_stops_arriving_is_answered_408() {
     let (status, body) = post(&server, "/buffer/write", &item("a", "q", 1.0)).await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// A `/start_rollout` naming a setting twice is a 422 naming it, and changes nothing (the
+/// last value had won without a word, where an item naming a field twice is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setting_named_twice_is_refused() {
+    let dir = store("settings-twice");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let body = r#"{"num_repeat_per_sample": 4, "num_repeat_per_sample": 8}"#;
+    let (status, answer) = raw(&server, "/start_rollout", "application/json", body.into()).await;
+    assert_eq!(status, 422, "{answer}");
+    assert!(
+        answer
+            .to_string()
+            .contains("duplicate field `num_repeat_per_sample`"),
+        "{answer}"
+    );
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(
+        stats["data"]["data"]["max_size"],
+        4096 * 2,
+        "settings unchanged"
+    );
+    let (status, answer) = raw(
+        &server,
+        "/start_rollout",
+        "application/json",
+        r#"{"num_repeat_per_sample": 4}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+}
