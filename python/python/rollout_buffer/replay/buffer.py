@@ -1,5 +1,7 @@
 """Spec 000's ``ReplayBuffer``: grouped rollouts on Parquet with durable leases, acks and a
-step -> batch map. One instance is single-threaded (as a Ray actor, ``max_concurrency=1``).
+step -> batch map. One instance serves one call at a time (as a Ray actor,
+``max_concurrency=1``): every public method holds the instance's lock, which its flusher
+thread also takes to write groups that waited ``flush_interval_s`` while no call came.
 
 What is durable when a call returns: every lease (``sample_groups`` / ``next_batch``),
 ack and score, and every group a batch drew (groups are written before the lease that
@@ -10,8 +12,11 @@ memory only, as the spec allows. Evictions are logged with the next durable writ
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -100,6 +105,25 @@ class ReplayBufferClosed(RuntimeError):
     """A call on a closed :class:`ReplayBuffer`."""
 
 
+def _one_call_at_a_time(cls):
+    """Wraps each public method of ``cls`` (its own and inherited) in the instance's lock,
+    so the flusher thread never runs beside a call."""
+
+    def locked(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            with self._mutex:
+                return fn(self, *args, **kwargs)
+
+        return call
+
+    for name, fn in inspect.getmembers(cls, inspect.isfunction):
+        if not name.startswith("_"):
+            setattr(cls, name, locked(fn))
+    return cls
+
+
+@_one_call_at_a_time
 class ReplayBuffer(Serving):
     """See the module docs and ``docs/scale.md``. ``grouping`` is ``"strict"`` (a group is
     environment, example and policy version) or ``"mixed"`` (environment and example, any
@@ -170,6 +194,11 @@ class ReplayBuffer(Serving):
         self._lazy: list = []  # control events applied, to log with the next write
         self._highest_version: Optional[int] = None
         self.stats_ = Stats(self.clock())
+        # Public methods hold `_mutex`; the flusher waits on `_staging` (see
+        # `_flush_when_due`), started with the first staged group.
+        self._mutex = threading.RLock()
+        self._staging = threading.Condition(self._mutex)
+        self._flusher: Optional[threading.Thread] = None
         snap, events = self._log.load()
         self._control = Control.restore(snap, events)
         self.rebuild_indexes()
@@ -263,8 +292,7 @@ class ReplayBuffer(Serving):
         self._enter(g)
         self._staged.append(g)
         self._staged_rows += g.size
-        if self._staged_since is None:
-            self._staged_since = now
+        self._mark_staged(now)
         self.stats_.sealed(now, (now - agg.created_ts) * 1000.0)
         self._enforce_caps(g)
         return "sealed"
@@ -388,6 +416,42 @@ class ReplayBuffer(Serving):
         self._staged_rows = 0
         self._staged_since = None
 
+    def _mark_staged(self, now: float) -> None:
+        """Notes that groups wait to be written since ``now`` (unless some already waited)
+        and has the flusher thread write them once they waited ``flush_interval_s``."""
+        if self._staged_since is not None:
+            return
+        self._staged_since = now
+        if not 0 < self.flush_interval_s < math.inf:
+            return  # 0: written by this call; infinity: by flush_rows, flush and close
+        if self._flusher is None:
+            self._flusher = threading.Thread(
+                target=self._flush_when_due, name="replay-flusher", daemon=True
+            )
+            self._flusher.start()
+        self._staging.notify()
+
+    def _flush_when_due(self) -> None:
+        """The flusher thread: hands the staged groups to the writer once they waited
+        ``flush_interval_s`` by the buffer's clock, whether or not a call comes. Writes
+        had only started inside calls, so groups sealed before a quiet spell stayed in
+        memory, and a crash lost them however long ago they were sealed."""
+        with self._staging:
+            while not self._closed:
+                if self._staged_since is None:
+                    self._staging.wait()
+                    continue
+                left = self._staged_since + self.flush_interval_s - self.clock()
+                if left > 0:
+                    self._staging.wait(min(left, threading.TIMEOUT_MAX))
+                    continue
+                try:
+                    self._write_staged()
+                    self._reap(wait=False, raise_errors=False)
+                except Exception as e:  # noqa: BLE001 - the next call or flush retries
+                    log.warning("replay data write failed (retried with the next write): %s", e)
+                    self._staging.wait(self.flush_interval_s)
+
     def _write_part(self, groups: list, name: str) -> None:
         """In the writer thread: gathers the groups' rows and writes them. Reads only what
         a sealed group never changes (its rows' chunks, its header)."""
@@ -421,8 +485,7 @@ class ReplayBuffer(Serving):
                 failed = failed or e
                 self._staged.extend(groups)
                 self._staged_rows += sum(g.size for g in groups)
-                if self._staged_since is None:
-                    self._staged_since = self.clock()
+                self._mark_staged(self.clock())
                 continue
             for g in groups:
                 g.written = True
@@ -473,6 +536,7 @@ class ReplayBuffer(Serving):
         self.flush()
         self._log.snapshot(self._control.snapshot())
         self._closed = True
+        self._staging.notify_all()  # the flusher thread ends
         if self._pool is not None:
             self._pool.shutdown()
         self._live.clear()
