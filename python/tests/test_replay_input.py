@@ -107,3 +107,80 @@ def test_integer_options_of_numpy_types_are_taken_as_ints(tmp_path):
     assert (type(buf.capacity), type(buf.target_size), type(buf.max_uses)) == (int, int, int)
     fill(buf, examples=3, versions=1)
     assert buf.stats()["groups_live"] == 2, "the oldest evicted past the capacity"
+
+
+def test_per_token_columns_in_a_dict_are_checked_as_records_arrays(tmp_path):
+    """A dict of columns with per-token arrays went through one unchecked concatenate:
+    floats were truncated and int64 values past int32 wrapped, stored without a word."""
+    buf = open_buffer(tmp_path, target_group_size=2)
+    base = {"environment": ["m", "m"], "example_id": ["q", "q"], "policy_version": ["1", "1"],
+            "rollout_uid": ["a", "b"]}
+    for tokens, message in [
+        ([np.array([2**31 + 5], np.int64), np.array([1], np.int64)], "outside int32"),
+        ([[2**33 + 1], [1]], "outside int32"),
+        ([[1.7, 2.2], [3.9]], "has dtype float64, wants int32"),
+        ([np.array([1]), np.zeros((1, 1), np.int32)], "must be 1-D"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            buf.add_rollouts({**base, "output_tokens": tokens})
+    assert buf.stats()["received"] == 0, "nothing taken"
+    # An empty list is no tokens, whatever numpy's dtype for it.
+    assert buf.add_rollouts({**base, "output_tokens": [[], np.array([], np.int64)]}) == ["pending", "sealed"]
+
+
+def test_a_dict_of_scalars_is_refused_not_split_into_characters(tmp_path):
+    """``{"environment": "ab", ...}`` was read as columns of characters: two rollouts."""
+    buf = open_buffer(tmp_path)
+    with pytest.raises(ValueError, match="column 'environment' is a str, not a column"):
+        buf.add_rollouts({"environment": "ab", "example_id": "cd", "policy_version": "12"})
+    with pytest.raises(ValueError, match="column 'reward' is a float, not a column"):
+        buf.add_rollouts({"environment": ["m"], "example_id": ["q"], "policy_version": ["1"], "reward": 0.5})
+    from rollout_buffer.replay import RolloutRecord
+
+    with pytest.raises(TypeError, match=r"add_rollout\(record\) or add_rollouts\(\[record\]\)"):
+        buf.add_rollouts(RolloutRecord("m", "q", "1"))
+    assert buf.stats()["received"] == 0
+
+
+def test_a_null_replica_or_last_segment_is_the_default_and_a_string_bool_is_refused(tmp_path):
+    """A None ``replica_id`` beside a named one failed the group's seal after the call had
+    taken other groups (the group was lost, its uids then refused as duplicates);
+    ``is_last_segment="false"`` was stored as True."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path, target_group_size=2)
+    out = buf.add_rollouts([R("m", "q1", "1", rollout_uid="a1"), R("m", "q1", "1", rollout_uid="a2"),
+                            R("m", "q2", "1", replica_id=None, rollout_uid="b1"),
+                            R("m", "q2", "1", replica_id="r1", rollout_uid="b2")])
+    assert out == ["pending", "sealed", "pending", "sealed"]
+    out = buf.add_rollouts({"environment": ["m", "m"], "example_id": ["q3", "q3"], "policy_version": ["1", "1"],
+                            "replica_id": [None, "r1"], "is_last_segment": [None, False],
+                            "rollout_uid": ["c1", "c2"]})
+    assert out == ["pending", "sealed"]
+    assert buf.stats()["groups_live"] == 3
+    for gid in buf.sample_groups(3).group_ids:
+        [g] = buf.get_groups([gid])
+        by_uid = {r.rollout_uid: r for r in g.rollouts}
+        if "b1" in by_uid:
+            assert by_uid["b1"].replica_id == "unknown"
+        if "c1" in by_uid:
+            assert (by_uid["c1"].replica_id, by_uid["c1"].is_last_segment) == ("unknown", True)
+            assert by_uid["c2"].is_last_segment is False
+    for bad in ("false", 1):
+        with pytest.raises(ValueError, match="'is_last_segment' must be a bool"):
+            buf.add_rollouts([R("m", "q4", "1", rollout_uid="d", is_last_segment=bad)])
+
+
+def test_rollouts_without_uids_are_told_apart_by_their_place_in_the_call(tmp_path):
+    """Uids derived from content alone made every rollout of a call without tokens, and
+    each answer sampled twice alike, a duplicate of the first: dropped."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path, target_group_size=4)
+    cols = {"environment": ["m"] * 4, "example_id": ["q"] * 4, "policy_version": ["1"] * 4,
+            "reward": [0.0, 1.0, 0.0, 1.0]}
+    assert buf.add_rollouts(cols) == ["pending"] * 3 + ["sealed"]
+    same = [R("m", "q2", "1", output_tokens=np.array([4], np.int32), created_ts=5.0, reward=1.0)
+            for _ in range(4)]
+    assert buf.add_rollouts(same) == ["pending"] * 3 + ["sealed"]
+    assert buf.add_rollouts(same) == ["duplicate"] * 4, "a resend of the call is a duplicate"

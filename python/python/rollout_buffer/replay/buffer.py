@@ -37,7 +37,7 @@ from .groups import (
     rows_by_chunk,
     version_number,
 )
-from .records import columns_to_table, records_to_table
+from .records import RolloutRecord, columns_to_table, records_to_table
 from .serve import Serving
 from .stats import Stats
 
@@ -228,6 +228,9 @@ class ReplayBuffer(Serving):
         self._check_open()
         started = time.perf_counter()
         now = self.clock()
+        if isinstance(rs, RolloutRecord):
+            raise TypeError("add_rollouts takes a list of rollouts (or columns); for one, "
+                            "use add_rollout(record) or add_rollouts([record])")
         if isinstance(rs, (pa.Table, pa.RecordBatch, dict)):
             table = columns_to_table(rs, self.numeric, now)
         else:

@@ -203,13 +203,21 @@ def _version(v: Any, numeric: bool, uid: str, field_name: str = "policy_version"
 
 
 def _array(r: RolloutRecord, name: str, uid: str) -> Optional[np.ndarray]:
-    a = getattr(r, name)
+    return _checked_array(getattr(r, name), name, uid)
+
+
+def _checked_array(a: Any, name: str, uid: str) -> Optional[np.ndarray]:
+    """Per-token array ``a`` of field ``name`` as the dtype it is stored as, or a
+    ``ValueError`` naming the field and ``uid``: floats where integers go, integers past
+    int32 and anything not numeric are refused, never truncated or wrapped."""
     if a is None:
         return None
     a = np.asarray(a)
     if a.ndim != 1:
         raise _bad(name, uid, f"must be 1-D, has shape {a.shape}")
     want = ARRAY_FIELDS[name].to_pandas_dtype()
+    if a.dtype != want and a.size == 0 and a.dtype.kind in "iuf":
+        return a.astype(want)  # `[]` is float64 to numpy, and holds nothing to convert
     if a.dtype != want:
         if a.dtype.kind not in "iuf" or (want == np.int32 and a.dtype.kind == "f"):
             raise _bad(name, uid, f"has dtype {a.dtype}, wants {np.dtype(want)}")
@@ -221,17 +229,42 @@ def _array(r: RolloutRecord, name: str, uid: str) -> Optional[np.ndarray]:
     return a
 
 
-def derived_uid(r: RolloutRecord) -> str:
-    """A uid for a record sent without one: a hash of what identifies it, so a resend is
-    still a duplicate."""
+def derived_uids(recs: Sequence[RolloutRecord]) -> list:
+    """Uids for records sent without one: a hash of what a rollout holds (its key, replica,
+    creation time, reward and per-token arrays), plus, for rollouts of one call that hash
+    alike, their place among them. A resend of the same call gets the same uids, so it is a
+    duplicate; rollouts that differ only in their place in the call are all kept. The
+    hash alone made every rollout of a call without tokens, and each answer sampled twice
+    alike ("4" to a math question), a duplicate of the first, dropped."""
+    seen: dict = {}
+    out = []
+    for r in recs:
+        base = _content_hash(r)
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        out.append(base if n == 0 else f"{base}-{n}")
+    return out
+
+
+def _content_hash(r: RolloutRecord) -> str:
     h = hashlib.blake2b(digest_size=10)
-    for part in (r.environment, r.example_id, str(r.policy_version), r.replica_id, repr(r.created_ts)):
+    for part in (r.environment, r.example_id, str(r.policy_version), r.replica_id,
+                 repr(r.created_ts), repr(r.reward)):
         # Surrogates pass (valid text encodes the same): a record with a lone surrogate
         # still gets a uid, for the error that refuses it to name.
         h.update(str(part).encode("utf-8", "surrogatepass"))
         h.update(b"\0")
-    if r.output_tokens is not None:
-        h.update(np.ascontiguousarray(r.output_tokens).tobytes())
+    for name in ARRAY_FIELDS:
+        a = getattr(r, name)
+        if a is None:
+            h.update(b"\1")
+            continue
+        try:
+            h.update(np.ascontiguousarray(a).tobytes())
+        except (TypeError, ValueError):
+            # Not an array (the checks refuse it, naming this uid): its text.
+            h.update(repr(a).encode("utf-8", "surrogatepass"))
+        h.update(b"\0")
     return "r-" + h.hexdigest()
 
 
@@ -270,7 +303,7 @@ def _columns_of(recs: list) -> pa.Table:
 
     pv = [str(v) if type(v) is int else v for v in col("policy_version")]
     apv = [str(v) if type(v) is int else v for v in col("actor_policy_version")]
-    uids = [r.rollout_uid or derived_uid(r) for r in recs]
+    uids = [r.rollout_uid or d for r, d in zip(recs, derived_uids(recs))]
     out = {
         "group_id": pa.nulls(len(recs), pa.string()),
         "environment": pa.array(col("environment"), pa.string()),
@@ -313,10 +346,10 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
     """The record-by-record build: raises on the first bad record, naming it."""
     cols: dict = {name: [] for name in SCHEMA.names}
     arrays: dict = {name: [] for name in ARRAY_FIELDS}
-    for r in recs:
+    for r, derived in zip(recs, derived_uids(recs)):
         if r.rollout_uid is not None and not isinstance(r.rollout_uid, str):
             raise _bad("rollout_uid", repr(r.rollout_uid), "must be a string (a resend must carry the same uid)")
-        uid = r.rollout_uid or derived_uid(r)
+        uid = r.rollout_uid or derived
         _text("rollout_uid", uid, uid)
         for name in ("environment", "example_id"):
             v = getattr(r, name)
@@ -339,6 +372,10 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
                 raise _bad(name, uid, f"must be a string, not {v!r}")
             if v is not None:
                 _text(name, v, uid)
+        last = r.is_last_segment
+        if last is not None and not isinstance(last, (bool, np.bool_)):
+            # bool("false") is True.
+            raise _bad("is_last_segment", uid, f"must be a bool, not {last!r}")
         created_ts = _float("created_ts", r.created_ts, uid)
         meta = None
         if r.metadata is not None:
@@ -352,7 +389,7 @@ def _checked_one_by_one(recs: list, numeric_versions: bool) -> pa.Table:
             ("replica_id", r.replica_id), ("rollout_uid", uid), ("token_count", tc),
             ("reward", reward), ("actor_policy_version", apv),
             ("continuation_of", r.continuation_of), ("prefix_hash", r.prefix_hash),
-            ("is_last_segment", bool(r.is_last_segment)), ("metadata", meta),
+            ("is_last_segment", None if last is None else bool(last)), ("metadata", meta),
             ("created_ts", created_ts), ("sealed_ts", None),
         ):
             cols[name].append(v)
@@ -390,6 +427,14 @@ def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
     def fail(i: int, name: str, why: str) -> ValueError:
         return _bad(name, uid[i].as_py() or f"row {i}", why)
 
+    for name, default in _DEFAULTS.items():
+        # A null (None) is the field left out: its default, on every path. A null
+        # replica_id had been kept, and failed the seal of its group after the call had
+        # taken other groups, losing it.
+        col = table.column(name)
+        if col.null_count:
+            filled = pc.fill_null(col, pa.scalar(default, col.type))
+            table = table.set_column(SCHEMA.get_field_index(name), name, filled)
     for name in ("environment", "example_id", "policy_version", "rollout_uid"):
         col = table.column(name)
         lengths = pc.utf8_length(col)
@@ -514,7 +559,7 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
     uids = table.column("rollout_uid")
     if uids.null_count:
         recs = table_to_records(table)
-        filled = [u if u else derived_uid(r) for u, r in zip(uids.to_pylist(), recs)]
+        filled = [u if u else d for u, d in zip(uids.to_pylist(), derived_uids(recs))]
         table = table.set_column(SCHEMA.get_field_index("rollout_uid"), "rollout_uid", pa.array(filled, pa.string()))
     return check_table(table, numeric_versions)
 
@@ -524,21 +569,33 @@ def dict_to_table(data: dict) -> pa.Table:
     int64, a str with no UTF-8, mixed types) is a ``ValueError`` naming it, and the row
     and its uid where one value is the cause (Arrow's own OverflowError or
     UnicodeEncodeError named neither)."""
-    def column(k: str, v: Any) -> Any:
-        return _list_column(v, ARRAY_FIELDS[k]) if k in ARRAY_FIELDS and isinstance(v, list) else v
-
-    errors = (pa.ArrowException, OverflowError, TypeError, ValueError)
-    try:
-        return pa.table({k: column(k, v) for k, v in data.items()})
-    except errors as e:
-        failed = e
-    # Only when the build failed: which column, and which of its values.
     uids = data.get("rollout_uid")
 
     def who(i: int) -> str:
         u = uids[i] if isinstance(uids, (list, tuple)) and i < len(uids) else None
         return u if isinstance(u, str) and u else f"row {i}"
 
+    def column(k: str, v: Any) -> Any:
+        if k not in ARRAY_FIELDS or not isinstance(v, list):
+            return v
+        # Checked as a record's arrays are: concatenated unchecked, floats were truncated
+        # and int64 values past int32 wrapped.
+        return _list_column([_checked_array(a, k, who(i)) for i, a in enumerate(v)], ARRAY_FIELDS[k])
+
+    for k, v in data.items():
+        if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or getattr(v, "ndim", 1) == 0:
+            # A single rollout as a dict of its fields reads as columns: its strings were
+            # split into characters, one rollout each.
+            raise ValueError(
+                f"column {k!r} is a {type(v).__name__}, not a column: a dict of columns holds "
+                "one value per rollout (for one rollout as a dict, pass [rollout])"
+            )
+    errors = (pa.ArrowException, OverflowError, TypeError, ValueError)
+    try:
+        return pa.table({k: column(k, v) for k, v in data.items()})
+    except errors as e:
+        failed = e
+    # Only when the build failed: which column, and which of its values.
     for name, values in data.items():
         if not isinstance(values, (list, tuple)):
             continue
