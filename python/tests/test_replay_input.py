@@ -184,3 +184,21 @@ def test_rollouts_without_uids_are_told_apart_by_their_place_in_the_call(tmp_pat
             for _ in range(4)]
     assert buf.add_rollouts(same) == ["pending"] * 3 + ["sealed"]
     assert buf.add_rollouts(same) == ["duplicate"] * 4, "a resend of the call is a duplicate"
+
+
+def test_refused_or_pending_rollouts_do_not_raise_the_current_version(tmp_path):
+    """A rollout refused for its version (or a duplicate, or one still pending) raised the
+    highest version seen, and every lag-filtered draw came back empty, until a restart
+    recomputed it from the stored groups."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path, target_group_size=1, min_group_size=1, accept_policy_versions=[1, 2])
+    assert buf.add_rollouts([R("m", "q1", "2", rollout_uid="a")]) == ["sealed"]
+    assert buf.add_rollouts([R("m", "q2", "1000", rollout_uid="stray")]) == ["version_rejected"]
+    assert buf.add_rollouts([R("m", "q1", "9", rollout_uid="a")]) == ["version_rejected"]
+    assert buf.current_version() == 2
+    assert len(buf.sample_groups(4, max_policy_lag=1).group_ids) == 1
+    pending = open_buffer(tmp_path / "p", target_group_size=2)
+    pending.add_rollouts([R("m", "q", "1", rollout_uid="x"), R("m", "q", "1", rollout_uid="y")])
+    assert pending.add_rollouts([R("m", "q", "7", rollout_uid="z")]) == ["pending"]
+    assert pending.current_version() == 1

@@ -245,10 +245,6 @@ class ReplayBuffer(Serving):
         ]
         add = self._add
         out = [add(chunk, i, *row, now) for i, row in enumerate(zip(*columns))]
-        for pv in set(columns[2]):
-            n = version_number(pv)
-            if n is not None and (self._highest_version is None or n > self._highest_version):
-                self._highest_version = n
         self.stats_.received(table.num_rows, now)
         self._housekeeping(now)
         self.stats_.add_call(time.perf_counter() - started)
@@ -330,10 +326,16 @@ class ReplayBuffer(Serving):
     # ---- capacity and retention ----------------------------------------------------
 
     def _enter(self, g: Group) -> None:
-        """A group joins the live set (and its per-version index)."""
+        """A group joins the live set (and its per-version index). The highest version
+        seen is that of the groups stored, sealed here or found on storage, so it is the
+        same after a restart: rollouts refused (a version not accepted, a duplicate) or
+        still pending had raised it, and a lag-filtered draw then found nothing."""
         self._live[g.id] = g
         self._by_version.setdefault((g.environment, g.policy_version), {})[g.id] = None
         self._seen_uids.update(g.uids)
+        for n in [g.version_num] + [version_number(v) for v in g.versions]:
+            if n is not None and (self._highest_version is None or n > self._highest_version):
+                self._highest_version = n
 
     def _leave(self, gid: str) -> None:
         """A group leaves the live set: its uids may be sent again (rollout dedupe is
@@ -576,9 +578,6 @@ class ReplayBuffer(Serving):
                 True,
             )
             self._enter(g)
-            n = g.version_num
-            if n is not None and (self._highest_version is None or n > self._highest_version):
-                self._highest_version = n
         self._scores = {}
         for gid, uid, scores, flags, _ in storage.read_scores(self._store):
             if gid in self._live:
