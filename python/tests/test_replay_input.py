@@ -202,3 +202,22 @@ def test_refused_or_pending_rollouts_do_not_raise_the_current_version(tmp_path):
     pending.add_rollouts([R("m", "q", "1", rollout_uid="x"), R("m", "q", "1", rollout_uid="y")])
     assert pending.add_rollouts([R("m", "q", "7", rollout_uid="z")]) == ["pending"]
     assert pending.current_version() == 1
+
+
+def test_empty_draws_never_push_a_steps_batch_out_of_the_kept_window(tmp_path):
+    """A trainer polling an empty buffer made settled empty batches, which counted in the
+    window of settled batches kept: step 0's batch fell out of the snapshot, and after a
+    restart ``next_batch(0)`` drew anew."""
+    from rollout_buffer.replay import control
+
+    buf = open_buffer(tmp_path, target_group_size=1, min_group_size=1, max_uses_per_group=1)
+    buf.add_rollouts(group_of(size=1))
+    first = buf.next_batch(0, 1)
+    buf.ack(first.batch_id)
+    for _ in range(control.KEEP_SETTLED + 10):
+        assert buf.next_batch(1, 1).group_ids == []  # waiting for data
+    assert buf.recorded_batch(0) == first
+    buf.close()
+    again = open_buffer(tmp_path, target_group_size=1, min_group_size=1, max_uses_per_group=1)
+    assert again.recorded_batch(0) == first
+    assert again.next_batch(0, 1) == first

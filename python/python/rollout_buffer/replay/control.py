@@ -87,12 +87,22 @@ class Control:
                 self.redeliver[g] = None
 
     def snapshot(self) -> dict:
-        settled = [b for b, v in self.batches.items() if v["s"] is not None]
-        drop = set(settled[: max(0, len(settled) - KEEP_SETTLED)])
-        batches = {b: v for b, v in self.batches.items() if b not in drop}
+        """The state to store, after dropping the settled batches past the last
+        :data:`KEEP_SETTLED`, here too, so a step's batch is kept as long before a restart
+        as after. Empty batches (a draw that found nothing ready) are counted apart: a
+        trainer polling an empty buffer had pushed real steps out of the window, and after
+        a restart ``next_batch`` drew anew for a step that had its batch."""
+        drop: set = set()
+        for empty in (False, True):
+            settled = [b for b, v in self.batches.items()
+                       if v["s"] is not None and (not v["g"]) == empty]
+            drop.update(settled[: max(0, len(settled) - KEEP_SETTLED)])
+        for b in drop:
+            del self.batches[b]
+        self.steps = {s: b for s, b in self.steps.items() if b in self.batches}
         return {
-            "batches": batches,
-            "steps": {str(s): b for s, b in self.steps.items() if b in batches},
+            "batches": self.batches,
+            "steps": {str(s): b for s, b in self.steps.items()},
             "uses": dict(self.uses),
             "redeliver": list(self.redeliver),
             "exited": self.exited,
