@@ -221,3 +221,18 @@ def test_empty_draws_never_push_a_steps_batch_out_of_the_kept_window(tmp_path):
     again = open_buffer(tmp_path, target_group_size=1, min_group_size=1, max_uses_per_group=1)
     assert again.recorded_batch(0) == first
     assert again.next_batch(0, 1) == first
+
+
+def test_version_lists_must_be_lists_of_ints_or_strings(tmp_path):
+    """A string was read character by character ("12": versions 1 and 2) and a float as
+    its text (3.0 matched no version), both silently."""
+    for bad, message in [("12", "must be a list of policy versions"), ([3.0], "not 3.0"),
+                         ([True], "not True"), (7, "must be a list")]:
+        with pytest.raises(ValueError, match=message):
+            open_buffer(tmp_path, accept_policy_versions=bad)
+    buf = open_buffer(tmp_path, accept_policy_versions=[np.int64(1), "2"])
+    fill(buf, examples=2, versions=2)
+    with pytest.raises(ValueError, match="prefer_policy_versions must be a list"):
+        buf.sample_groups(2, prefer_policy_versions="12", on_policy_fraction=0.5)
+    picked = buf.sample_groups(2, prefer_policy_versions=[2], on_policy_fraction=1.0)
+    assert {g.policy_version for g in buf.get_groups(picked.group_ids)} == {"2"}

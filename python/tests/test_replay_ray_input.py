@@ -101,3 +101,17 @@ def test_options_a_shard_would_refuse_are_refused_before_any_starts(cluster, tmp
     with pytest.raises(ValueError, match=message):
         ShardedReplayBuffer(str(root), ["math", "code"], **options)
     assert not root.exists(), "no shard started (each makes its folder)"
+
+
+def test_shards_of_the_wrong_kind_are_refused_and_numpy_counts_taken(cluster, tmp_path):
+    """``ShardedReplayBuffer(root, "math")`` made shards m, a, t and h; a numpy count was
+    refused where numpy ints are taken everywhere else; a version list given as a string
+    was read character by character in every shard."""
+    root = tmp_path / "kinds"
+    for shards, kw, message in [("math", {}, "shards is a list of environment names"),
+                                (["math"], {"accept_policy_versions": "12"}, "must be a list of policy versions")]:
+        with pytest.raises(ValueError, match=message):
+            ShardedReplayBuffer(str(root), shards, **kw)
+    assert not root.exists(), "no shard started"
+    front = ShardedReplayBuffer(str(tmp_path / "np"), np.int64(2), by="hash", durable=False, clock=Clock())
+    assert len(front.handles) == 2

@@ -27,6 +27,7 @@ import pyarrow as pa
 
 from . import storage
 from .control import Control
+from .draw import version_set
 from .groups import (
     Aggregator,
     Chunk,
@@ -89,6 +90,8 @@ def check_options(options: dict) -> dict:
             rule = f"a {'' if inf_ok else 'finite '}number of seconds {'>=' if zero_ok else '>'} 0"
             none = " (or None: no retention by age)" if name == "retention_ttl_s" else ""
             raise ValueError(f"{name} must be {rule}{none}, not {v!r}")
+    if options["accept_policy_versions"] is not None:
+        version_set("accept_policy_versions", options["accept_policy_versions"])
     # Here, not at the first write (on the writer thread, long after the mistake).
     storage.check_compression(options["compression"])
     return counts
@@ -164,7 +167,10 @@ class ReplayBuffer(Serving):
         self.min_size = counts["min_group_size"]
         self.seal_timeout_s = seal_timeout_s
         self.max_per_replica = counts["max_per_replica"]
-        self.accept = None if accept_policy_versions is None else {str(v) for v in accept_policy_versions}
+        self.accept = (
+            None if accept_policy_versions is None
+            else version_set("accept_policy_versions", accept_policy_versions)
+        )
         self.mixed = grouping == "mixed"
         self.max_uses = counts["max_uses_per_group"]
         self.lease_timeout_s = lease_timeout_s

@@ -34,6 +34,24 @@ def check_int(name: str, value: object, least: Optional[int] = None) -> int:
     return int(value)
 
 
+def version_set(name: str, values: object) -> set:
+    """Policy versions given as a list (any iterable but a string) of ints, numpy integers
+    or strings, as the strings the buffer keys versions by. A string was read character
+    by character ("12": versions 1 and 2) and a float as its text (3.0: "3.0", matching no
+    version), both silently."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise ValueError(f"{name} must be a list of policy versions, not {values!r}")
+    out = set()
+    for v in values:
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            out.add(str(int(v)))
+        elif isinstance(v, str) and v:
+            out.add(v)
+        else:
+            raise ValueError(f"{name}: a policy version is an int or a non-empty string, not {v!r}")
+    return out
+
+
 def stable_hash(text: str) -> int:
     """64 bits of blake2b: stable across processes (unlike ``hash``)."""
     # Surrogates pass (valid text encodes the same): the sharded front routes a record

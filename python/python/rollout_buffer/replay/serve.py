@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
-from .draw import check_int, recency_weights, round_robin, window
+from .draw import check_int, recency_weights, round_robin, version_set, window
 from .groups import materialize
 from .records import RolloutGroup, SampledBatch, not_utf8, table_to_records
 
@@ -81,7 +81,7 @@ class Serving:
             rest = [g for g in rest if g.id not in ids]
             want -= len(took)
         if want > 0 and prefer_policy_versions is not None:
-            prefer = {str(v) for v in prefer_policy_versions}
+            prefer = version_set("prefer_policy_versions", prefer_policy_versions)
             head = [g for g in rest if g.policy_version in prefer]
             tail = [g for g in rest if g.policy_version not in prefer]
             order = self._order(head, seed, recency_weighting, current) + self._order(

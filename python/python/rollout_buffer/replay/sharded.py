@@ -17,6 +17,7 @@ import inspect
 import time
 from typing import Any, Iterable, Optional
 
+import numpy as np
 import pyarrow as pa
 
 from .buffer import ReplayBuffer, check_options
@@ -86,14 +87,17 @@ class ShardedReplayBuffer:
         **buffer_kwargs: Any,
     ) -> None:
         if by == "environment":
+            if isinstance(shards, (str, bytes)) or not hasattr(shards, "__iter__"):
+                # A string was read as one environment per character.
+                raise ValueError(f"with by='environment', shards is a list of environment names, not {shards!r}")
             self.keys = [str(s) for s in shards]
             if not self.keys or len(set(self.keys)) != len(self.keys):
                 raise ValueError(f"shards must be distinct environment names, not {shards!r}")
             names = [f"shard=env-{k}" for k in self.keys]
         elif by == "hash":
-            if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 1:
                 raise ValueError(f"with by='hash', shards is a count >= 1, not {shards!r}")
-            self.keys = list(range(shards))
+            self.keys = list(range(int(shards)))
             names = [f"shard={i}" for i in self.keys]
         else:
             raise ValueError(f"by must be 'environment' or 'hash', not {by!r}")
