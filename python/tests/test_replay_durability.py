@@ -74,3 +74,29 @@ def test_the_flusher_takes_turns_with_calls_and_stops_at_close(tmp_path):
     again = ReplayBuffer(str(tmp_path / "replay"), target_group_size=1, min_group_size=1)
     assert again.stats()["groups_live"] == 200
     again.close()
+
+
+def test_one_buffer_per_folder(tmp_path):
+    """Two buffers on one folder each served the same groups, and overwrote each other's
+    control log; the second is now refused, naming the holder, until the first closes or
+    is dropped (as its process dying lets go)."""
+    import gc
+
+    import pytest
+
+    root = str(tmp_path / "replay")
+    first = ReplayBuffer(root, target_group_size=1, min_group_size=1, flush_interval_s=5.0)
+    with pytest.raises(RuntimeError, match=f"another ReplayBuffer has .* open \\(pid {os.getpid()}\\)"):
+        ReplayBuffer(root)
+    first.close()
+    second = ReplayBuffer(root, target_group_size=1, min_group_size=1, flush_interval_s=5.0)
+    from rollout_buffer.replay import RolloutRecord
+
+    second.add_rollouts([RolloutRecord(environment="m", example_id="q", policy_version="1", rollout_uid="u")])
+    flusher = second._flusher
+    del second  # dropped without close: a crash, in-process
+    gc.collect()
+    flusher.join(timeout=60)
+    assert not flusher.is_alive(), "the flusher of a dropped buffer ends"
+    third = ReplayBuffer(root)
+    third.close()

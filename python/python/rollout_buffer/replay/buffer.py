@@ -19,6 +19,7 @@ import math
 import threading
 import time
 import uuid
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Optional
 
@@ -126,6 +127,28 @@ def _one_call_at_a_time(cls):
     return cls
 
 
+def _flush_when_due(ref: "weakref.ref", staging: threading.Condition) -> None:
+    """The flusher thread: writes staged groups once they waited ``flush_interval_s``,
+    whether or not a call comes. Writes had only started inside calls, so groups sealed
+    before a quiet spell stayed in memory, and a crash lost them however long ago they
+    were sealed. Ends when its buffer is closed or collected."""
+    with staging:
+        while True:
+            buf = ref()
+            if buf is None or buf._closed:
+                return
+            wait = buf._flush_if_due()
+            # Not held while waiting. Dropped here as the last reference, its finalizer's
+            # wake-up came before the wait: the cap bounds how long that goes unseen.
+            del buf
+            staging.wait(60.0 if wait is None else min(wait, 60.0))
+
+
+def _wake(staging: threading.Condition) -> None:
+    with staging:
+        staging.notify_all()
+
+
 @_one_call_at_a_time
 class ReplayBuffer(Serving):
     """See the module docs and ``docs/scale.md``. ``grouping`` is ``"strict"`` (a group is
@@ -181,6 +204,7 @@ class ReplayBuffer(Serving):
         self.flush_interval_s = flush_interval_s
         self.clock = clock or time.time
         self._store = storage.Store(root_path, durable)
+        self._owner = self._store.claim()
         self._log = storage.ControlLog(self._store)
         # Names of files this process writes: unique per run, ordered within it.
         self._run = f"{time.time_ns():x}-{uuid.uuid4().hex[:6]}"
@@ -200,7 +224,7 @@ class ReplayBuffer(Serving):
         self._lazy: list = []  # control events applied, to log with the next write
         self._highest_version: Optional[int] = None
         self.stats_ = Stats(self.clock())
-        # Public methods hold `_mutex`; the flusher waits on `_staging` (see
+        # Public methods hold `_mutex`; the flusher thread waits on `_staging` (see
         # `_flush_when_due`), started with the first staged group.
         self._mutex = threading.RLock()
         self._staging = threading.Condition(self._mutex)
@@ -436,32 +460,35 @@ class ReplayBuffer(Serving):
         if not 0 < self.flush_interval_s < math.inf:
             return  # 0: written by this call; infinity: by flush_rows, flush and close
         if self._flusher is None:
+            # The thread holds the buffer weakly: one dropped without close() is collected
+            # (its folder's lock let go, as a crash would), and the finalizer wakes the
+            # thread to end.
             self._flusher = threading.Thread(
-                target=self._flush_when_due, name="replay-flusher", daemon=True
+                target=_flush_when_due, args=(weakref.ref(self), self._staging),
+                name="replay-flusher", daemon=True,
             )
             self._flusher.start()
+            weakref.finalize(self, _wake, self._staging)
         self._staging.notify()
 
-    def _flush_when_due(self) -> None:
-        """The flusher thread: hands the staged groups to the writer once they waited
-        ``flush_interval_s`` by the buffer's clock, whether or not a call comes. Writes
-        had only started inside calls, so groups sealed before a quiet spell stayed in
-        memory, and a crash lost them however long ago they were sealed."""
-        with self._staging:
-            while not self._closed:
-                if self._staged_since is None:
-                    self._staging.wait()
-                    continue
-                left = self._staged_since + self.flush_interval_s - self.clock()
-                if left > 0:
-                    self._staging.wait(min(left, threading.TIMEOUT_MAX))
-                    continue
-                try:
-                    self._write_staged()
-                    self._reap(wait=False, raise_errors=False)
-                except Exception as e:  # noqa: BLE001 - the next call or flush retries
-                    log.warning("replay data write failed (retried with the next write): %s", e)
-                    self._staging.wait(self.flush_interval_s)
+    def _flush_if_due(self) -> Optional[float]:
+        """In the flusher thread, under the lock: hands the staged groups to the writer if
+        they waited ``flush_interval_s`` by the buffer's clock; returns how long to wait
+        before asking again (``None``: until notified), or ``0`` once closed."""
+        if self._closed:
+            return 0.0
+        if self._staged_since is None:
+            return None
+        left = self._staged_since + self.flush_interval_s - self.clock()
+        if left > 0:
+            return min(left, threading.TIMEOUT_MAX)
+        try:
+            self._write_staged()
+            self._reap(wait=False, raise_errors=False)
+        except Exception as e:  # noqa: BLE001 - the next call or flush retries
+            log.warning("replay data write failed (retried with the next write): %s", e)
+            return self.flush_interval_s
+        return None if self._staged_since is None else 0.0
 
     def _write_part(self, groups: list, name: str) -> None:
         """In the writer thread: gathers the groups' rows and writes them. Reads only what
@@ -550,6 +577,8 @@ class ReplayBuffer(Serving):
         self._staging.notify_all()  # the flusher thread ends
         if self._pool is not None:
             self._pool.shutdown()
+        if self._owner is not None:
+            self._owner.close()  # another buffer may open the folder now
         self._live.clear()
         self._pending.clear()
 

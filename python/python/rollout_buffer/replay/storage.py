@@ -94,6 +94,33 @@ class Store:
     def path(self, rel: str) -> str:
         return f"{self.root.rstrip('/')}/{rel}"
 
+    def claim(self) -> Optional[Any]:
+        """Makes this process the root's only writer, for as long as the returned file
+        stays open (a process that dies lets go with it): a second buffer on the same
+        folder, in this process or another, is a ``RuntimeError`` naming the holder's pid.
+        Two had each served the same groups and overwritten each other's control log. On
+        an object store there is no lock to take: ``None``, and one writer per root is
+        the caller's to keep."""
+        if not self.local:
+            return None
+        import fcntl
+
+        f = open(os.path.join(self.root, ".owner.lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            f.close()
+            raise RuntimeError(
+                f"another ReplayBuffer has {self.url!r} open (pid {holder}): one writer per "
+                "folder; close it first"
+            ) from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        return f
+
     def put(self, rel: str, data: bytes) -> None:
         """Writes ``rel`` whole: readers see all of it or nothing."""
         full = self.path(rel)
