@@ -236,3 +236,21 @@ def test_version_lists_must_be_lists_of_ints_or_strings(tmp_path):
         buf.sample_groups(2, prefer_policy_versions="12", on_policy_fraction=0.5)
     picked = buf.sample_groups(2, prefer_policy_versions=[2], on_policy_fraction=1.0)
     assert {g.policy_version for g in buf.get_groups(picked.group_ids)} == {"2"}
+
+
+def test_uids_are_unique_within_their_prompt(tmp_path):
+    """Uids numbered per prompt ("0", "1", ...) lost every prompt's rollouts but the
+    first's: the buffer deduplicated them across all prompts, where spec 000 dedupes
+    within an aggregator. A resend to the same prompt is still a duplicate, also after a
+    restart."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path, target_group_size=2)
+    out = buf.add_rollouts([R("math", ex, "1", rollout_uid=str(i)) for ex in ("q1", "q2") for i in range(2)])
+    assert out == ["pending", "sealed", "pending", "sealed"]
+    assert buf.add_rollouts([R("math", "q2", "1", rollout_uid="1")]) == ["duplicate"]
+    assert buf.add_rollouts([R("code", "q2", "1", rollout_uid="1")]) == ["pending"]
+    buf.close()
+    again = open_buffer(tmp_path, target_group_size=2)
+    assert again.add_rollouts([R("math", "q1", "1", rollout_uid="0")]) == ["duplicate"]
+    assert again.stats()["groups_live"] == 2

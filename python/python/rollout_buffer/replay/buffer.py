@@ -218,7 +218,11 @@ class ReplayBuffer(Serving):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._staged_since: Optional[float] = None
         self._known: set = set()  # every group id ever sealed here or on storage
-        self._seen_uids: set = set()  # uids of pending and live groups
+        # (environment, example id, uid) of pending and live rollouts: a uid is unique
+        # within its prompt, as spec 000's aggregators dedupe. One set for the whole
+        # buffer dropped every prompt's rollouts but the first's when uids were numbered
+        # per prompt ("0" to "7").
+        self._seen_uids: set = set()
         self._by_version: dict = {}  # (environment, version) -> live group ids, oldest first
         self._scores: dict = {}  # group id -> {uid: {"scores": {}, "flags": {}}}
         self._lazy: list = []  # control events applied, to log with the next write
@@ -284,7 +288,7 @@ class ReplayBuffer(Serving):
         if self.accept is not None and pv not in self.accept:
             self.stats_.count("version_rejected")
             return "version_rejected"
-        if uid in self._seen_uids:
+        if (env, ex, uid) in self._seen_uids:
             self.stats_.count("duplicates")
             return "duplicate"
         key = (env, ex, seg) if self.mixed else (env, ex, seg, pv)
@@ -294,7 +298,7 @@ class ReplayBuffer(Serving):
         if self.max_per_replica is not None and agg.by_replica[rep] >= self.max_per_replica:
             self.stats_.count("replica_capped")
             return "replica_capped"
-        self._seen_uids.add(uid)
+        self._seen_uids.add((env, ex, uid))
         agg.uids.append(uid)
         agg.rows.append((chunk, i))
         agg.by_replica[rep] += 1
@@ -310,7 +314,7 @@ class ReplayBuffer(Serving):
         pv = oldest_version(versions)
         gid = group_id(env, ex, "mixed" if self.mixed else pv, seg, agg.uids)
         if gid in self._known:
-            self._seen_uids.difference_update(agg.uids)
+            self._seen_uids.difference_update((env, ex, u) for u in agg.uids)
             self.stats_.count("duplicate_groups")
             return "duplicate_group"
         self._known.add(gid)
@@ -362,7 +366,7 @@ class ReplayBuffer(Serving):
         still pending had raised it, and a lag-filtered draw then found nothing."""
         self._live[g.id] = g
         self._by_version.setdefault((g.environment, g.policy_version), {})[g.id] = None
-        self._seen_uids.update(g.uids)
+        self._seen_uids.update((g.environment, g.example_id, u) for u in g.uids)
         for n in [g.version_num] + [version_number(v) for v in g.versions]:
             if n is not None and (self._highest_version is None or n > self._highest_version):
                 self._highest_version = n
@@ -380,7 +384,7 @@ class ReplayBuffer(Serving):
             same.pop(gid, None)
             if not same:
                 del self._by_version[(g.environment, g.policy_version)]
-        self._seen_uids.difference_update(g.uids)
+        self._seen_uids.difference_update((g.environment, g.example_id, u) for u in g.uids)
 
     def _evict(self, gids: list, reason: str) -> None:
         if not gids:
@@ -596,7 +600,7 @@ class ReplayBuffer(Serving):
         files: dict = {}
         kept = self._live
         self._live, self._by_version = {}, {}
-        self._seen_uids = {u for agg in self._pending.values() for u in agg.uids}
+        self._seen_uids = {(k[0], k[1], u) for k, agg in self._pending.items() for u in agg.uids}
         for h in sorted(storage.scan_groups(self._store), key=lambda h: (h["sealed_ts"], h["group_id"])):
             gid = h["group_id"]
             self._known.add(gid)
