@@ -254,3 +254,33 @@ def test_uids_are_unique_within_their_prompt(tmp_path):
     again = open_buffer(tmp_path, target_group_size=2)
     assert again.add_rollouts([R("math", "q1", "1", rollout_uid="0")]) == ["duplicate"]
     assert again.stats()["groups_live"] == 2
+
+
+@pytest.mark.parametrize("column, values, message", [
+    ("reward", [True], "numbers only"),
+    ("token_count", [True], "integers only"),
+    ("token_count", [2.0], "integers only"),
+    ("policy_version", [1.0], "strings or integers only"),
+    ("created_ts", ["12.5"], "numbers only"),
+    ("is_last_segment", [1], "bools only"),
+    ("metadata", [{"k": 1}], "the JSON text of an object"),
+])
+def test_columns_take_the_kinds_records_take(tmp_path, column, values, message):
+    """A cast had taken a bool reward as 1.0, a float version 1.0 as "1", a float token
+    count and a reward given as text, all of which the record path refuses."""
+    buf = open_buffer(tmp_path, target_group_size=1, min_group_size=1)
+    with pytest.raises(ValueError, match=f"column '{column}' of type .*: {message}"):
+        buf.add_rollouts({"environment": ["m"], "example_id": ["q"], "policy_version": ["1"], column: values})
+    assert buf.stats()["received"] == 0
+    # Ints where numbers or versions go are taken, as records take them.
+    assert buf.add_rollouts({"environment": ["m"], "example_id": ["q"], "policy_version": [3],
+                             "reward": [1]}) == ["sealed"]
+
+
+def test_a_record_creation_time_must_be_a_number(tmp_path):
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path)
+    for bad in (None, True, "12.5"):
+        with pytest.raises(ValueError, match="'created_ts' must be a number"):
+            buf.add_rollouts([R("m", "q", "1", rollout_uid="a", created_ts=bad)])

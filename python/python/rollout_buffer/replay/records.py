@@ -326,8 +326,10 @@ def _columns_of(recs: list) -> pa.Table:
         "created_ts": pa.array(col("created_ts"), pa.float64()),
         "sealed_ts": pa.nulls(len(recs), pa.float64()),
     }
-    if any(type(v) is bool for v in col("reward")) or any(
-        type(v) is not int for v in col("token_count")
+    if (
+        any(type(v) is bool for v in col("reward"))
+        or any(type(v) is not int for v in col("token_count"))
+        or any(type(v) not in (float, int) for v in col("created_ts"))
     ):
         # The record-by-record build checks them (a float token count is refused there,
         # where a cast would truncate it).
@@ -525,6 +527,11 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         source = "policy_version" if f.name == "rollout_policy_version" else f.name
         if source in data.column_names:
             col = data.column(source)
+            if not _kind_casts(col.type, f.type):
+                rule = _KIND_RULE.get(_kind(f.type), "a column of that type")
+                if source == "metadata":
+                    rule = "the JSON text of an object per row (json.dumps of each dict)"
+                raise ValueError(f"column {source!r} of type {col.type} is not {f.type}: {rule}")
             try:
                 out[f.name] = col if col.type == f.type else pc.cast(col, f.type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
@@ -562,6 +569,38 @@ def columns_to_table(data: Any, numeric_versions: bool, now: float) -> pa.Table:
         filled = [u if u else d for u, d in zip(uids.to_pylist(), derived_uids(recs))]
         table = table.set_column(SCHEMA.get_field_index("rollout_uid"), "rollout_uid", pa.array(filled, pa.string()))
     return check_table(table, numeric_versions)
+
+
+def _kind(t: pa.DataType) -> str:
+    if pa.types.is_boolean(t):
+        return "bool"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "str"
+    if pa.types.is_null(t):
+        return "null"
+    return "other"
+
+
+# What each kind of field takes, as the record path does: a cast took a bool reward as 1.0,
+# a float version 1.0 as "1", a float token count truncated and a reward "12.5" as text.
+_KINDS_TAKEN = {"int": {"int"}, "float": {"int", "float"}, "str": {"str", "int"}, "bool": {"bool"}}
+_KIND_RULE = {
+    "int": "integers only",
+    "float": "numbers only (not bools or text)",
+    "str": "strings or integers only",
+    "bool": "bools only",
+}
+
+
+def _kind_casts(source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a column of ``source`` type may be cast to field type ``target``: of a
+    kind the record path takes for that field (nulls always; lists are checked apart)."""
+    taken = _KINDS_TAKEN.get(_kind(target))
+    return taken is None or source == target or _kind(source) in taken | {"null"}
 
 
 def dict_to_table(data: dict) -> pa.Table:
