@@ -39,7 +39,8 @@ from .groups import (
     rows_by_chunk,
     version_number,
 )
-from .records import RolloutRecord, columns_to_table, records_to_table
+from .columns import columns_to_table
+from .records import RolloutRecord, records_to_table
 from .serve import Serving
 from .stats import Stats
 

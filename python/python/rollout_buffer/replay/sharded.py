@@ -22,7 +22,8 @@ import pyarrow as pa
 
 from .buffer import ReplayBuffer, check_options
 from .draw import check_int, stable_hash
-from .records import SampledBatch, as_record, dict_to_table
+from .columns import dict_to_table
+from .records import SampledBatch, as_record
 
 _ACTOR = None
 # The draw's filters: what decides which groups a shard counts as ready.
