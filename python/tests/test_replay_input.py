@@ -284,3 +284,26 @@ def test_a_record_creation_time_must_be_a_number(tmp_path):
     for bad in (None, True, "12.5"):
         with pytest.raises(ValueError, match="'created_ts' must be a number"):
             buf.add_rollouts([R("m", "q", "1", rollout_uid="a", created_ts=bad)])
+
+
+def test_draw_options_of_the_wrong_kind_are_named(tmp_path):
+    """Text for a number failed inside a comparison with a raw TypeError; ``ready_count``
+    refused the draw's own ``seed`` with a message about a private method; a score past
+    float64 was an OverflowError; a version of 2**70 overflowed the recency weights."""
+    with open_buffer(tmp_path) as buf:
+        fill(buf, examples=2, versions=2)
+        for name, bad in (("max_policy_lag", "1"), ("on_policy_fraction", "0.5"), ("max_policy_lag", True)):
+            with pytest.raises(ValueError, match=f"{name} must be a number, not {bad!r}"):
+                buf.sample_groups(1, **{name: bad})
+        assert buf.ready_count(seed=1, start_offset=2) == buf.ready_count() == 4
+        with pytest.raises(TypeError, match=r"unknown filters \['max_lag'\]"):
+            buf.ready_count(max_lag=1)
+        [gid] = buf.sample_groups(1).group_ids
+        with pytest.raises(ValueError, match="not finite"):
+            buf.upsert_scores(gid, {"s": 10**400})
+        buf.add_rollouts(group_of(ex="far", pv=str(2**70)))
+        assert len(buf.sample_groups(2, recency_weighting="linear").group_ids) == 2
+        with pytest.raises(ValueError, match="policy version must be an int"):
+            buf.set_policy_version(2**70)
+    with pytest.raises(Exception, match="closed"):
+        buf.stats()

@@ -587,6 +587,12 @@ class ReplayBuffer(Serving):
         self._live.clear()
         self._pending.clear()
 
+    def __enter__(self) -> "ReplayBuffer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def _check_open(self) -> None:
         if self._closed:
             raise ReplayBufferClosed(f"the replay buffer at {self.root_path!r} is closed")
@@ -629,8 +635,8 @@ class ReplayBuffer(Serving):
         """The trainer's current version (lag is measured from the higher of this and
         the highest version seen)."""
         self._check_open()
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise ValueError(f"policy version must be an int, not {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not -(2**63) <= v < 2**63:
+            raise ValueError(f"policy version must be an int (of 64 bits), not {v!r}")
         self._commit([{"e": "version", "v": int(v)}])
 
     def current_version(self) -> Optional[int]:

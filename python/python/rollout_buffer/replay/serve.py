@@ -28,6 +28,10 @@ def _check_name(group_id: str, kind: str, name: str) -> None:
         raise ValueError(f"group {group_id!r}: {kind} name {name!r} {why}")
 
 
+# What `ready_count` takes: the draw's filters.
+_FILTERS = {"max_policy_lag", "recent_n_versions", "recency_weighting", "on_policy_fraction", "require_flags"}
+
+
 class Serving:
     """Mixed into ``ReplayBuffer``; see its docs."""
 
@@ -95,8 +99,14 @@ class Serving:
     def ready_count(self, **filters: Any) -> int:
         """How many groups ``sample_groups`` with these filters could draw now."""
         self._check_open()
+        # The draw's options that do not filter (seed, offset, preference) are taken and
+        # ignored, so the same keywords serve both calls; any other is named.
+        for name in ("prefer_policy_versions", "seed", "start_offset"):
+            filters.pop(name, None)
+        unknown = sorted(set(filters) - _FILTERS)
+        if unknown:
+            raise TypeError(f"ready_count() got unknown filters {unknown}; filters are {sorted(_FILTERS)}")
         self._housekeeping(self.clock())
-        filters.pop("prefer_policy_versions", None)
         return len(self._ready(**filters)[0])
 
     def _ready(
@@ -108,6 +118,11 @@ class Serving:
         require_flags: Optional[dict] = None,
     ) -> tuple:
         """The unleased groups that pass the filters, and the current version."""
+        # Numbers, not text or bools: a str had failed inside the comparison with a
+        # TypeError naming neither the option nor its value.
+        for name, v in (("on_policy_fraction", on_policy_fraction), ("max_policy_lag", max_policy_lag)):
+            if v is not None and (isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.number))):
+                raise ValueError(f"{name} must be a number, not {v!r}")
         if on_policy_fraction is not None and not 0.0 <= on_policy_fraction <= 1.0:
             raise ValueError(f"on_policy_fraction must be in [0, 1], not {on_policy_fraction}")
         if max_policy_lag is not None and not max_policy_lag >= 0:  # NaN too
@@ -168,8 +183,9 @@ class Serving:
         eh = np.fromiter((g.example_hash for g in groups), np.uint64, len(groups))
         weights = None
         if mode != "uniform":
+            # Floats: a lag past int64 (a version of 2**70) overflowed the array.
             lags = np.fromiter(
-                ((current or 0) - (g.version_num or 0) for g in groups), np.int64, len(groups)
+                (float((current or 0) - (g.version_num or 0)) for g in groups), np.float64, len(groups)
             )
             weights = recency_weights(lags, mode)
         return [groups[i] for i in round_robin(gh, eh, seed, weights)]
@@ -328,7 +344,11 @@ class Serving:
             if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, float, np.number)):
                 raise ValueError(f"group {group_id!r}: score {k!r} must be a str -> number, not {v!r}")
             _check_name(group_id, "score", k)
-            if not math.isfinite(float(v)):
+            try:
+                finite = math.isfinite(float(v))
+            except OverflowError:  # an int past float64's range
+                finite = False
+            if not finite:
                 raise ValueError(f"group {group_id!r}: score {k!r} is {v}: not finite")
             clean[k] = float(v)
         clean_flags = {}
