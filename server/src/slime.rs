@@ -579,12 +579,7 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
         }
         return m;
     }
-    let mean = rewards.iter().sum::<f64>() / n as f64;
-    let std = if n > 1 {
-        (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (n - 1) as f64).sqrt()
-    } else {
-        0.0
-    };
+    let (mean, std) = mean_and_std(&rewards);
     m.insert("total_samples".into(), json!(n));
     m.insert("num_groups".into(), json!(groups.len()));
     m.insert(
@@ -602,6 +597,29 @@ fn meta_info(groups: &[TrainGroup]) -> Map<String, Value> {
         json!(rewards.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
     );
     m
+}
+
+/// The mean and sample standard deviation of `values` (finite, at least one), scaled by
+/// the largest magnitude so values near f64's range do not overflow the sums: the mean of
+/// two rewards of 1e308 was infinite, answered as null. Only a spread itself past f64's
+/// range still is.
+fn mean_and_std(values: &[f64]) -> (f64, f64) {
+    let n = values.len();
+    let scale = values.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    if n == 0 || scale == 0.0 {
+        return (0.0, 0.0);
+    }
+    let mean = values.iter().map(|v| v / scale).sum::<f64>() / n as f64;
+    let squares = values
+        .iter()
+        .map(|v| (v / scale - mean).powi(2))
+        .sum::<f64>();
+    let std = if n > 1 {
+        (squares / (n - 1) as f64).sqrt()
+    } else {
+        0.0
+    };
+    (mean * scale, std * scale)
 }
 
 #[cfg(test)]
@@ -641,6 +659,26 @@ mod tests {
             let t = created_ts(&format!(r#"{{"timestamp": {odd}}}"#));
             assert!(t.is_finite() && t >= before, "{odd}: {t}");
         }
+    }
+
+    #[test]
+    fn reward_statistics_hold_near_the_range_of_f64() {
+        use super::mean_and_std;
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs().max(1.0);
+        let (mean, std) = mean_and_std(&[0.0, 1.0, 0.0, 1.0]);
+        assert!(
+            close(mean, 0.5) && close(std, (1.0f64 / 3.0).sqrt()),
+            "{mean} {std}"
+        );
+        assert_eq!(mean_and_std(&[0.0, 0.0]), (0.0, 0.0));
+        assert_eq!(mean_and_std(&[-2.5]), (-2.5, 0.0));
+        let (mean, std) = mean_and_std(&[1e308, 1e308, 1e308]);
+        assert!(close(mean, 1e308) && std == 0.0, "{mean} {std}");
+        let (mean, std) = mean_and_std(&[1.7e308, -1.7e308]);
+        assert!(
+            mean == 0.0 && std.is_infinite(),
+            "a spread past f64: {mean} {std}"
+        );
     }
 
     #[test]
