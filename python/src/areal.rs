@@ -376,22 +376,34 @@ impl ArealSlots {
     }
 }
 
-/// A sample's entry id: its id, or its ids joined by `|` when it holds several.
+/// A sample's entry id: its id, or its ids joined by `|` when it holds several, each id's
+/// backslashes and `|` escaped by a backslash so no single id reads as a join: an entry
+/// `["a|b"]` had been refused as a duplicate of `["a", "b"]`.
 fn entry_id(sample: &Bound<'_, PyAny>) -> PyResult<SampleId> {
     let ids = sample.getattr(intern!(sample.py(), "ids"))?;
     if ids.len()? == 1 {
         let id = ids.get_item(0)?;
         // A str is read in place (its UTF-8 is cached by Python): one copy, into the id.
-        return match id.cast::<PyString>() {
-            Ok(s) => Ok(SampleId::from(s.to_str()?)),
-            Err(_) => Ok(SampleId::from(id.str()?.to_str()?)),
+        let id = match id.cast::<PyString>() {
+            Ok(s) => SampleId::from(escaped(s.to_str()?).as_ref()),
+            Err(_) => SampleId::from(escaped(id.str()?.to_str()?).as_ref()),
         };
+        return Ok(id);
     }
     let parts = ids
         .try_iter()?
-        .map(|id| text(&id?))
+        .map(|id| Ok(escaped(&text(&id?)?).into_owned()))
         .collect::<PyResult<Vec<_>>>()?;
     Ok(SampleId::from(parts.join("|")))
+}
+
+/// `id` with its backslashes and `|` escaped by a backslash; itself (no copy) when it has
+/// neither, as ids do.
+fn escaped(id: &str) -> std::borrow::Cow<'_, str> {
+    if !id.contains(['|', '\\']) {
+        return std::borrow::Cow::Borrowed(id);
+    }
+    std::borrow::Cow::Owned(id.replace('\\', "\\\\").replace('|', "\\|"))
 }
 
 /// `str(obj)`, without a call for what already is a `str`.

@@ -76,7 +76,7 @@ pub(crate) fn merge<'py>(entry: &Bound<'py, PyAny>, other: &Bound<'py, PyAny>) -
 /// The stand-in's `SequenceSample.gather` for metadata-only samples: one `cls` holding
 /// `samples` in order over `keys`. `None` when every sample carries data, whose
 /// concatenation (numpy or torch) is left to the Python method, or when a sample's
-/// metadata is a mapping other than a dict.
+/// metadata is a mapping other than a dict or lacks a key another has.
 #[pyfunction]
 pub(crate) fn gather_samples<'py>(
     cls: &Bound<'py, PyType>,
@@ -137,6 +137,13 @@ pub(crate) fn gather<'py>(
                 };
                 list.call_method1(intern!(py, "extend"), (mv,))?;
             }
+        }
+    }
+    // A sample without some metadata key (its values would sit at the next sample's
+    // place): left to the Python method, which aligns them with Nones.
+    for (_, list) in metadata.iter() {
+        if list.len()? != ids.len() {
+            return Ok(None);
         }
     }
     if all_data {

@@ -445,7 +445,8 @@ def test_an_amend_merges_as_update_does():
         assert [_fields(s) for s in stored] == expect
         _, got = await buf.get_batch_for_rpc(train)
         assert got.ids == ["s0", "s1", "s2", "s3"] and got.seqlens["x"] == [[1], [2], [3], [4]]
-        assert got.trailing_shapes == {"p": (), "x": ()} and got.metadata == {"src": ["m1", "m3"]}
+        # Each sample's metadata at its place: s0 and s2 have none.
+        assert got.trailing_shapes == {"p": (), "x": ()} and got.metadata == {"src": [None, "m1", None, "m3"]}
 
     run(go())
 

@@ -104,3 +104,92 @@ def test_birth_times_must_be_ints_greater_than_zero():
         assert got.ids == ["d", "c"]
 
     run(go())
+
+
+def test_an_amend_mixing_data_and_metadata_only_samples_never_loses_the_entry():
+    """An amend with data into a metadata-only entry (and the reverse) left data whose
+    keys no longer matched the sample's: the gather raised KeyError after the last MFC's
+    read had freed the slot, and the entry was gone. The batch is now metadata-only."""
+    from rollout_buffer.areal import MFCDef, SequenceSample
+
+    async def go(put_data, amend_data):
+        gen, tr = MFCDef("gen", 1, ("p",)), MFCDef("tr", 1, ("p", "x"))
+        buf = AsyncIOSequenceBuffer([gen, tr], 8)
+        put = SequenceSample(keys={"p"}, ids=[0], seqlens={"p": [[3]]},
+                             data={"p": np.ones(3)} if put_data else None)
+        idx = await buf.put_batch([put])
+        await buf.get_batch_for_rpc(gen)
+        amend = SequenceSample(keys={"x"}, ids=[0], seqlens={"x": [[3]]},
+                               data={"x": np.ones(3)} if amend_data else None)
+        await buf.amend_batch(idx, [amend])
+        _, out = await buf.get_batch_for_rpc(tr, timeout=5)
+        assert out.ids == ["0"] and out.keys == {"p", "x"} and out.data is None
+        assert buf.size == 0
+
+    run(go(False, True))
+    run(go(True, False))
+
+
+def test_a_gather_keeps_metadata_at_its_samples_place():
+    """A sample without a metadata key had the next sample's value moved onto it."""
+    from rollout_buffer.areal import MFCDef, SequenceSample
+
+    async def go(with_data):
+        gen = MFCDef("gen", 3, ("p",))
+        buf = AsyncIOSequenceBuffer([gen], 8)
+
+        def s(i, meta):
+            return SequenceSample(keys={"p"}, ids=[i], seqlens={"p": [[3]]}, metadata=meta,
+                                  data={"p": np.ones(3)} if with_data else None)
+
+        await buf.put_batch([s("A", {"version": [10]}), s("B", {}), s("C", {"version": [30], "t": [1.5]})])
+        _, out = await buf.get_batch_for_rpc(gen)
+        assert out.ids == ["A", "B", "C"]
+        assert out.metadata == {"version": [10, None, 30], "t": [None, None, 1.5]}
+        assert [u.metadata.get("version") for u in out.unpack()] == [[10], [None], [30]]
+
+    run(go(False))
+    run(go(True))
+
+
+def test_counts_are_ints_and_an_mfcs_n_seqs_is_fixed_at_construction():
+    """``int()`` truncated an ``n_seqs`` of 1.5 and a ``max_size`` of 8.7, refused -1 with
+    an OverflowError; an MFC whose n_seqs changed after construction was served the old
+    count without a word."""
+    for rpcs, size, message in [([Mfc("g", 1.5, ["p"])], 8, r"rpcs\[0\]\.n_seqs must be an int >= 1, not 1\.5"),
+                                ([Mfc("g", 1, ["p"])], 8.7, "max_size must be an int >= 1, not 8.7"),
+                                ([Mfc("g", 1, ["p"])], -1, "max_size must be an int >= 1, not -1")]:
+        with pytest.raises(ValueError, match=message):
+            AsyncIOSequenceBuffer(rpcs, size)
+
+    async def go():
+        gen = Mfc("gen", 2, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], np.int64(8))
+        await buf.put_batch([Sample(i, ["p"]) for i in range(3)])
+        gen.n_seqs = 3
+        with pytest.raises(ValueError, match="asks for 3 entries; the buffer was built with 2"):
+            await buf.get_batch_for_rpc(gen)
+        gen.n_seqs = 2
+        assert len((await buf.get_batch_for_rpc(gen))[0]) == 2
+
+    run(go())
+
+
+def test_entry_ids_are_compared_whole_and_samples_must_be_a_list():
+    """An entry ``["a|b"]`` was refused as a duplicate of ``["a", "b"]`` (the ids were
+    joined by ``|``); a dict of samples failed with a raw AttributeError."""
+
+    async def go():
+        buf = AsyncIOSequenceBuffer([Mfc("gen", 1, ["p"])], 8)
+        two = Sample("a", ["p"])
+        two.ids = ["a", "b"]
+        await buf.put_batch([Sample("a|b", ["p"]), two, Sample("a\\|b", ["p"])])
+        assert buf.size == 3
+        with pytest.raises(ValueError, match="duplicate|appears"):
+            await buf.put_batch([Sample("a|b", ["p"])])
+        for bad in ({"a": 1}, Sample("z", ["p"])):
+            with pytest.raises(ValueError, match="samples must be a list of SequenceSample"):
+                await buf.put_batch(bad)
+        assert buf.size == 3
+
+    run(go())

@@ -30,10 +30,15 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
   (AReaL left slots stuck in ``being_put``, or failed an assertion at the next get); an
   amend whose ids do not match raises ``ValueError`` before any sample changes (AReaL
   left the slot amended forever);
-* ids must be unique among stored entries (``ValueError``, as AReaL's ``load_data`` raised
-  for a duplicate in one fetch);
+* an entry's ids (one, as AReaL's master worker puts them) must be unique among stored
+  entries (``ValueError``, as AReaL's ``load_data`` raised for a duplicate in one fetch);
+* a gather aligns metadata by position, a sample without a key getting ``None`` (AReaL
+  raised ``KeyError`` after the read had freed the slots), and gathers data only when
+  every sample holds it for every key (else the batch is metadata-only, as the master
+  worker's always is);
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
-  forever), and ties between equal birth times go to the earlier put (AReaL's order was
+  forever); each MFC's ``n_seqs`` is fixed then (a get asking another count is a
+  ``ValueError``, where AReaL reads it from the object passed in), and ties between equal birth times go to the earlier put (AReaL's order was
   unspecified);
 * slot indices are handles: a fresh buffer fills slots 0, 1, 2, ... as AReaL's does, but a
   freed slot is reused first (its memory is still in cache) where AReaL took the lowest
@@ -73,6 +78,11 @@ class AsyncIOSequenceBuffer:
         names = [r.name for r in rpcs]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate MFC names in {names}")
+        # Counts as ints, checked, and kept: `int()` truncated 1.5 and refused -1 with an
+        # OverflowError; and an MFC whose `n_seqs` changes later is refused at the get,
+        # where comparing the object with itself let the buffer serve the old count.
+        self._n_seqs = [_count(f"rpcs[{j}].n_seqs", r.n_seqs) for j, r in enumerate(rpcs)]
+        max_size = _count("max_size", max_size)
         self._rpcs = list(rpcs)
         self._rpc_names = names
         self._rpc_index = {name: i for i, name in enumerate(names)}
@@ -80,7 +90,7 @@ class AsyncIOSequenceBuffer:
         # Slots, readiness, order and freeing in Rust, with the samples kept by slot
         # beside them (AReaL's `rpc_data_keys`, the MFCs' input keys, decide readiness).
         self._slots = _ArealSlots(
-            int(max_size), [(r.name, int(r.n_seqs), list(r.input_keys)) for r in rpcs], SequenceSample
+            max_size, [(r.name, n, list(r.input_keys)) for r, n in zip(rpcs, self._n_seqs)], SequenceSample
         )
         self._max_size = int(max_size)
         self._lock = asyncio.Condition()
@@ -140,7 +150,7 @@ class AsyncIOSequenceBuffer:
         # a sample without them fails there, with nothing stored, and is named here.
         try:
             slots = self._slots.put(samples, births)
-        except AttributeError:
+        except (AttributeError, TypeError):
             _check_samples(samples)
             raise
         if len(slots):
@@ -158,7 +168,7 @@ class AsyncIOSequenceBuffer:
         # merges any.
         try:
             self._slots.amend(array, samples)
-        except AttributeError:
+        except (AttributeError, TypeError):
             _check_samples(samples)
             raise
         if len(array):
@@ -218,9 +228,10 @@ class AsyncIOSequenceBuffer:
             raise ValueError(f"{name!r} is not one of this buffer's MFCs {self._rpc_names}")
         if timeout is not None and not 0 <= timeout < float("inf"):  # NaN too
             raise ValueError(f"timeout must be a finite number of seconds >= 0 (or None), not {timeout}")
-        if int(n_seqs) != int(self._rpcs[r].n_seqs):
+        if n_seqs != self._n_seqs[r]:
             raise ValueError(
-                f"MFC {name!r} asks for {n_seqs} entries; the buffer was built with {self._rpcs[r].n_seqs}"
+                f"MFC {name!r} asks for {n_seqs} entries; the buffer was built with {self._n_seqs[r]}"
+                " (each MFC's n_seqs is fixed when the buffer is built)"
             )
         keys = list(input_keys)
         # Keys the constructor's MFC declares are held by whatever the buffer serves it;
@@ -239,6 +250,13 @@ def _what(obj: Any) -> str:
     return "None" if obj is None else f"an object of type {type(obj).__name__}"
 
 
+def _count(name: str, v: Any) -> int:
+    """An int >= 1 (numpy ints too), or a ``ValueError`` naming ``name``."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+        raise ValueError(f"{name} must be an int >= 1, not {v!r}")
+    return int(v)
+
+
 def _mfc_fields(rpc: Any, where: str) -> tuple:
     """An MFC's ``(name, n_seqs, input_keys)``: what the buffer reads of AReaL's
     ``MFCDef`` (duck-typed), or a ``ValueError`` saying so (not the AttributeError of the
@@ -255,6 +273,12 @@ def _check_samples(samples: Any) -> None:
     """After a native call failed on an attribute: the first sample that is no
     ``SequenceSample`` (it has no ``ids`` or ``keys``) as a ``ValueError``. Returns when
     every sample has both (the error came from elsewhere: the caller re-raises it)."""
+    if isinstance(samples, (dict, str, bytes)) or hasattr(samples, "ids"):
+        # A dict was iterated as its keys, one sample too: a raw AttributeError.
+        raise ValueError(
+            f"samples must be a list of SequenceSample, not {_what(samples)}"
+            + (" (one sample: pass [sample] or sample.unpack())" if hasattr(samples, "ids") else "")
+        ) from None
     if not isinstance(samples, (list, tuple)):
         return  # an iterator the native call consumed: its error stands
     for j, s in enumerate(samples):

@@ -145,13 +145,23 @@ class SequenceSample:
                 raise KeyError(f"sample {list(s.ids)} has no key(s) {missing}")
         first = samples[0]
         data = None
-        if all(s.data is not None for s in samples):
+        # Data only when every sample holds it for every key: an amend can add keys
+        # without data (or data without the put's), and a KeyError here, after the read
+        # that freed the slots, lost the samples. AReaL's master worker stores none.
+        if all(s.data is not None and all(k in s.data for k in keys) for s in samples):
             data = {k: _concat([s.data[k] for s in samples]) for k in keys}
+        # Aligned by position: a sample without a metadata key gets None for each of its
+        # pieces. Extending alone moved the next sample's values onto it (AReaL raises a
+        # KeyError instead; here the read that freed the slots has already happened).
         metadata: Dict[str, List[Any]] = {}
+        n = 0
         for s in samples:
-            if s.metadata:
-                for mk, mv in s.metadata.items():
-                    metadata.setdefault(mk, []).extend(mv)
+            for mk, mv in (s.metadata or {}).items():
+                metadata.setdefault(mk, [None] * n).extend(mv)
+            n += len(s.ids)
+            for column in metadata.values():
+                if len(column) < n:
+                    column.extend([None] * (n - len(column)))
         out = cls.__new__(cls)
         out.keys = wanted
         out.ids = [i for s in samples for i in s.ids]
