@@ -221,3 +221,88 @@ def test_the_data_loader_waits_on_the_buffer():
     buf.add_batches([batch("code", 2)])
     waiter.join(30)
     assert results and results[0] is not None and len(results[0]) == 8
+
+
+class GroupReference:
+    """Marin's newest group sampler as its notes describe it, on plain lists: per pick, an
+    environment drawn uniformly over the rollouts of its groups not picked yet, then one of
+    those groups with weight (j + 1) ** alpha by the order of their newest rollouts; every
+    member of a picked group counts a use; overused rollouts retire after the call."""
+
+    def __init__(self, batch_size, alpha, max_samples, seed):
+        self.b, self.alpha, self.max = batch_size, alpha, max_samples
+        self.rng = np.random.default_rng(seed=seed)
+        self.store = {}  # env -> [[group, rollout id, uses]]
+
+    def add(self, env, group, ids):
+        self.store.setdefault(env, []).extend([group, i, 0] for i in ids)
+
+    def sample(self, target=None):
+        target = self.b if target is None else target
+        avail, size = {}, defaultdict(int)
+        for env, xs in self.store.items():
+            newest = {}
+            for j, (g, _, _) in enumerate(xs):
+                newest[g] = j
+                size[g] += 1
+            avail[env] = sorted(newest, key=newest.get)
+        if sum(size.values()) < target:
+            return None
+        picked, n = [], 0
+        while n < target:
+            labels = [e for e, gs in avail.items() for g in gs for _ in range(size[g])]
+            env = str(self.rng.choice(np.array(labels)))
+            w = (np.arange(len(avail[env])) + 1) ** self.alpha
+            g = avail[env].pop(int(self.rng.choice(len(avail[env]), p=w / w.sum())))
+            picked.append((g, [x[1] for x in self.store[env] if x[0] == g]))
+            n += size[g]
+        for xs in self.store.values():
+            for x in xs:
+                if any(x[0] == g for g, _ in picked):
+                    x[2] += 1
+        if self.max >= 0:
+            for e in self.store:
+                self.store[e] = [x for x in self.store[e] if x[2] < self.max]
+        return picked
+
+
+def test_sample_groups_draws_whole_groups_as_marin_does_and_counts_every_member():
+    """It had drawn single rollouts and returned their groups, counting a use only on the
+    members drawn: with max_samples=1 a rollout came back three times."""
+    buf = buffer(local_batch_size=6, alpha=2.0, max_samples=1, seed=3)
+    ref = GroupReference(6, 2.0, 1, seed=3)
+    served = defaultdict(int)
+    for round_ in range(5):
+        for env, n, size in (("math", 3, 4), ("code", 2, 2)):
+            b = Batch([Group([R(env, f"{env}-r{round_}-{g}-{k}", float(k % 2)) for k in range(size)],
+                             group_id=f"{env}-r{round_}-{g}") for g in range(n)])
+            buf.add_batches([b])
+            for grp in b.groups:
+                ref.add(env, grp.metadata.group_id, [r.env_example_id for r in grp.rollouts])
+        for target in (None, 3):
+            got = buf.sample_groups(min_trajectories=target)
+            want = ref.sample(target)
+            assert (got is None) == (want is None)
+            if got is None:
+                continue
+            assert [(g.group_id, [r.env_example_id for r in g.trajectories]) for g in got] == want
+            for g in got:
+                for r in g.trajectories:
+                    served[r.env_example_id] += 1
+    assert served and max(served.values()) == 1, "max_samples=1: each rollout served once"
+    assert buf.size() == sum(len(xs) for xs in ref.store.values())
+    with pytest.raises(ValueError, match="min_trajectories must be an int >= 1"):
+        buf.sample_groups(min_trajectories=0)
+
+
+def test_the_loader_serves_marins_newer_names():
+    class Reader:
+        def read_all_available(self):
+            return []
+
+    buf = buffer(local_batch_size=4)
+    loader = ReplayDataLoader(Reader(), buf)
+    assert loader.get_groups(timeout=0) is None and loader.get_trajectories(timeout=0) is None
+    buf.add_batches([batch("math", 2)])
+    assert sum(len(g.trajectories) for g in loader.get_groups(timeout=0)) >= 4
+    assert len(loader.get_trajectories(timeout=0)) == 4

@@ -36,7 +36,8 @@ buffer (woken by ``add_batches``) instead of polling every 0.1 s.
 
 The newer API is here too: ``sample_sequences`` returns :class:`StoredTrajectory`
 objects (the rollout, its group id and its group's surviving members; no advantage), and
-``sample_groups`` the distinct groups of such a draw. Capacity eviction and staleness
+``sample_groups`` whole groups as Marin's newest does (see its docs); the loader has
+``get_trajectories`` and ``get_groups`` beside ``get_rollouts``. Capacity eviction and staleness
 remove members from their group, so RLOO at training time runs over the survivors.
 """
 
@@ -388,16 +389,65 @@ class ReplayBuffer:
             self._total_batches_sampled += 1
             return out
 
-    def sample_groups(self) -> Optional[List[GroupRecord]]:
-        """The distinct groups of a :meth:`sample_sequences` draw, in order of first
-        appearance."""
-        seqs = self.sample_sequences()
-        if seqs is None:
-            return None
-        seen: Dict[str, GroupRecord] = {}
-        for s in seqs:
-            seen.setdefault(s.group_id, s.group)
-        return list(seen.values())
+    def sample_groups(self, min_trajectories: Optional[int] = None) -> Optional[List[GroupRecord]]:
+        """Whole groups, as Marin's newest ``sample_groups``: groups are picked until
+        they hold at least ``min_trajectories`` rollouts (``local_batch_size`` by
+        default), each pick an environment drawn in proportion to the rollouts of its
+        groups not yet picked, then one of those groups with weight ``(j + 1) ** alpha``
+        by the order of their newest rollouts; every member of a picked group counts a
+        use, and members used ``max_samples`` times retire after the draw. ``None`` when
+        the groups stored hold fewer rollouts than that. Draw for draw Marin's calls on
+        the generator. It had drawn single rollouts and returned their groups, counting
+        a use only on the members drawn: with ``max_samples=1`` a rollout came back three
+        times."""
+        target = self.local_batch_size if min_trajectories is None else checks.count(
+            "min_trajectories", min_trajectories, 1)
+        with self._cond:
+            available: Dict[str, List[str]] = {}
+            rows: Dict[str, tuple] = {}
+            for name, env in self._envs.items():
+                newest: Dict[str, int] = {}
+                members: Dict[str, List[int]] = {}
+                for row, gid in enumerate(env.group_ids.tolist()):
+                    newest[gid] = row
+                    members.setdefault(gid, []).append(row)
+                available[name] = sorted(newest, key=newest.__getitem__)
+                rows.update((gid, (name, r)) for gid, r in members.items())
+            size = {gid: len(r) for gid, (_, r) in rows.items()}
+            if sum(size.values()) < target:
+                return None
+            state = self._rng.bit_generator.state
+            picked: List[str] = []
+            n = 0
+            name = ""
+            try:
+                while n < target:
+                    envs = [e for e, gids in available.items() if gids]
+                    counts = np.array([sum(size[g] for g in available[e]) for e in envs])
+                    # Marin draws from a list of env names, one per rollout: the same call
+                    # on positions.
+                    k = int(self._rng.choice(int(counts.sum())))
+                    name = envs[int(np.searchsorted(np.cumsum(counts), k, side="right"))]
+                    gids = available[name]
+                    weights = self._recency(len(gids))
+                    with np.errstate(invalid="ignore"):
+                        p = weights / weights.sum()
+                    gid = gids.pop(int(self._rng.choice(len(gids), p=p)))
+                    picked.append(gid)
+                    n += size[gid]
+            except ValueError as e:
+                self._rng.bit_generator.state = state
+                raise ValueError(
+                    f"alpha={self.alpha}: the recency weights (j + 1) ** alpha of environment "
+                    f"{name!r}'s groups cannot be drawn from ({e}); nothing was drawn"
+                ) from None
+            out = [self._groups.record(gid) for gid in picked]
+            for gid in picked:
+                env_name, r = rows[gid]
+                self._envs[env_name].usage[r] += 1
+            self._retire()
+            self._total_batches_sampled += 1
+            return out
 
     def _size(self) -> int:
         return sum(len(e) for e in self._envs.values())
@@ -421,15 +471,17 @@ class ReplayBuffer:
                 "total_batches_sampled": self._total_batches_sampled,
             }
 
-    def wait_for_batch(self, timeout: Optional[float]) -> Optional[List[RolloutWithCount]]:
-        """:meth:`sample_rollouts`, waiting up to ``timeout`` seconds for enough rollouts
-        (woken by :meth:`add_batches`, not by polling); ``None`` or infinity waits until
-        there are. A NaN timeout is a ``ValueError`` (it waited forever)."""
+    def wait_for_batch(self, timeout: Optional[float], sample: Optional[Any] = None) -> Optional[List[Any]]:
+        """:meth:`sample_rollouts` (or ``sample``, another of the sampling methods),
+        waiting up to ``timeout`` seconds for enough rollouts (woken by
+        :meth:`add_batches`, not by polling); ``None`` or infinity waits until there are.
+        A NaN timeout is a ``ValueError`` (it waited forever)."""
         timeout = checks.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
+        sample = sample or self.sample_rollouts
         with self._cond:
             while True:
-                batch = self.sample_rollouts()
+                batch = sample()
                 if batch is not None:
                     return batch
                 if deadline is None:
@@ -575,6 +627,16 @@ class ReplayDataLoader:
         """The next batch, or ``None`` after ``timeout`` seconds without enough rollouts
         (see :meth:`ReplayBuffer.wait_for_batch`)."""
         return self.replay_buffer.wait_for_batch(timeout)
+
+    def get_trajectories(self, timeout: Optional[float] = 5.0) -> Optional[List[StoredTrajectory]]:
+        """Marin's newer name: a :meth:`ReplayBuffer.sample_sequences` batch, waiting up
+        to ``timeout`` seconds."""
+        return self.replay_buffer.wait_for_batch(timeout, self.replay_buffer.sample_sequences)
+
+    def get_groups(self, timeout: Optional[float] = 5.0) -> Optional[List[GroupRecord]]:
+        """Whole groups (:meth:`ReplayBuffer.sample_groups`), waiting up to ``timeout``
+        seconds."""
+        return self.replay_buffer.wait_for_batch(timeout, self.replay_buffer.sample_groups)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
