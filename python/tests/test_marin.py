@@ -306,3 +306,20 @@ def test_the_loader_serves_marins_newer_names():
     buf.add_batches([batch("math", 2)])
     assert sum(len(g.trajectories) for g in loader.get_groups(timeout=0)) >= 4
     assert len(loader.get_trajectories(timeout=0)) == 4
+
+
+def test_group_and_lesson_ids_come_from_the_rollouts_metadata_too():
+    """Marin's newer rollouts carry group_id and lesson_id in their own metadata (its tests
+    build groups that way); they had been ignored, every such group given a made-up id."""
+    from rollout_buffer.marin import Rollout, RolloutBatch, RolloutGroup, RolloutMetadata
+
+    buf = buffer(local_batch_size=2)
+    md = RolloutMetadata(worker_id="w", timestamp=time.time(), weight_step=0, lesson_id="lesson_0",
+                         group_id="group_0")
+    rollouts = [Rollout("env1", f"e{k}", None, None, None, None, float(k), metadata=md) for k in range(2)]
+    buf.add_batches([RolloutBatch([RolloutGroup(rollouts)])])
+    [g] = buf.sample_groups()
+    assert (g.group_id, g.lesson_id, len(g.trajectories)) == ("group_0", "lesson_0", 2)
+    stored = buf.rollout_storage["env1"]
+    assert [s.trajectory.env_example_id for s in stored] == ["e0", "e1"]
+    assert all(s.group_id == "group_0" and s.usage_count == 1 for s in stored)

@@ -266,13 +266,17 @@ class ReplayBuffer:
                     raise ValueError(f"{where}.rollouts[{len(rollouts) - 1}]: env_name must be a str, not {_short(env_name)}")
                 advantages = self._advantages(rollouts, where)
                 meta = getattr(group, "metadata", None)
-                group_id = getattr(meta, "group_id", None)
+                # Marin's newer rollouts carry the ids in their own metadata; the group's
+                # win where both are given, as in Marin.
+                own = getattr(rollouts[0], "metadata", None)
+                group_id = getattr(meta, "group_id", None) or getattr(own, "group_id", None)
+                lesson_id = getattr(meta, "lesson_id", None) or getattr(own, "lesson_id", None)
                 try:
                     hash(group_id)
                 except TypeError:
                     raise ValueError(f"{where}: metadata.group_id must be hashable (a str), not {_short(group_id)}") from None
                 staged.setdefault(env_name, []).append(
-                    (rollouts, advantages, w_step, group_id, getattr(meta, "lesson_id", None), steps, stamps)
+                    (rollouts, advantages, w_step, group_id, lesson_id, steps, stamps)
                 )
         return accepted, staged
 
@@ -448,6 +452,20 @@ class ReplayBuffer:
             self._retire()
             self._total_batches_sampled += 1
             return out
+
+    @property
+    def rollout_storage(self) -> Dict[str, List[StoredTrajectory]]:
+        """Marin's attribute, as a snapshot: per environment, its stored rollouts oldest
+        first, each with its group and uses (changing the snapshot changes nothing)."""
+        with self._cond:
+            return {
+                name: [
+                    StoredTrajectory(trajectory=env.items[r].rollout, group_id=gid,
+                                     group=self._groups.record(gid), usage_count=int(env.usage[r]))
+                    for r, gid in enumerate(env.group_ids.tolist())
+                ]
+                for name, env in self._envs.items()
+            }
 
     def _size(self) -> int:
         return sum(len(e) for e in self._envs.values())

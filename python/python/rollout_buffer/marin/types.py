@@ -17,11 +17,14 @@ import numpy as np
 @dataclass(frozen=True)
 class RolloutMetadata:
     """When and where rollouts were made: the worker, the wall-clock time and the trainer
-    step of the weights (``-1`` for the bootstrap weights)."""
+    step of the weights (``-1`` for the bootstrap weights); Marin's newer rollouts also
+    name their lesson and group here."""
 
     worker_id: str = ""
     timestamp: float = 0.0
     weight_step: int = -1
+    lesson_id: Optional[str] = None
+    group_id: Optional[str] = None
 
 
 @dataclass(eq=False)
