@@ -323,3 +323,12 @@ def test_group_and_lesson_ids_come_from_the_rollouts_metadata_too():
     stored = buf.rollout_storage["env1"]
     assert [s.trajectory.env_example_id for s in stored] == ["e0", "e1"]
     assert all(s.group_id == "group_0" and s.usage_count == 1 for s in stored)
+
+
+def test_a_group_draw_that_fails_counts_nothing():
+    buf = buffer(local_batch_size=2, alpha=1e6)
+    buf.add_batches([batch("math", 3)])
+    with pytest.raises(ValueError, match="alpha=1000000.0: .* the groups of environment 'math' .*nothing was drawn"):
+        buf.sample_groups()
+    assert buf.get_stats()["total_batches_sampled"] == 0
+    assert all(s.usage_count == 0 for s in buf.rollout_storage["math"])

@@ -43,13 +43,14 @@ remove members from their group, so RLOO at training time runs over the survivor
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import operator
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -306,13 +307,8 @@ class ReplayBuffer:
         sizes = np.array([len(self._envs[n]) for n in names])
         if sizes.sum() < self.local_batch_size:
             return None
-        # A draw that fails (recency weights that overflow or vanish: (i + 1) ** alpha
-        # past 1e308 for a large alpha) leaves the generator and the uses as they were,
-        # and says which alpha; it used to count the uses of the environments drawn
-        # before the failing one, move the generator on and blame "probabilities".
-        state = self._rng.bit_generator.state
         name = names[0]
-        try:
+        with self._undone_if_failed(lambda: f"environment {name!r} ({len(self._envs[name])} rollouts)"):
             # Marin draws env labels (one per stored rollout) without replacement; drawing
             # positions in the same flat order consumes the generator identically.
             picked = self._rng.choice(int(sizes.sum()), size=self.local_batch_size, replace=False)
@@ -327,21 +323,37 @@ class ReplayBuffer:
             for label in order:
                 name = names[label]
                 env = self._envs[name]
-                weights = self._recency(len(env))
-                with np.errstate(invalid="ignore"):
-                    p = weights / weights.sum()
+                p = self._recency_p(len(env))
                 drawn.append((name, env, self._rng.choice(len(env), p=p, size=counts[label], replace=False)))
-        except ValueError as e:
-            self._rng.bit_generator.state = state
-            raise ValueError(
-                f"alpha={self.alpha}: the recency weights (i + 1) ** alpha of environment {name!r} "
-                f"({len(self._envs[name])} rollouts) cannot be drawn from ({e}); nothing was drawn"
-            ) from None
         out = []
         for name, env, rows in drawn:
             env.usage[rows] += 1
             out.extend((name, int(r)) for r in rows)
         return out
+
+    @contextlib.contextmanager
+    def _undone_if_failed(self, what: Callable[[], str]) -> Iterator[None]:
+        """A draw that fails (recency weights that overflow or vanish: (i + 1) ** alpha
+        past 1e308 for a large alpha) leaves the generator as it was (the caller counts
+        uses only after) and says which alpha and what (``what()``); it used to count the
+        uses of the environments drawn before the failing one, move the generator on and
+        blame "probabilities"."""
+        state = self._rng.bit_generator.state
+        try:
+            yield
+        except ValueError as e:
+            self._rng.bit_generator.state = state
+            raise ValueError(
+                f"alpha={self.alpha}: the recency weights (i + 1) ** alpha of {what()} cannot be "
+                f"drawn from ({e}); nothing was drawn"
+            ) from None
+
+    def _recency_p(self, n: int) -> np.ndarray:
+        """The recency weights of ``n`` as probabilities (NaN where they overflow, which
+        the draw then refuses)."""
+        weights = self._recency(n)
+        with np.errstate(invalid="ignore"):
+            return weights / weights.sum()
 
     def _recency(self, n: int) -> np.ndarray:
         """``(i + 1) ** alpha`` for ``i < n``: a slice of a table kept across calls (the
@@ -420,11 +432,10 @@ class ReplayBuffer:
             size = {gid: len(r) for gid, (_, r) in rows.items()}
             if sum(size.values()) < target:
                 return None
-            state = self._rng.bit_generator.state
             picked: List[str] = []
             n = 0
             name = ""
-            try:
+            with self._undone_if_failed(lambda: f"the groups of environment {name!r}"):
                 while n < target:
                     envs = [e for e, gids in available.items() if gids]
                     counts = np.array([sum(size[g] for g in available[e]) for e in envs])
@@ -433,18 +444,9 @@ class ReplayBuffer:
                     k = int(self._rng.choice(int(counts.sum())))
                     name = envs[int(np.searchsorted(np.cumsum(counts), k, side="right"))]
                     gids = available[name]
-                    weights = self._recency(len(gids))
-                    with np.errstate(invalid="ignore"):
-                        p = weights / weights.sum()
-                    gid = gids.pop(int(self._rng.choice(len(gids), p=p)))
+                    gid = gids.pop(int(self._rng.choice(len(gids), p=self._recency_p(len(gids)))))
                     picked.append(gid)
                     n += size[gid]
-            except ValueError as e:
-                self._rng.bit_generator.state = state
-                raise ValueError(
-                    f"alpha={self.alpha}: the recency weights (j + 1) ** alpha of environment "
-                    f"{name!r}'s groups cannot be drawn from ({e}); nothing was drawn"
-                ) from None
             out = [self._groups.record(gid) for gid in picked]
             for gid in picked:
                 env_name, r = rows[gid]
