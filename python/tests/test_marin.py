@@ -332,3 +332,15 @@ def test_a_group_draw_that_fails_counts_nothing():
         buf.sample_groups()
     assert buf.get_stats()["total_batches_sampled"] == 0
     assert all(s.usage_count == 0 for s in buf.rollout_storage["math"])
+
+
+def test_a_group_id_in_two_environments_is_two_groups_to_sample_groups():
+    """Groups were keyed by id alone across environments: one id in two environments was
+    counted with the wrong size, could be returned twice, and had its uses counted on the
+    wrong environment's rows."""
+    buf = buffer(local_batch_size=4, max_samples=1)
+    for env in ("math", "code"):
+        buf.add_batches([Batch([Group([R(env, f"{env}-{k}", float(k % 2)) for k in range(2)], group_id="g")])])
+    got = buf.sample_groups()
+    assert sum(len(g.trajectories) for g in got) >= 4
+    assert buf.size() == 0, "every member of both picks used once: all retired"

@@ -68,6 +68,12 @@ def test_the_flusher_takes_turns_with_calls_and_stops_at_close(tmp_path):
                                         rollout_uid=f"u{i}", output_tokens=np.arange(2, dtype=np.int32))])
     flusher = buf._flusher
     assert flusher is not None and flusher.is_alive()
+    # Written by the flusher, before close() would write them: every group, in time.
+    root = str(tmp_path / "replay")
+    deadline = time.monotonic() + 60
+    while buf.stats()["groups_written"] < 200 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert buf.stats()["groups_written"] == 200 and data_files(root)
     buf.close()
     flusher.join(timeout=60)
     assert not flusher.is_alive()
@@ -96,7 +102,41 @@ def test_one_buffer_per_folder(tmp_path):
     flusher = second._flusher
     del second  # dropped without close: a crash, in-process
     gc.collect()
-    flusher.join(timeout=60)
+    flusher.join(timeout=180)
     assert not flusher.is_alive(), "the flusher of a dropped buffer ends"
     third = ReplayBuffer(root)
     third.close()
+
+
+def test_a_failed_open_lets_go_of_the_folder(tmp_path):
+    """The folder's lock was taken before the control log was read: an open that failed
+    there kept it while its traceback lived, and a retry was told another buffer held it."""
+    import glob
+
+    import pytest
+
+    root = str(tmp_path / "replay")
+    ReplayBuffer(root).close()
+    [snapshot] = glob.glob(os.path.join(root, "control", "snapshot-*.json"))
+    good = open(snapshot, "rb").read()
+    open(snapshot, "wb").write(b"{not json")
+    with pytest.raises(Exception) as first:
+        ReplayBuffer(root)
+    assert "another ReplayBuffer" not in str(first.value)
+    with pytest.raises(Exception) as again:  # the first traceback still alive
+        ReplayBuffer(root)
+    assert type(again.value) is type(first.value), again.value
+    open(snapshot, "wb").write(good)
+    ReplayBuffer(root).close()
+
+
+def test_accepted_versions_may_be_any_iterable(tmp_path):
+    """A generator was read twice (checked, then used): the second read was empty and
+    every rollout was refused."""
+    from rollout_buffer.replay import RolloutRecord
+
+    with ReplayBuffer(str(tmp_path / "r"), target_group_size=1, min_group_size=1,
+                      accept_policy_versions=(v for v in [1, 2])) as buf:
+        out = buf.add_rollouts([RolloutRecord(environment="m", example_id="q", policy_version="2",
+                                              rollout_uid="u")])
+        assert out == ["sealed"]

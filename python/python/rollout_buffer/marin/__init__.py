@@ -419,38 +419,37 @@ class ReplayBuffer:
         target = self.local_batch_size if min_trajectories is None else checks.count(
             "min_trajectories", min_trajectories, 1)
         with self._cond:
+            # Per environment (a group id may recur in another one): its groups in the
+            # order of their newest rows, and each group's rows there.
             available: Dict[str, List[str]] = {}
-            rows: Dict[str, tuple] = {}
+            rows: Dict[tuple, List[int]] = {}
             for name, env in self._envs.items():
                 newest: Dict[str, int] = {}
-                members: Dict[str, List[int]] = {}
                 for row, gid in enumerate(env.group_ids.tolist()):
                     newest[gid] = row
-                    members.setdefault(gid, []).append(row)
+                    rows.setdefault((name, gid), []).append(row)
                 available[name] = sorted(newest, key=newest.__getitem__)
-                rows.update((gid, (name, r)) for gid, r in members.items())
-            size = {gid: len(r) for gid, (_, r) in rows.items()}
+            size = {key: len(r) for key, r in rows.items()}
             if sum(size.values()) < target:
                 return None
-            picked: List[str] = []
+            picked: List[tuple] = []
             n = 0
             name = ""
             with self._undone_if_failed(lambda: f"the groups of environment {name!r}"):
                 while n < target:
                     envs = [e for e, gids in available.items() if gids]
-                    counts = np.array([sum(size[g] for g in available[e]) for e in envs])
+                    counts = np.array([sum(size[e, g] for g in available[e]) for e in envs])
                     # Marin draws from a list of env names, one per rollout: the same call
                     # on positions.
                     k = int(self._rng.choice(int(counts.sum())))
                     name = envs[int(np.searchsorted(np.cumsum(counts), k, side="right"))]
                     gids = available[name]
                     gid = gids.pop(int(self._rng.choice(len(gids), p=self._recency_p(len(gids)))))
-                    picked.append(gid)
-                    n += size[gid]
-            out = [self._groups.record(gid) for gid in picked]
-            for gid in picked:
-                env_name, r = rows[gid]
-                self._envs[env_name].usage[r] += 1
+                    picked.append((name, gid))
+                    n += size[name, gid]
+            out = [self._groups.record(gid) for _, gid in picked]
+            for name, gid in picked:
+                self._envs[name].usage[rows[name, gid]] += 1
             self._retire()
             self._total_batches_sampled += 1
             return out

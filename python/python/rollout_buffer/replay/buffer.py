@@ -92,8 +92,10 @@ def check_options(options: dict) -> dict:
             rule = f"a {'' if inf_ok else 'finite '}number of seconds {'>=' if zero_ok else '>'} 0"
             none = " (or None: no retention by age)" if name == "retention_ttl_s" else ""
             raise ValueError(f"{name} must be {rule}{none}, not {v!r}")
-    if options["accept_policy_versions"] is not None:
-        version_set("accept_policy_versions", options["accept_policy_versions"])
+    # Read once, here: a generator read again in __init__ was empty, and every rollout
+    # refused.
+    accept = options["accept_policy_versions"]
+    counts["accept_policy_versions"] = None if accept is None else version_set("accept_policy_versions", accept)
     # Here, not at the first write (on the writer thread, long after the mistake).
     storage.check_compression(options["compression"])
     return counts
@@ -191,10 +193,7 @@ class ReplayBuffer(Serving):
         self.min_size = counts["min_group_size"]
         self.seal_timeout_s = seal_timeout_s
         self.max_per_replica = counts["max_per_replica"]
-        self.accept = (
-            None if accept_policy_versions is None
-            else version_set("accept_policy_versions", accept_policy_versions)
-        )
+        self.accept = counts["accept_policy_versions"]
         self.mixed = grouping == "mixed"
         self.max_uses = counts["max_uses_per_group"]
         self.lease_timeout_s = lease_timeout_s
@@ -206,6 +205,17 @@ class ReplayBuffer(Serving):
         self.clock = clock or time.time
         self._store = storage.Store(root_path, durable)
         self._owner = self._store.claim()
+        try:
+            self._open()
+        except BaseException:
+            # Let go of the folder: a retry (after fixing what failed) must not find it
+            # held by this failed attempt, which the traceback keeps alive.
+            if self._owner is not None:
+                self._owner.close()
+            raise
+
+    def _open(self) -> None:
+        """The rest of ``__init__``: state, then what the store holds."""
         self._log = storage.ControlLog(self._store)
         # Names of files this process writes: unique per run, ordered within it.
         self._run = f"{time.time_ns():x}-{uuid.uuid4().hex[:6]}"
@@ -482,18 +492,22 @@ class ReplayBuffer(Serving):
         before asking again (``None``: until notified), or ``0`` once closed."""
         if self._closed:
             return 0.0
-        if self._staged_since is None:
-            return None
-        left = self._staged_since + self.flush_interval_s - self.clock()
-        if left > 0:
-            return min(left, threading.TIMEOUT_MAX)
         try:
-            self._write_staged()
+            # Writes handed over earlier: a failed one is staged again (and retried once
+            # due) without waiting for a call.
             self._reap(wait=False, raise_errors=False)
+            if self._staged_since is not None:
+                left = self._staged_since + self.flush_interval_s - self.clock()
+                if left > 0:
+                    return min(left, threading.TIMEOUT_MAX)
+                self._write_staged()
+                self._reap(wait=False, raise_errors=False)
         except Exception as e:  # noqa: BLE001 - the next call or flush retries
             log.warning("replay data write failed (retried with the next write): %s", e)
             return self.flush_interval_s
-        return None if self._staged_since is None else 0.0
+        if self._inflight:
+            return min(self.flush_interval_s, 1.0)  # to see how they end
+        return None
 
     def _write_part(self, groups: list, name: str) -> None:
         """In the writer thread: gathers the groups' rows and writes them. Reads only what

@@ -109,7 +109,9 @@ def _kind(t: pa.DataType) -> str:
         return "int"
     if pa.types.is_floating(t):
         return "float"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+    # `is_string_view` came with pyarrow 16.
+    view = getattr(pa.types, "is_string_view", lambda _: False)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or view(t):
         return "str"
     if pa.types.is_null(t):
         return "null"
