@@ -20,6 +20,7 @@ mod app;
 mod arrow_items;
 mod inspect;
 mod metrics;
+mod nesting;
 mod repair;
 mod slime;
 
