@@ -563,3 +563,78 @@ async fn retyped_metadata_widens_to_floats_and_a_retyped_field_never_stalls_the_
     }
     assert!(!widening_marked(&store).await);
 }
+
+/// Integers past 2^53 are never made floats: a metadata column archived with one stays
+/// int64 (the samples bringing floats to it are dropped, reported by the flush), and one
+/// bound for a column already float is dropped too. A name archived as metadata that a
+/// later sample uses as a field cannot share its column either. The rows archived before
+/// keep their exact values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn integers_past_2_53_stay_integers_and_a_field_never_shares_a_metadata_column() {
+    use rollout_buffer::{BufferConfig, MetaValue, RpcDef, SequenceBuffer};
+    let store = Store::open("memory://").expect("store");
+    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), ArchiveOptions::default())
+        .expect("start");
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+            .freed_sink(archiver.clone()),
+    )
+    .expect("buffer");
+    let consume = |sample: Sample| {
+        let (buf, archiver) = (&buf, &archiver);
+        async move {
+            buf.put_batch(vec![sample]).await.expect("put");
+            common::commit_next(buf, "train").await;
+            archiver.flush().await
+        }
+    };
+    let sample = |id: &str| Sample::new(id).with("tokens", vec![1i32]);
+    let big = (1i64 << 60) + 1;
+    consume(sample("big").meta("ts", big)).await.expect("flush");
+    consume(sample("small-score").meta("score", 2i64))
+        .await
+        .expect("flush");
+    match consume(sample("float-ts").meta("ts", 0.5f64)).await {
+        Err(Error::Arrow { column, .. }) => assert_eq!(column, "ts"),
+        other => panic!("ts holds an integer past 2^53: floats refused, got {other:?}"),
+    }
+    consume(sample("big-score").meta("score", 0.5f64))
+        .await
+        .expect("small integers become floats");
+    match consume(sample("huge-into-floats").meta("score", big)).await {
+        Err(Error::Arrow { column, .. }) => assert_eq!(column, "score"),
+        other => panic!("an integer past 2^53 for a float column is refused, got {other:?}"),
+    }
+    match consume(sample("field-now").with("note", 1.5f64)).await {
+        Ok(()) => {}
+        other => panic!("a new field archives, got {other:?}"),
+    }
+    let rows = by_id(
+        ArchiveWriter::new(store.clone())
+            .read_all()
+            .await
+            .expect("read"),
+    );
+    let ids: Vec<&str> = rows.iter().map(|r| r.sample.id().as_str()).collect();
+    assert!(!ids.contains(&"huge-into-floats"), "{ids:?}");
+    let by: std::collections::HashMap<&str, &ArchivedSample> =
+        rows.iter().map(|r| (r.sample.id().as_str(), r)).collect();
+    assert_eq!(by["big"].sample.get_meta("ts"), Some(&MetaValue::Int(big)));
+    assert!(
+        !by.contains_key("float-ts"),
+        "ts stays int64: the float row is dropped"
+    );
+    assert_eq!(
+        by["small-score"].sample.get_meta("score"),
+        Some(&MetaValue::Float(2.0))
+    );
+    assert_eq!(
+        by["big-score"].sample.get_meta("score"),
+        Some(&MetaValue::Float(0.5))
+    );
+    match consume(sample("meta-note").meta("note", 2.5f64)).await {
+        Err(Error::Arrow { column, .. }) => assert_eq!(column, "note"),
+        other => panic!("a field's name used as metadata is refused, got {other:?}"),
+    }
+}

@@ -144,9 +144,14 @@ fn integer_and_float_metadata_share_a_column_of_floats() {
             Some(&MetaValue::Float(-(2f64.powi(40)))),
         ]
     );
-    // Integers alone stay integers.
+    // Integers alone stay integers; integers past 2^53 never become floats (rounded).
     let ints = to_record_batch(&samples[..1]).expect("to arrow");
     assert_eq!(column_type(&ints, "score"), "Int64");
+    let big = [
+        Sample::new("a").meta("ts", (1i64 << 60) + 1),
+        Sample::new("b").meta("ts", 0.5f64),
+    ];
+    assert!(matches!(to_record_batch(&big), Err(Error::Arrow { column, .. }) if column == "ts"));
 }
 
 #[test]

@@ -274,6 +274,14 @@ fn meta_column(name: &str, values: &[Option<&MetaValue>]) -> Result<(Field, Arra
     if mixed && !values.iter().flatten().all(number) {
         return Err(arrow_err(name, "metadata values of different types"));
     }
+    // Integers past 2^53 never become floats: they would be rounded.
+    let exact = |v: &&MetaValue| !matches!(v, MetaValue::Int(i) if i.unsigned_abs() > 1 << 53);
+    if mixed && !values.iter().flatten().all(exact) {
+        return Err(arrow_err(
+            name,
+            "metadata integers past 2^53 among floats (a float column would round them)",
+        ));
+    }
     let column: ArrayRef = match first {
         MetaValue::Int(_) if !mixed => {
             Arc::new(Int64Array::from_iter(values.iter().map(|v| match v {

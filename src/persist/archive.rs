@@ -33,7 +33,7 @@ use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 /// Average bytes per value above which a text or binary column gets no dictionary and no
 /// statistics (see [`bulky_columns_plain`]).
@@ -110,6 +110,9 @@ pub struct ArchiveWriter {
     /// Set while files written before the archive's last new column may still lack it:
     /// the next write rewrites them ([`Self::widen`]), again after a failed attempt.
     unwidened: Arc<AtomicBool>,
+    /// Integer metadata columns that stay integers: some archived value is past 2^53,
+    /// which floats would round (see [`archive_schema::exact_as_floats`]).
+    pinned: Arc<Mutex<HashSet<String>>>,
 }
 
 impl ArchiveWriter {
@@ -125,6 +128,7 @@ impl ArchiveWriter {
             props,
             schema: Arc::new(Mutex::new(None)),
             unwidened: Arc::new(AtomicBool::new(false)),
+            pinned: Arc::new(Mutex::new(HashSet::new())),
         }
     }
 
@@ -237,13 +241,32 @@ impl ArchiveWriter {
         // Every file gets the archive's columns; new ones are appended, and stored before
         // any file uses them.
         let known = self.known_schema().await?;
+        let pinned = self.pinned.lock().clone();
         let mut schema = known.clone();
         for (_, batch) in &batches {
-            schema = Some(archive_schema::merge(schema.as_ref(), &batch.schema())?);
+            schema = Some(archive_schema::merge(
+                schema.as_ref(),
+                &batch.schema(),
+                &pinned,
+            )?);
         }
         let Some(schema) = schema else {
             return Ok(Vec::new());
         };
+        // Integers made floats only if every one archived survives it; else the column
+        // stays integers, and the rows bringing floats are refused (the archiver drops
+        // them, see `keep_archivable`).
+        for column in archive_schema::promoted(known.as_ref(), &schema) {
+            if !archive_schema::exact_as_floats(&self.store, column).await? {
+                self.pinned.lock().insert(column.to_owned());
+                return Err(Error::Arrow {
+                    column: column.to_owned(),
+                    detail: "archived as integers past 2^53, which floats would round: the \
+                             column stays int64"
+                        .to_owned(),
+                });
+            }
+        }
         // Files written with fewer columns are widened once this write's are stored.
         let grown = known.as_ref().is_some_and(|k| k != &schema);
         if known.as_ref() != Some(&schema) {
@@ -291,10 +314,16 @@ impl ArchiveWriter {
     /// ones consumed after it.
     pub(crate) fn keep_archivable(&self, rows: &mut Vec<ArchivedSample>) {
         let mut schema = self.schema.lock().clone().flatten();
+        let pinned = self.pinned.lock().clone();
         rows.retain(|row| {
             let fits = partition_dir(&row.sample)
                 .and_then(|_| record_batch_of(&[row]))
-                .and_then(|batch| archive_schema::merge(schema.as_ref(), &batch.schema()));
+                .and_then(|batch| {
+                    let grown = archive_schema::merge(schema.as_ref(), &batch.schema(), &pinned)?;
+                    // An integer past 2^53 for a float column shows only here.
+                    archive_schema::conform(&batch, &grown)?;
+                    Ok(grown)
+                });
             match fits {
                 Ok(grown) => {
                     schema = Some(grown);

@@ -29,6 +29,8 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
+use parquet::file::statistics::Statistics;
+use std::collections::HashSet;
 
 /// Where the schema is kept, relative to the store.
 pub(crate) const SCHEMA_FILE: &str = "archive_schema.parquet";
@@ -37,14 +39,24 @@ pub(crate) const SCHEMA_FILE: &str = "archive_schema.parquet";
 /// (`ArchiveWriter::widen`), so a writer after a crash finishes the rewrite.
 pub(crate) const WIDENING_FILE: &str = "archive_schema.widening";
 
+/// The largest integer magnitude a float64 holds exactly: integers past it are never made
+/// floats (a nanosecond timestamp or a 64-bit id would be rounded for good).
+pub(crate) const EXACT_IN_F64: i64 = 1 << 53;
+
 /// `known` with the columns of `batch` it lacks appended (nullable), and metadata columns
-/// archived as integers made floats if `batch` brings floats (see [`unified`]); `known`
-/// itself when nothing changes.
+/// archived as integers made floats if `batch` brings floats (see [`unified`]), unless
+/// the column is in `pinned` (its archived integers would not all survive as floats);
+/// `known` itself when nothing changes.
 ///
 /// # Errors
 ///
-/// [`Error::Arrow`] naming a column whose type differs from the one archived before.
-pub(crate) fn merge(known: Option<&SchemaRef>, batch: &Schema) -> Result<SchemaRef> {
+/// [`Error::Arrow`] naming a column whose type (or role: field or metadata) differs from
+/// the one archived before.
+pub(crate) fn merge(
+    known: Option<&SchemaRef>,
+    batch: &Schema,
+    pinned: &HashSet<String>,
+) -> Result<SchemaRef> {
     let mut fields: Vec<Field> = known
         .map(|s| s.fields().iter().map(|f| f.as_ref().clone()).collect())
         .unwrap_or_default();
@@ -53,16 +65,19 @@ pub(crate) fn merge(known: Option<&SchemaRef>, batch: &Schema) -> Result<SchemaR
         match fields.iter_mut().find(|k| k.name() == f.name()) {
             Some(k) => match unified(k, f) {
                 Some(t) if &t == k.data_type() => {}
-                Some(t) => {
+                Some(t) if !pinned.contains(k.name()) => {
                     *k = k.clone().with_data_type(t);
                     changed = true;
                 }
-                None => {
+                _ => {
                     return Err(Error::Arrow {
                         column: f.name().clone(),
                         detail: format!(
-                            "archived as {} before, now {}: one archive keeps one type per column",
+                            "archived as {} {} before, now {} {}: one archive keeps one type \
+                             per column (integers past 2^53 are never made floats)",
+                            role(k).unwrap_or("archive"),
                             k.data_type(),
+                            role(f).unwrap_or("archive"),
                             f.data_type()
                         ),
                     })
@@ -85,6 +100,11 @@ pub(crate) fn merge(known: Option<&SchemaRef>, batch: &Schema) -> Result<SchemaR
 /// others (a score of 1 here and 0.5 there, as Python callers write them), as a batch's
 /// own export makes it. `None`: the types cannot share a column.
 fn unified(known: &Field, new: &Field) -> Option<DataType> {
+    // A name that is a field in some rows and metadata in others cannot share a column:
+    // read back, one kind would come back as the other.
+    if role(known) != role(new) {
+        return None;
+    }
     if known.data_type() == new.data_type() {
         return Some(known.data_type().clone());
     }
@@ -93,6 +113,75 @@ fn unified(known: &Field, new: &Field) -> Option<DataType> {
             && matches!(f.data_type(), DataType::Int64 | DataType::Float64)
     };
     (number(known) && number(new)).then_some(DataType::Float64)
+}
+
+/// What a column holds (`field`, `meta`), from its Arrow metadata.
+fn role(f: &Field) -> Option<&str> {
+    f.metadata().get(ROLE).map(String::as_str)
+}
+
+/// The columns `grown` makes floats that `known` holds as integers.
+pub(crate) fn promoted<'a>(known: Option<&SchemaRef>, grown: &'a Schema) -> Vec<&'a str> {
+    let Some(known) = known else {
+        return Vec::new();
+    };
+    grown
+        .fields()
+        .iter()
+        .filter(|f| {
+            known
+                .field_with_name(f.name())
+                .is_ok_and(|k| k.data_type() != f.data_type())
+        })
+        .map(|f| f.name().as_str())
+        .collect()
+}
+
+/// Whether every archive file's integers in `column` are within [`EXACT_IN_F64`], by its
+/// Parquet statistics (the archive keeps them for every scalar column): a file without
+/// them for the column, where it holds it, counts as not. Files that do not read are
+/// left out, as the widening leaves them.
+///
+/// # Errors
+///
+/// [`Error::Storage`] when listing or reading fails.
+pub(crate) async fn exact_as_floats(store: &Store, column: &str) -> Result<bool> {
+    for path in store.list("archive").await? {
+        if !path.ends_with(".parquet") {
+            continue;
+        }
+        let Some(bytes) = store.get(&path).await? else {
+            continue;
+        };
+        // The Parquet decoder is not panic-free on every malformed file.
+        let exact = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            super::spill::footer_metadata(&bytes).ok()?;
+            let builder = ParquetRecordBatchReaderBuilder::try_new(bytes.clone()).ok()?;
+            let within =
+                |v: Option<&i64>| v.is_some_and(|v| v.unsigned_abs() <= EXACT_IN_F64 as u64);
+            let all = builder.metadata().row_groups().iter().all(|rg| {
+                rg.columns()
+                    .iter()
+                    .filter(|c| c.column_path().string() == column)
+                    .all(|c| match c.statistics() {
+                        Some(Statistics::Int64(v)) => match (v.min_opt(), v.max_opt()) {
+                            (None, None) => true, // all null: nothing to round
+                            (min, max) => within(min) && within(max),
+                        },
+                        // Not integers (floats already): nothing to round.
+                        Some(_) => true,
+                        None => false,
+                    })
+            });
+            Some(all)
+        }))
+        .ok()
+        .flatten();
+        if exact == Some(false) {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
 /// Whether a file of columns `file` is to be rewritten to `schema`: it lacks some of its
@@ -118,22 +207,34 @@ pub(crate) fn widens(file: &Schema, schema: &Schema) -> bool {
 /// [`Error::Arrow`] if `schema` does not cover `batch` (a caller's bug: merge first).
 pub(crate) fn conform(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     let n = batch.num_rows();
-    let columns: Vec<ArrayRef> = schema
+    let columns = schema
         .fields()
         .iter()
         .map(|f| match batch.column_by_name(f.name()) {
-            None => new_null_array(f.data_type(), n),
-            Some(c) if c.data_type() == f.data_type() => Arc::clone(c),
+            None => Ok(new_null_array(f.data_type(), n)),
+            Some(c) if c.data_type() == f.data_type() => Ok(Arc::clone(c)),
             // An integer column made floats; any other mismatch is left for `try_new` to
             // name.
             Some(c) => match c.as_primitive_opt::<Int64Type>() {
                 Some(ints) if f.data_type() == &DataType::Float64 => {
-                    Arc::new(ints.unary::<_, Float64Type>(|x| x as f64))
+                    if ints
+                        .iter()
+                        .flatten()
+                        .any(|x| x.unsigned_abs() > EXACT_IN_F64 as u64)
+                    {
+                        return Err(Error::Arrow {
+                            column: f.name().clone(),
+                            detail: "an integer past 2^53, which this float column would round"
+                                .to_owned(),
+                        });
+                    }
+                    let floats: ArrayRef = Arc::new(ints.unary::<_, Float64Type>(|x| x as f64));
+                    Ok(floats)
                 }
-                _ => Arc::clone(c),
+                _ => Ok(Arc::clone(c)),
             },
         })
-        .collect();
+        .collect::<Result<Vec<ArrayRef>>>()?;
     RecordBatch::try_new(Arc::clone(schema), columns).map_err(|e| Error::Arrow {
         column: String::new(),
         detail: format!("conforming an archive batch to the archive's schema: {e}"),
@@ -201,8 +302,9 @@ async fn rebuild(store: &Store) -> Result<Option<SchemaRef>> {
     // Every file's columns are a prefix of the widest one's: merging adds none, it only
     // makes floats of what any file holds as floats.
     Ok(widest.map(|w| {
-        all.iter()
-            .fold(w, |acc, s| merge(Some(&acc), s).unwrap_or(acc))
+        all.iter().fold(w, |acc, s| {
+            merge(Some(&acc), s, &HashSet::new()).unwrap_or(acc)
+        })
     }))
 }
 

@@ -43,7 +43,8 @@ fn a_widening_a_crash_interrupted_is_finished_by_the_next_writer() {
         let later = rows(3..5, "advantage");
         let batch = ArchiveWriter::record_batch(&later).expect("batch");
         let known = archive_schema::load(&store).await.expect("load");
-        let grown = archive_schema::merge(known.as_ref(), &batch.schema()).expect("merge");
+        let grown = archive_schema::merge(known.as_ref(), &batch.schema(), &Default::default())
+            .expect("merge");
         store
             .put(archive_schema::WIDENING_FILE, Bytes::new())
             .await
