@@ -412,7 +412,7 @@ fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
 }
 
 /// One type per metadata column, as a field column has one dtype: ints among floats become
-/// floats; any other mix (a bool among numbers, a str among anything) is refused, since
+/// floats (unless one is past 2^53); any other mix (a bool among numbers, a str among anything) is refused, since
 /// no Arrow column (`to_arrow()`, polars, DuckDB) could hold it.
 fn one_meta_type(name: &str, values: &mut [MetaValue]) -> PyResult<()> {
     let kind = |v: &MetaValue| match v {
@@ -424,6 +424,16 @@ fn one_meta_type(name: &str, values: &mut [MetaValue]) -> PyResult<()> {
     };
     let has_float = values.iter().any(|v| matches!(v, MetaValue::Float(_)));
     if has_float {
+        // Past 2^53 a float would round the integer: refused, as the library refuses it.
+        if let Some(row) = values
+            .iter()
+            .position(|v| matches!(v, MetaValue::Int(i) if i.unsigned_abs() > 1 << 53))
+        {
+            return Err(bad(format!(
+                "meta {name:?}, row {row}: an integer past 2^53 among floats, which a float \
+                 column would round; one type per column"
+            )));
+        }
         for v in values.iter_mut() {
             if let MetaValue::Int(i) = *v {
                 *v = MetaValue::Float(i as f64);

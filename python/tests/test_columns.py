@@ -403,6 +403,15 @@ def test_ints_in_one_put_and_floats_in_another_export_as_floats():
     assert dict(zip(table.column("id").to_pylist(), table.column("c").to_pylist())) == {
         "a": 1.0, "b": 2.0, "c": 0.5, "d": 1.5}
     assert pl.from_arrow(table)["c"].dtype == pl.Float64
+    # Integers past 2^53 never become floats (they would be rounded): refused in one put,
+    # and a batch spanning a put of them and one of floats does not export.
+    with pytest.raises(ValueError, match="past 2\\^53"):
+        buf.put_columns_blocking({"x": np.zeros((2, 2))}, ids=["e", "f"], meta={"c": [2**60 + 1, 0.5]})
+    big = one_rpc()
+    big.put_columns_blocking({"x": np.zeros((1, 2))}, ids=["g"], meta={"t": [2**60 + 1]})
+    big.put_columns_blocking({"x": np.zeros((3, 2))}, ids=["h", "i", "j"], meta={"t": [0.5, 1.5, 2.5]})
+    with pytest.raises(Exception, match="past 2\\^53"):
+        big.get_batch_for_rpc_blocking("train").to_arrow()
 
 
 def test_ids_may_be_an_arrow_array():
