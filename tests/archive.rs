@@ -489,6 +489,42 @@ async fn a_max_delay_past_the_clocks_range_waits_for_the_flush() {
     assert_eq!(rows.len(), 3);
 }
 
+/// A buffer of one RPC, "train", consuming into an archiver over a store in memory, each
+/// sample put, consumed and flushed on its own: one archive write each.
+struct OneAtATime {
+    store: Store,
+    archiver: Archiver,
+    buf: rollout_buffer::SequenceBuffer,
+}
+
+impl OneAtATime {
+    fn new() -> Self {
+        use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+        let store = Store::open("memory://").expect("store");
+        let archiver =
+            Archiver::start(ArchiveWriter::new(store.clone()), ArchiveOptions::default())
+                .expect("start");
+        let buf = SequenceBuffer::with_config(
+            BufferConfig::new(8)
+                .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
+                .freed_sink(archiver.clone()),
+        )
+        .expect("buffer");
+        Self {
+            store,
+            archiver,
+            buf,
+        }
+    }
+
+    /// Puts `sample`, has "train" consume it, and flushes the archive (its result).
+    async fn consume(&self, sample: Sample) -> Result<(), Error> {
+        self.buf.put_batch(vec![sample]).await.expect("put");
+        common::commit_next(&self.buf, "train").await;
+        self.archiver.flush().await
+    }
+}
+
 /// Metadata holding integers in some consumed samples and floats in later ones is archived
 /// as floats, the files written before rewritten so every file has one type; a sample whose
 /// field changed type since the archive's first rows cannot be archived beside them: it is
@@ -496,25 +532,9 @@ async fn a_max_delay_past_the_clocks_range_waits_for_the_flush() {
 /// archiver had kept it with the rest and failed every write after, for good.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retyped_metadata_widens_to_floats_and_a_retyped_field_never_stalls_the_archive() {
-    use rollout_buffer::{BufferConfig, MetaValue, RpcDef, SequenceBuffer};
-    let store = Store::open("memory://").expect("store");
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), ArchiveOptions::default())
-        .expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(8)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
-    // Each sample is consumed and flushed on its own: one archive write each.
-    let consume = |sample: Sample| {
-        let (buf, archiver) = (&buf, &archiver);
-        async move {
-            buf.put_batch(vec![sample]).await.expect("put");
-            common::commit_next(buf, "train").await;
-            archiver.flush().await
-        }
-    };
+    use rollout_buffer::MetaValue;
+    let one = OneAtATime::new();
+    let (store, consume) = (one.store.clone(), |sample| one.consume(sample));
     let sample = |id: &str| Sample::new(id).with("tokens", vec![1i32, 2]);
     consume(sample("int").meta("score", 1i64))
         .await
@@ -571,24 +591,9 @@ async fn retyped_metadata_widens_to_floats_and_a_retyped_field_never_stalls_the_
 /// keep their exact values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn integers_past_2_53_stay_integers_and_a_field_never_shares_a_metadata_column() {
-    use rollout_buffer::{BufferConfig, MetaValue, RpcDef, SequenceBuffer};
-    let store = Store::open("memory://").expect("store");
-    let archiver = Archiver::start(ArchiveWriter::new(store.clone()), ArchiveOptions::default())
-        .expect("start");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(8)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens"]))
-            .freed_sink(archiver.clone()),
-    )
-    .expect("buffer");
-    let consume = |sample: Sample| {
-        let (buf, archiver) = (&buf, &archiver);
-        async move {
-            buf.put_batch(vec![sample]).await.expect("put");
-            common::commit_next(buf, "train").await;
-            archiver.flush().await
-        }
-    };
+    use rollout_buffer::MetaValue;
+    let one = OneAtATime::new();
+    let (store, consume) = (one.store.clone(), |sample| one.consume(sample));
     let sample = |id: &str| Sample::new(id).with("tokens", vec![1i32]);
     let big = (1i64 << 60) + 1;
     consume(sample("big").meta("ts", big)).await.expect("flush");
