@@ -234,10 +234,15 @@ def derived_uids(recs: Sequence[RolloutRecord]) -> list:
     alike, their place among them. A resend of the same call gets the same uids, so it is a
     duplicate; rollouts that differ only in their place in the call are all kept. The
     hash alone made every rollout of a call without tokens, and each answer sampled twice
-    alike ("4" to a math question), a duplicate of the first, dropped."""
+    alike ("4" to a math question), a duplicate of the first, dropped. A record that has a
+    uid gets ``None`` and is not hashed: most calls carry uids, and hashing every rollout's
+    tokens would cost each of them."""
     seen: dict = {}
-    out = []
+    out: list = []
     for r in recs:
+        if r.rollout_uid:
+            out.append(None)
+            continue
         base = _content_hash(r)
         n = seen.get(base, 0)
         seen[base] = n + 1
