@@ -16,11 +16,14 @@
 //! package's console script, say (`LOAD_SERVER=$(which rollout-buffer)`), which runs the
 //! same server inside a Python process.
 //!
-//! `LOAD_SERVER=discard` and `LOAD_SERVER=parse` measure the ceiling this machine puts on
-//! any server under the same client: a server that reads each request's body and answers
-//! at once (`discard`), or that also parses it (JSON into values, Arrow into batches:
-//! `parse`), storing nothing; reads answer no items. It runs as its own process (this
-//! bench binary again), as the real server does.
+//! `LOAD_SERVER=discard`, `LOAD_SERVER=parse` and `LOAD_SERVER=echo` measure the ceiling
+//! this machine puts on any server under the same client: a server that reads each
+//! request's body and answers at once (`discard`), or that also parses it (JSON into
+//! values, Arrow into batches: `parse`), storing nothing, its reads answering no items; or
+//! one that keeps what it parsed in memory (as much as the real server holds) and answers
+//! each read with the oldest 2,048 items, as slime's JSON envelope or an Arrow stream (`echo`: the least any server of this wire
+//! format does, with no grouping, log or archive). It runs as its own process (this bench
+//! binary again), as the real server does.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -91,6 +94,90 @@ enum NullServer {
     Discard,
     /// Reads each body and parses it as the real server must before storing it.
     Parse,
+    /// Parses each body, keeps the items in memory and hands the oldest to each read.
+    Echo,
+}
+
+/// What an `Echo` server holds between a write and the read that takes it.
+#[derive(Default)]
+struct Echoed {
+    /// Each item's JSON text, checked as JSON but not taken apart (the least a JSON
+    /// server does with an item it passes on).
+    items: Vec<Box<serde_json::value::RawValue>>,
+    batches: Vec<arrow_array::RecordBatch>,
+    rows: usize,
+}
+
+/// Items an `Echo` server holds at most: what the real server holds by default (`CAPACITY`
+/// groups of `GROUP`). A write beyond waits for a read to make room, for at most
+/// [`ECHO_WAIT`], then answers 503, as the real server's does when full, so the reader
+/// sets the pace, as it does there.
+const ECHO_HOLDS: usize = 1024 * GROUP;
+/// Items an `Echo` read answers at most: a trainer's batch. Answers of everything held (32
+/// MB of JSON) cost the reader more per item than the real server's smaller ones.
+const ECHO_READ: usize = 2048;
+/// How long an `Echo` write waits for room (the real server's `--write-timeout`).
+const ECHO_WAIT: Duration = Duration::from_secs(2);
+
+/// An `Echo` server's items and the wake-up of writes waiting for room.
+#[derive(Default)]
+struct EchoStore {
+    held: std::sync::Mutex<Echoed>,
+    room: tokio::sync::Notify,
+}
+
+impl EchoStore {
+    /// Keeps a write's items once there is room; `false` if none came in time.
+    async fn keep(
+        &self,
+        mut items: Vec<Box<serde_json::value::RawValue>>,
+        mut batches: Vec<arrow_array::RecordBatch>,
+    ) -> bool {
+        let count = items.len() + batches.iter().map(|b| b.num_rows()).sum::<usize>();
+        let deadline = tokio::time::Instant::now() + ECHO_WAIT;
+        loop {
+            let room = self.room.notified();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            {
+                let mut held = self.held.lock().expect("echo lock");
+                if held.rows == 0 || held.rows + count <= ECHO_HOLDS {
+                    held.rows += count;
+                    held.items.append(&mut items);
+                    held.batches.append(&mut batches);
+                    return true;
+                }
+            }
+            if tokio::time::timeout_at(deadline, room).await.is_err() {
+                return false;
+            }
+        }
+    }
+
+    /// Takes the oldest [`ECHO_READ`] items held (whole Arrow batches), waking the writes
+    /// waiting for room.
+    fn take(&self) -> Echoed {
+        let mut held = self.held.lock().expect("echo lock");
+        let items: Vec<_> = {
+            let n = held.items.len().min(ECHO_READ);
+            held.items.drain(..n).collect()
+        };
+        let mut batches = Vec::new();
+        let mut rows = 0;
+        while rows < ECHO_READ && !held.batches.is_empty() {
+            let batch = held.batches.remove(0);
+            rows += batch.num_rows();
+            batches.push(batch);
+        }
+        held.rows -= items.len() + rows;
+        drop(held);
+        self.room.notify_waiters();
+        Echoed {
+            rows: items.len() + rows,
+            items,
+            batches,
+        }
+    }
 }
 
 impl NullServer {
@@ -98,6 +185,7 @@ impl NullServer {
         match name {
             "discard" => Some(Self::Discard),
             "parse" => Some(Self::Parse),
+            "echo" => Some(Self::Echo),
             _ => None,
         }
     }
@@ -111,32 +199,81 @@ impl NullServer {
             .enable_all()
             .build()
             .expect("runtime");
+        let held = Arc::new(EchoStore::default());
+        let is_arrow = |headers: &HeaderMap, name: &str| {
+            headers
+                .get(name)
+                .is_some_and(|v| v.as_bytes() == ARROW.as_bytes())
+        };
         runtime.block_on(async move {
-            let write = move |headers: HeaderMap, body: axum::body::Bytes| async move {
-                let arrow = headers
-                    .get("content-type")
-                    .is_some_and(|v| v.as_bytes() == ARROW.as_bytes());
-                let items = match (self, arrow) {
-                    (Self::Discard, _) => 0,
-                    (Self::Parse, true) => {
-                        arrow_ipc::reader::StreamReader::try_new(&body[..], None)
-                            .map_or(0, |r| r.flatten().map(|b| b.num_rows()).sum())
+            let kept = Arc::clone(&held);
+            let write = move |headers: HeaderMap, body: axum::body::Bytes| {
+                let kept = Arc::clone(&kept);
+                async move {
+                    let arrow = is_arrow(&headers, "content-type");
+                    let (mut items, mut batches, mut count_only) = (Vec::new(), Vec::new(), 0);
+                    match (self, arrow) {
+                        (Self::Discard, _) => {}
+                        (_, true) => {
+                            if let Ok(r) = arrow_ipc::reader::StreamReader::try_new(&body[..], None)
+                            {
+                                batches.extend(r.flatten());
+                            }
+                        }
+                        (Self::Parse, false) => match serde_json::from_slice::<Value>(&body) {
+                            Ok(Value::Array(all)) => count_only = all.len(),
+                            Ok(_) => count_only = 1,
+                            Err(_) => {}
+                        },
+                        (_, false) => {
+                            if body.first() == Some(&b'[') {
+                                items = serde_json::from_slice(&body).unwrap_or_default();
+                            } else if let Ok(one) = serde_json::from_slice(&body) {
+                                items.push(one);
+                            }
+                        }
                     }
-                    (Self::Parse, false) => match serde_json::from_slice::<Value>(&body) {
-                        Ok(Value::Array(items)) => items.len(),
-                        Ok(_) => 1,
-                        Err(_) => 0,
-                    },
-                };
-                axum::Json(json!({"success": true, "message": format!("{items} items")}))
+                    let count = count_only
+                        + items.len()
+                        + batches.iter().map(|b| b.num_rows()).sum::<usize>();
+                    if self == Self::Echo && !kept.keep(items, batches).await {
+                        return (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            axum::Json(json!({"success": false, "message": "full"})),
+                        );
+                    }
+                    let message = format!("{count} items");
+                    (
+                        axum::http::StatusCode::OK,
+                        axum::Json(json!({"success": true, "message": message})),
+                    )
+                }
             };
-            let read = || async {
-                axum::Json(
-                    json!({"success": true, "message": "", "data": {"data": [], "meta_info": {}}}),
-                )
+            let read = move |headers: HeaderMap| {
+                let held = Arc::clone(&held);
+                async move {
+                    use axum::response::IntoResponse;
+                    let taken = held.take();
+                    if is_arrow(&headers, "accept") {
+                        let mut out = Vec::new();
+                        if let Some(first) = taken.batches.first() {
+                            let mut w =
+                                arrow_ipc::writer::StreamWriter::try_new(&mut out, &first.schema())
+                                    .expect("ipc");
+                            for batch in &taken.batches {
+                                w.write(batch).expect("write");
+                            }
+                            w.finish().expect("finish");
+                        }
+                        return ([("content-type", ARROW)], out).into_response();
+                    }
+                    let data = json!({"data": taken.items, "meta_info": {}});
+                    axum::Json(json!({"success": true, "message": "", "data": data}))
+                        .into_response()
+                }
             };
             let app = axum::Router::new()
-                .route("/buffer/write", post(write))
+                .route("/buffer/write", post(write.clone()))
                 .route("/buffer/write_batch", post(write))
                 .route("/buffer/read", post(read))
                 .layer(axum::extract::DefaultBodyLimit::max(64 << 20));
@@ -288,10 +425,15 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
                     .send()
                     .await;
                 match resp {
+                    // Counted only if answered before the run's end: the writes still
+                    // waiting for room then (the reader has stopped) would stretch the
+                    // run by the write timeout.
                     Ok(r) if r.status().is_success() => {
                         let _ = r.bytes().await;
-                        latencies.push(t.elapsed().as_secs_f64() * 1e3);
-                        written.fetch_add(count, Ordering::Relaxed);
+                        if !stop.load(Ordering::Relaxed) {
+                            latencies.push(t.elapsed().as_secs_f64() * 1e3);
+                            written.fetch_add(count, Ordering::Relaxed);
+                        }
                         n += count;
                     }
                     Ok(r) => {
@@ -340,11 +482,11 @@ async fn run(mode: &str, seconds: f64, durability: &str) -> Value {
     };
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
     stop.store(true, Ordering::Relaxed);
+    let elapsed = started.elapsed().as_secs_f64();
     let mut latencies = Vec::new();
     for w in writers {
         latencies.extend(w.await.expect("writer"));
     }
-    let elapsed = started.elapsed().as_secs_f64();
     let read = reader.await.expect("reader");
     latencies.sort_by(f64::total_cmp);
     let rss = peak_rss_mb(child.id());
