@@ -138,11 +138,10 @@ fn numbers<T: NpElement + Element + bytemuck::Pod>(
 /// list of them). Ragged tensors are the caller's business (see `convert.rs`).
 pub(crate) fn tensor_to_numpy<'py>(py: Python<'py>, t: &Tensor) -> PyResult<Bound<'py, PyAny>> {
     if t.dtype() == DType::Str {
-        let strings: Vec<String> = t
-            .array::<String>()
-            .map(|a| a.iter().cloned().collect())
-            .unwrap_or_default();
-        return Ok(PyList::new(py, strings)?.into_any());
+        return match t.array::<String>() {
+            Some(a) => nested_strings(py, a),
+            None => Ok(PyList::empty(py).into_any()),
+        };
     }
     let memory = Bound::new(py, TensorMemory { tensor: t.clone() })?;
     let held = &memory.get().tensor;
@@ -172,14 +171,24 @@ pub(crate) fn sequence_to_numpy<'py>(
         DType::F64 => view(held.sequence::<f64>(i), &memory),
         DType::U8 => view(held.sequence::<u8>(i), &memory),
         DType::Bool => view(held.sequence::<bool>(i), &memory),
-        _ => {
-            let strings: Vec<String> = held
-                .sequence::<String>(i)
-                .map(|a| a.iter().cloned().collect())
-                .unwrap_or_default();
-            Ok(PyList::new(py, strings)?.into_any())
-        }
+        _ => match held.sequence::<String>(i) {
+            Some(a) => nested_strings(py, a),
+            None => Ok(PyList::empty(py).into_any()),
+        },
     }
+}
+
+/// Strings as lists nested as deep as their array (a list for 0 or 1 dimensions): a
+/// flat list had lost the shape of a 2-d field.
+fn nested_strings<'py>(py: Python<'py>, a: ArrayViewD<'_, String>) -> PyResult<Bound<'py, PyAny>> {
+    if a.ndim() <= 1 {
+        return Ok(PyList::new(py, a.iter().map(String::as_str))?.into_any());
+    }
+    let rows = a
+        .outer_iter()
+        .map(|row| nested_strings(py, row))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(PyList::new(py, rows)?.into_any())
 }
 
 /// `array` (which points into `memory`'s tensor) as a read-only numpy array whose base is

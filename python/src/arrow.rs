@@ -97,12 +97,12 @@ fn import_one_array(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>)> 
     let array_ptr = array.pointer_checked(Some(ARRAY))?;
     // SAFETY: as in `import_array`: capsules named `arrow_schema` and `arrow_array` hold
     // initialised C Data Interface structs; the schema is only read, the array moved out.
-    let (field, data) = unsafe {
+    let (field, data) = guarded("__arrow_c_array__", || unsafe {
         let schema: &FFI_ArrowSchema = &*schema_ptr.as_ptr().cast::<FFI_ArrowSchema>();
         let field = Field::try_from(schema).map_err(arrow_err)?;
         let array = std::ptr::replace(array_ptr.as_ptr().cast(), FFI_ArrowArray::empty());
-        (field, from_ffi(array, schema).map_err(arrow_err)?)
-    };
+        Ok((field, from_ffi(array, schema).map_err(arrow_err)?))
+    })?;
     data.validate_full().map_err(arrow_err)?;
     Ok((field, vec![make_array(data)]))
 }
@@ -115,7 +115,7 @@ fn import_array_stream(obj: &Bound<'_, PyAny>) -> PyResult<(Field, Vec<ArrayRef>
     let reader =
         unsafe { ArrayStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
     let field = reader.field().as_ref().clone();
-    let chunks = guarded(|| {
+    let chunks = guarded("__arrow_c_stream__", || {
         reader
             .map(|a| {
                 let a = a.map_err(arrow_err)?;
@@ -134,13 +134,16 @@ fn stream_capsule<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyCapsule
         .map_err(|_| PyTypeError::new_err("__arrow_c_stream__ did not return a capsule"))
 }
 
-/// `read()` of an imported stream: arrow-rs builds each array before it can be validated,
-/// and a malformed one can make that panic: an error here, never a crash.
-fn guarded<T>(read: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+/// `read()` of an imported stream or array (`from` names where it came from): arrow-rs
+/// builds each array before it can be validated, and a malformed one (a schema that does
+/// not match its array, a capsule handed out twice) can make that panic: an error here,
+/// never a crash or a `PanicException`.
+fn guarded<T>(from: &str, read: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
-        Err(PyValueError::new_err(
-            "Arrow: the stream holds a malformed array",
-        ))
+        Err(PyValueError::new_err(format!(
+            "Arrow: {from} gave a malformed array (does its schema match it? was the \
+             capsule already used?)"
+        )))
     })
 }
 
@@ -166,7 +169,7 @@ fn import_stream(obj: &Bound<'_, PyAny>) -> PyResult<(SchemaRef, Vec<RecordBatch
     let reader =
         unsafe { RecordBatchStreamReader::from_raw(pointer.as_ptr().cast()) }.map_err(arrow_err)?;
     let schema = reader.schema();
-    guarded(|| {
+    guarded("__arrow_c_stream__", || {
         reader
             .map(|b| b.map_err(arrow_err).and_then(validated))
             .collect::<PyResult<Vec<RecordBatch>>>()
@@ -191,12 +194,11 @@ fn import_array(obj: &Bound<'_, PyAny>) -> PyResult<RecordBatch> {
     // SAFETY: capsules named `arrow_schema` and `arrow_array` hold initialised C Data
     // Interface structs (the protocol). The schema is only read; the array is moved out
     // (its release set to null in the capsule), and `from_ffi` takes ownership of it.
-    let data = unsafe {
+    let data = guarded("__arrow_c_array__", || unsafe {
         let schema: &FFI_ArrowSchema = &*schema_ptr.as_ptr().cast::<FFI_ArrowSchema>();
         let array = std::ptr::replace(array_ptr.as_ptr().cast(), FFI_ArrowArray::empty());
-        from_ffi(array, schema)
-    }
-    .map_err(arrow_err)?;
+        from_ffi(array, schema).map_err(arrow_err)
+    })?;
     data.validate_full().map_err(arrow_err)?;
     if !matches!(data.data_type(), arrow_schema::DataType::Struct(_)) {
         return Err(PyValueError::new_err(format!(

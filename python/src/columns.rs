@@ -27,10 +27,11 @@ use crate::arrow_columns::{
 };
 use crate::convert::{at, meta_from_py, string_from_py};
 use crate::rpc::RESERVED;
+use numpy::{PyArrayDescrMethods, PyUntypedArray};
 use numpy::{PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 use rollout_buffer::{DType, FieldKey, MetaValue, Patch, Sample, SampleId, Tensor};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -332,6 +333,8 @@ fn numpy_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
 }
 
 fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
+    // A masked id is no id: its raw value had been read.
+    no_masked(obj, "ids")?;
     // Integer ids in a numpy array: read in place, no Python int per id.
     if let Ok(ints) = obj.cast::<numpy::PyArray1<i64>>() {
         let ints = ints.readonly();
@@ -517,13 +520,17 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     }
     let array = match as_numpy(obj) {
         Some(a) => a.clone(),
-        None => obj
-            .py()
-            .import("numpy")?
-            .call_method1("asarray", (obj,))
-            .map_err(|e| at(obj.py(), &what, e))?
-            .cast_into()
-            .map_err(|_| bad(format!("{what}: not an array")))?,
+        None => {
+            let array = obj
+                .py()
+                .import("numpy")?
+                .call_method1("asarray", (obj,))
+                .map_err(|e| at(obj.py(), &what, e))?
+                .cast_into()
+                .map_err(|_| bad(format!("{what}: not an array")))?;
+            no_rounded_ints(&what, obj, &array)?;
+            array
+        }
     };
     if array.ndim() == 0 {
         return Err(bad(format!(
@@ -538,6 +545,48 @@ fn py_rows(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<Tensor>> {
     })
 }
 
+/// Refuses what `numpy.asarray` made of Python numbers when it rounded an integer: a list
+/// holding an int past 2^53 beside floats (or past int64) comes back float64, and storing
+/// that silently changed the int. A dict put and a metadata column refuse the same.
+fn no_rounded_ints(
+    what: &str,
+    source: &Bound<'_, PyAny>,
+    array: &Bound<'_, PyUntypedArray>,
+) -> PyResult<()> {
+    if as_numpy(source).is_some() || array.dtype().kind() != b'f' {
+        return Ok(());
+    }
+    match first_inexact_int(source)? {
+        Some(at) => Err(bad(format!(
+            "{what}: the integer at {at} is past 2^53, and numpy would round it into a \
+             float beside the floats; pass a numpy array of the dtype meant"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Where, in nested lists and tuples, the first integer a float64 cannot hold exactly is
+/// (as `[i][j]`).
+fn first_inexact_int(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        for (i, item) in obj.try_iter()?.enumerate() {
+            if let Some(rest) = first_inexact_int(&item?)? {
+                return Ok(Some(format!("[{i}]{rest}")));
+            }
+        }
+        return Ok(None);
+    }
+    if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
+        return Ok(None);
+    }
+    // Python ints and numpy integers alike (both have `__index__`).
+    let inexact = match obj.extract::<i128>() {
+        Ok(i) => i.unsigned_abs() > 1 << 53,
+        Err(_) => obj.is_instance_of::<PyInt>(),
+    };
+    Ok(inexact.then(String::new))
+}
+
 /// A `(values, offsets)` column: row `i` is `values[offsets[i]:offsets[i + 1]]`.
 fn offsets_rows(
     what: &str,
@@ -546,10 +595,13 @@ fn offsets_rows(
 ) -> PyResult<Vec<Tensor>> {
     no_arrow_nulls(values, &format!("{what}: values"))?;
     no_masked(values, &format!("{what}: values"))?;
+    no_masked(offsets, &format!("{what}: offsets"))?;
     let np = values.py().import("numpy")?;
+    let source = values;
     let values = np.call_method1("asarray", (values,))?;
     let values =
         as_numpy(&values).ok_or_else(|| bad(format!("{what}: values are not an array")))?;
+    no_rounded_ints(&format!("{what}: values"), source, values)?;
     let values = tensor_from_numpy(values, what)?;
     let offsets: Vec<i64> = np
         .call_method1("asarray", (offsets,))?

@@ -89,6 +89,7 @@ pub(crate) fn tensor_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Ten
         }
     }
     if let Some(array) = as_numpy(obj) {
+        crate::arrays::no_masked(obj, what)?;
         return tensor_from_numpy(array, what);
     }
     if obj.hasattr(intern!(py, "__array_interface__"))? {
@@ -139,6 +140,10 @@ pub(crate) fn meta_from_py(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<MetaV
     }
     if obj.is_instance(&number.getattr("Real")?)? {
         return Ok(MetaValue::Float(obj.extract()?));
+    }
+    // A numpy bool (not a Python bool, nor a number): as a bool, as in an array.
+    if obj.is_instance(&py.import("numpy")?.getattr("bool_")?)? {
+        return Ok(MetaValue::Bool(obj.call_method0("__bool__")?.extract()?));
     }
     Err(PyValueError::new_err(format!(
         "{what}: metadata values are int, float, str or bool, not {}",

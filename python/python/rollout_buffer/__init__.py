@@ -63,18 +63,51 @@ __all__ = [
 _RESERVED = ("id", "birth", "meta")
 
 
+def _no_masked(a: np.ndarray, what: str) -> None:
+    """Refuses a masked array with masked entries: they are nulls, which no field holds
+    (storing the values under the mask had stored numbers nobody gave)."""
+    if isinstance(a, np.ma.MaskedArray):
+        masked = np.ma.getmaskarray(a)
+        if masked.any():
+            first = int(np.flatnonzero(masked)[0])
+            raise ValueError(
+                f"{what}: masked (a null) at element {first}; a field holds a value for every "
+                "element (fill it first, e.g. `.filled(0)`)"
+            )
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous ndarray of its own shape (0-d stays 0-d, where
+    ``np.ascontiguousarray`` makes it 1-d)."""
+    return np.asarray(a, order="C")
+
+
 def ragged(sequences: Sequence[np.ndarray]) -> Ragged:
-    """A ragged field from several 1-D (or same-trailing-shape) arrays."""
-    arrays = [np.ascontiguousarray(s) for s in sequences]
+    """A ragged field from several 1-D (or same-trailing-shape) arrays of one dtype."""
+    arrays = list(sequences)
+    for i, a in enumerate(arrays):
+        _no_masked(a, f"row {i}")
+    arrays = [_c_order(a) for a in arrays]
+    for i, a in enumerate(arrays[1:], start=1):
+        # np.concatenate would promote: ints past 2^53 rounded into floats, bools as 1/0.
+        if a.dtype != arrays[0].dtype:
+            raise ValueError(
+                f"row {i} is {a.dtype}, row 0 {arrays[0].dtype}: a ragged field's rows share "
+                "one dtype (convert them first)"
+            )
     values = np.ascontiguousarray(np.concatenate(arrays)) if arrays else np.zeros(0, np.int32)
     return Ragged(values, [len(a) for a in arrays])
 
 
-def _prepare(value: Any) -> Any:
+def _prepare(value: Any, key: str) -> Any:
     if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value)
+        _no_masked(value, f"field `{key}`")
+        return _c_order(value)
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, np.ndarray) for v in value):
-        return ragged(value)
+        try:
+            return ragged(value)
+        except ValueError as e:
+            raise ValueError(f"field `{key}`: {e}") from None
     return value
 
 
@@ -82,7 +115,7 @@ def _prepare_dict(d: dict) -> dict:
     # Anything else goes on as it is, for the native check to refuse naming its position.
     if not isinstance(d, dict):
         return d
-    return {k: (v if k in _RESERVED else _prepare(v)) for k, v in d.items()}
+    return {k: (v if k in _RESERVED else _prepare(v, k)) for k, v in d.items()}
 
 
 class Buffer:

@@ -467,6 +467,15 @@ def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
         if col.null_count or (len(col) and _min(col) < 0):
             i = _first(pc.or_kleene(pc.is_null(col), pc.less(col, 0)))
             raise fail(i, name, f"is {col[i].as_py()}: must be an int >= 0")
+    for name in ARRAY_FIELDS:
+        # A null inside a list came back as NaN in a float64 array: refused, as the
+        # record and dict paths refuse it.
+        col = table.column(name)
+        if pc.list_flatten(col).null_count:
+            whole = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+            parents = pc.list_parent_indices(whole)
+            i = parents[_first(pc.is_null(pc.list_flatten(whole)))].as_py()
+            raise fail(i, name, "holds a null element; a per-token field holds a number for every token")
     lengths = {
         name: pc.list_value_length(table.column(name))
         for name in ARRAY_FIELDS
