@@ -15,12 +15,13 @@
 //! buffer dropped, and nothing is copied. One of the two files of the bindings with
 //! `unsafe` (the other is `arrow.rs`).
 
+use crate::convert::{string_from_py, type_name};
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 use numpy::prelude::*;
 use numpy::{Element as NpElement, PyArray, PyArrayDescr, PyArrayDyn, PyUntypedArray};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyList, PyString};
 use rollout_buffer::{DType, Element, Tensor};
 
 /// The memory a numpy view of a tensor reads: the array's base object. The tensor's data
@@ -61,16 +62,25 @@ pub(crate) fn tensor_from_numpy(array: &Bound<'_, PyUntypedArray>, what: &str) -
         )));
     }
     let Some(dtype) = dtype else {
-        let flat: Vec<String> = array
+        // Element by element, so the error names the one at fault (a lone surrogate in a
+        // str is refused as such, not as a non-str).
+        let flat = array
             .call_method0("ravel")?
             .call_method0("tolist")?
-            .extract()
-            .map_err(|_| {
-                PyValueError::new_err(format!(
-                    "{what}: an object array must hold str (ints past int64 and rows of \
-                     different lengths also make one)"
-                ))
-            })?;
+            .try_iter()?
+            .enumerate()
+            .map(|(i, item)| {
+                let item = item?;
+                if item.is_instance_of::<PyString>() {
+                    return string_from_py(&item, &format!("{what}, element {i}"));
+                }
+                Err(PyValueError::new_err(format!(
+                    "{what}: element {i} is {}, not str; an object array must hold str (ints \
+                     past int64 and rows of different lengths also make one)",
+                    type_name(&item)
+                )))
+            })
+            .collect::<PyResult<Vec<String>>>()?;
         let values = ArrayD::from_shape_vec(IxDyn(&shape), flat)
             .map_err(|e| PyValueError::new_err(format!("{what}: {e}")))?;
         return Ok(Tensor::from(values));

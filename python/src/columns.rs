@@ -143,9 +143,7 @@ impl Columns {
                         id_column = Some(ids);
                     }
                     "birth" if role == Role::Put => {
-                        let births: Vec<u64> = numpy_list(&v)?
-                            .extract()
-                            .map_err(|_| bad("column \"birth\": non-negative ints".into()))?;
+                        let births = py_births(&v)?;
                         lengths.push(("column \"birth\"".into(), births.len()));
                         cols.births = Some(births);
                     }
@@ -332,6 +330,32 @@ fn numpy_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
+/// A `birth` column: non-negative ints (Arrow too); a bool is refused, not taken as 1.
+fn py_births(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    let refused = || bad("column \"birth\": non-negative ints".into());
+    if as_numpy(obj).is_none() {
+        if let Some(column) = crate::arrow::import_column(obj) {
+            let (_, chunks) = column?;
+            return match one_array(chunks)? {
+                Some(births) => arrow_births(births.as_ref()),
+                None => Ok(Vec::new()),
+            };
+        }
+    }
+    no_masked(obj, "column \"birth\"")?;
+    let list = numpy_list(obj)?;
+    list.try_iter()
+        .map_err(|_| refused())?
+        .map(|item| {
+            let item = item?;
+            if item.is_instance_of::<PyBool>() {
+                return Err(refused());
+            }
+            item.extract::<u64>().map_err(|_| refused())
+        })
+        .collect()
+}
+
 fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
     // A masked id is no id: its raw value had been read.
     no_masked(obj, "ids")?;
@@ -399,6 +423,15 @@ fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaValue>> {
             "meta {name:?}: one value per sample (a list), not a single {}",
             obj.get_type().name()?
         )));
+    }
+    if as_numpy(obj).is_none() {
+        if let Some(column) = crate::arrow::import_column(obj) {
+            let (_, chunks) = column?;
+            return match one_array(chunks)? {
+                Some(values) => arrow_meta(name, values.as_ref()),
+                None => Ok(Vec::new()),
+            };
+        }
     }
     let list = numpy_list(obj)?;
     let items = list.try_iter().map_err(|_| {

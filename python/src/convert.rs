@@ -41,7 +41,7 @@ pub(crate) fn at(py: Python<'_>, place: impl std::fmt::Display, err: PyErr) -> P
 }
 
 /// The Python type name of `obj`, for messages.
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+pub(crate) fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map(|n| n.to_string())

@@ -204,3 +204,31 @@ def test_replay_refuses_a_null_inside_a_per_token_list(tmp_path):
         assert buf.ready_count() == 2
     finally:
         buf.close()
+
+
+def test_meta_and_birth_columns_take_arrow_and_refuse_bools():
+    buf = one_rpc(n=2)
+    buf.put_columns_blocking(
+        {"x": np.arange(2), "birth": pa.array([5, 3], pa.int64())},
+        ids=["a", "b"],
+        meta={"score": pa.array([0.5, 1.5]), "env": pa.chunked_array([["m"], ["c"]])},
+    )
+    got = {s["id"]: (s["birth"], s["meta"]) for s in first(buf).samples()}
+    assert got == {"a": (5, {"score": 0.5, "env": "m"}), "b": (3, {"score": 1.5, "env": "c"})}
+    buf = one_rpc(n=2)
+    for births in ([True, 2], np.array([True, False])):
+        with pytest.raises(ValueError, match='column "birth": non-negative ints'):
+            buf.put_columns_blocking({"x": np.arange(2), "birth": births}, ids=["a", "b"])
+    with pytest.raises(ValueError, match=r'meta "score" has nulls'):
+        buf.put_columns_blocking({"x": np.arange(2)}, ids=["a", "b"], meta={"score": pa.array([1.0, None])})
+    assert len(buf) == 0
+
+
+def test_a_lone_surrogate_in_a_string_array_is_named_as_such():
+    buf = one_rpc()
+    for text in (np.array(["ok", "bad\udc80"]), np.array(["ok", "bad\udc80"], dtype=object)):
+        with pytest.raises(ValueError, match=r'column "x", row 0, element 1: not valid Unicode \(a lone surrogate'):
+            buf.put_columns_blocking({"x": [text]}, ids=["a"])
+    with pytest.raises(ValueError, match=r"element 1 is int, not str"):
+        buf.put_columns_blocking({"x": [np.array(["ok", 3], dtype=object)]}, ids=["a"])
+    assert len(buf) == 0

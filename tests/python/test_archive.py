@@ -8,6 +8,7 @@ import sys
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -42,7 +43,11 @@ def main():
     want = expected(n)
     path = f"{root}/archive"
 
-    dataset = ds.dataset(path, format="parquet", partitioning="hive")
+    # As docs/persistence.md reads it: partition types given, not inferred.
+    hive = ds.partitioning(
+        pa.schema([("environment", pa.string()), ("policy_version", pa.int64())]), flavor="hive"
+    )
+    dataset = ds.dataset(path, format="parquet", partitioning=hive)
     table = dataset.to_table()
     types = {f.name: str(f.type) for f in table.schema}
     assert types["tokens"] == "list<item: int32 not null>", types["tokens"]
