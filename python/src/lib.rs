@@ -25,6 +25,7 @@ mod arrow_columns;
 mod batch;
 mod buffer;
 mod cli;
+mod column_keys;
 mod columns;
 mod convert;
 mod deliver;
