@@ -89,13 +89,16 @@ pub trait GroupHooks: Send + Sync + fmt::Debug {
         }
     }
 
-    /// Step 2. Default: finished when it has `group_size` items; valid when finished and
-    /// its rewards are not all equal (nothing to learn from otherwise).
+    /// Step 2. Default, slime's rule for a group the ingest stored (it sealed, so it is
+    /// finished): one of `group_size` items is valid when its rewards are not all equal
+    /// (nothing to learn from otherwise); one sealed short, by its seal timeout, skips
+    /// that rule, as slime's timeout path does, and goes on to be padded. (Requiring
+    /// `group_size` items had discarded every group sealed short.)
     fn is_valid_group(&self, group: &TrainGroup) -> Validity {
-        let finished = group.items.len() >= self.group_size();
+        let short = group.items.len() < self.group_size();
         Validity {
-            valid: finished && !all_equal(group.items.iter().map(|i| i.raw_reward)),
-            finished,
+            valid: short || !all_equal(group.items.iter().map(|i| i.raw_reward)),
+            finished: true,
         }
     }
 
@@ -104,10 +107,11 @@ pub trait GroupHooks: Send + Sync + fmt::Debug {
         (0.0..=1.0).contains(&item.raw_reward)
     }
 
-    /// The fewest items that must survive `filter_item`. Default: 70% of the group size
-    /// (slime's `min_valid_item_size_ratio`).
+    /// The fewest items that must survive `filter_item`. Default: 70% of the group size,
+    /// rounded down, at least 1 (slime's `int(group_size * min_valid_item_size_ratio)`, as
+    /// the server's configurable ratio has it; rounding up had dropped groups slime keeps).
     fn min_items(&self) -> usize {
-        ((self.group_size() as f64) * 0.7).ceil() as usize
+        ((self.group_size() as f64) * 0.7).floor().max(1.0) as usize
     }
 
     /// Step 4. Default: over the items, population std; an all-zero group is left as is;
@@ -228,8 +232,11 @@ pub fn process_groups(
             out.rejected.push((group, Rejection::TooFewItems));
             continue;
         }
+        // The estimator sees the survivors' raw rewards, as its formulas say. Fed the
+        // normalized ones, RLOO came out as n/(n-1) times the z-score, and `None` and Dr.
+        // GRPO as the z-score itself.
+        let rewards: Vec<f64> = group.items.iter().map(|i| i.raw_reward).collect();
         hooks.normalize(&mut group);
-        let rewards: Vec<f64> = group.items.iter().map(|i| i.reward).collect();
         for (item, a) in group.items.iter_mut().zip(advantage.compute(&rewards)) {
             item.advantage = a;
         }
@@ -365,11 +372,25 @@ mod tests {
         let mut g = group(&[0.0, 2e-8]);
         hooks.normalize(&mut g);
         assert_eq!(rewards(&g), vec![-0.5, 0.5]);
-        // Valid: finished and not all equal.
+        // A full group is valid when its rewards differ.
         assert!(hooks.is_valid_group(&group(&[1.0, 0.0, 1.0, 1.0])).valid);
         let v = hooks.is_valid_group(&group(&[1.0; 4]));
         assert_eq!((v.valid, v.finished), (false, true));
-        assert!(!hooks.is_valid_group(&group(&[1.0, 0.0])).finished);
+        // One sealed short (by its timeout) skips the rule, as in slime, and is padded.
+        let v = hooks.is_valid_group(&group(&[1.0; 3]));
+        assert_eq!((v.valid, v.finished), (true, true));
+        let out = process_groups(
+            &hooks,
+            &Advantage::Rloo,
+            None,
+            vec![group(&[1.0, 0.0, 1.0])],
+        );
+        assert_eq!(out.kept.len(), 1);
+        assert_eq!(out.kept[0].items.len(), 4);
+        assert_eq!(out.kept[0].items[3].copy_of, Some(0));
+        // Below `min_items` (2 of 4): refused, and says why.
+        let out = process_groups(&hooks, &Advantage::Rloo, None, vec![group(&[1.0])]);
+        assert_eq!(out.rejected[0].1, Rejection::TooFewItems);
         // Items: reward within [0, 1].
         let g = group(&[1.5, -0.1, 0.5]);
         let kept: Vec<bool> = g.items.iter().map(|i| hooks.filter_item(i)).collect();
@@ -382,7 +403,7 @@ mod tests {
         let groups = vec![
             group(&[1.0, 0.0, 1.0, 0.0]), // kept
             group(&[1.0, 1.0, 1.0, 1.0]), // invalid: no variance
-            group(&[1.0, 5.0, 5.0, 0.0]), // 2 of 4 pass the filter: too few
+            group(&[1.0, 5.0, 5.0, 6.0]), // 1 of 4 passes the filter: too few (2 needed)
             group(&[1.0, 0.0, 1.0, 7.0]), // 3 of 4 pass; padded back to 4
         ];
         let out = process_groups(&hooks, &Advantage::Rloo, None, groups);
@@ -401,6 +422,70 @@ mod tests {
         assert_eq!(last.items[3].copy_of, Some(0));
         assert_eq!(out.stats.groups, 4);
         assert_eq!(out.stats.zero_variance_groups, 1);
+    }
+
+    #[test]
+    fn min_items_rounds_down_as_slime_does() {
+        let min = |g| SlimeHooks { group_size: g }.min_items();
+        assert_eq!((min(8), min(4), min(10), min(1)), (5, 2, 7, 1));
+        // G = 4 with two rewards in [0, 1]: slime keeps the group (and pads it).
+        let out = process_groups(
+            &SlimeHooks { group_size: 4 },
+            &Advantage::Rloo,
+            None,
+            vec![group(&[1.0, 0.0, 3.0, 4.0])],
+        );
+        assert!(out.rejected.is_empty(), "{:?}", out.rejected[0].1);
+        assert_eq!(out.kept[0].items.len(), 4);
+    }
+
+    #[test]
+    fn each_estimator_sees_the_raw_rewards_not_the_normalized_ones() {
+        // One full group of 4 (no padding): each estimator's advantages are its formula
+        // over the raw rewards, while `reward` carries slime's normalized value.
+        let raw = [0.2, 0.5, 0.9, 0.3];
+        let (mean, std) = mean_std(&raw);
+        let cases: Vec<(Advantage, Vec<f64>)> = vec![
+            (
+                Advantage::Rloo,
+                raw.iter()
+                    .map(|r| r - (raw.iter().sum::<f64>() - r) / 3.0)
+                    .collect(),
+            ),
+            (Advantage::None, raw.to_vec()),
+            (
+                Advantage::Grpo {
+                    divide_by_std: false,
+                },
+                raw.iter().map(|r| r - mean).collect(),
+            ),
+            (
+                Advantage::Grpo {
+                    divide_by_std: true,
+                },
+                raw.iter().map(|r| (r - mean) / std).collect(),
+            ),
+        ];
+        for (advantage, want) in cases {
+            let out = process_groups(
+                &SlimeHooks { group_size: 4 },
+                &advantage,
+                None,
+                vec![group(&raw)],
+            );
+            let kept = &out.kept[0];
+            let got: Vec<f64> = kept.items.iter().map(|i| i.advantage).collect();
+            assert!(
+                got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-12),
+                "{advantage:?}: {got:?} != {want:?}"
+            );
+            let normalized: Vec<f64> = kept.items.iter().map(|i| i.reward).collect();
+            let z: Vec<f64> = raw.iter().map(|r| (r - mean) / (std + 1e-8)).collect();
+            assert!(normalized
+                .iter()
+                .zip(&z)
+                .all(|(a, b)| (a - b).abs() < 1e-12));
+        }
     }
 
     #[test]
