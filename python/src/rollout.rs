@@ -168,6 +168,19 @@ fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
     Ok(r)
 }
 
+/// An add, waiting for room for the group it completes at most `timeout` (the group then
+/// pending again, never lost: see `GroupIngest::add_timeout`).
+async fn add(
+    ingest: &GroupIngest,
+    record: RolloutRecord,
+    timeout: Option<Duration>,
+) -> rollout_buffer::Result<Added> {
+    match timeout {
+        Some(t) => ingest.add_timeout(record, t).await,
+        None => ingest.add(record).await,
+    }
+}
+
 fn outcome(added: &Added) -> &'static str {
     match added {
         Added::Pending { .. } => "pending",
@@ -232,27 +245,33 @@ impl PyIngest {
 
     /// Adds a rollout (a dict); resolves to what became of it: `"pending"`, `"sealed"`,
     /// `"duplicate"`, `"version_rejected"`, `"replica_capped"` or `"duplicate_group"`.
+    #[pyo3(signature = (rollout, timeout=None))]
     fn add_rollout<'py>(
         &self,
         py: Python<'py>,
         rollout: Bound<'py, PyAny>,
+        timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let record = rollout_from_py(&rollout)?;
+        let timeout = timeout_arg(timeout)?;
         let ingest = self.ingest.clone();
         awaitable(py, async move {
-            let added = ingest.add(record).await.map_err(py_err)?;
+            let added = add(&ingest, record, timeout).await.map_err(py_err)?;
             Ok(outcome(&added))
         })
     }
 
     /// Blocking `add_rollout`.
+    #[pyo3(signature = (rollout, timeout=None))]
     fn add_rollout_blocking(
         &self,
         py: Python<'_>,
         rollout: Bound<'_, PyAny>,
+        timeout: Option<f64>,
     ) -> PyResult<&'static str> {
         let record = rollout_from_py(&rollout)?;
-        let added = block(py, self.ingest.add(record))?;
+        let timeout = timeout_arg(timeout)?;
+        let added = block(py, add(&self.ingest, record, timeout))?;
         Ok(outcome(&added))
     }
 

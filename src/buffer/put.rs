@@ -90,26 +90,32 @@ impl SequenceBuffer {
     /// claimed with a sync journal, the journal's callback finishes the put when the record
     /// is durable, so a dropped put may still be stored (check with [`Self::contains`]).
     pub async fn put_batch(&self, samples: Vec<Sample>) -> Result<Vec<SlotHandle>> {
-        self.put_batch_with_aux(samples, Vec::new()).await
+        self.put_batch_with_aux(samples, Vec::new(), None).await
     }
 
     /// [`Self::put_batch`] whose auxiliary writes land in the same log unit as the put
-    /// (both or neither after a crash).
+    /// (both or neither after a crash). With `room_by`, waiting for room gives up then
+    /// with [`Error::Timeout`], the samples handed back and nothing stored; once its slots
+    /// are claimed the put waits for its log write whatever the time, so it is never left
+    /// undecided (the group ingest reopens a group whose put timed out).
     pub(crate) async fn put_batch_with_aux(
         &self,
         samples: Vec<Sample>,
         aux: Vec<AuxWrite>,
+        room_by: Option<(tokio::time::Instant, Duration)>,
     ) -> Result<Vec<SlotHandle>> {
-        self.put_until(samples, aux, None).await
+        self.put_until(samples, aux, room_by, false).await
     }
 
     /// The put behind every waiting put: gives up at `deadline` (if any) with
-    /// [`Error::Timeout`], handing the samples back when none was claimed yet.
+    /// [`Error::Timeout`], handing the samples back when none was claimed yet; a claimed
+    /// put's log write is bounded by it too when `bound_write`.
     async fn put_until(
         &self,
         samples: Vec<Sample>,
         aux: Vec<AuxWrite>,
         deadline: Option<(tokio::time::Instant, Duration)>,
+        bound_write: bool,
     ) -> Result<Vec<SlotHandle>> {
         let shared = &self.shared;
         let timed_out = |samples: Unstored| {
@@ -195,7 +201,7 @@ impl SequenceBuffer {
             }
         };
         drop(ticket);
-        match deadline {
+        match deadline.filter(|_| bound_write) {
             // Claimed: the put may still land (a sync journal's write is on its way), so
             // nothing is handed back past this point.
             Some((at, _)) => tokio::time::timeout_at(at, stored.finish(shared))
@@ -284,7 +290,7 @@ impl SequenceBuffer {
         timeout: Duration,
     ) -> Result<Vec<SlotHandle>> {
         let at = tokio::time::Instant::now() + timeout.min(crate::deadline::FOREVER);
-        self.put_until(samples, Vec::new(), Some((at, timeout)))
+        self.put_until(samples, Vec::new(), Some((at, timeout)), true)
             .await
     }
 }

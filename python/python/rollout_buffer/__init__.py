@@ -284,14 +284,18 @@ class Ingest:
             _native_of(buffer), group_size, min_size, seal_timeout, mixed, max_per_replica
         )
 
-    async def add_rollout(self, rollout: dict) -> str:
+    async def add_rollout(self, rollout: dict, timeout: Optional[float] = None) -> str:
         """Adds a rollout; returns ``"pending"``, ``"sealed"``, ``"duplicate"``,
-        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``."""
-        return await self._native.add_rollout(rollout)
+        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``.
+        ``timeout`` (s) bounds the wait for room for the group it completes: ``Timeout``,
+        and the group is pending again (resend the rollout). Use it rather than
+        ``asyncio.wait_for``: a cancelled add leaves such a group unstored until the
+        store is reopened."""
+        return await self._native.add_rollout(rollout, timeout)
 
-    def add_rollout_blocking(self, rollout: dict) -> str:
+    def add_rollout_blocking(self, rollout: dict, timeout: Optional[float] = None) -> str:
         """Blocking :meth:`add_rollout`."""
-        return self._native.add_rollout_blocking(rollout)
+        return self._native.add_rollout_blocking(rollout, timeout)
 
     def counters(self) -> dict:
         """Received, duplicate, pending, sealed and stored counts."""

@@ -60,8 +60,10 @@ use crate::sync::{Arc, AtomicBool, Mutex, Notify};
 use crate::SequenceBuffer;
 use in_flight::{settled, InFlight};
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::Duration;
 use taken::Taken;
 use timer::seal_on_time;
+use tokio::time::Instant;
 
 const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
@@ -240,7 +242,7 @@ impl GroupIngest {
             buf.aux_write(stale).await?;
         }
         for group in sealed {
-            ingest.store(group).await?;
+            ingest.store(group, None).await?;
         }
         let weak = Arc::downgrade(&ingest.shared);
         tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
@@ -276,6 +278,30 @@ impl GroupIngest {
     /// group, a future dropped before the group's put is claimed leaves the group unstored,
     /// its rollouts pending in the log only (added back by the next [`Self::start`]).
     pub async fn add(&self, record: RolloutRecord) -> Result<Added> {
+        self.add_until(record, None).await
+    }
+
+    /// [`Self::add`] that waits for room for the group it completes at most `timeout`:
+    /// past it, [`Error::Timeout`], and the group goes back to pending as after a failed
+    /// store (its other members stay; this rollout, never logged on its own, is resent
+    /// and completes it again). A log write once room is found is waited for whatever the
+    /// time, so the outcome is never left undecided. Prefer it to dropping an `add`
+    /// (`tokio::time::timeout`, an asyncio cancel), which leaves such a group unstored
+    /// until a restart.
+    ///
+    /// # Errors
+    ///
+    /// As [`Self::add`], plus [`Error::Timeout`].
+    pub async fn add_timeout(&self, record: RolloutRecord, timeout: Duration) -> Result<Added> {
+        let at = Instant::now() + timeout.min(crate::deadline::FOREVER);
+        self.add_until(record, Some((at, timeout))).await
+    }
+
+    async fn add_until(
+        &self,
+        record: RolloutRecord,
+        room_by: Option<(Instant, Duration)>,
+    ) -> Result<Added> {
         let shared = &self.shared;
         let uid = record.rollout_uid.clone();
         let logged = record.to_sample(pending_key(&uid));
@@ -316,7 +342,7 @@ impl GroupIngest {
             }
         }
         match added {
-            Added::Sealed(group) => self.store(group).await,
+            Added::Sealed(group) => self.store(group, room_by).await,
             other => Ok(other),
         }
     }
@@ -448,7 +474,7 @@ impl GroupIngest {
         let let_go = self.mark_sealed(groups.iter(), &mut writes);
         if shared
             .buf
-            .put_batch_with_aux(samples, writes)
+            .put_batch_with_aux(samples, writes, None)
             .await
             .is_err()
         {
@@ -512,14 +538,18 @@ impl GroupIngest {
     async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
         let mut out = Vec::with_capacity(groups.len());
         for group in groups {
-            out.push(self.store(group).await);
+            out.push(self.store(group, None).await);
         }
         out
     }
 
     /// Stores a sealed group unless its id was stored before; in the same log unit, its
     /// members stop being pending and its marker is written.
-    async fn store(&self, group: SealedGroup) -> Result<Added> {
+    async fn store(
+        &self,
+        group: SealedGroup,
+        room_by: Option<(Instant, Duration)>,
+    ) -> Result<Added> {
         let shared = &self.shared;
         let mut writes: Vec<AuxWrite> = group
             .rollouts
@@ -538,7 +568,7 @@ impl GroupIngest {
         let sample = group.to_sample()?;
         match shared
             .buf
-            .put_batch_with_aux(vec![sample], writes.clone())
+            .put_batch_with_aux(vec![sample], writes.clone(), room_by)
             .await
         {
             Ok(_) => {
@@ -643,6 +673,6 @@ fn members(group: &SealedGroup) -> impl Iterator<Item = String> + '_ {
 fn may_pass(e: &Error) -> bool {
     matches!(
         e,
-        Error::Storage { .. } | Error::Closed | Error::Full { .. }
+        Error::Storage { .. } | Error::Closed | Error::Full { .. } | Error::Timeout { .. }
     )
 }

@@ -44,7 +44,7 @@ impl GroupIngest {
         // and drops them again); the sealed groups are stored all the same.
         let mut first_error = self.shared.buf.aux_write(forget).await.err();
         for group in due.sealed {
-            if let Err(e) = self.store(group).await {
+            if let Err(e) = self.store(group, None).await {
                 first_error.get_or_insert(e);
             }
         }
@@ -75,7 +75,7 @@ impl GroupIngest {
         let mut out = Vec::with_capacity(sealed.len());
         let mut first_error = None;
         for group in sealed {
-            match self.store(group).await {
+            match self.store(group, None).await {
                 Ok(added) => out.push(added),
                 Err(e) => {
                     first_error.get_or_insert(e);
