@@ -6,6 +6,7 @@ use crate::arrays::{as_numpy, no_masked};
 use crate::arrow_columns::{arrow_births, arrow_ids, arrow_meta, one_array};
 use crate::columns::bad;
 use crate::convert::{meta_from_py, string_from_py};
+use arrow_array::Array;
 use numpy::PyArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyString};
@@ -20,17 +21,27 @@ fn numpy_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     }
 }
 
+/// `obj` read by `read` as one Arrow array when it exports Arrow (a pyarrow Array or
+/// ChunkedArray, a polars Series); `None` for anything else, numpy arrays included.
+fn from_arrow<T>(
+    obj: &Bound<'_, PyAny>,
+    read: impl FnOnce(&dyn Array) -> PyResult<Vec<T>>,
+) -> Option<PyResult<Vec<T>>> {
+    if as_numpy(obj).is_some() {
+        return None;
+    }
+    let column = crate::arrow::import_column(obj)?;
+    Some(column.and_then(|(_, chunks)| match one_array(chunks)? {
+        Some(array) => read(array.as_ref()),
+        None => Ok(Vec::new()),
+    }))
+}
+
 /// A `birth` column: non-negative ints (Arrow too); a bool is refused, not taken as 1.
 pub(crate) fn py_births(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
     let refused = || bad("column \"birth\": non-negative ints".into());
-    if as_numpy(obj).is_none() {
-        if let Some(column) = crate::arrow::import_column(obj) {
-            let (_, chunks) = column?;
-            return match one_array(chunks)? {
-                Some(births) => arrow_births(births.as_ref()),
-                None => Ok(Vec::new()),
-            };
-        }
+    if let Some(births) = from_arrow(obj, arrow_births) {
+        return births;
     }
     no_masked(obj, "column \"birth\"")?;
     let list = numpy_list(obj)?;
@@ -69,14 +80,8 @@ pub(crate) fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
     }
     // Arrow ids (a pyarrow Array or ChunkedArray, a polars Series) as an `id` column is
     // read: iterated, they were Arrow scalars, "neither str nor int".
-    if as_numpy(obj).is_none() {
-        if let Some(column) = crate::arrow::import_column(obj) {
-            let (_, chunks) = column?;
-            return match one_array(chunks)? {
-                Some(ids) => arrow_ids(ids.as_ref()),
-                None => Ok(Vec::new()),
-            };
-        }
+    if let Some(ids) = from_arrow(obj, arrow_ids) {
+        return ids;
     }
     let list = numpy_list(obj)?;
     let items = list
@@ -114,14 +119,8 @@ pub(crate) fn py_meta(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Vec<MetaVa
             obj.get_type().name()?
         )));
     }
-    if as_numpy(obj).is_none() {
-        if let Some(column) = crate::arrow::import_column(obj) {
-            let (_, chunks) = column?;
-            return match one_array(chunks)? {
-                Some(values) => arrow_meta(name, values.as_ref()),
-                None => Ok(Vec::new()),
-            };
-        }
+    if let Some(values) = from_arrow(obj, |a| arrow_meta(name, a)) {
+        return values;
     }
     let list = numpy_list(obj)?;
     let items = list.try_iter().map_err(|_| {

@@ -424,8 +424,8 @@ fn no_rounded_ints(
     }
     match first_inexact_int(source)? {
         Some(at) => Err(bad(format!(
-            "{what}: the integer at {at} is past 2^53, and numpy would round it into a \
-             float beside the floats; pass a numpy array of the dtype meant"
+            "{what}: the integer at {at} is past 2^53 (or int64), and numpy would round it \
+             into a float; pass a numpy array of the dtype meant"
         ))),
         None => Ok(()),
     }
@@ -443,6 +443,13 @@ fn first_inexact_int(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
         return Ok(None);
     }
     if obj.is_instance_of::<PyBool>() || obj.is_instance_of::<PyFloat>() {
+        return Ok(None);
+    }
+    // An integer array among the rows (`[np.array([2**60 + 1]), [0.5]]`): its values.
+    if let Some(array) = as_numpy(obj) {
+        if matches!(array.dtype().kind(), b'i' | b'u') {
+            return first_inexact_int(&obj.call_method0("tolist")?);
+        }
         return Ok(None);
     }
     // Python ints and numpy integers alike (both have `__index__`).

@@ -41,6 +41,13 @@ def test_a_list_column_whose_ints_numpy_would_round_is_refused(column, where):
     assert len(buf) == 0
 
 
+def test_an_integer_array_among_list_rows_is_checked_too():
+    buf = one_rpc(n=2)
+    with pytest.raises(ValueError, match=r"the integer at \[0\]\[0\] is past 2\^53"):
+        buf.put_columns_blocking({"x": [np.array([2**60 + 1, 1]), [0.5, 1.5]]}, ids=["a", "b"])
+    assert len(buf) == 0
+
+
 def re_escape(text):
     import re
 

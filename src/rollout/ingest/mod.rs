@@ -32,7 +32,7 @@
 //! * a pending rollout whose write fails is taken back out of its group
 //!   ([`GroupAssembler::withdraw`]): its sender gets the error, and its resend is new;
 //! * a group whose store fails for a reason that may pass (the store failing, the buffer
-//!   closed or full) goes back to pending ([`GroupAssembler::reopen`]) with the members
+//!   closed or full, an `add_timeout` that found no room in time) goes back to pending ([`GroupAssembler::reopen`]) with the members
 //!   whose pending entries are durable or still being written (their own calls withdraw
 //!   them if that fails); the others (the rollout that completed it, never logged on its
 //!   own, and any whose write failed) get the error, and their resends complete the same
@@ -263,7 +263,8 @@ impl GroupIngest {
     /// * The buffer's error when it refuses the completed group (see
     ///   [`SequenceBuffer::put_batch`]; a group id already stored counts as a duplicate
     ///   group instead). If the refusal may pass (a storage error, the buffer closed or
-    ///   full), the group is pending again without this rollout, which is to be resent;
+    ///   full, no room in time under [`Self::add_timeout`]), the group is pending again
+    ///   without this rollout, which is to be resent before the group's seal timeout;
     ///   otherwise the group's pending rollouts are forgotten, and taken as new when they
     ///   are resent (fixed).
     ///
@@ -588,7 +589,12 @@ impl GroupIngest {
                 Ok(Added::DuplicateGroup { id: group.id })
             }
             Err(e) if may_pass(&e) => {
-                tracing::warn!(group = %group.id, error = %e, "storing a group failed; pending again");
+                // A timeout is back-pressure the caller asked for, not a fault.
+                if matches!(e, Error::Timeout { .. }) {
+                    tracing::debug!(group = %group.id, "no room for a group in time; pending again");
+                } else {
+                    tracing::warn!(group = %group.id, error = %e, "storing a group failed; pending again");
+                }
                 self.reopen(group, let_go);
                 Err(e)
             }
@@ -668,8 +674,8 @@ fn members(group: &SealedGroup) -> impl Iterator<Item = String> + '_ {
 }
 
 /// Whether storing a group failed for a reason that may pass (the store failing, the
-/// buffer closed, or full under `Overflow::Reject`), rather than the buffer refusing the
-/// group itself.
+/// buffer closed, full under `Overflow::Reject`, or no room before an `add_timeout`'s
+/// deadline), rather than the buffer refusing the group itself.
 fn may_pass(e: &Error) -> bool {
     matches!(
         e,
