@@ -228,6 +228,11 @@ pub(crate) fn as_numpy<'a, 'py>(
 /// A numpy masked array's masked entries are its nulls, which no column holds: they were
 /// stored with whatever value lay under the mask.
 pub(crate) fn no_masked(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<()> {
+    // A plain ndarray (the common case, on the dict paths once per field) by a type
+    // compare: a failed `hasattr` raises and clears an exception each time.
+    if obj.is_exact_instance_of::<PyUntypedArray>() {
+        return Ok(());
+    }
     if as_numpy(obj).is_none() || !obj.hasattr("mask")? {
         return Ok(());
     }
