@@ -186,6 +186,7 @@ fn outcome(added: &Added) -> &'static str {
         Added::Pending { .. } => "pending",
         Added::Sealed(_) => "sealed",
         Added::Duplicate => "duplicate",
+        Added::UidTaken { .. } => "uid_taken",
         Added::VersionRejected => "version_rejected",
         Added::ReplicaCapped => "replica_capped",
         Added::DuplicateGroup { .. } => "duplicate_group",
@@ -282,6 +283,7 @@ impl PyIngest {
         let d = PyDict::new(py);
         d.set_item("received", a.received)?;
         d.set_item("duplicates", a.duplicates)?;
+        d.set_item("uid_taken", a.uid_taken)?;
         d.set_item("pending_rollouts", a.pending_rollouts)?;
         d.set_item("sealed_full", a.sealed_full)?;
         d.set_item("sealed_timeout", a.sealed_timeout)?;

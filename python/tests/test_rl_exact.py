@@ -102,3 +102,22 @@ def test_a_group_sealed_short_by_its_timeout_is_trained_padded():
     assert int(rows.sum()) == 4, "three rollouts and one padding copy"
     batch.complete_blocking()
     assert buf.stats()["filtered"] == 0
+
+
+def test_a_uid_another_group_holds_is_refused_as_taken():
+    # Samples numbered per prompt ("0", "1" for every prompt): the second prompt's are
+    # refused and counted apart, not merged into the first's group nor taken as plain
+    # duplicates of it.
+    async def main():
+        buf = rb.Buffer(4, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+        ingest = rb.Ingest(buf, group_size=2)
+        assert await ingest.add_rollout(rollout("p1", "0", 0.0)) == "pending"
+        assert await ingest.add_rollout(rollout("p2", "0", 1.0)) == "uid_taken"
+        assert await ingest.add_rollout(rollout("p1", "1", 1.0)) == "sealed"
+        assert await ingest.add_rollout(rollout("p2", "1", 0.0)) == "uid_taken"
+        assert await ingest.add_rollout(rollout("p1", "1", 1.0)) == "duplicate"
+        counters = ingest.counters()
+        assert (counters["uid_taken"], counters["duplicates"]) == (2, 1)
+        assert (counters["stored_groups"], counters["pending_rollouts"]) == (1, 0)
+
+    asyncio.run(main())

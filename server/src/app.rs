@@ -204,9 +204,11 @@ fn outcome(added: &Added) -> &'static str {
         Added::Pending { .. } => "pending",
         Added::Sealed(_) => "sealed",
         Added::Duplicate => "duplicate",
+        Added::UidTaken { .. } => "uid_taken",
         Added::VersionRejected => "version_rejected",
         Added::ReplicaCapped => "replica_capped",
-        _ => "duplicate_group",
+        Added::DuplicateGroup { .. } => "duplicate_group",
+        _ => "other",
     }
 }
 

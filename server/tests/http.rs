@@ -489,44 +489,51 @@ async fn a_read_that_falls_short_waits_for_new_groups_without_spinning() {
     assert!(redelivered(&server).await - after_wait <= 4.0);
 }
 
-/// Two groups holding the same uid: each item is answered with its own group's id and
-/// texts (they were looked up by uid alone, so one group's texts labelled the other's item).
+/// A uid another group's item holds is refused (`uid_taken`): slime's uids are uuid4s, one
+/// per item, and the ingest logs pending items under their uid. The holder keeps its texts,
+/// and the other group completes with items of its own.
 #[tokio::test]
-async fn the_same_uid_in_two_groups_keeps_each_groups_texts() {
+async fn a_uid_another_group_holds_is_refused_and_the_holder_keeps_its_texts() {
     let dir = store("same-uid");
     let server = Server::start(&dir, &["--group-size", "2"]);
+    let mut outcomes = Vec::new();
     for (instance, reward) in [("A", 0.25), ("B", 0.75)] {
         let mut same = item("same", instance, reward);
         same["messages"] = json!([{"role": "user", "content": format!("from {instance}")}]);
         let (status, body) = post(&server, "/buffer/write", &same).await;
         assert_eq!(status, 200, "{body}");
+        outcomes.push(body["data"]["data"][0]["outcome"].clone());
     }
-    for instance in ["A", "B"] {
-        let other = item(&format!("{instance}-2"), instance, 0.5);
+    assert_eq!(outcomes, [json!("pending"), json!("uid_taken")]);
+    // Rewards that differ within each group, or the default hooks discard it.
+    for (uid, reward) in [("A-2", 0.5), ("B-1", 0.25), ("B-2", 0.75)] {
+        let other = item(uid, &uid[..1], reward);
         assert_eq!(post(&server, "/buffer/write", &other).await.0, 200);
     }
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
     let answered = body["data"]["data"].as_array().expect("items");
-    let mut same: Vec<(String, String, f64)> = answered
+    let mut held: Vec<(String, String, String)> = answered
         .iter()
-        .filter(|i| i["uid"] == "same")
         .map(|i| {
             (
                 i["instance_id"].as_str().expect("id").to_owned(),
+                i["uid"].as_str().expect("uid").to_owned(),
                 i["messages"][0]["content"]
                     .as_str()
                     .expect("text")
                     .to_owned(),
-                i["raw_reward"].as_f64().expect("reward"),
             )
         })
         .collect();
-    same.sort_by(|a, b| a.0.cmp(&b.0));
+    held.sort();
+    let text = "2+2?".to_owned();
     assert_eq!(
-        same,
+        held,
         [
-            ("A".to_owned(), "from A".to_owned(), 0.25),
-            ("B".to_owned(), "from B".to_owned(), 0.75)
+            ("A".to_owned(), "A-2".to_owned(), text.clone()),
+            ("A".to_owned(), "same".to_owned(), "from A".to_owned()),
+            ("B".to_owned(), "B-1".to_owned(), text.clone()),
+            ("B".to_owned(), "B-2".to_owned(), text),
         ]
     );
 }

@@ -61,6 +61,8 @@ pub struct EnvMetrics {
     pub seal_time_ms_p99: f64,
     /// Duplicate rollouts dropped.
     pub duplicates: u64,
+    /// Rollouts refused because another group's rollout holds their uid.
+    pub uid_taken: u64,
     /// Samples dropped as stale.
     pub stale: u64,
     /// Samples evicted.
@@ -113,6 +115,7 @@ impl EnvMetrics {
         gauge("rollout_buffer_seal_time_ms_p50", self.seal_time_ms_p50);
         gauge("rollout_buffer_seal_time_ms_p99", self.seal_time_ms_p99);
         gauge("rollout_buffer_duplicates", self.duplicates as f64);
+        gauge("rollout_buffer_uid_taken", self.uid_taken as f64);
         gauge("rollout_buffer_stale", self.stale as f64);
         gauge("rollout_buffer_evicted", self.evicted as f64);
         gauge("rollout_buffer_filtered", self.filtered as f64);
@@ -259,7 +262,9 @@ impl MetricsTracker {
             m.new_generated_tokens = now.2 - self.seen.2.min(now.2);
             m.frac_used_in_batch = ratio(self.used_total, now.0);
             self.seen = now;
-            m.duplicates = ingest.assembler_counters().duplicates;
+            let assembled = ingest.assembler_counters();
+            m.duplicates = assembled.duplicates;
+            m.uid_taken = assembled.uid_taken;
             if let Some((p50, p99)) = ingest.seal_time_quantiles() {
                 m.seal_time_ms_p50 = p50.as_secs_f64() * 1e3;
                 m.seal_time_ms_p99 = p99.as_secs_f64() * 1e3;

@@ -286,7 +286,9 @@ class Ingest:
 
     async def add_rollout(self, rollout: dict, timeout: Optional[float] = None) -> str:
         """Adds a rollout; returns ``"pending"``, ``"sealed"``, ``"duplicate"``,
-        ``"version_rejected"``, ``"replica_capped"`` or ``"duplicate_group"``.
+        ``"uid_taken"`` (another group's rollout holds its uid: uids name rollouts across
+        the run, not within a group), ``"version_rejected"``, ``"replica_capped"`` or
+        ``"duplicate_group"``.
         ``timeout`` (s) bounds the wait for room for the group it completes: ``Timeout``,
         and the group is pending again (resend the rollout). Use it rather than
         ``asyncio.wait_for``: a cancelled add leaves such a group unstored until the

@@ -5,9 +5,12 @@
 //!   since its first rollout and at least `min_size` arrived. A group still below
 //!   `min_size` at its timeout is dropped (its rollouts counted) or kept waiting, by
 //!   [`Undersized`]; a kept group seals as soon as it reaches `min_size`.
-//! * A rollout whose uid is pending in its group or was sealed (or dropped) recently is a
-//!   duplicate: counted, never stored twice. "Recently" is the last `remember` rollouts,
-//!   which bounds memory.
+//! * A rollout uid names one rollout across the run. A rollout whose uid is pending in its
+//!   group or was sealed (or dropped) recently is a duplicate: counted, never stored
+//!   twice. "Recently" is the last `remember` rollouts, which bounds memory. A uid pending
+//!   or recently gone under another group key is refused as [`Added::UidTaken`] and
+//!   counted apart: that is a sender numbering its rollouts per prompt, which would
+//!   otherwise lose every group after the first without a sign.
 //! * `max_per_replica` caps one replica's share of a group; `accept_policy_versions`
 //!   rejects rollouts of other versions. Both are counted.
 //! * For a caller whose durable writes can fail: [`GroupAssembler::withdraw`] takes back a
@@ -117,8 +120,15 @@ pub enum Added {
     },
     /// It completed its group.
     Sealed(SealedGroup),
-    /// Its uid was seen already.
+    /// Its uid was seen already, in its own group.
     Duplicate,
+    /// Its uid is held by a rollout of another group, pending or recently gone: refused
+    /// and counted in [`AssemblerCounters::uid_taken`]. Rollout uids must name rollouts
+    /// across the run (a UUID, or the example id and a number), not within a group.
+    UidTaken {
+        /// The uid.
+        uid: String,
+    },
     /// Its policy version is not accepted.
     VersionRejected,
     /// Its replica already contributed `max_per_replica` rollouts to the group.
@@ -139,6 +149,9 @@ pub struct AssemblerCounters {
     pub received: u64,
     /// Rollouts dropped as duplicates.
     pub duplicates: u64,
+    /// Rollouts refused because another group's rollout holds their uid
+    /// ([`Added::UidTaken`]).
+    pub uid_taken: u64,
     /// Rollouts of a version not accepted.
     pub version_rejected: u64,
     /// Rollouts over their replica's cap.
@@ -186,9 +199,13 @@ pub struct GroupAssembler {
     config: GroupConfig,
     pending: BTreeMap<GroupKey, Pending>,
     deadlines: BTreeSet<(Instant, GroupKey)>,
+    /// The uid of every pending rollout, with the tag of its group's key
+    /// ([`key_tag`]): a uid is one rollout's across the groups.
+    holders: HashMap<String, u64>,
     /// Uids sealed or dropped, up to `config.remember` of them, each with the number of
-    /// its leaving.
-    gone: HashMap<String, u64>,
+    /// its leaving and the tag of its group's key (`None`: remembered from a marker of an
+    /// earlier process, which keeps no key).
+    gone: HashMap<String, (u64, Option<u64>)>,
     /// The same, in the order they left, with entries of uids a reopen took back that
     /// their numbers no longer match (skipped when they come up, so a reopen needs no
     /// pass over the window).
@@ -214,6 +231,7 @@ impl GroupAssembler {
             config,
             pending: BTreeMap::new(),
             deadlines: BTreeSet::new(),
+            holders: HashMap::new(),
             gone: HashMap::new(),
             gone_order: VecDeque::new(),
             next_gone: 0,
@@ -280,21 +298,29 @@ impl GroupAssembler {
                 return Ok(Added::VersionRejected);
             }
         }
-        if self.gone.contains_key(&record.rollout_uid) {
-            self.counters.duplicates += 1;
-            return Ok(Added::Duplicate);
-        }
         let key = GroupKey::of(&record, self.config.mode);
-        let (held, mine) = self.pending.get(&key).map_or((false, 0), |g| {
-            (
-                g.uids.contains(&record.rollout_uid),
-                g.by_replica.get(&record.replica_id).copied().unwrap_or(0),
-            )
-        });
-        if held {
-            self.counters.duplicates += 1;
-            return Ok(Added::Duplicate);
+        let tag = key_tag(&key);
+        let owner = match self.gone.get(&record.rollout_uid) {
+            Some(&(_, owner)) => Some(owner),
+            None => self.holders.get(&record.rollout_uid).map(|&o| Some(o)),
+        };
+        match owner {
+            // A marker of an earlier process names no group: a plain duplicate.
+            Some(Some(other)) if other != tag => {
+                self.counters.uid_taken += 1;
+                return Ok(Added::UidTaken {
+                    uid: record.rollout_uid,
+                });
+            }
+            Some(_) => {
+                self.counters.duplicates += 1;
+                return Ok(Added::Duplicate);
+            }
+            None => {}
         }
+        let mine = self.pending.get(&key).map_or(0, |g| {
+            g.by_replica.get(&record.replica_id).copied().unwrap_or(0)
+        });
         if self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
@@ -324,6 +350,7 @@ impl GroupAssembler {
         };
         let record = group.rollouts.remove(at);
         group.uids.remove(uid);
+        self.holders.remove(uid);
         self.counters.received = self.counters.received.saturating_sub(1);
         if let Some(n) = group.by_replica.get_mut(&record.replica_id) {
             *n = n.saturating_sub(1);
@@ -370,6 +397,7 @@ impl GroupAssembler {
             self.gone.remove(&r.rollout_uid);
         }
         let key = group.key;
+        let tag = key_tag(&key);
         let merging = self.pending.contains_key(&key);
         let retry_at =
             crate::deadline::at_most_forever(now, self.config.seal_timeout.max(RETRY_AFTER));
@@ -379,6 +407,7 @@ impl GroupAssembler {
                 self.counters.received = self.counters.received.saturating_sub(1);
                 continue;
             }
+            self.holders.insert(record.rollout_uid.clone(), tag);
             let pending = self.open_group(&key, now);
             if pending.uids.insert(record.rollout_uid.clone()) {
                 *pending
@@ -411,6 +440,8 @@ impl GroupAssembler {
     /// Puts `record` into the pending group under `key` (opened at `now` if need be), with
     /// its uid and its replica's share; the group.
     fn join(&mut self, key: &GroupKey, record: RolloutRecord, now: Instant) -> &mut Pending {
+        self.holders
+            .insert(record.rollout_uid.clone(), key_tag(key));
         let group = self.open_group(key, now);
         group.uids.insert(record.rollout_uid.clone());
         *group
@@ -500,7 +531,7 @@ impl GroupAssembler {
                     if let Some(group) = self.pending.remove(&key) {
                         self.counters.dropped_groups += 1;
                         self.counters.dropped_rollouts += group.rollouts.len() as u64;
-                        self.forget(group.uids);
+                        self.forget(group.uids, Some(key_tag(&key)));
                         due.dropped.push((key, group.rollouts));
                     }
                 }
@@ -524,7 +555,7 @@ impl GroupAssembler {
             SealReason::Full => self.counters.sealed_full += 1,
             SealReason::Timeout => self.counters.sealed_timeout += 1,
         }
-        self.forget(group.uids);
+        self.forget(group.uids, Some(key_tag(key)));
         SealedGroup::new(key.clone(), group.rollouts, reason)
     }
 
@@ -542,26 +573,38 @@ impl GroupAssembler {
     /// rollout arriving with one of them is a duplicate, as for a group sealed here. The
     /// same bound applies: the last `remember` uids are kept.
     pub fn remember_gone(&mut self, uids: impl IntoIterator<Item = String>) {
-        self.forget(uids);
+        self.forget(uids, None);
     }
 
-    /// Remembers uids that left (sealed or dropped), forgetting the oldest beyond the bound.
-    fn forget(&mut self, uids: impl IntoIterator<Item = String>) {
+    /// Remembers uids that left (sealed or dropped) from the group tagged `tag`,
+    /// forgetting the oldest beyond the bound. They are no longer pending.
+    fn forget(&mut self, uids: impl IntoIterator<Item = String>, tag: Option<u64>) {
         for uid in uids {
+            self.holders.remove(&uid);
             let n = self.next_gone;
             self.next_gone += 1;
-            self.gone.insert(uid.clone(), n);
+            self.gone.insert(uid.clone(), (n, tag));
             self.gone_order.push_back((n, uid));
         }
         while self.gone.len() > self.config.remember {
             let Some((n, old)) = self.gone_order.pop_front() else {
                 break;
             };
-            if self.gone.get(&old) == Some(&n) {
+            if self.gone.get(&old).is_some_and(|g| g.0 == n) {
                 self.gone.remove(&old);
             }
         }
     }
+}
+
+/// A 64-bit tag of a group key, to tell whether a uid seen before was another group's
+/// (SipHash with fixed keys: the same in every run; a collision of two keys' tags only
+/// makes a uid reused across them a plain duplicate).
+fn key_tag(key: &GroupKey) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut hasher);
+    hasher.finish()
 }
 
 #[cfg(test)]

@@ -13,6 +13,15 @@ fn rollout(example: &str, version: u64, uid: &str, replica: &str) -> RolloutReco
     r
 }
 
+/// The strict group key of `rollout(example, version, ..)`.
+fn key(example: &str, version: u64) -> GroupKey {
+    GroupKey {
+        environment: "math".into(),
+        example_id: example.into(),
+        policy_version: Some(version),
+    }
+}
+
 #[test]
 fn seals_at_target_size_and_dedupes_by_uid() -> Result<()> {
     let t0 = Instant::now();
@@ -438,5 +447,75 @@ fn a_reconfigured_assembler_regroups_its_pending_rollouts_under_the_new_settings
         1,
         "a3 alone, at its new timeout with min size 1"
     );
+    Ok(())
+}
+
+#[test]
+fn a_uid_held_by_another_group_is_refused_apart_from_duplicates() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(2));
+    let taken = |uid: &str| Added::UidTaken { uid: uid.into() };
+    // Pending in group e1: the same uid for e2 is refused, and e1 keeps its rollout.
+    a.add(rollout("e1", 1, "u1", "r"), t0)?;
+    assert_eq!(a.add(rollout("e2", 1, "u1", "r"), t0)?, taken("u1"));
+    assert_eq!(a.pending_in(&key("e2", 1)).count(), 0, "e2 took nothing");
+    // In its own group it is a plain duplicate.
+    assert_eq!(a.add(rollout("e1", 1, "u1", "r"), t0)?, Added::Duplicate);
+    // Once e1 seals, the uid stays its own: another group is still refused, e1's own
+    // late copy is a duplicate.
+    assert!(matches!(
+        a.add(rollout("e1", 1, "u2", "r"), t0)?,
+        Added::Sealed(_)
+    ));
+    assert_eq!(a.add(rollout("e3", 1, "u2", "r"), t0)?, taken("u2"));
+    assert_eq!(a.add(rollout("e1", 1, "u1", "r"), t0)?, Added::Duplicate);
+    // A strict group of another version is another group.
+    assert_eq!(a.add(rollout("e1", 2, "u1", "r"), t0)?, taken("u1"));
+    let c = a.counters();
+    assert_eq!((c.duplicates, c.uid_taken, c.pending_rollouts), (2, 3, 0));
+    Ok(())
+}
+
+#[test]
+fn rollouts_numbered_per_prompt_are_refused_loudly_not_merged() -> Result<()> {
+    // A sender numbering each prompt's samples 0..K: the second prompt's rollouts are
+    // refused as taken (not counted as duplicates of the first's), so the counters say
+    // what went wrong, and no rollout lands in another prompt's group.
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(2));
+    for example in ["p1", "p2"] {
+        for n in ["0", "1"] {
+            a.add(rollout(example, 1, n, "r"), t0)?;
+        }
+    }
+    let c = a.counters();
+    assert_eq!((c.sealed_full, c.uid_taken, c.duplicates), (1, 2, 0));
+    Ok(())
+}
+
+#[test]
+fn a_withdrawn_uid_is_free_and_a_reopened_one_is_held_again() -> Result<()> {
+    let t0 = Instant::now();
+    let mut a = GroupAssembler::new(GroupConfig::new(2));
+    a.add(rollout("e1", 1, "u1", "r"), t0)?;
+    assert!(a.withdraw(&key("e1", 1), "u1"));
+    // As if it never arrived: another group may have it.
+    assert!(matches!(
+        a.add(rollout("e2", 1, "u1", "r"), t0)?,
+        Added::Pending { size: 1, .. }
+    ));
+    let Added::Sealed(group) = a.add(rollout("e2", 1, "u2", "r"), t0)? else {
+        panic!("e2 full at 2");
+    };
+    // Its store failed: the group is pending again, and its uids are its own again.
+    a.reopen(group, |_| true, t0);
+    assert_eq!(
+        a.add(rollout("e3", 1, "u2", "r"), t0)?,
+        Added::UidTaken { uid: "u2".into() }
+    );
+    assert_eq!(a.add(rollout("e2", 1, "u2", "r"), t0)?, Added::Duplicate);
+    // Uids remembered from an earlier process name no group: a plain duplicate anywhere.
+    a.remember_gone(["old".to_owned()]);
+    assert_eq!(a.add(rollout("e4", 1, "old", "r"), t0)?, Added::Duplicate);
     Ok(())
 }

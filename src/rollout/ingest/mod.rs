@@ -44,13 +44,14 @@
 //! The assembler's mutex (`Shared::state`, which also guards the in-flight uids) is taken
 //! before the buffer's lock (auxiliary appends and reads), never the other way round, and
 //! is never held across an await. The in-flight marks live in `in_flight.rs`; sealing at
-//! timeouts and on a new configuration in `timer.rs`.
+//! timeouts and on a new configuration in `timer.rs`; resuming from the log in `start.rs`.
 
 mod in_flight;
+mod start;
 mod taken;
 mod timer;
 
-use super::assembler::{Added, GroupAssembler, GroupConfig};
+use super::assembler::{Added, GroupAssembler};
 use super::group::SealedGroup;
 use super::record::RolloutRecord;
 use crate::buffer::AuxWrite;
@@ -62,13 +63,29 @@ use in_flight::{settled, InFlight};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::Duration;
 use taken::Taken;
-use timer::seal_on_time;
 use tokio::time::Instant;
 
 const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
 /// The field of a sealed marker that lists its group's uids.
 const MARKER_UIDS: &str = "rollout_uids";
+
+/// Warns that a rollout was refused because another group's rollout holds its uid, when
+/// the count of such refusals went from `before` to `after` past a power of two: a sender
+/// numbering rollouts per prompt has every rollout refused after its first groups, and
+/// gets a warning at the 1st, 2nd, 4th, 8th... refusal rather than one for each.
+fn warn_uid_taken(uid: &str, before: u64, after: u64) {
+    let crossed = after > 0 && (before == 0 || after.ilog2() > before.ilog2());
+    if crossed {
+        tracing::warn!(
+            uid = %uid,
+            refused_so_far = after,
+            "a rollout was refused: its uid is held by a rollout of another group. Rollout \
+             uids must name rollouts across the run (a UUID, or the example id and a \
+             number), not number them within a group"
+        );
+    }
+}
 
 fn pending_key(uid: &str) -> String {
     format!("{PENDING}{uid}")
@@ -155,100 +172,6 @@ struct State {
 }
 
 impl GroupIngest {
-    /// Starts ingestion into `buf`, adding back the rollouts pending in its durable state
-    /// and spawning the task that seals groups at their timeout (needs a tokio runtime with
-    /// the time driver). The task stops when the last clone is dropped.
-    ///
-    /// # Errors
-    ///
-    /// The error storing a group that the pending rollouts complete (as in [`Self::add`]);
-    /// `start` stops at the first one. Unreadable or invalid pending rollouts are skipped
-    /// with a warning.
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future starts no task. Groups whose put was claimed are stored (as in
-    /// [`Self::add`]); the rest stay pending in the buffer's log, added back by the next
-    /// `start`.
-    pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
-        let remember_groups = config.remember;
-        let mut markers: Vec<(u64, String, Arc<Sample>)> = buf
-            .aux_range(SEALED)
-            .into_iter()
-            .map(|(k, v)| (v.birth.unwrap_or(0), k[SEALED.len()..].to_owned(), v))
-            .collect();
-        markers.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        let next_seal = markers.last().map_or(1, |m| m.0 + 1);
-        let mut assembler = GroupAssembler::new(config);
-        // The uids of the groups stored last are duplicates again after a restart, as
-        // they were before it (markers written before markers held uids have none).
-        for (_, _, marker) in &markers {
-            if let Some(uids) = marker.get(MARKER_UIDS).and_then(|t| t.array::<String>()) {
-                assembler.remember_gone(uids.iter().cloned());
-            }
-        }
-        let markers: Vec<(u64, String)> =
-            markers.into_iter().map(|(seq, id, _)| (seq, id)).collect();
-        let shared = Arc::new(Shared {
-            buf: buf.clone(),
-            state: Mutex::new(State {
-                assembler,
-                sealed: markers.into_iter().map(|(_, id)| id).collect(),
-                next_seal,
-                counters: IngestCounters::default(),
-                in_flight: HashMap::new(),
-                writing: HashSet::new(),
-                waiters: 0,
-            }),
-            timer: Arc::new(Timer {
-                wake: Notify::new(),
-                stopped: AtomicBool::new(false),
-            }),
-            settled: Notify::new(),
-            remember_groups,
-        });
-        let ingest = Self { shared };
-        let now = crate::buffer::now();
-        let mut sealed = Vec::new();
-        let mut stale = Vec::new();
-        // Logged once the lock is dropped: a log event can wait (under Python, for the GIL).
-        let mut unreadable = Vec::new();
-        let mut invalid = Vec::new();
-        {
-            let mut state = ingest.shared.state.lock();
-            for (key, value) in buf.aux_range(PENDING) {
-                let Some(record) = RolloutRecord::from_sample(&value) else {
-                    unreadable.push(key);
-                    continue;
-                };
-                state.counters.recovered_rollouts += 1;
-                match state.assembler.add(record, now) {
-                    Ok(Added::Sealed(group)) => sealed.push(group),
-                    // Its uid was stored in a group since (the same uid sent to two
-                    // groups): it stays out, and so leaves the log.
-                    Ok(Added::Duplicate) => stale.push(AuxWrite::remove(key.to_string())),
-                    Ok(_) => {}
-                    Err(e) => invalid.push(e),
-                }
-            }
-        }
-        for key in unreadable {
-            tracing::warn!(key = %key, "unreadable pending rollout skipped");
-        }
-        for e in invalid {
-            tracing::warn!(error = %e, "invalid pending rollout skipped");
-        }
-        if !stale.is_empty() {
-            buf.aux_write(stale).await?;
-        }
-        for group in sealed {
-            ingest.store(group, None).await?;
-        }
-        let weak = Arc::downgrade(&ingest.shared);
-        tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
-        Ok(ingest)
-    }
-
     /// Adds one rollout. A rollout that completes its group stores the group before this
     /// returns; a pending one is durable when this returns (under `Durability::Sync`).
     /// Duplicates, rejected versions and capped replicas are counted and change nothing.
@@ -306,12 +229,14 @@ impl GroupIngest {
         let shared = &self.shared;
         let uid = record.rollout_uid.clone();
         let logged = record.to_sample(pending_key(&uid));
-        let (added, durable, mut in_flight) = loop {
+        let (added, durable, mut in_flight, taken) = loop {
             {
                 let mut state = shared.state.lock();
                 if !state.in_flight.contains_key(&uid) {
                     let before = state.assembler.next_deadline();
+                    let taken_before = state.assembler.counters().uid_taken;
                     let added = state.assembler.add(record, crate::buffer::now())?;
+                    let taken = (taken_before, state.assembler.counters().uid_taken);
                     let (durable, watched, writing) = match &added {
                         Added::Pending { .. } => {
                             let write = AuxWrite::set(pending_key(&uid), logged);
@@ -325,11 +250,15 @@ impl GroupIngest {
                         shared.timer.wake.notify_one();
                     }
                     let in_flight = InFlight::mark(shared, &mut state, watched, writing);
-                    break (added, durable, in_flight);
+                    break (added, durable, in_flight, taken);
                 }
             }
             settled(shared, &uid).await;
         };
+        // After the lock, as every log event.
+        if let Added::UidTaken { uid } = &added {
+            warn_uid_taken(uid, taken.0, taken.1);
+        }
         if let Some(durable) = durable {
             let written = durable.await;
             let mut state = shared.state.lock();
@@ -377,7 +306,9 @@ impl GroupIngest {
                     None => {
                         let before = state.assembler.next_deadline();
                         let now = crate::buffer::now();
+                        let taken_before = state.assembler.counters().uid_taken;
                         let mut taken = Taken::add_all(&mut state.assembler, records, now);
+                        taken.uid_taken = (taken_before, state.assembler.counters().uid_taken);
                         if state.assembler.next_deadline() != before {
                             shared.timer.wake.notify_one();
                         }
@@ -396,8 +327,17 @@ impl GroupIngest {
             pending_here,
             sealed,
             repeats,
+            uid_taken,
             ..
         } = taken;
+        // After the lock, as every log event.
+        let first_taken = answers.iter().find_map(|a| match a {
+            Some(Ok(Added::UidTaken { uid })) => Some(uid.as_str()),
+            _ => None,
+        });
+        if let Some(uid) = first_taken {
+            warn_uid_taken(uid, uid_taken.0, uid_taken.1);
+        }
         {
             let written = durable.await;
             let mut state = shared.state.lock();

@@ -24,9 +24,12 @@ pub(super) struct Taken {
     pub(super) writes: Vec<AuxWrite>,
     /// The uids whose outcome the call decides (see the ingest module's docs).
     pub(super) watched: Vec<String>,
-    /// Rollouts whose uid came earlier in the same call (answered `Duplicate`), with the
-    /// first copy's place.
+    /// Rollouts whose uid came earlier in the same call (answered `Duplicate`, or
+    /// `UidTaken` in another group), with the first copy's place.
     pub(super) repeats: Vec<(usize, usize)>,
+    /// The assembler's count of [`Added::UidTaken`] before and after the call, set by the
+    /// caller (for its warning, logged after the lock).
+    pub(super) uid_taken: (u64, u64),
 }
 
 impl Taken {
@@ -104,6 +107,7 @@ impl Taken {
             writes: writes.into_iter().map(|(_, w)| w).collect(),
             watched,
             repeats,
+            uid_taken: (0, 0),
         }
     }
 }

@@ -1,0 +1,112 @@
+//! [`GroupIngest::start`]: ingestion resumed from the buffer's durable state. The sealed
+//! markers give back the window of stored groups and their uids (remembered as gone), the
+//! pending entries go back into the assembler (groups they complete are stored), and the
+//! task that seals groups at their timeout starts. See the ingest module's docs for what
+//! each entry means.
+
+use super::timer::seal_on_time;
+use super::{GroupIngest, IngestCounters, Shared, State, Timer, MARKER_UIDS, PENDING, SEALED};
+use crate::buffer::AuxWrite;
+use crate::error::Result;
+use crate::rollout::assembler::{Added, GroupAssembler, GroupConfig};
+use crate::rollout::record::RolloutRecord;
+use crate::sample::Sample;
+use crate::sync::{Arc, AtomicBool, Mutex, Notify};
+use crate::SequenceBuffer;
+use std::collections::{HashMap, HashSet};
+
+impl GroupIngest {
+    /// Starts ingestion into `buf`, adding back the rollouts pending in its durable state
+    /// and spawning the task that seals groups at their timeout (needs a tokio runtime with
+    /// the time driver). The task stops when the last clone is dropped.
+    ///
+    /// # Errors
+    ///
+    /// The error storing a group that the pending rollouts complete (as in [`Self::add`]);
+    /// `start` stops at the first one. Unreadable or invalid pending rollouts are skipped
+    /// with a warning.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future starts no task. Groups whose put was claimed are stored (as in
+    /// [`Self::add`]); the rest stay pending in the buffer's log, added back by the next
+    /// `start`.
+    pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
+        let remember_groups = config.remember;
+        let mut markers: Vec<(u64, String, Arc<Sample>)> = buf
+            .aux_range(SEALED)
+            .into_iter()
+            .map(|(k, v)| (v.birth.unwrap_or(0), k[SEALED.len()..].to_owned(), v))
+            .collect();
+        markers.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let next_seal = markers.last().map_or(1, |m| m.0 + 1);
+        let mut assembler = GroupAssembler::new(config);
+        // The uids of the groups stored last are duplicates again after a restart, as
+        // they were before it (markers written before markers held uids have none).
+        for (_, _, marker) in &markers {
+            if let Some(uids) = marker.get(MARKER_UIDS).and_then(|t| t.array::<String>()) {
+                assembler.remember_gone(uids.iter().cloned());
+            }
+        }
+        let markers: Vec<(u64, String)> =
+            markers.into_iter().map(|(seq, id, _)| (seq, id)).collect();
+        let shared = Arc::new(Shared {
+            buf: buf.clone(),
+            state: Mutex::new(State {
+                assembler,
+                sealed: markers.into_iter().map(|(_, id)| id).collect(),
+                next_seal,
+                counters: IngestCounters::default(),
+                in_flight: HashMap::new(),
+                writing: HashSet::new(),
+                waiters: 0,
+            }),
+            timer: Arc::new(Timer {
+                wake: Notify::new(),
+                stopped: AtomicBool::new(false),
+            }),
+            settled: Notify::new(),
+            remember_groups,
+        });
+        let ingest = Self { shared };
+        let now = crate::buffer::now();
+        let mut sealed = Vec::new();
+        let mut stale = Vec::new();
+        // Logged once the lock is dropped: a log event can wait (under Python, for the GIL).
+        let mut unreadable = Vec::new();
+        let mut invalid = Vec::new();
+        {
+            let mut state = ingest.shared.state.lock();
+            for (key, value) in buf.aux_range(PENDING) {
+                let Some(record) = RolloutRecord::from_sample(&value) else {
+                    unreadable.push(key);
+                    continue;
+                };
+                state.counters.recovered_rollouts += 1;
+                match state.assembler.add(record, now) {
+                    Ok(Added::Sealed(group)) => sealed.push(group),
+                    // Its uid was stored in a group since (the same uid sent to two
+                    // groups): it stays out, and so leaves the log.
+                    Ok(Added::Duplicate) => stale.push(AuxWrite::remove(key.to_string())),
+                    Ok(_) => {}
+                    Err(e) => invalid.push(e),
+                }
+            }
+        }
+        for key in unreadable {
+            tracing::warn!(key = %key, "unreadable pending rollout skipped");
+        }
+        for e in invalid {
+            tracing::warn!(error = %e, "invalid pending rollout skipped");
+        }
+        if !stale.is_empty() {
+            buf.aux_write(stale).await?;
+        }
+        for group in sealed {
+            ingest.store(group, None).await?;
+        }
+        let weak = Arc::downgrade(&ingest.shared);
+        tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
+        Ok(ingest)
+    }
+}

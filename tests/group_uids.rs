@@ -1,0 +1,100 @@
+//! Rollout uids across groups, through a real buffer on a store: a uid names one rollout
+//! of the run, so a second group's rollout under a pending uid is refused, and the group
+//! holding it keeps it across a restart.
+
+mod common;
+
+use common::TempDir;
+use rollout_buffer::persist::PersistOptions;
+use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
+use rollout_buffer::{RpcDef, SequenceBuffer};
+use std::collections::BTreeSet;
+
+/// Rollout `k` of example `example`, uid `u-<example>-<k>`, with a reward of `k`.
+fn rollout(example: usize, k: usize, replica: usize) -> RolloutRecord {
+    let mut r = RolloutRecord::new(
+        "math",
+        format!("ex-{example}"),
+        0,
+        format!("u-{example}-{k}"),
+    );
+    r.replica_id = format!("replica-{replica}");
+    r.prompt_tokens = vec![example as i32; 3];
+    r.output_tokens = vec![k as i32; 4];
+    r.logprobs = vec![-0.5; 4];
+    r.reward = Some(k as f64);
+    r
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_uid_held_by_another_group_is_refused_and_its_holder_survives_a_restart() {
+    // Rollouts are logged as pending under their uid. A second group's rollout under a
+    // pending uid used to be taken, its log entry replacing the first group's: after a
+    // restart that rollout had moved groups. It is refused now, in `add` and `add_many`,
+    // and the first group gets its rollout back.
+    let dir = TempDir::new("groups-uid-taken");
+    let open = || async {
+        SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
+            PersistOptions::default(),
+        )
+        .await
+        .expect("open")
+    };
+    let config = GroupConfig::new(4);
+    // The rollout of example 2 under a uid example 1's rollout holds.
+    let intruder = || {
+        let mut r = rollout(2, 0, 1);
+        r.rollout_uid = rollout(1, 0, 0).rollout_uid;
+        r
+    };
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        ingest.add(rollout(1, 0, 0)).await.expect("add");
+        let added = ingest.add(intruder()).await.expect("add");
+        assert!(
+            matches!(&added, Added::UidTaken { uid } if uid == "u-1-0"),
+            "{added:?}"
+        );
+        let answers = ingest.add_many(vec![intruder(), rollout(2, 1, 1)]).await;
+        assert!(
+            matches!(answers[0], Ok(Added::UidTaken { .. })),
+            "{answers:?}"
+        );
+        assert!(
+            matches!(answers[1], Ok(Added::Pending { size: 1, .. })),
+            "{answers:?}"
+        );
+        let counted = ingest.assembler_counters();
+        assert_eq!((counted.uid_taken, counted.duplicates), (2, 0));
+        buf.flush().await.expect("flush");
+    }
+    let buf = open().await;
+    let ingest = GroupIngest::start(buf.clone(), config.clone())
+        .await
+        .expect("start");
+    assert_eq!(ingest.counters().recovered_rollouts, 2);
+    // Example 1's group completes with its own first rollout, example 2's without it.
+    for k in 1..4 {
+        ingest.add(rollout(1, k, 0)).await.expect("add");
+    }
+    assert_eq!(buf.len(), 1, "example 1's group of 4 is stored");
+    let uids: Vec<BTreeSet<String>> = buf
+        .contents()
+        .into_iter()
+        .map(|s| {
+            s.sample
+                .get("rollout_uid")
+                .and_then(|t| t.array::<String>())
+                .map(|a| a.iter().cloned().collect())
+                .unwrap_or_default()
+        })
+        .collect();
+    let want: BTreeSet<String> = (0..4).map(|k| format!("u-1-{k}")).collect();
+    assert_eq!(uids, vec![want]);
+}
