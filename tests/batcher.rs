@@ -9,7 +9,9 @@ use rollout_buffer::rollout::{
     SealReason, SealedGroup, Shortfall, SlimeHooks, Source,
 };
 use rollout_buffer::ExitReason;
-use rollout_buffer::{BufferConfig, MetaValue, RpcDef, Sample, SequenceBuffer, DISCARD_REASON};
+use rollout_buffer::{
+    BufferConfig, Error, MetaValue, RpcDef, Sample, SequenceBuffer, DISCARD_REASON,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -338,4 +340,44 @@ async fn an_unreadable_group_is_discarded_once_and_the_batch_goes_on() {
         "discarded once, as filtered"
     );
     common::assert_invariants(&buf);
+}
+
+/// A batch with no group in it is never handed out as a step: with every source dry it is
+/// a `Timeout` (or, under `ReturnShort`, the empty batch flagged short), and with groups
+/// too large for any batch it says so; the groups are given back either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_no_group_is_an_error_not_a_step_of_padding() {
+    let dry = env_buffer("a", 0, 50).await;
+    let batcher = Batcher::new(
+        vec![source("a", &dry, 1.0)],
+        config(2, 1000, Shortfall::FillFromOthers),
+    )
+    .expect("batcher");
+    let err = batcher.next_batch().await.expect_err("nothing to batch");
+    assert!(
+        matches!(&err, Error::Timeout { op, after, .. }
+            if op.starts_with("next_batch") && *after == Duration::from_millis(20)),
+        "{err:?}"
+    );
+    let short = one_batch(
+        vec![source("a", &dry, 1.0)],
+        config(2, 1000, Shortfall::ReturnShort),
+    )
+    .await;
+    assert!(short.short && tokens(&short, 0) == 0);
+    // Groups of 2 x 600 tokens, rows of 1,000 truncate each item to 1,000: 1,200 tokens a
+    // group, and a batch of one row holds 1,000.
+    let big = env_buffer("b", 3, 600).await;
+    let batcher = Batcher::new(
+        vec![source("b", &big, 1.0)],
+        config(1, 1000, Shortfall::FillFromOthers),
+    )
+    .expect("batcher");
+    let err = batcher.next_batch().await.expect_err("no group fits");
+    assert!(
+        matches!(&err, Error::InvalidPacking { detail }
+            if detail.contains("1200 tokens") && detail.contains("holds 1000")),
+        "{err:?}"
+    );
+    assert_eq!(big.stats().rpcs[0].eligible, 3, "the group went back");
 }

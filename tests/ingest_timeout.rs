@@ -34,7 +34,11 @@ async fn timed_out_group_is_pending_again(buf: SequenceBuffer) {
     let b1 = ingest
         .add_timeout(rollout("b", "b1", 1.0), Duration::from_millis(100))
         .await;
-    assert!(matches!(b1, Err(Error::Timeout { .. })), "{b1:?}");
+    // Named for the call made, and the group it could not store.
+    assert!(
+        matches!(&b1, Err(Error::Timeout { op, .. }) if op.starts_with("add_timeout (no room for group g-")),
+        "{b1:?}"
+    );
     let counters = ingest.counters();
     assert_eq!((counters.stored_groups, counters.reopened_groups), (1, 1));
     assert_eq!(

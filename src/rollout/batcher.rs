@@ -179,9 +179,13 @@ impl Batcher {
     /// * A source's get errors (see [`SequenceBuffer::get_batch_for_rpc`]):
     ///   [`Error::Closed`], [`Error::UnknownRpc`], and under a memory budget
     ///   [`Error::Storage`] or [`Error::Corrupt`]. A source that times out is a shortfall,
-    ///   not an error.
+    ///   not an error, unless no source has a group (below).
     /// * [`Error::InvalidPacking`] when a source's RPC leases more than one group at once,
-    ///   or the packer's settings are invalid (see [`Packer::pack`]).
+    ///   or the packer's settings are invalid (see [`Packer::pack`]), or no group leased
+    ///   fits in a batch at all.
+    /// * [`Error::Timeout`] when no source had a group within `wait` (unless the shortfall
+    ///   is [`Shortfall::ReturnShort`], which returns the empty batch flagged short): a
+    ///   batch of padding alone is never returned as a training step.
     ///
     /// A leased sample that is not a well-formed group (see [`TrainGroup::read`]) is no
     /// error: it is discarded (archived with `reason = filtered`, detail
@@ -210,6 +214,8 @@ impl Batcher {
         let mut taken: Vec<Taken> = Vec::new();
         let mut used = 0usize;
         let mut short = false;
+        // The smallest group that did not fit in what was left of the batch.
+        let mut too_big: Option<usize> = None;
         loop {
             // The source furthest below its target, relative to it.
             let next = (0..self.sources.len())
@@ -268,6 +274,7 @@ impl Batcher {
                 // Does not fit: give it back, and this source is done for this batch.
                 drop(lease);
                 done[e] = true;
+                too_big = Some(too_big.map_or(tokens, |t| t.min(tokens)));
                 continue;
             }
             used += tokens;
@@ -276,6 +283,22 @@ impl Batcher {
                 source: e,
                 group,
                 lease,
+            });
+        }
+        if taken.is_empty() && !short {
+            // No group at all: a batch of padding only would be trained on as a step.
+            return Err(match too_big {
+                Some(tokens) => Error::InvalidPacking {
+                    detail: format!(
+                        "no group fits a batch: the smallest leased has {tokens} tokens, \
+                         the batch holds {total}"
+                    ),
+                },
+                None => Error::Timeout {
+                    op: "next_batch (no source had a group)".into(),
+                    after: self.config.wait,
+                    samples: Default::default(),
+                },
             });
         }
         self.finish(taken, short)

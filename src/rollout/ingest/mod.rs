@@ -507,11 +507,20 @@ impl GroupIngest {
         }
         let let_go = self.mark_sealed(std::iter::once(&group), &mut writes);
         let sample = group.to_sample()?;
-        match shared
+        let put = shared
             .buf
             .put_batch_with_aux(vec![sample], writes.clone(), room_by)
             .await
-        {
+            .map_err(|e| match e {
+                // Named for the call the caller made, not the put behind it.
+                Error::Timeout { after, samples, .. } => Error::Timeout {
+                    op: format!("add_timeout (no room for group {} in time)", group.id),
+                    after,
+                    samples,
+                },
+                other => other,
+            });
+        match put {
             Ok(_) => {
                 shared.state.lock().counters.count_stored(&group);
                 Ok(Added::Sealed(group))
