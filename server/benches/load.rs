@@ -108,11 +108,6 @@ struct Echoed {
     rows: usize,
 }
 
-/// Items an `Echo` server holds at most: what the real server holds by default (`CAPACITY`
-/// groups of `GROUP`). A write beyond waits for a read to make room, for at most
-/// [`ECHO_WAIT`], then answers 503, as the real server's does when full, so the reader
-/// sets the pace, as it does there.
-const ECHO_HOLDS: usize = 1024 * GROUP;
 /// Items an `Echo` read answers at most: a trainer's batch. Answers of everything held (32
 /// MB of JSON) cost the reader more per item than the real server's smaller ones.
 const ECHO_READ: usize = 2048;
@@ -120,13 +115,30 @@ const ECHO_READ: usize = 2048;
 const ECHO_WAIT: Duration = Duration::from_secs(2);
 
 /// An `Echo` server's items and the wake-up of writes waiting for room.
-#[derive(Default)]
 struct EchoStore {
     held: std::sync::Mutex<Echoed>,
     room: tokio::sync::Notify,
+    /// Items it holds at most: what the real server holds (`LOAD_CAPACITY` groups of
+    /// `GROUP`). A write beyond waits for a read to make room, for at most [`ECHO_WAIT`],
+    /// then answers 503, as the real server's does when full, so the reader sets the pace,
+    /// as it does there.
+    holds: usize,
 }
 
 impl EchoStore {
+    /// Holding as many items as the real server would under `LOAD_CAPACITY`.
+    fn new() -> Self {
+        let groups = std::env::var("LOAD_CAPACITY")
+            .unwrap_or_else(|_| CAPACITY.into())
+            .parse::<usize>()
+            .expect("LOAD_CAPACITY is a number of groups");
+        Self {
+            held: std::sync::Mutex::default(),
+            room: tokio::sync::Notify::new(),
+            holds: groups.saturating_mul(GROUP),
+        }
+    }
+
     /// Keeps a write's items once there is room; `false` if none came in time.
     async fn keep(
         &self,
@@ -141,7 +153,7 @@ impl EchoStore {
             room.as_mut().enable();
             {
                 let mut held = self.held.lock().expect("echo lock");
-                if held.rows == 0 || held.rows + count <= ECHO_HOLDS {
+                if held.rows == 0 || held.rows + count <= self.holds {
                     held.rows += count;
                     held.items.append(&mut items);
                     held.batches.append(&mut batches);
@@ -199,7 +211,7 @@ impl NullServer {
             .enable_all()
             .build()
             .expect("runtime");
-        let held = Arc::new(EchoStore::default());
+        let held = Arc::new(EchoStore::new());
         let is_arrow = |headers: &HeaderMap, name: &str| {
             headers
                 .get(name)
