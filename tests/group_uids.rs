@@ -4,27 +4,11 @@
 
 mod common;
 
+use common::rollouts::{open_trainer, rollout};
 use common::TempDir;
 use rollout_buffer::persist::PersistOptions;
-use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest, RolloutRecord};
-use rollout_buffer::{RpcDef, SequenceBuffer};
+use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest};
 use std::collections::BTreeSet;
-
-/// Rollout `k` of example `example`, uid `u-<example>-<k>`, with a reward of `k`.
-fn rollout(example: usize, k: usize, replica: usize) -> RolloutRecord {
-    let mut r = RolloutRecord::new(
-        "math",
-        format!("ex-{example}"),
-        0,
-        format!("u-{example}-{k}"),
-    );
-    r.replica_id = format!("replica-{replica}");
-    r.prompt_tokens = vec![example as i32; 3];
-    r.output_tokens = vec![k as i32; 4];
-    r.logprobs = vec![-0.5; 4];
-    r.reward = Some(k as f64);
-    r
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_uid_held_by_another_group_is_refused_and_its_holder_survives_a_restart() {
@@ -33,16 +17,7 @@ async fn a_uid_held_by_another_group_is_refused_and_its_holder_survives_a_restar
     // restart that rollout had moved groups. It is refused now, in `add` and `add_many`,
     // and the first group gets its rollout back.
     let dir = TempDir::new("groups-uid-taken");
-    let open = || async {
-        SequenceBuffer::open(
-            dir.path(),
-            16,
-            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
-            PersistOptions::default(),
-        )
-        .await
-        .expect("open")
-    };
+    let open = || open_trainer(dir.path(), PersistOptions::default());
     let config = GroupConfig::new(4);
     // The rollout of example 2 under a uid example 1's rollout holds.
     let intruder = || {

@@ -3,6 +3,7 @@
 
 mod common;
 
+use common::rollouts::{open_trainer, rollout};
 use common::{wait_until, TempDir};
 use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::rollout::{
@@ -11,21 +12,6 @@ use rollout_buffer::rollout::{
 use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-
-fn rollout(example: usize, k: usize, replica: usize) -> RolloutRecord {
-    let mut r = RolloutRecord::new(
-        "math",
-        format!("ex-{example}"),
-        0,
-        format!("u-{example}-{k}"),
-    );
-    r.replica_id = format!("replica-{replica}");
-    r.prompt_tokens = vec![example as i32; 3];
-    r.output_tokens = vec![k as i32; 4];
-    r.logprobs = vec![-0.5; 4];
-    r.reward = Some(k as f64);
-    r
-}
 
 fn trainer(capacity: usize) -> SequenceBuffer {
     SequenceBuffer::new(
@@ -250,15 +236,11 @@ async fn pending_rollouts_survive_a_restart_and_groups_are_never_stored_twice() 
 
 async fn restart_round_trip(checkpoint_bytes: u64) {
     let dir = TempDir::new("groups-restart");
-    let open = || async {
-        SequenceBuffer::open(
+    let open = || {
+        open_trainer(
             dir.path(),
-            16,
-            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
             PersistOptions::default().checkpoint_bytes(checkpoint_bytes),
         )
-        .await
-        .expect("open")
     };
     let config = GroupConfig::new(8);
     // Run 1: five of eight rollouts arrive, then the process goes away.
@@ -325,16 +307,7 @@ async fn restart_round_trip(checkpoint_bytes: u64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_many_answers_each_rollout_and_stores_completed_groups_in_one_put() {
     let dir = TempDir::new("groups-many");
-    let open = || async {
-        SequenceBuffer::open(
-            dir.path(),
-            16,
-            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
-            PersistOptions::default(),
-        )
-        .await
-        .expect("open")
-    };
+    let open = || open_trainer(dir.path(), PersistOptions::default());
     let config = GroupConfig::new(4);
     {
         let buf = open().await;
@@ -451,15 +424,11 @@ async fn whole_groups_in_one_call_are_logged_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_an_interval_log_pending_rollouts_are_answered_before_the_flush() {
     let dir = TempDir::new("groups-interval");
-    let open = || async {
-        SequenceBuffer::open(
+    let open = || {
+        open_trainer(
             dir.path(),
-            16,
-            [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
             PersistOptions::default().durability(Durability::Interval(Duration::from_secs(3600))),
         )
-        .await
-        .expect("open")
     };
     {
         let buf = open().await;

@@ -7,6 +7,8 @@ pub mod faulty;
 pub mod groups;
 pub mod payload;
 #[cfg(feature = "persist")]
+pub mod rollouts;
+#[cfg(feature = "persist")]
 pub mod spill;
 
 use rollout_buffer::{Batch, Patch, RpcDef, Sample, SequenceBuffer, Tensor};
