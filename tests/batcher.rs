@@ -5,8 +5,8 @@ mod common;
 
 use rollout_buffer::persist::{ArchiveWriter, PersistOptions, Store};
 use rollout_buffer::rollout::{
-    Advantage, Batcher, BatcherConfig, GroupBatch, GroupKey, GroupMode, Packer, RolloutRecord,
-    SealReason, SealedGroup, Shortfall, SlimeHooks, Source,
+    Advantage, Batcher, BatcherConfig, GroupBatch, GroupKey, GroupMode, Packer, Rejection,
+    RolloutRecord, SealReason, SealedGroup, Shortfall, SlimeHooks, Source,
 };
 use rollout_buffer::ExitReason;
 use rollout_buffer::{
@@ -342,42 +342,82 @@ async fn an_unreadable_group_is_discarded_once_and_the_batch_goes_on() {
     common::assert_invariants(&buf);
 }
 
-/// A batch with no group in it is never handed out as a step: with every source dry it is
-/// a `Timeout` (or, under `ReturnShort`, the empty batch flagged short), and with groups
-/// too large for any batch it says so; the groups are given back either way.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_with_no_group_is_an_error_not_a_step_of_padding() {
+/// A batch with no group in it is never handed out as a step: with every source dry the
+/// call waits on (a `Timeout` only when told to wait for nothing; under `ReturnShort`, the
+/// empty batch flagged short), and a group too large for any batch is discarded as too
+/// long instead of coming first again at every call.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_batch_never_holds_padding_alone() {
     let dry = env_buffer("a", 0, 50).await;
     let batcher = Batcher::new(
         vec![source("a", &dry, 1.0)],
         config(2, 1000, Shortfall::FillFromOthers),
     )
     .expect("batcher");
-    let err = batcher.next_batch().await.expect_err("nothing to batch");
+    // Fifty waits of 20 ms (the clock runs ahead while the test idles): no batch.
+    let waited = tokio::time::timeout(Duration::from_secs(1), batcher.next_batch()).await;
+    assert!(waited.is_err(), "an empty batch came: {waited:?}");
+    dry.put_batch(vec![group("a", 0, 50, [0.0, 1.0])])
+        .await
+        .expect("put");
+    let batch = batcher.next_batch().await.expect("the group came");
+    assert_eq!((tokens(&batch, 0), batch.short), (100, false));
+    drop(batch);
+    let mut no_wait = config(2, 1000, Shortfall::FillFromOthers);
+    no_wait.wait = Duration::ZERO;
+    let empty = env_buffer("e", 0, 50).await;
+    let err = Batcher::new(vec![source("e", &empty, 1.0)], no_wait)
+        .expect("batcher")
+        .next_batch()
+        .await
+        .expect_err("nothing to wait for");
     assert!(
-        matches!(&err, Error::Timeout { op, after, .. }
-            if op.starts_with("next_batch") && *after == Duration::from_millis(20)),
+        matches!(&err, Error::Timeout { op, .. } if op.starts_with("next_batch")),
         "{err:?}"
     );
     let short = one_batch(
-        vec![source("a", &dry, 1.0)],
+        vec![source("e", &empty, 1.0)],
         config(2, 1000, Shortfall::ReturnShort),
     )
     .await;
     assert!(short.short && tokens(&short, 0) == 0);
-    // Groups of 2 x 600 tokens, rows of 1,000 truncate each item to 1,000: 1,200 tokens a
-    // group, and a batch of one row holds 1,000.
-    let big = env_buffer("b", 3, 600).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_too_large_for_any_batch_is_discarded_and_the_rest_trained() {
+    // One row of 1,000 tokens: a group of 2 x 600 never fits, one of 2 x 100 does.
+    let b = SequenceBuffer::new(4, [trainer_rpc()]).expect("config");
+    b.put_batch(vec![
+        group("b", 0, 600, [0.0, 1.0]),
+        group("b", 1, 100, [0.0, 1.0]),
+    ])
+    .await
+    .expect("put");
     let batcher = Batcher::new(
-        vec![source("b", &big, 1.0)],
+        vec![source("b", &b, 1.0)],
         config(1, 1000, Shortfall::FillFromOthers),
     )
     .expect("batcher");
-    let err = batcher.next_batch().await.expect_err("no group fits");
-    assert!(
-        matches!(&err, Error::InvalidPacking { detail }
-            if detail.contains("1200 tokens") && detail.contains("holds 1000")),
-        "{err:?}"
-    );
-    assert_eq!(big.stats().rpcs[0].eligible, 3, "the group went back");
+    let batch = batcher.next_batch().await.expect("batch");
+    assert_eq!(tokens(&batch, 0), 200);
+    let big = group("b", 0, 600, [0.0, 1.0]).id().to_string();
+    assert_eq!(batch.rejected, [(big, Rejection::TooLong)]);
+    batch.complete().await.expect("complete");
+    let stats = b.stats();
+    assert_eq!((b.len(), stats.filtered), (0, 1), "{stats:?}");
+    // Alone, it is discarded too, and the call waits for a group that fits.
+    b.put_batch(vec![group("b", 2, 600, [0.0, 1.0])])
+        .await
+        .expect("put");
+    let next = tokio::spawn(async move { batcher.next_batch().await });
+    common::wait_until(|| b.stats().filtered == 2).await;
+    b.put_batch(vec![group("b", 3, 100, [1.0, 0.0])])
+        .await
+        .expect("put");
+    let batch = tokio::time::timeout(Duration::from_secs(60), next)
+        .await
+        .expect("the group that fits came")
+        .expect("task")
+        .expect("batch");
+    assert_eq!(tokens(&batch, 0), 200);
 }

@@ -73,3 +73,42 @@ async fn a_uid_held_by_another_group_is_refused_and_its_holder_survives_a_restar
     let want: BTreeSet<String> = (0..4).map(|k| format!("u-1-{k}")).collect();
     assert_eq!(uids, vec![want]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stored_groups_uid_is_still_taken_for_another_group_after_a_restart() {
+    // A sender numbering rollouts per prompt: the second prompt's rollouts are refused as
+    // taken before a restart and after it (the marker keeps its group key's tag), and the
+    // first prompt's own resend is a duplicate.
+    let dir = TempDir::new("groups-uid-taken-restart");
+    let open = || open_trainer(dir.path(), PersistOptions::default());
+    let config = GroupConfig::new(2);
+    let numbered = |example: usize, n: usize| {
+        let mut r = rollout(example, n, 0);
+        r.rollout_uid = n.to_string();
+        r
+    };
+    {
+        let buf = open().await;
+        let ingest = GroupIngest::start(buf.clone(), config.clone())
+            .await
+            .expect("start");
+        for n in 0..2 {
+            ingest.add(numbered(1, n)).await.expect("add");
+        }
+        assert_eq!(buf.len(), 1);
+        let added = ingest.add(numbered(2, 0)).await.expect("add");
+        assert!(matches!(added, Added::UidTaken { .. }), "{added:?}");
+        buf.flush().await.expect("flush");
+    }
+    let buf = open().await;
+    let ingest = GroupIngest::start(buf.clone(), config.clone())
+        .await
+        .expect("start");
+    let added = ingest.add(numbered(2, 1)).await.expect("add");
+    assert!(matches!(added, Added::UidTaken { .. }), "{added:?}");
+    let added = ingest.add(numbered(1, 1)).await.expect("add");
+    assert!(matches!(added, Added::Duplicate), "{added:?}");
+    let counted = ingest.assembler_counters();
+    assert_eq!((counted.uid_taken, counted.duplicates), (1, 1));
+    assert_eq!(buf.len(), 1);
+}

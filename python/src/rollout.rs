@@ -245,7 +245,8 @@ impl PyIngest {
     }
 
     /// Adds a rollout (a dict); resolves to what became of it: `"pending"`, `"sealed"`,
-    /// `"duplicate"`, `"version_rejected"`, `"replica_capped"` or `"duplicate_group"`.
+    /// `"duplicate"`, `"uid_taken"`, `"version_rejected"`, `"replica_capped"` or
+    /// `"duplicate_group"`.
     #[pyo3(signature = (rollout, timeout=None))]
     fn add_rollout<'py>(
         &self,

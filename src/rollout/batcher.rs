@@ -181,11 +181,18 @@ impl Batcher {
     ///   [`Error::Storage`] or [`Error::Corrupt`]. A source that times out is a shortfall,
     ///   not an error, unless no source has a group (below).
     /// * [`Error::InvalidPacking`] when a source's RPC leases more than one group at once,
-    ///   or the packer's settings are invalid (see [`Packer::pack`]), or no group leased
-    ///   fits in a batch at all.
-    /// * [`Error::Timeout`] when no source had a group within `wait` (unless the shortfall
-    ///   is [`Shortfall::ReturnShort`], which returns the empty batch flagged short): a
-    ///   batch of padding alone is never returned as a training step.
+    ///   or the packer's settings are invalid (see [`Packer::pack`]).
+    /// * [`Error::Timeout`] when every source is dry and `wait` is zero (there is nothing
+    ///   to wait for).
+    ///
+    /// A batch of padding alone is never returned as a training step: while every source
+    /// is dry, the call waits (each source up to `wait` in turn, again and again) until a
+    /// group comes, unless the shortfall is [`Shortfall::ReturnShort`], which returns the
+    /// empty batch flagged short. A group that cannot fit in a batch even alone (more
+    /// tokens than the batch holds, or items the packer cannot place in empty rows) is
+    /// rejected as [`Rejection::TooLong`] and discarded on completion, not given back to
+    /// come first again. When every group a pass took is rejected (by the hooks, dynamic
+    /// sampling or as too long), they are discarded at once and the call goes on.
     ///
     /// A leased sample that is not a well-formed group (see [`TrainGroup::read`]) is no
     /// error: it is discarded (archived with `reason = filtered`, detail
@@ -197,6 +204,34 @@ impl Batcher {
     /// Dropping the future gives back every group it had leased (redeliveries, as for a
     /// dropped [`Batch`]); nothing is used or discarded.
     pub async fn next_batch(&self) -> Result<GroupBatch> {
+        loop {
+            match self.one_pass().await? {
+                Some(batch) if batch.packed.is_empty() && !batch.short => {
+                    // Every group it took was rejected: discarded now (a failed discard
+                    // gives the group back), and the call goes on.
+                    if let Err(e) = batch.complete().await {
+                        tracing::warn!(error = %e, "discarding rejected groups failed; they are given back");
+                    }
+                    continue;
+                }
+                Some(batch) => return Ok(batch),
+                None => {}
+            }
+            if self.config.wait.is_zero() {
+                return Err(Error::Timeout {
+                    op: "next_batch (every source dry, and a wait of zero)".into(),
+                    after: Duration::ZERO,
+                    samples: Default::default(),
+                });
+            }
+            // Every source was waited for and stayed dry: wait again.
+            tracing::trace!("every batcher source is dry; waiting again");
+        }
+    }
+
+    /// One pass over the sources: the batch, or `None` when no source had a group (and
+    /// the shortfall is not `ReturnShort`).
+    async fn one_pass(&self) -> Result<Option<GroupBatch>> {
         let packer = &self.config.packer;
         let s = packer.seq_len;
         let total = match packer.rows {
@@ -214,8 +249,8 @@ impl Batcher {
         let mut taken: Vec<Taken> = Vec::new();
         let mut used = 0usize;
         let mut short = false;
-        // The smallest group that did not fit in what was left of the batch.
-        let mut too_big: Option<usize> = None;
+        // Groups that would not fit even in an empty batch.
+        let mut oversized: Vec<Taken> = Vec::new();
         loop {
             // The source furthest below its target, relative to it.
             let next = (0..self.sources.len())
@@ -270,11 +305,19 @@ impl Batcher {
                 Err(e) => return Err(e),
             };
             let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
+            if tokens > total {
+                // Never fits: given back, it would come first again at every call.
+                oversized.push(Taken {
+                    source: e,
+                    group,
+                    lease,
+                });
+                continue;
+            }
             if used + tokens > total {
                 // Does not fit: give it back, and this source is done for this batch.
                 drop(lease);
                 done[e] = true;
-                too_big = Some(too_big.map_or(tokens, |t| t.min(tokens)));
                 continue;
             }
             used += tokens;
@@ -285,23 +328,11 @@ impl Batcher {
                 lease,
             });
         }
-        if taken.is_empty() && !short {
-            // No group at all: a batch of padding only would be trained on as a step.
-            return Err(match too_big {
-                Some(tokens) => Error::InvalidPacking {
-                    detail: format!(
-                        "no group fits a batch: the smallest leased has {tokens} tokens, \
-                         the batch holds {total}"
-                    ),
-                },
-                None => Error::Timeout {
-                    op: "next_batch (no source had a group)".into(),
-                    after: self.config.wait,
-                    samples: Default::default(),
-                },
-            });
+        if taken.is_empty() && oversized.is_empty() && !short {
+            // No group at all: a batch of padding alone would be trained on as a step.
+            return Ok(None);
         }
-        self.finish(taken, short)
+        self.finish(taken, oversized, short).map(Some)
     }
 
     /// Waits up to `wait` (or forever) for a group from `source`.
@@ -321,8 +352,10 @@ impl Batcher {
     }
 
     /// Runs the hooks and the packer over what was taken; sorts the leases into packed,
-    /// rejected (discarded on completion) and left over (given back now).
-    fn finish(&self, taken: Vec<Taken>, short: bool) -> Result<GroupBatch> {
+    /// rejected (discarded on completion) and left over (given back now). `oversized`
+    /// groups, and groups left over from a batch that packed none, are rejected as too
+    /// long: they cannot fit in any batch.
+    fn finish(&self, taken: Vec<Taken>, oversized: Vec<Taken>, short: bool) -> Result<GroupBatch> {
         let mut leases: BTreeMap<String, (usize, Batch)> = BTreeMap::new();
         let mut groups = Vec::with_capacity(taken.len());
         for t in taken {
@@ -370,6 +403,23 @@ impl Batcher {
                 discard.push((lease, why));
             }
             rejected.push((group.id, why));
+        }
+        let mut never_fit: Vec<(String, Batch)> = oversized
+            .into_iter()
+            .map(|t| (t.group.id, t.lease))
+            .collect();
+        if packed.batch.group_ids.is_empty() {
+            // Left over from empty rows: they will not fit in any batch either.
+            never_fit.extend(
+                std::mem::take(&mut leases)
+                    .into_iter()
+                    .map(|(id, (_, l))| (id, l)),
+            );
+        }
+        for (id, lease) in never_fit {
+            tracing::warn!(group = %id, "a group cannot fit in any batch; discarded as too long");
+            discard.push((lease, Rejection::TooLong));
+            rejected.push((id, Rejection::TooLong));
         }
         // What is left did not fit (or was rejected by the packer): given back now.
         drop(leases);

@@ -75,6 +75,20 @@ pub fn group_id<'a>(key: &GroupKey, uids: impl IntoIterator<Item = &'a str>) -> 
     format!("g-{a:016x}{b:016x}")
 }
 
+/// A stable 64-bit tag of `key` (a hash of its fields, as [`group_id`] takes them): the same
+/// in any process and on any platform, so a tag written to the log names the same key
+/// after a restart.
+pub fn key_tag(key: &GroupKey) -> u64 {
+    let mut h = Hash128::default();
+    h.field(key.environment.as_bytes());
+    h.field(key.example_id.as_bytes());
+    match key.policy_version {
+        Some(v) => h.field(&v.to_le_bytes()),
+        None => h.field(b"mixed"),
+    }
+    h.finish().0
+}
+
 /// Two FNV-1a lanes with different offsets, each fed every byte, finished with a
 /// SplitMix64 mix. Every field is length-prefixed, so ("ab", "c") and ("a", "bc") differ.
 struct Hash128(u64, u64);

@@ -43,7 +43,7 @@ pub use assembler::{
 };
 #[cfg(not(rollout_buffer_loom))]
 pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source, UNREADABLE};
-pub use group::{group_id, GroupKey, GroupMode, SealReason, SealedGroup};
+pub use group::{group_id, key_tag, GroupKey, GroupMode, SealReason, SealedGroup};
 pub use hooks::{
     process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection, SlimeHooks,
     Validity,

@@ -21,7 +21,7 @@
 //! Everything is ordered (B-tree maps, a deadline set): the same calls give the same
 //! groups, in the same order.
 
-use super::group::{GroupKey, GroupMode, SealReason, SealedGroup};
+use super::group::{key_tag, GroupKey, GroupMode, SealReason, SealedGroup};
 use super::record::RolloutRecord;
 use crate::error::Result;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -124,7 +124,8 @@ pub enum Added {
     Duplicate,
     /// Its uid is held by a rollout of another group, pending or recently gone: refused
     /// and counted in [`AssemblerCounters::uid_taken`]. Rollout uids must name rollouts
-    /// across the run (a UUID, or the example id and a number), not within a group.
+    /// across the run (a UUID; a resend keeps its rollout's uid), not within a group: a
+    /// prompt's id and a number repeats when the prompt is sampled again.
     UidTaken {
         /// The uid.
         uid: String,
@@ -318,9 +319,18 @@ impl GroupAssembler {
             }
             None => {}
         }
-        let mine = self.pending.get(&key).map_or(0, |g| {
-            g.by_replica.get(&record.replica_id).copied().unwrap_or(0)
+        let (held, mine) = self.pending.get(&key).map_or((false, 0), |g| {
+            (
+                g.uids.contains(&record.rollout_uid),
+                g.by_replica.get(&record.replica_id).copied().unwrap_or(0),
+            )
         });
+        if held {
+            // Its own group holds it (`holders` says so too; checked here as well so
+            // that a group never holds one rollout twice).
+            self.counters.duplicates += 1;
+            return Ok(Added::Duplicate);
+        }
         if self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
@@ -392,18 +402,37 @@ impl GroupAssembler {
             }
         }
         // The uids leave the remembered window, to come back at its end when the group
-        // seals again (their old places in `gone_order` no longer match).
-        for r in &group.rollouts {
-            self.gone.remove(&r.rollout_uid);
-        }
+        // seals again (their old places in `gone_order` no longer match). A uid another
+        // group took since is that group's.
         let key = group.key;
         let tag = key_tag(&key);
+        for r in &group.rollouts {
+            if self
+                .gone
+                .get(&r.rollout_uid)
+                .is_some_and(|g| g.1 == Some(tag))
+            {
+                self.gone.remove(&r.rollout_uid);
+            }
+        }
         let merging = self.pending.contains_key(&key);
         let retry_at =
             crate::deadline::at_most_forever(now, self.config.seal_timeout.max(RETRY_AFTER));
         let (min_size, target_size) = (self.config.min_size, self.config.target_size);
         for record in group.rollouts {
             if !keep(&record) {
+                self.counters.received = self.counters.received.saturating_sub(1);
+                continue;
+            }
+            let uid = &record.rollout_uid;
+            let elsewhere = self.holders.get(uid).is_some_and(|&other| other != tag)
+                || self
+                    .gone
+                    .get(uid)
+                    .is_some_and(|g| g.1.is_some_and(|other| other != tag));
+            if elsewhere {
+                // Another group took the uid meanwhile (it left the remembered window,
+                // or was let go for a resend): it stays that group's.
                 self.counters.received = self.counters.received.saturating_sub(1);
                 continue;
             }
@@ -531,6 +560,7 @@ impl GroupAssembler {
                     if let Some(group) = self.pending.remove(&key) {
                         self.counters.dropped_groups += 1;
                         self.counters.dropped_rollouts += group.rollouts.len() as u64;
+                        self.release(&group.uids);
                         self.forget(group.uids, Some(key_tag(&key)));
                         due.dropped.push((key, group.rollouts));
                     }
@@ -555,6 +585,7 @@ impl GroupAssembler {
             SealReason::Full => self.counters.sealed_full += 1,
             SealReason::Timeout => self.counters.sealed_timeout += 1,
         }
+        self.release(&group.uids);
         self.forget(group.uids, Some(key_tag(key)));
         SealedGroup::new(key.clone(), group.rollouts, reason)
     }
@@ -576,11 +607,24 @@ impl GroupAssembler {
         self.forget(uids, None);
     }
 
+    /// [`Self::remember_gone`] for the uids of a group whose key has the tag `tag`
+    /// ([`key_tag`](super::group::key_tag)): one of them arriving for another group is
+    /// [`Added::UidTaken`], as before the restart.
+    pub fn remember_gone_from(&mut self, uids: impl IntoIterator<Item = String>, tag: u64) {
+        self.forget(uids, Some(tag));
+    }
+
+    /// The pending group that held `uids` left: they are no longer held.
+    fn release(&mut self, uids: &BTreeSet<String>) {
+        for uid in uids {
+            self.holders.remove(uid);
+        }
+    }
+
     /// Remembers uids that left (sealed or dropped) from the group tagged `tag`,
-    /// forgetting the oldest beyond the bound. They are no longer pending.
+    /// forgetting the oldest beyond the bound.
     fn forget(&mut self, uids: impl IntoIterator<Item = String>, tag: Option<u64>) {
         for uid in uids {
-            self.holders.remove(&uid);
             let n = self.next_gone;
             self.next_gone += 1;
             self.gone.insert(uid.clone(), (n, tag));
@@ -595,16 +639,6 @@ impl GroupAssembler {
             }
         }
     }
-}
-
-/// A 64-bit tag of a group key, to tell whether a uid seen before was another group's
-/// (SipHash with fixed keys: the same in every run; a collision of two keys' tags only
-/// makes a uid reused across them a plain duplicate).
-fn key_tag(key: &GroupKey) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    key.hash(&mut hasher);
-    hasher.finish()
 }
 
 #[cfg(test)]

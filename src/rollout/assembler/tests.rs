@@ -519,3 +519,50 @@ fn a_withdrawn_uid_is_free_and_a_reopened_one_is_held_again() -> Result<()> {
     assert_eq!(a.add(rollout("e4", 1, "old", "r"), t0)?, Added::Duplicate);
     Ok(())
 }
+
+#[test]
+fn uids_leave_with_their_group_and_stay_with_the_group_that_took_them() -> Result<()> {
+    let t0 = Instant::now();
+    let s = Duration::from_secs(1);
+    let mut config = GroupConfig::new(2);
+    config.min_size = 2;
+    config.seal_timeout = s;
+    let mut a = GroupAssembler::new(config);
+    // A group dropped below min_size at its timeout: its uid is gone with it, still its.
+    a.add(rollout("e1", 1, "u1", "r"), t0)?;
+    assert!(a.seal_due(t0 + 2 * s).dropped.len() == 1);
+    assert_eq!(
+        a.add(rollout("e2", 1, "u1", "r"), t0 + 2 * s)?,
+        Added::UidTaken { uid: "u1".into() }
+    );
+    // A reopened group does not take back a uid let go meanwhile and taken by another.
+    let mut b = GroupAssembler::new(GroupConfig::new(2));
+    b.add(rollout("e1", 1, "u1", "r"), t0)?;
+    let Added::Sealed(group) = b.add(rollout("e1", 1, "u2", "r"), t0)? else {
+        panic!("full at 2");
+    };
+    b.let_resend(["u2"]);
+    b.add(rollout("e2", 1, "u2", "r"), t0)?;
+    b.reopen(group, |_| true, t0);
+    assert_eq!(b.pending_in(&key("e1", 1)).count(), 1, "only u1 came back");
+    assert_eq!(b.pending_in(&key("e2", 1)).count(), 1, "u2 stays e2's");
+    assert_eq!(
+        b.add(rollout("e1", 1, "u2", "r"), t0)?,
+        Added::UidTaken { uid: "u2".into() }
+    );
+    // Uids remembered from a tagged marker are taken for another group, duplicates for
+    // their own, and remembering never frees a uid still pending.
+    let mut c = GroupAssembler::new(GroupConfig::new(3));
+    c.remember_gone_from(["old".to_owned()], key_tag(&key("e1", 1)));
+    assert_eq!(c.add(rollout("e1", 1, "old", "r"), t0)?, Added::Duplicate);
+    assert_eq!(
+        c.add(rollout("e2", 1, "old", "r"), t0)?,
+        Added::UidTaken { uid: "old".into() }
+    );
+    c.add(rollout("e3", 1, "p", "r"), t0)?;
+    c.remember_gone(["p".to_owned()]);
+    c.add(rollout("e3", 1, "q", "r"), t0)?;
+    assert_eq!(c.pending_in(&key("e3", 1)).count(), 2);
+    assert_eq!(c.add(rollout("e3", 1, "p", "r"), t0)?, Added::Duplicate);
+    Ok(())
+}

@@ -52,7 +52,7 @@ mod taken;
 mod timer;
 
 use super::assembler::{Added, GroupAssembler};
-use super::group::SealedGroup;
+use super::group::{key_tag, SealedGroup};
 use super::record::RolloutRecord;
 use crate::buffer::AuxWrite;
 use crate::error::{Error, Result};
@@ -69,6 +69,10 @@ const PENDING: &str = "rollout/pending/";
 const SEALED: &str = "rollout/sealed/";
 /// The field of a sealed marker that lists its group's uids.
 const MARKER_UIDS: &str = "rollout_uids";
+/// The field of a sealed marker that holds its group key's [`key_tag`] (as the `i64` of
+/// the same bits), so that after a restart a uid arriving for another group is still
+/// [`Added::UidTaken`].
+const MARKER_KEY_TAG: &str = "key_tag";
 
 /// Warns that a rollout was refused because another group's rollout holds its uid, when
 /// the count of such refusals went from `before` to `after` past a power of two: a sender
@@ -81,8 +85,8 @@ fn warn_uid_taken(uid: &str, before: u64, after: u64) {
             uid = %uid,
             refused_so_far = after,
             "a rollout was refused: its uid is held by a rollout of another group. Rollout \
-             uids must name rollouts across the run (a UUID, or the example id and a \
-             number), not number them within a group"
+             uids must name rollouts across the run (a UUID), not number them within a \
+             group or a prompt"
         );
     }
 }
@@ -462,7 +466,8 @@ impl GroupIngest {
                 sealed_key(&group.id),
                 Sample::new(group.id.clone())
                     .birth(seq)
-                    .with(MARKER_UIDS, uids),
+                    .with(MARKER_UIDS, uids)
+                    .with(MARKER_KEY_TAG, key_tag(&group.key) as i64),
             ));
             state.sealed.push_back(group.id.clone());
         }

@@ -5,7 +5,9 @@
 //! each entry means.
 
 use super::timer::seal_on_time;
-use super::{GroupIngest, IngestCounters, Shared, State, Timer, MARKER_UIDS, PENDING, SEALED};
+use super::{
+    GroupIngest, IngestCounters, Shared, State, Timer, MARKER_KEY_TAG, MARKER_UIDS, PENDING, SEALED,
+};
 use crate::buffer::AuxWrite;
 use crate::error::Result;
 use crate::rollout::assembler::{Added, GroupAssembler, GroupConfig};
@@ -42,10 +44,20 @@ impl GroupIngest {
         let next_seal = markers.last().map_or(1, |m| m.0 + 1);
         let mut assembler = GroupAssembler::new(config);
         // The uids of the groups stored last are duplicates again after a restart, as
-        // they were before it (markers written before markers held uids have none).
+        // they were before it, and taken for any other group (markers written before
+        // markers held uids have none; before they held key tags, they are duplicates for
+        // any group).
         for (_, _, marker) in &markers {
-            if let Some(uids) = marker.get(MARKER_UIDS).and_then(|t| t.array::<String>()) {
-                assembler.remember_gone(uids.iter().cloned());
+            let Some(uids) = marker.get(MARKER_UIDS).and_then(|t| t.array::<String>()) else {
+                continue;
+            };
+            let uids = uids.iter().cloned();
+            match marker
+                .get(MARKER_KEY_TAG)
+                .and_then(|t| t.scalar_value::<i64>())
+            {
+                Some(tag) => assembler.remember_gone_from(uids, tag as u64),
+                None => assembler.remember_gone(uids),
             }
         }
         let markers: Vec<(u64, String)> =
@@ -86,8 +98,11 @@ impl GroupIngest {
                 match state.assembler.add(record, now) {
                     Ok(Added::Sealed(group)) => sealed.push(group),
                     // Its uid was stored in a group since (the same uid sent to two
-                    // groups): it stays out, and so leaves the log.
-                    Ok(Added::Duplicate) => stale.push(AuxWrite::remove(key.to_string())),
+                    // groups, in a log written before such rollouts were refused): it
+                    // stays out, and so leaves the log.
+                    Ok(Added::Duplicate | Added::UidTaken { .. }) => {
+                        stale.push(AuxWrite::remove(key.to_string()));
+                    }
                     Ok(_) => {}
                     Err(e) => invalid.push(e),
                 }
