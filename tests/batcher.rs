@@ -381,6 +381,18 @@ async fn a_batch_never_holds_padding_alone() {
     )
     .await;
     assert!(short.short && tokens(&short, 0) == 0);
+    // A batch that holds no token would wait forever for a group that fits: refused.
+    for (rows, seq_len) in [(0, 1000), (2, 0)] {
+        let err = Batcher::new(
+            vec![source("e", &empty, 1.0)],
+            config(rows, seq_len, Shortfall::FillFromOthers),
+        )
+        .expect_err("no token fits");
+        assert!(
+            matches!(&err, Error::InvalidPacking { detail } if detail.contains("holds no token")),
+            "{err:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

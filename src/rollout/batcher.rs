@@ -16,7 +16,8 @@
 //! Leases are held until the trainer is done: [`GroupBatch::complete`] commits the packed
 //! groups and discards the ones the hooks rejected (archived with `reason = filtered`);
 //! dropping the batch instead gives every group back. Groups that did not fit are given
-//! back at once.
+//! back at once, except those that can fit in no batch (discarded as too long). A batch
+//! of padding alone is never handed out: see [`Batcher::next_batch`].
 
 use super::advantage::Advantage;
 use super::hooks::{process_groups, DynamicSampling, GroupHooks, GroupStats, Rejection};
@@ -151,12 +152,20 @@ impl Batcher {
     ///
     /// # Errors
     ///
-    /// [`Error::InvalidPacking`] for no sources, a negative or non-finite fraction, or
-    /// fractions that sum to 0.
+    /// [`Error::InvalidPacking`] for no sources, a negative or non-finite fraction,
+    /// fractions that sum to 0, or a packer whose batch holds no token (a row length, a
+    /// row count or a token budget of 0).
     pub fn new(sources: Vec<Source>, config: BatcherConfig) -> Result<Self> {
         let bad = |detail: String| Error::InvalidPacking { detail };
         if sources.is_empty() {
             return Err(bad("no sources".into()));
+        }
+        if batch_tokens(&config.packer) == 0 {
+            // No group would ever fit: every call would wait for one forever.
+            return Err(bad(format!(
+                "the packer's batch holds no token (seq_len {}, rows {:?})",
+                config.packer.seq_len, config.packer.rows
+            )));
         }
         if let Some(s) = sources
             .iter()
@@ -174,7 +183,8 @@ impl Batcher {
     ///
     /// # Errors
     ///
-    /// Every group leased so far is given back (redelivered) on an error.
+    /// Every group the failing pass leased is given back (redelivered) on an error;
+    /// groups an earlier pass of the call discarded (below) stay discarded.
     ///
     /// * A source's get errors (see [`SequenceBuffer::get_batch_for_rpc`]):
     ///   [`Error::Closed`], [`Error::UnknownRpc`], and under a memory budget
@@ -192,7 +202,9 @@ impl Batcher {
     /// tokens than the batch holds, or items the packer cannot place in empty rows) is
     /// rejected as [`Rejection::TooLong`] and discarded on completion, not given back to
     /// come first again. When every group a pass took is rejected (by the hooks, dynamic
-    /// sampling or as too long), they are discarded at once and the call goes on.
+    /// sampling or as too long), they are discarded at once and the call goes on; the
+    /// batch's `rejected` and `stats` then cover its last pass only (every discard is
+    /// counted in the buffer's `stats().filtered` and archived with its reason).
     ///
     /// A leased sample that is not a well-formed group (see [`TrainGroup::read`]) is no
     /// error: it is discarded (archived with `reason = filtered`, detail
@@ -201,8 +213,9 @@ impl Batcher {
     ///
     /// # Cancel safety
     ///
-    /// Dropping the future gives back every group it had leased (redeliveries, as for a
-    /// dropped [`Batch`]); nothing is used or discarded.
+    /// Dropping the future gives back every group its current pass had leased
+    /// (redeliveries, as for a dropped [`Batch`]); nothing is used, and only what an
+    /// earlier pass rejected is discarded.
     pub async fn next_batch(&self) -> Result<GroupBatch> {
         loop {
             match self.one_pass().await? {
@@ -212,6 +225,9 @@ impl Batcher {
                     if let Err(e) = batch.complete().await {
                         tracing::warn!(error = %e, "discarding rejected groups failed; they are given back");
                     }
+                    // A backlog of rejected groups is worked through without a wait in
+                    // between: let the runtime's other tasks and timers run.
+                    tokio::task::yield_now().await;
                     continue;
                 }
                 Some(batch) => return Ok(batch),
@@ -234,10 +250,7 @@ impl Batcher {
     async fn one_pass(&self) -> Result<Option<GroupBatch>> {
         let packer = &self.config.packer;
         let s = packer.seq_len;
-        let total = match packer.rows {
-            Rows::Fixed(b) => b.saturating_mul(s),
-            Rows::TokenBudget(t) => t,
-        };
+        let total = batch_tokens(packer);
         let sum: f64 = self.sources.iter().map(|x| x.fraction).sum();
         let mut targets: Vec<f64> = self
             .sources
@@ -408,13 +421,18 @@ impl Batcher {
             .into_iter()
             .map(|t| (t.group.id, t.lease))
             .collect();
-        if packed.batch.group_ids.is_empty() {
-            // Left over from empty rows: they will not fit in any batch either.
-            never_fit.extend(
-                std::mem::take(&mut leases)
-                    .into_iter()
-                    .map(|(id, (_, l))| (id, l)),
-            );
+        // Left over: from empty rows (nothing packed), or with more tokens once processed
+        // (padded) than a batch holds, a group will not fit in any batch either.
+        let total = batch_tokens(&self.config.packer);
+        let s = self.config.packer.seq_len;
+        let nothing_packed = packed.batch.group_ids.is_empty();
+        for group in &processed.kept {
+            let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
+            if nothing_packed || tokens > total {
+                if let Some((_, lease)) = leases.remove(&group.id) {
+                    never_fit.push((group.id.clone(), lease));
+                }
+            }
         }
         for (id, lease) in never_fit {
             tracing::warn!(group = %id, "a group cannot fit in any batch; discarded as too long");
@@ -433,6 +451,14 @@ impl Batcher {
             packed: packed_leases,
             discard,
         })
+    }
+}
+
+/// The tokens one batch of `packer` holds: rows times their length, or the budget.
+fn batch_tokens(packer: &Packer) -> usize {
+    match packer.rows {
+        Rows::Fixed(b) => b.saturating_mul(packer.seq_len),
+        Rows::TokenBudget(t) => t,
     }
 }
 

@@ -324,7 +324,9 @@ class Batcher:
     async def next_batch(self, timeout: Optional[float] = None) -> TrainBatch:
         """The next batch; ``arrays()`` gives its ``[B, S]`` numpy arrays, ``complete()``
         commits it once trained on. ``timeout`` (s) raises ``Timeout``, with every group
-        it had leased given back."""
+        its current pass had leased given back (groups an earlier pass rejected stay
+        discarded). While every source is dry it waits, rather than return a batch of
+        padding alone."""
         return await self._native.next_batch(timeout)
 
     def next_batch_blocking(self, timeout: Optional[float] = None) -> TrainBatch:

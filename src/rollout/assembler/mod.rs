@@ -204,8 +204,8 @@ pub struct GroupAssembler {
     /// ([`key_tag`]): a uid is one rollout's across the groups.
     holders: HashMap<String, u64>,
     /// Uids sealed or dropped, up to `config.remember` of them, each with the number of
-    /// its leaving and the tag of its group's key (`None`: remembered from a marker of an
-    /// earlier process, which keeps no key).
+    /// its leaving and the tag of its group's key (`None`: remembered from a marker
+    /// written before markers held key tags, or through [`Self::remember_gone`]).
     gone: HashMap<String, (u64, Option<u64>)>,
     /// The same, in the order they left, with entries of uids a reopen took back that
     /// their numbers no longer match (skipped when they come up, so a reopen needs no

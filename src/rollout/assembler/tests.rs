@@ -552,7 +552,10 @@ fn uids_leave_with_their_group_and_stay_with_the_group_that_took_them() -> Resul
     );
     // Uids remembered from a tagged marker are taken for another group, duplicates for
     // their own, and remembering never frees a uid still pending.
-    let mut c = GroupAssembler::new(GroupConfig::new(3));
+    // A window of one remembered uid, so a remembered uid can be pushed out of it.
+    let mut config = GroupConfig::new(3);
+    config.remember = 1;
+    let mut c = GroupAssembler::new(config);
     c.remember_gone_from(["old".to_owned()], key_tag(&key("e1", 1)));
     assert_eq!(c.add(rollout("e1", 1, "old", "r"), t0)?, Added::Duplicate);
     assert_eq!(
@@ -561,8 +564,14 @@ fn uids_leave_with_their_group_and_stay_with_the_group_that_took_them() -> Resul
     );
     c.add(rollout("e3", 1, "p", "r"), t0)?;
     c.remember_gone(["p".to_owned()]);
+    c.remember_gone(["x".to_owned()]);
+    // `p` left the window, and is still e3's: pending there, taken for another group.
     c.add(rollout("e3", 1, "q", "r"), t0)?;
     assert_eq!(c.pending_in(&key("e3", 1)).count(), 2);
     assert_eq!(c.add(rollout("e3", 1, "p", "r"), t0)?, Added::Duplicate);
+    assert_eq!(
+        c.add(rollout("e4", 1, "p", "r"), t0)?,
+        Added::UidTaken { uid: "p".into() }
+    );
     Ok(())
 }
