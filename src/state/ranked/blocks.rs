@@ -242,6 +242,10 @@ impl<K: Copy> Block<K> {
             weights,
             ..Block::default()
         };
+        // The head grew past `MAX_BLOCK` to split: give back the doubled capacity, which
+        // would leave its entries spread over twice the memory (and pages) they fill.
+        self.entries.shrink_to(MAX_BLOCK);
+        self.weights.shrink_to(MAX_BLOCK);
         self.live = low_bits(self.entries.len());
         tail.live = low_bits(tail.entries.len());
         self.recount();

@@ -236,16 +236,16 @@ fn the_walks_of_a_batch_land_where_single_walks_do() {
 
 #[test]
 fn a_weighted_batch_comes_out_as_successive_draws_without_replacement() {
-    // Weights 1, 2, 3, 4 in four blocks among weightless entries. Batches of 2 and of
+    // Weights 1, 2, 3, 4 in three blocks among weightless entries. Batches of 2 and of
     // 3 (where repeats are common and the draws fall back to one at a time): the
     // counts of each ordered outcome against the successive-draw probabilities.
-    let heavy = [(0u64, 1.0), (70, 2.0), (140, 3.0), (210, 4.0)];
+    let heavy = [(0u64, 1.0), (120, 2.0), (240, 3.0), (330, 4.0)];
     let mut ix = RankedIndex::new(true);
-    for i in 0..214u64 {
+    for i in 0..340u64 {
         let w = heavy.iter().find(|h| h.0 == i).map_or(0.0, |h| h.1);
         ix.insert(key(i, i), i as u32, w);
     }
-    assert!(ix.blocks.len() >= 3);
+    assert_eq!(ix.blocks.len(), 3);
     let weight = |slot: u32| {
         heavy
             .iter()
@@ -330,13 +330,45 @@ fn assert_well_formed(ix: &RankedIndex<Key>) {
 }
 
 /// An unweighted index of keys `(i, i)` in slot `i`, for `i` in `0..n`, inserted in
-/// order (so blocks split at half: 64 entries each, the last up to 128).
+/// order: each block fills to [`FILLED`] entries before the next starts (the last up to
+/// `MAX_BLOCK`).
 fn in_order(n: u64) -> RankedIndex<Key> {
     let mut ix = RankedIndex::new(false);
     for i in 0..n {
         ix.insert(key(i, i), i as u32, 0.0);
     }
     ix
+}
+
+/// Entries of a block that in-order inserts filled, once the next block started.
+const FILLED: u64 = (MAX_BLOCK + 1 - MIN_BLOCK) as u64;
+
+/// Blocks `0..113` and `113..226` in order, then keys `(i, 0)` in slots `1000 + i` for
+/// `i` in `114..129` (15, each just before key `(i, i)`), which fill the second block to
+/// `MAX_BLOCK`. Weighted, entry `(i, _)` weighs `i + 1`.
+fn a_thin_neighbour_of_a_full_block(weighted: bool) -> RankedIndex<Key> {
+    let mut ix = RankedIndex::new(weighted);
+    for i in 0..2 * FILLED {
+        ix.insert(key(i, i), i as u32, (i + 1) as f64);
+    }
+    for i in FILLED + 1..FILLED + 16 {
+        ix.insert(key(i, 0), 1000 + i as u32, (i + 1) as f64);
+    }
+    let lens: Vec<usize> = ix.blocks.iter().map(|b| b.entries.len()).collect();
+    assert_eq!(lens, [FILLED as usize, MAX_BLOCK]);
+    ix
+}
+
+/// The slots of [`a_thin_neighbour_of_a_full_block`] in key order, from key `(from, _)`.
+fn thin_neighbour_slots(from: u64) -> Vec<u32> {
+    let extra = |i: u64| {
+        (FILLED + 1..FILLED + 16)
+            .contains(&i)
+            .then_some(1000 + i as u32)
+    };
+    (from..2 * FILLED)
+        .flat_map(|i| extra(i).into_iter().chain([i as u32]))
+        .collect()
 }
 
 /// Entries held, live or tombstones.
@@ -346,29 +378,29 @@ fn physical_len(ix: &RankedIndex<Key>) -> usize {
 
 #[test]
 fn a_returned_key_revives_its_tombstone_even_when_its_hint_is_stale() {
-    // Three blocks (in-order inserts split at half): 0..64, 64..128, 128..200.
-    let mut ix = in_order(200);
+    // Three blocks (in-order inserts): 0..113, 113..226, 226..300.
+    let mut ix = in_order(300);
     assert_eq!(ix.blocks.len(), 3);
     // A tombstone in the last block, then the first block merged away: the last
     // block's index moves down one, and the tombstone's hint points past the end.
-    assert_eq!(ix.remove(key(150, 150)), Some(150));
-    assert_eq!(ix.remove(key(151, 151)), Some(151));
-    for i in 0..64u64 {
+    assert_eq!(ix.remove(key(250, 250)), Some(250));
+    assert_eq!(ix.remove(key(251, 251)), Some(251));
+    for i in 0..FILLED {
         assert_eq!(ix.remove(key(i, i)), Some(i as u32));
     }
     assert_eq!(ix.blocks.len(), 2);
     let held = physical_len(&ix);
-    ix.insert(key(150, 150), 150, 0.0);
+    ix.insert(key(250, 250), 250, 0.0);
     assert_eq!(
         physical_len(&ix),
         held,
         "revived in place, not inserted again"
     );
-    assert_eq!((ix.len(), ix.remove(key(150, 150))), (135, Some(150)));
+    assert_eq!((ix.len(), ix.remove(key(250, 250))), (186, Some(250)));
     assert!(ix
         .iter()
         .map(|e| e.1)
-        .eq((64..200).filter(|&s| s != 150 && s != 151)));
+        .eq((113..300).filter(|&s| s != 250 && s != 251)));
 }
 
 #[test]
@@ -429,7 +461,7 @@ fn the_hints_remember_every_slot_below_their_length() {
 
 #[test]
 fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
-    let mut ix = in_order(200);
+    let mut ix = in_order(300);
     assert_eq!(ix.blocks.len(), 3);
     let first_block = ix.blocks[0].entries.len() as u64;
     let keep = MIN_BLOCK as u64;
@@ -444,46 +476,44 @@ fn a_block_merges_when_its_live_entries_fall_below_the_minimum() {
 
 #[test]
 fn a_merge_too_large_for_one_block_splits_again() {
-    // Blocks 0..64 and 64..192 (full).
-    let mut ix = in_order(192);
-    assert_eq!(
-        ix.blocks
-            .iter()
-            .map(|b| b.entries.len())
-            .collect::<Vec<_>>(),
-        [64, 128]
-    );
-    for i in 0..49u64 {
+    // Blocks of 113 and 128 (full); 98 removed from the first leaves it 15 live.
+    let mut ix = a_thin_neighbour_of_a_full_block(false);
+    for i in 0..98u64 {
         ix.remove(key(i, i));
     }
     // 15 live merged into 128: split again, each half within bounds.
     assert_eq!(ix.blocks.len(), 2);
     assert_well_formed(&ix);
-    assert!(ix.iter().map(|e| e.1).eq(49..192));
-    assert_eq!(ix.at_rank(100), Some((key(149, 149), 149)));
+    let want = thin_neighbour_slots(98);
+    assert!(ix.iter().map(|e| e.1).eq(want.iter().copied()));
+    assert_eq!(ix.at_rank(100).map(|e| e.1), Some(want[100]));
     // Keys land in the block the directory names, on both sides of the split.
-    ix.insert(key(60, 1), 1000, 0.0);
-    ix.insert(key(170, 1), 1001, 0.0);
+    ix.insert(key(60, 1), 2000, 0.0);
+    ix.insert(key(200, 1), 2001, 0.0);
     assert_well_formed(&ix);
-    assert!(ix.contains(key(60, 1), 1000) && ix.contains(key(170, 1), 1001));
+    assert!(ix.contains(key(60, 1), 2000) && ix.contains(key(200, 1), 2001));
+    assert_ne!(ix.locate(key(60, 1)), ix.locate(key(200, 1)));
 }
 
 #[test]
 fn a_weighted_merge_too_large_for_one_block_splits_again() {
-    // As above, with weights (entry `i` weighs `i + 1`): for a moment the merged block
-    // holds 143 weights, more than its group sums have room for.
-    let mut ix = RankedIndex::new(true);
-    for i in 0..192u64 {
-        ix.insert(key(i, i), i as u32, (i + 1) as f64);
-    }
-    for i in 0..49u64 {
+    // As above, with weights (entry `(i, _)` weighs `i + 1`): for a moment the merged
+    // block holds 143 weights, more than its group sums have room for.
+    let mut ix = a_thin_neighbour_of_a_full_block(true);
+    for i in 0..98u64 {
         ix.remove(key(i, i));
     }
     assert_eq!(ix.blocks.len(), 2);
     assert_well_formed(&ix);
-    assert!(ix.iter().map(|e| e.1).eq(49..192));
+    assert!(ix
+        .iter()
+        .map(|e| e.1)
+        .eq(thin_neighbour_slots(98).into_iter()));
     assert_eq!(ix.weighted_len(), 143);
-    let want: f64 = (50..=192).map(|w| w as f64).sum();
+    let want: f64 = (99..=2 * FILLED)
+        .chain(FILLED + 2..=FILLED + 16)
+        .map(|w| w as f64)
+        .sum();
     assert_eq!(ix.tree.total_weight(), want);
     for block in &ix.blocks {
         assert_eq!(block.weights.len(), block.entries.len());
@@ -492,19 +522,16 @@ fn a_weighted_merge_too_large_for_one_block_splits_again() {
 
 #[test]
 fn a_merge_that_exactly_fills_a_block_stays_one_block() {
-    // Blocks 0..64 and 64..192; 15 of the second block's entries removed leaves 113.
-    let mut ix = in_order(192);
-    for i in 64..79u64 {
-        ix.remove(key(i, i));
-    }
-    for i in 0..49u64 {
+    // Blocks 0..113 and 113..226; 98 removed from the first leaves it 15 live.
+    let mut ix = in_order(2 * FILLED);
+    for i in 0..98u64 {
         ix.remove(key(i, i));
     }
     // 15 live merged into 113: 128 entries, a full block, not two half ones.
     assert_eq!(ix.blocks.len(), 1);
     assert_eq!(physical_len(&ix), MAX_BLOCK);
     assert_well_formed(&ix);
-    assert!(ix.iter().map(|e| e.1).eq((49..64).chain(79..192)));
+    assert!(ix.iter().map(|e| e.1).eq(98..2 * FILLED as u32));
 }
 
 #[test]
