@@ -396,6 +396,38 @@ async fn a_batch_never_holds_padding_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_cannot_lease_one_group_per_call_is_refused_at_once() {
+    // An RPC leasing two groups per call: its getter would wait for a second group with
+    // one stored, where the batcher needs one. Refused when the batcher is made, as is an
+    // RPC the buffer does not define.
+    let two = RpcDef::new("train", 2).inputs(trainer_rpc().input_keys().to_vec());
+    let pairs = SequenceBuffer::new(4, [two]).expect("config");
+    pairs
+        .put_batch(vec![group("e", 0, 10, [0.0, 1.0])])
+        .await
+        .expect("put");
+    let cfg = || config(2, 1000, Shortfall::FillFromOthers);
+    let err = Batcher::new(vec![source("e", &pairs, 1.0)], cfg()).expect_err("two per call");
+    assert!(
+        matches!(&err, Error::InvalidPacking { detail }
+            if detail.contains("source `e`") && detail.contains("leases 2 groups")),
+        "{err:?}"
+    );
+    let one = env_buffer("f", 1, 10).await;
+    let mut unknown = source("f", &one, 1.0);
+    unknown.rpc = "trian".into();
+    let err = Batcher::new(vec![unknown], cfg()).expect_err("no such RPC");
+    assert!(
+        matches!(&err, Error::UnknownRpc { name } if name == "trian"),
+        "{err:?}"
+    );
+    // The group stays where it was, for a batcher that can take it.
+    assert_eq!(pairs.stats().idle, 1);
+    let batch = one_batch(vec![source("f", &one, 1.0)], cfg()).await;
+    assert!(tokens(&batch, 0) > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_group_too_large_for_any_batch_is_discarded_and_the_rest_trained() {
     // One row of 1,000 tokens: a group of 2 x 600 never fits, one of 2 x 100 does.
     let b = SequenceBuffer::new(4, [trainer_rpc()]).expect("config");

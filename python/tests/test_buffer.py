@@ -208,6 +208,13 @@ def test_rollouts_are_grouped_then_packed_for_training():
             "reward": float(k % 2),
         })
     groups -= 1
+    # A source that cannot lease one group per call, or names no RPC of its buffer, is
+    # refused when the batcher is made (its getter would wait for a second group).
+    pairs = rb.Buffer(8, [rb.Rpc("train", 2, inputs=rb.GROUP_INPUTS)])
+    with pytest.raises(ValueError, match="leases 2 groups per call"):
+        rb.Batcher([("math", pairs, "train", 1.0)], seq_len=128, rows=4, group_size=4)
+    with pytest.raises(ValueError, match="trian"):
+        rb.Batcher([("math", buf, "trian", 1.0)], seq_len=128, rows=4, group_size=4)
     batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=128, rows=4, group_size=4)
     batch = batcher.next_batch_blocking()
     more = len(batch.arrays()["group_ids"])

@@ -5,7 +5,7 @@
 //! budget otherwise). Fractions may sum to less than 1: the rest is shared out in
 //! proportion to the fractions, so source `e` aims at `T * f_e / sum(f)` tokens. Groups
 //! are leased one at a time (each source's RPC must lease one group per call, `n_seqs`
-//! 1), always from the source furthest below its target relative to it (ties to the
+//! 1, which [`Batcher::new`] checks), always from the source furthest below its target relative to it (ties to the
 //! earlier source), and a source takes a group only while it is below its target, so it
 //! ends within one group of it. The order within a source is its RPC's selection
 //! (`Selection::Lifo` for newest first).
@@ -153,8 +153,11 @@ impl Batcher {
     /// # Errors
     ///
     /// [`Error::InvalidPacking`] for no sources, a negative or non-finite fraction,
-    /// fractions that sum to 0, or a packer whose batch holds no token (a row length, a
-    /// row count or a token budget of 0).
+    /// fractions that sum to 0, a packer whose batch holds no token (a row length, a
+    /// row count or a token budget of 0), or a source whose RPC leases more than one
+    /// group per call (`n_seqs` above 1: its getter would wait for that many groups, and
+    /// the batch could not use them). [`Error::UnknownRpc`] for a source's RPC its buffer
+    /// does not define.
     pub fn new(sources: Vec<Source>, config: BatcherConfig) -> Result<Self> {
         let bad = |detail: String| Error::InvalidPacking { detail };
         if sources.is_empty() {
@@ -175,6 +178,16 @@ impl Batcher {
         }
         if sources.iter().map(|s| s.fraction).sum::<f64>() <= 0.0 {
             return Err(bad("the fractions sum to 0".into()));
+        }
+        for s in &sources {
+            let batch_size = s.buffer.explain(&s.rpc)?.batch_size;
+            if batch_size != 1 {
+                return Err(bad(format!(
+                    "source `{}`: RPC `{}` leases {batch_size} groups per call; a batcher \
+                     source must lease one (n_seqs 1)",
+                    s.name, s.rpc
+                )));
+            }
         }
         Ok(Self { sources, config })
     }
