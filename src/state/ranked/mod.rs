@@ -49,6 +49,10 @@ use blocks::{low_bits, nth_set_bit, Block, Tree};
 const MAX_BLOCK: usize = 128;
 /// A block with fewer live entries merges into a neighbour.
 const MIN_BLOCK: usize = 16;
+/// Where a last block that a key past its end overflows splits (see
+/// [`RankedIndex::insert`]): the entries before it stay, the `2 * MIN_BLOCK` from it on
+/// start a new block.
+const APPEND_SPLIT: usize = MAX_BLOCK + 1 - 2 * MIN_BLOCK;
 /// `ln` of the largest weight: `e^600` (about `10^260`) times a million entries is still
 /// finite.
 pub(crate) const MAX_LN_WEIGHT: f64 = 600.0;
@@ -212,12 +216,14 @@ impl<K: Ord + Copy> RankedIndex<K> {
         let n_blocks = self.blocks.len();
         if self.blocks[b].entries.len() > MAX_BLOCK {
             // A key past the last one (the ready index's usual put: the newest sample)
-            // leaves the last block nearly full and starts a new one of `MIN_BLOCK`, so
-            // blocks filled in order are 7/8 full rather than half: fewer headers, and
-            // entries packed more densely, so a draw in a large index touches fewer pages.
+            // leaves the last block 3/4 full and starts a new one, so blocks filled in
+            // order are denser than half: fewer headers, and entries over fewer pages, for
+            // a draw in a large index. The new block starts with `2 * MIN_BLOCK`, so it
+            // takes `MIN_BLOCK + 1` removals to merge it back (a block split right at
+            // `MIN_BLOCK` merged again at the next removal, and split at the next put).
             let appended = b + 1 == n_blocks && at == MAX_BLOCK;
             let split_at = if appended {
-                MAX_BLOCK + 1 - MIN_BLOCK
+                APPEND_SPLIT
             } else {
                 MAX_BLOCK / 2
             };
