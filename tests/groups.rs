@@ -235,20 +235,23 @@ async fn pending_rollouts_survive_a_restart_and_groups_are_never_stored_twice() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pending_rollouts_a_new_configuration_refuses_leave_the_log_at_start() {
-    // Three rollouts pending; the next start accepts policy version 0 only and one
-    // rollout per replica and group. The one of version 5 and the second of replica 0 in
-    // example 2 are refused, counted, and dropped from the log: a third start, accepting
-    // everything, recovers only the one left, instead of refusing the others again.
-    let dir = TempDir::new("groups-refused-at-start");
+async fn pending_rollouts_rejoin_their_groups_whatever_a_new_configuration_accepts() {
+    // Three rollouts pending, then a start that accepts policy version 0 only and one
+    // rollout per replica and group. They were acknowledged, so all three come back (they
+    // had been refused, and refused again at every start): the version-5 rollout and
+    // replica 0's second in example 2 included. The new filters apply to new rollouts.
+    let dir = TempDir::new("groups-accepted-at-start");
     let open = || open_trainer(dir.path(), PersistOptions::default());
-    let started = |buf: &SequenceBuffer, config: GroupConfig| {
-        let buf = buf.clone();
-        async move { GroupIngest::start(buf, config).await.expect("start") }
+    let strict = || {
+        GroupConfig::new(3)
+            .accept_policy_versions([0])
+            .max_per_replica(1)
     };
     {
         let buf = open().await;
-        let ingest = started(&buf, GroupConfig::new(4)).await;
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(3))
+            .await
+            .expect("start");
         let mut newer = rollout(1, 0, 0);
         newer.policy_version = 5;
         for r in [newer, rollout(2, 0, 0), rollout(2, 1, 0)] {
@@ -257,24 +260,23 @@ async fn pending_rollouts_a_new_configuration_refuses_leave_the_log_at_start() {
         }
         buf.flush().await.expect("flush");
     }
-    {
-        let buf = open().await;
-        let strict = GroupConfig::new(4)
-            .accept_policy_versions([0])
-            .max_per_replica(1);
-        let ingest = started(&buf, strict).await;
-        assert_eq!(ingest.counters().recovered_rollouts, 3);
-        let counted = ingest.assembler_counters();
-        assert_eq!((counted.version_rejected, counted.replica_capped), (1, 1));
-        buf.flush().await.expect("flush");
-    }
     let buf = open().await;
-    let ingest = started(&buf, GroupConfig::new(4)).await;
-    assert_eq!(ingest.counters().recovered_rollouts, 1);
-    // The one left is example 2's first rollout, pending in its group.
-    let added = ingest.add(rollout(2, 0, 1)).await.expect("add");
-    assert!(matches!(added, Added::Duplicate), "{added:?}");
-    assert_eq!(buf.len(), 0);
+    let ingest = GroupIngest::start(buf.clone(), strict())
+        .await
+        .expect("start");
+    assert_eq!(ingest.counters().recovered_rollouts, 3);
+    let counted = ingest.assembler_counters();
+    assert_eq!((counted.version_rejected, counted.replica_capped), (0, 0));
+    // New rollouts meet the new filters: replica 0 has its share of example 2's group.
+    let added = ingest.add(rollout(2, 2, 0)).await.expect("add");
+    assert!(matches!(added, Added::ReplicaCapped), "{added:?}");
+    let added = ingest.add(rollout(2, 2, 1)).await.expect("add");
+    assert!(matches!(added, Added::Sealed(_)), "{added:?}");
+    assert_eq!(
+        buf.len(),
+        1,
+        "example 2's group of 3, both of replica 0's rollouts in it"
+    );
 }
 
 async fn restart_round_trip(checkpoint_bytes: u64) {

@@ -291,9 +291,27 @@ impl GroupAssembler {
     /// Only for a malformed record: [`Error::InvalidRollout`](crate::Error::InvalidRollout),
     /// as [`RolloutRecord::validate`] reports it, with nothing changed.
     pub fn add(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
+        self.add_with(record, now, true)
+    }
+
+    /// [`Self::add`] of a rollout accepted before (a pending rollout added back at a
+    /// restart): the policy versions and the replica cap of this configuration are not
+    /// applied to it, as [`Self::reconfigure`] keeps the rollouts it already holds. Its uid
+    /// is still checked (a uid a stored group took is a duplicate again).
+    pub(crate) fn add_accepted(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
+        self.add_with(record, now, false)
+    }
+
+    /// [`Self::add`], with the version and replica filters applied only when `filter`.
+    fn add_with(&mut self, record: RolloutRecord, now: Instant, filter: bool) -> Result<Added> {
         record.validate()?;
         self.counters.received += 1;
-        if let Some(accepted) = &self.config.accept_policy_versions {
+        if let Some(accepted) = self
+            .config
+            .accept_policy_versions
+            .as_ref()
+            .filter(|_| filter)
+        {
             if !accepted.contains(&record.policy_version) {
                 self.counters.version_rejected += 1;
                 return Ok(Added::VersionRejected);
@@ -331,7 +349,7 @@ impl GroupAssembler {
             self.counters.duplicates += 1;
             return Ok(Added::Duplicate);
         }
-        if self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
+        if filter && self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
         }

@@ -26,10 +26,9 @@ impl GroupIngest {
     ///
     /// The error storing a group that the pending rollouts complete (as in [`Self::add`]);
     /// `start` stops at the first one. Unreadable or invalid pending rollouts are skipped
-    /// with a warning (and kept in the log). Pending rollouts that `config` refuses (a
-    /// policy version no longer accepted, a replica over a lowered cap) are dropped from
-    /// the log with a warning, as a live [`Self::add`] would refuse them, and counted in
-    /// [`Self::assembler_counters`].
+    /// with a warning (and kept in the log). Pending rollouts were accepted before: they
+    /// rejoin their groups whatever `config`'s policy versions and replica cap say (as
+    /// [`Self::reconfigure`] keeps them), which apply to rollouts added from now on.
     ///
     /// # Cancel safety
     ///
@@ -90,7 +89,6 @@ impl GroupIngest {
         // Logged once the lock is dropped: a log event can wait (under Python, for the GIL).
         let mut unreadable = Vec::new();
         let mut invalid = Vec::new();
-        let (mut version_rejected, mut replica_capped) = (0usize, 0usize);
         {
             let mut state = ingest.shared.state.lock();
             for (key, value) in buf.aux_range(PENDING) {
@@ -99,23 +97,15 @@ impl GroupIngest {
                     continue;
                 };
                 state.counters.recovered_rollouts += 1;
-                match state.assembler.add(record, now) {
+                // Accepted before the restart: this configuration's versions and replica
+                // cap are not applied again (as `reconfigure` keeps what it holds), so
+                // nothing acknowledged is refused after the fact.
+                match state.assembler.add_accepted(record, now) {
                     Ok(Added::Sealed(group)) => sealed.push(group),
                     // Its uid was stored in a group since (the same uid sent to two
                     // groups, in a log written before such rollouts were refused): it
                     // stays out, and so leaves the log.
                     Ok(Added::Duplicate | Added::UidTaken { .. }) => {
-                        stale.push(AuxWrite::remove(key.to_string()));
-                    }
-                    // Refused by this start's configuration (the accepted policy
-                    // versions moved on, or the replica cap came down): as a live add
-                    // would be, so it leaves the log rather than be refused again at
-                    // every start. Counted and warned about below.
-                    Ok(refused @ (Added::VersionRejected | Added::ReplicaCapped)) => {
-                        match refused {
-                            Added::VersionRejected => version_rejected += 1,
-                            _ => replica_capped += 1,
-                        }
                         stale.push(AuxWrite::remove(key.to_string()));
                     }
                     Ok(_) => {}
@@ -128,13 +118,6 @@ impl GroupIngest {
         }
         for e in invalid {
             tracing::warn!(error = %e, "invalid pending rollout skipped");
-        }
-        if version_rejected + replica_capped > 0 {
-            tracing::warn!(
-                version_rejected,
-                replica_capped,
-                "pending rollouts the group configuration now refuses were dropped"
-            );
         }
         if !stale.is_empty() {
             buf.aux_write(stale).await?;
