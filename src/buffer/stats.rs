@@ -249,6 +249,16 @@ impl SequenceBuffer {
         Ok(self.current_waiting(r))
     }
 
+    /// How many samples a batch of `rpc` takes (its `n_seqs`), read from its definition
+    /// without the lock.
+    pub(crate) fn batch_size_of(&self, rpc: &str) -> Result<usize> {
+        let graph = &self.shared.graph;
+        let r = graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        Ok(graph.rpcs()[r].n_seqs)
+    }
+
     /// [`Self::explain`] of RPC index `r`.
     pub(crate) fn current_waiting(&self, r: usize) -> RpcWaiting {
         self.current(|inner| self.waiting_of(inner, r))

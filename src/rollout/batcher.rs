@@ -5,9 +5,9 @@
 //! budget otherwise). Fractions may sum to less than 1: the rest is shared out in
 //! proportion to the fractions, so source `e` aims at `T * f_e / sum(f)` tokens. Groups
 //! are leased one at a time (each source's RPC must lease one group per call, `n_seqs`
-//! 1, which [`Batcher::new`] checks), always from the source furthest below its target relative to it (ties to the
-//! earlier source), and a source takes a group only while it is below its target, so it
-//! ends within one group of it. The order within a source is its RPC's selection
+//! 1, as [`Batcher::new`] checks), always from the source furthest below its target
+//! relative to it (ties to the earlier source), and a source takes a group only while it
+//! is below its target, so it ends within one group of it. The order within a source is its RPC's selection
 //! (`Selection::Lifo` for newest first).
 //!
 //! A source with nothing eligible is waited for up to `wait`; then, by [`Shortfall`], the
@@ -180,7 +180,7 @@ impl Batcher {
             return Err(bad("the fractions sum to 0".into()));
         }
         for s in &sources {
-            let batch_size = s.buffer.explain(&s.rpc)?.batch_size;
+            let batch_size = s.buffer.batch_size_of(&s.rpc)?;
             if batch_size != 1 {
                 return Err(bad(format!(
                     "source `{}`: RPC `{}` leases {batch_size} groups per call; a batcher \
