@@ -24,6 +24,8 @@ use rollout_buffer::{RpcDef, Sample, Selection, SequenceBuffer};
 use std::time::Instant;
 
 const BATCH: usize = 64;
+/// Samples of the untimed case that warms the process up.
+const WARM_UP_SIZE: usize = 1024;
 /// Random lines per sample the `memory` line touches.
 const FLOOR_LINES: usize = 4;
 
@@ -156,9 +158,11 @@ fn memory_floor(eligible: usize, batches: usize) -> f64 {
 async fn run(args: Args) -> Result<(), String> {
     // The first case of a fresh process ran slower than the same case later (Fifo at 1K:
     // 10 against 6 us per batch): the allocator's first pages and the core's clock. One
-    // untimed case first, so every figure is taken in a warm process.
-    if let Some(&first) = args.sizes.first() {
-        let warm = filled(Selection::Fifo, first).await?;
+    // untimed case first, so every figure is taken in a warm process. At 1K whatever the
+    // sizes asked for, so it neither takes long nor sets the process's peak memory; none
+    // when only the `memory` line is asked for.
+    if args.policies.iter().any(|p| p != "memory") || args.policies.is_empty() {
+        let warm = filled(Selection::Fifo, WARM_UP_SIZE).await?;
         round(&warm, args.batches).await?;
     }
     for &eligible in &args.sizes {

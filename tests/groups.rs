@@ -270,7 +270,7 @@ async fn pending_rollouts_rejoin_their_groups_whatever_a_new_configuration_accep
     // New rollouts meet the new filters: replica 0 has its share of example 2's group.
     let added = ingest.add(rollout(2, 2, 0)).await.expect("add");
     assert!(matches!(added, Added::ReplicaCapped), "{added:?}");
-    let added = ingest.add(rollout(2, 2, 1)).await.expect("add");
+    let added = ingest.add(rollout(2, 3, 1)).await.expect("add");
     assert!(matches!(added, Added::Sealed(_)), "{added:?}");
     assert_eq!(
         buf.len(),

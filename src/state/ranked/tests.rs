@@ -511,8 +511,11 @@ fn blocks_filled_in_order_are_dense_and_their_new_block_does_not_merge_back_at_o
     for i in 0..MIN_BLOCK as u64 {
         let newest = MAX_BLOCK as u64 + i;
         assert_eq!(ix.remove(key(newest, newest)), Some(newest as u32));
+        // Not merged back into the block before (which would then split at the put).
+        let held = (ix.blocks.len(), ix.blocks[0].entries.len());
+        assert_eq!(held, (2, FILLED as usize));
         ix.insert(key(newest + 1, newest + 1), newest as u32 + 1, 0.0);
-        assert_eq!(ix.blocks.len(), 2);
+        assert_eq!((ix.blocks.len(), ix.blocks[0].entries.len()), held);
         assert_well_formed(&ix);
     }
 }
