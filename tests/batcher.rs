@@ -18,13 +18,24 @@ use std::time::Duration;
 /// A group of two rollouts of `item_tokens` tokens each (half prompt, half output), with
 /// rewards `rewards`.
 fn group(env: &str, n: usize, item_tokens: usize, rewards: [f64; 2]) -> Sample {
-    let records: Vec<RolloutRecord> = (0..2)
-        .map(|k| {
+    group_of(
+        env,
+        n,
+        &[(item_tokens, rewards[0]), (item_tokens, rewards[1])],
+    )
+}
+
+/// A group of one rollout per `(tokens, reward)` of `rollouts` (half prompt, half output).
+fn group_of(env: &str, n: usize, rollouts: &[(usize, f64)]) -> Sample {
+    let records: Vec<RolloutRecord> = rollouts
+        .iter()
+        .enumerate()
+        .map(|(k, &(item_tokens, reward))| {
             let mut r = RolloutRecord::new(env, format!("{env}-{n}"), 0, format!("{env}-{n}-{k}"));
             r.prompt_tokens = vec![1; item_tokens / 2];
             r.output_tokens = vec![2; item_tokens - item_tokens / 2];
             r.logprobs = vec![-0.5; item_tokens - item_tokens / 2];
-            r.reward = Some(rewards[k]);
+            r.reward = Some(reward);
             r
         })
         .collect();
@@ -464,4 +475,29 @@ async fn a_group_too_large_for_any_batch_is_discarded_and_the_rest_trained() {
         .expect("task")
         .expect("batch");
     assert_eq!(tokens(&batch, 0), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_no_empty_batch_can_place_is_discarded_beside_groups_that_pack() {
+    // Two rows of 1,000 tokens. Three rollouts of 600 (1,800 tokens, within the 2,000 a
+    // batch holds) leave the third no row even alone; three of 60 pack. Given back, the
+    // large group would be leased again at every call, take its source's share of the
+    // batch and be left over again.
+    let b = SequenceBuffer::new(4, [trainer_rpc()]).expect("config");
+    let rewards = [0.0, 1.0, 0.0];
+    let sized = |n: usize, tokens: usize| {
+        let rollouts: Vec<(usize, f64)> = rewards.iter().map(|&r| (tokens, r)).collect();
+        group_of("b", n, &rollouts)
+    };
+    let large = sized(0, 600);
+    let large_id = large.id().to_string();
+    b.put_batch(vec![large, sized(1, 60)]).await.expect("put");
+    let mut cfg = config(2, 1000, Shortfall::FillFromOthers);
+    cfg.hooks = Arc::new(SlimeHooks { group_size: 3 });
+    let batch = one_batch(vec![source("b", &b, 1.0)], cfg).await;
+    assert_eq!(tokens(&batch, 0), 180);
+    assert_eq!(batch.rejected, [(large_id, Rejection::TooLong)]);
+    batch.complete().await.expect("complete");
+    let stats = b.stats();
+    assert_eq!((b.len(), stats.filtered), (0, 1), "{stats:?}");
 }

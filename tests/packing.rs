@@ -219,3 +219,39 @@ fn a_batch_too_large_to_allocate_is_an_error() {
         );
     }
 }
+
+#[test]
+fn a_group_left_over_gives_back_the_room_it_took() {
+    // Rows of 10, two of them. g0 (6 + 6) takes a row each; g1 (4 + 4 + 3) puts a 4 in
+    // each row and finds no room for its 3, so it is left over, and the rows are as g0
+    // left them: g2's 3 goes into the first, after g0's 6.
+    let group = |g: usize, lens: &[usize]| TrainGroup {
+        id: format!("g{g}"),
+        environment: "e".into(),
+        policy_version: 0,
+        items: lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| item(g, i, 1, len - 1, false))
+            .collect(),
+    };
+    let packed = Packer::new(10, 2)
+        .pack(&[group(0, &[6, 6]), group(1, &[4, 4, 3]), group(2, &[3])])
+        .expect("pack");
+    assert_eq!(packed.batch.group_ids, ["g0", "g2"]);
+    assert_eq!(packed.leftover, [1]);
+    let placed: Vec<Vec<(&str, usize, usize)>> = packed
+        .batch
+        .rows
+        .iter()
+        .map(|row| {
+            row.iter()
+                .map(|seg| (seg.group_id.as_str(), seg.start, seg.len))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        placed,
+        [vec![("g0", 0, 6), ("g2", 6, 3)], vec![("g0", 0, 6)]]
+    );
+}

@@ -379,8 +379,8 @@ impl Batcher {
 
     /// Runs the hooks and the packer over what was taken; sorts the leases into packed,
     /// rejected (discarded on completion) and left over (given back now). `oversized`
-    /// groups, and groups left over from a batch that packed none, are rejected as too
-    /// long: they cannot fit in any batch.
+    /// groups, and groups left over that not even an empty batch could place, are
+    /// rejected as too long: they cannot fit in any batch.
     fn finish(&self, taken: Vec<Taken>, oversized: Vec<Taken>, short: bool) -> Result<GroupBatch> {
         let mut leases: BTreeMap<String, (usize, Batch)> = BTreeMap::new();
         let mut groups = Vec::with_capacity(taken.len());
@@ -434,14 +434,21 @@ impl Batcher {
             .into_iter()
             .map(|t| (t.group.id, t.lease))
             .collect();
-        // Left over: from empty rows (nothing packed), or with more tokens once processed
-        // (padded) than a batch holds, a group will not fit in any batch either.
-        let total = batch_tokens(&self.config.packer);
-        let s = self.config.packer.seq_len;
+        // Left over: from empty rows (nothing packed), with more tokens once processed
+        // (padded) than a batch holds, or with sequences no empty batch's rows can place
+        // (three of 600 tokens in two rows of 1,000), a group will not fit in any batch
+        // either. Given back, it would be leased at every call, take its source's share
+        // of the batch and be left over again.
+        let packer = &self.config.packer;
+        let total = batch_tokens(packer);
+        let s = packer.seq_len;
         let nothing_packed = packed.batch.group_ids.is_empty();
         for group in &processed.kept {
+            if !leases.contains_key(&group.id) {
+                continue;
+            }
             let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
-            if nothing_packed || tokens > total {
+            if nothing_packed || tokens > total || !packer.fits_alone(group) {
                 if let Some((_, lease)) = leases.remove(&group.id) {
                     never_fit.push((group.id.clone(), lease));
                 }

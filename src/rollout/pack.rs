@@ -135,6 +135,28 @@ impl Packer {
         }
     }
 
+    /// The most rows a batch has, and the most real tokens it holds.
+    fn limits(&self) -> (usize, usize) {
+        match self.rows {
+            Rows::Fixed(b) => (b, usize::MAX),
+            Rows::TokenBudget(t) => (usize::MAX, t),
+        }
+    }
+
+    /// Whether [`Self::pack`] would pack `group` into a batch holding nothing else. A
+    /// group for which it would not fits no batch of this packer: given back, it would
+    /// be leased again at every batch and left over again.
+    pub(crate) fn fits_alone(&self, group: &TrainGroup) -> bool {
+        let s = self.seq_len;
+        let (max_rows, budget) = self.limits();
+        if s == 0 || (self.overlong == Overlong::Reject && group.items.iter().any(|i| i.len() > s))
+        {
+            return false;
+        }
+        let tokens: usize = group.items.iter().map(|i| i.len().min(s)).sum();
+        tokens <= budget && place_group(group, 0, s, max_rows, &mut Vec::new(), &mut Vec::new())
+    }
+
     /// Packs `groups` (see the module docs).
     ///
     /// # Errors
@@ -149,11 +171,10 @@ impl Packer {
         if s == 0 {
             return Err(bad("seq_len is 0"));
         }
-        let (max_rows, budget) = match self.rows {
-            Rows::Fixed(0) => return Err(bad("0 rows")),
-            Rows::Fixed(b) => (b, usize::MAX),
-            Rows::TokenBudget(t) => (usize::MAX, t),
-        };
+        if self.rows == Rows::Fixed(0) {
+            return Err(bad("0 rows"));
+        }
+        let (max_rows, budget) = self.limits();
         let clipped = |item: &TrainItem| item.len().min(s);
         let mut order: Vec<usize> = (0..groups.len()).collect();
         let group_tokens = |g: &TrainGroup| g.items.iter().map(clipped).sum::<usize>();
@@ -175,33 +196,10 @@ impl Packer {
                 leftover.push(g);
                 continue;
             }
-            let mut items: Vec<usize> = (0..group.items.len()).collect();
-            items.sort_by_key(|&i| std::cmp::Reverse(clipped(&group.items[i])));
-            let (rows_before, placed_before) = (fill.clone(), placed.len());
-            let mut fits = true;
-            for &i in &items {
-                let len = clipped(&group.items[i]);
-                match fill.iter().position(|&used| used + len <= s) {
-                    Some(row) => {
-                        placed.push((g, i, row, fill[row]));
-                        fill[row] += len;
-                    }
-                    None if fill.len() < max_rows => {
-                        placed.push((g, i, fill.len(), 0));
-                        fill.push(len);
-                    }
-                    None => {
-                        fits = false;
-                        break;
-                    }
-                }
-            }
-            if fits {
+            if place_group(group, g, s, max_rows, &mut fill, &mut placed) {
                 real += tokens;
                 packed_groups.push(g);
             } else {
-                fill = rows_before;
-                placed.truncate(placed_before);
                 leftover.push(g);
             }
         }
@@ -261,6 +259,51 @@ impl Packer {
 }
 
 /// Writes item `i` of `group` into `row` from column `start`, truncated to `s` tokens.
+/// Places `group` (input index `g`) into the rows `fill` (tokens used per row): its
+/// sequences largest first, each into the first row with room, a row opened while fewer
+/// than `max_rows` exist. Either the whole group is placed, its sequences appended to
+/// `placed` as `(group, item, row, start)`, or nothing is and `false` comes back with
+/// `fill` and `placed` as they were.
+fn place_group(
+    group: &TrainGroup,
+    g: usize,
+    s: usize,
+    max_rows: usize,
+    fill: &mut Vec<usize>,
+    placed: &mut Vec<(usize, usize, usize, usize)>,
+) -> bool {
+    let clipped = |item: &TrainItem| item.len().min(s);
+    let mut items: Vec<usize> = (0..group.items.len()).collect();
+    items.sort_by_key(|&i| std::cmp::Reverse(clipped(&group.items[i])));
+    let (rows_before, placed_before) = (fill.len(), placed.len());
+    for &i in &items {
+        let len = clipped(&group.items[i]);
+        match fill.iter().position(|&used| used + len <= s) {
+            Some(row) => {
+                placed.push((g, i, row, fill[row]));
+                fill[row] += len;
+            }
+            None if fill.len() < max_rows => {
+                placed.push((g, i, fill.len(), 0));
+                fill.push(len);
+            }
+            None => {
+                // Undo: the rows opened go, the rows that were there give back what
+                // this group's sequences took of them.
+                for &(_, i, row, _) in &placed[placed_before..] {
+                    if row < rows_before {
+                        fill[row] -= clipped(&group.items[i]);
+                    }
+                }
+                fill.truncate(rows_before);
+                placed.truncate(placed_before);
+                return false;
+            }
+        }
+    }
+    true
+}
+
 fn write_sequence(
     batch: &mut TrainBatch,
     group: &TrainGroup,
