@@ -119,6 +119,27 @@ def test_a_lease_released_on_exception_is_redelivered():
     asyncio.run(main())
 
 
+def test_a_lease_block_whose_closing_commit_is_refused_gives_the_batch_back():
+    # `gen` outputs `tokens`: a block that ends without completing it cannot be
+    # committed. The commit's error comes out of the block, and the batch goes back to
+    # `gen`, though the block's name for it lives on: kept leased, it would wait for a
+    # commit nothing makes.
+    async def main():
+        buf = pipeline(capacity=4, n=2)
+        await buf.put_columns({"prompt": np.ones((2, 2), np.int32)}, ids=["a", "b"])
+        with pytest.raises(ValueError, match="tokens"):
+            async with buf.lease("gen") as batch:
+                pass
+        assert buf.stats()["live_leases"] == 0
+        with pytest.raises(rb.BufferError, match="already finished"):
+            batch.release()
+        again = await buf.get_batch_for_rpc("gen", timeout=5)
+        assert sorted(s["id"] for s in again.samples()) == ["a", "b"]
+        assert buf.stats()["rpcs"]["gen"]["redelivered"] == 2
+
+    asyncio.run(main())
+
+
 def test_a_rejected_completion_or_commit_keeps_the_lease_for_a_corrected_one():
     buf = rb.Buffer(8, [rb.Rpc("gen", 2, inputs=["x"], outputs=["y"]), rb.Rpc("train", 2, inputs=["x", "y"])])
     buf.put_columns_blocking({"x": np.arange(2, dtype=np.int32)}, ids=["a", "b"])

@@ -216,17 +216,18 @@ class Buffer:
     async def lease(self, rpc: str, timeout: Optional[float] = None) -> AsyncIterator[Batch]:
         """``async with buf.lease("train") as batch:``: commits the batch when the block
         ends normally (unless it was completed or released inside), releases it on an
-        exception."""
+        exception. A commit refused at the block's end (an RPC with outputs the block did
+        not complete, say) releases the batch too, then raises: the block is over, and
+        nothing else holds the batch to commit it again."""
         batch = await self.get_batch_for_rpc(rpc, timeout)
         try:
             yield batch
+            if len(batch):
+                await batch.commit()
         except BaseException:
             with contextlib.suppress(BufferError):
                 batch.release()
             raise
-        else:
-            if len(batch):
-                await batch.commit()
 
     def set_policy_version(self, version: int) -> None:
         """Announces the trainer's policy version (staleness bounds and future checks)."""
