@@ -256,6 +256,33 @@ def test_uids_are_unique_within_their_prompt(tmp_path):
     assert again.stats()["groups_live"] == 2
 
 
+def test_a_prompt_drawn_again_at_a_newer_version_makes_a_new_group(tmp_path):
+    """Uids numbered per prompt, the prompt drawn again at policy version 2 while its
+    version-1 group was live: every new rollout was refused as a duplicate, as the dedupe
+    named a rollout by prompt and uid alone. Grouped strictly, the version is part of the
+    group key and of the rollout's name; a resend of a version-1 rollout is still a
+    duplicate, also after a restart. Grouped mixed, a group holds several versions, so a
+    uid stays unique within its prompt."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    def drawn(version):
+        return [R("math", "q1", version, rollout_uid=str(i)) for i in range(2)]
+
+    buf = open_buffer(tmp_path / "strict", target_group_size=2)
+    assert buf.add_rollouts(drawn("1")) == ["pending", "sealed"]
+    assert buf.add_rollouts(drawn("2")) == ["pending", "sealed"]
+    assert buf.stats()["groups_live"] == 2
+    assert buf.add_rollouts(drawn("1")[:1]) == ["duplicate"]
+    buf.close()
+    again = open_buffer(tmp_path / "strict", target_group_size=2)
+    assert again.add_rollouts(drawn("2")[1:] + drawn("1")[:1]) == ["duplicate", "duplicate"]
+    assert again.add_rollouts(drawn("3")) == ["pending", "sealed"]
+    assert sorted(g.policy_version for g in again.get_groups(list(again._live))) == ["1", "2", "3"]
+    mixed = open_buffer(tmp_path / "mixed", target_group_size=2, grouping="mixed")
+    assert mixed.add_rollouts(drawn("1")) == ["pending", "sealed"]
+    assert mixed.add_rollouts(drawn("2")) == ["duplicate", "duplicate"]
+
+
 @pytest.mark.parametrize("column, values, message", [
     ("reward", [True], "numbers only"),
     ("token_count", [True], "integers only"),

@@ -229,10 +229,11 @@ class ReplayBuffer(Serving):
         self._pool: Optional[ThreadPoolExecutor] = None
         self._staged_since: Optional[float] = None
         self._known: set = set()  # every group id ever sealed here or on storage
-        # (environment, example id, uid) of pending and live rollouts: a uid is unique
-        # within its prompt, as spec 000's aggregators dedupe. One set for the whole
-        # buffer dropped every prompt's rollouts but the first's when uids were numbered
-        # per prompt ("0" to "7").
+        # The rollouts of pending and live groups, by `_uid_key`: a uid is unique within
+        # its prompt (and, grouping strictly, its policy version), as spec 000's
+        # aggregators dedupe. One set for the whole buffer dropped every prompt's rollouts
+        # but the first's when uids were numbered per prompt ("0" to "7"), and one per
+        # prompt alone a prompt's rollouts drawn again at a newer version.
         self._seen_uids: set = set()
         self._by_version: dict = {}  # (environment, version) -> live group ids, oldest first
         self._scores: dict = {}  # group id -> {uid: {"scores": {}, "flags": {}}}
@@ -299,7 +300,8 @@ class ReplayBuffer(Serving):
         if self.accept is not None and pv not in self.accept:
             self.stats_.count("version_rejected")
             return "version_rejected"
-        if (env, ex, uid) in self._seen_uids:
+        seen = self._uid_key(env, ex, pv, uid)
+        if seen in self._seen_uids:
             self.stats_.count("duplicates")
             return "duplicate"
         key = (env, ex, seg) if self.mixed else (env, ex, seg, pv)
@@ -309,7 +311,7 @@ class ReplayBuffer(Serving):
         if self.max_per_replica is not None and agg.by_replica[rep] >= self.max_per_replica:
             self.stats_.count("replica_capped")
             return "replica_capped"
-        self._seen_uids.add((env, ex, uid))
+        self._seen_uids.add(seen)
         agg.uids.append(uid)
         agg.rows.append((chunk, i))
         agg.by_replica[rep] += 1
@@ -318,6 +320,19 @@ class ReplayBuffer(Serving):
             return self._seal(key, agg, now)
         return "pending"
 
+    def _uid_key(self, env: str, ex: str, pv: Optional[str], uid: str) -> tuple:
+        """What names a rollout for the dedupe: its uid within its prompt and, grouping
+        strictly, its policy version, as the group key has it. A prompt drawn again at a
+        newer version, its uids numbered "0" to "7" again, makes a new group; a resend
+        carries its version and is a duplicate. Grouping mixed, a group holds rollouts of
+        several versions, so a uid is unique within the prompt alone."""
+        return (env, ex, uid) if self.mixed else (env, ex, pv, uid)
+
+    def _group_uid_keys(self, g: Group):
+        """The `_uid_key` of each of a sealed group's rollouts (grouped strictly, all of
+        the group's one version)."""
+        return (self._uid_key(g.environment, g.example_id, g.policy_version, u) for u in g.uids)
+
     def _seal(self, key: tuple, agg: Aggregator, now: float) -> str:
         del self._pending[key]
         env, ex, seg = key[0], key[1], key[2]
@@ -325,7 +340,7 @@ class ReplayBuffer(Serving):
         pv = oldest_version(versions)
         gid = group_id(env, ex, "mixed" if self.mixed else pv, seg, agg.uids)
         if gid in self._known:
-            self._seen_uids.difference_update((env, ex, u) for u in agg.uids)
+            self._seen_uids.difference_update(self._uid_key(env, ex, pv, u) for u in agg.uids)
             self.stats_.count("duplicate_groups")
             return "duplicate_group"
         self._known.add(gid)
@@ -377,7 +392,7 @@ class ReplayBuffer(Serving):
         still pending had raised it, and a lag-filtered draw then found nothing."""
         self._live[g.id] = g
         self._by_version.setdefault((g.environment, g.policy_version), {})[g.id] = None
-        self._seen_uids.update((g.environment, g.example_id, u) for u in g.uids)
+        self._seen_uids.update(self._group_uid_keys(g))
         for n in [g.version_num] + [version_number(v) for v in g.versions]:
             if n is not None and (self._highest_version is None or n > self._highest_version):
                 self._highest_version = n
@@ -395,7 +410,7 @@ class ReplayBuffer(Serving):
             same.pop(gid, None)
             if not same:
                 del self._by_version[(g.environment, g.policy_version)]
-        self._seen_uids.difference_update((g.environment, g.example_id, u) for u in g.uids)
+        self._seen_uids.difference_update(self._group_uid_keys(g))
 
     def _evict(self, gids: list, reason: str) -> None:
         if not gids:
@@ -621,7 +636,12 @@ class ReplayBuffer(Serving):
         files: dict = {}
         kept = self._live
         self._live, self._by_version = {}, {}
-        self._seen_uids = {(k[0], k[1], u) for k, agg in self._pending.items() for u in agg.uids}
+        # A pending aggregator's key is (environment, example id, segment[, version]).
+        self._seen_uids = {
+            self._uid_key(k[0], k[1], k[3] if len(k) > 3 else None, u)
+            for k, agg in self._pending.items()
+            for u in agg.uids
+        }
         for h in sorted(storage.scan_groups(self._store), key=lambda h: (h["sealed_ts"], h["group_id"])):
             gid = h["group_id"]
             self._known.add(gid)
