@@ -334,3 +334,28 @@ def test_draw_options_of_the_wrong_kind_are_named(tmp_path):
             buf.set_policy_version(2**70)
     with pytest.raises(Exception, match="closed"):
         buf.stats()
+
+
+@pytest.mark.parametrize("field, value", [
+    ("environment", "e" * 250),
+    ("environment", "数" * 100),  # nine bytes each, URL-quoted
+    ("policy_version", "v" * 250),
+])
+def test_a_name_too_long_for_a_partition_folder_is_refused(tmp_path, field, value):
+    """An environment (or version) whose folder name is over 255 bytes was taken and
+    sealed, then never written: every write, draw, flush and close failed on it with
+    "File name too long", the other groups' draws too."""
+    from rollout_buffer.replay import RolloutRecord as R
+
+    buf = open_buffer(tmp_path, target_group_size=2, numeric_versions=False)
+    fields = {"environment": "math", "policy_version": "1", field: value}
+    bad = [R(fields["environment"], "q", fields["policy_version"], rollout_uid=str(i)) for i in range(2)]
+    with pytest.raises(ValueError, match=f"rollout 1 \\(uid '0'\\): {field} .* bytes .* over the 255"):
+        buf.add_rollouts([R("math", "q0", "1", rollout_uid="a")] + bad)
+    with pytest.raises(ValueError, match=f"{field} .* over the 255"):
+        buf.add_rollouts({"environment": [fields["environment"]], "example_id": ["q"],
+                          "policy_version": [fields["policy_version"]]})
+    assert buf.stats()["received"] == 0, "nothing of either call taken"
+    assert buf.add_rollouts([R("math", "q", "1", rollout_uid=str(i)) for i in range(2)]) == ["pending", "sealed"]
+    assert len(buf.sample_groups(1).group_ids) == 1
+    buf.close()

@@ -283,6 +283,7 @@ class ReplayBuffer(Serving):
             table = records_to_table(rs, self.numeric)[0]
         if not table.num_rows:
             return []  # a flush of nothing: checked (a table's columns), otherwise a no-op
+        storage.check_partition_names(table)
         chunk = Chunk(table)
         columns = [
             table.column(name).to_pylist()

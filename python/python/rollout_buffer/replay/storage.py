@@ -26,6 +26,7 @@ import urllib.parse
 from typing import Any, Iterator, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -170,6 +171,29 @@ class Store:
 
 def _part(value: Any) -> str:
     return urllib.parse.quote(str(value), safe="")
+
+
+# The longest name of one folder that local file systems take (NAME_MAX), in bytes.
+NAME_MAX = 255
+
+
+def check_partition_names(table: pa.Table) -> None:
+    """A ``ValueError`` naming the first row (and its uid) whose environment or policy
+    version makes a partition folder name longer than :data:`NAME_MAX` bytes once quoted
+    (250 letters, or 100 CJK characters at nine bytes each): its group would be sealed
+    and then never written, every write, draw and ``close`` failing on it."""
+    for column, folder in (("environment", "environment"), ("rollout_policy_version", "policy_version")):
+        for value in pc.unique(table.column(column)).to_pylist():
+            size = len(f"{folder}={_part(value)}".encode())
+            if size > NAME_MAX:
+                row = table.column(column).to_pylist().index(value)
+                uid = table.column("rollout_uid")[row].as_py()
+                shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}..."
+                raise ValueError(
+                    f"rollout {row} (uid {uid!r}): {folder} {shown} names a partition folder "
+                    f"of {size} bytes ('{folder}=' and the value URL-quoted), over the "
+                    f"{NAME_MAX} a file system takes"
+                )
 
 
 def partition_dir(environment: str, policy_version: str, segment_idx: int) -> str:
