@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::rollouts::{open_trainer, rollout};
+use common::rollouts::{open_trainer, rollout, trainer};
 use common::{wait_until, TempDir};
 use rollout_buffer::persist::{Durability, PersistOptions};
 use rollout_buffer::rollout::{
@@ -12,14 +12,6 @@ use rollout_buffer::rollout::{
 use rollout_buffer::{RpcDef, Sample, SequenceBuffer};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-
-fn trainer(capacity: usize) -> SequenceBuffer {
-    SequenceBuffer::new(
-        capacity,
-        [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
-    )
-    .expect("config")
-}
 
 /// A small deterministic shuffle (xorshift), so the test needs no randomness crate.
 fn shuffle<T>(items: &mut [T], mut seed: u64) {
@@ -654,38 +646,4 @@ async fn dropping_the_ingest_ends_its_timer_task() {
     tokio::task::yield_now().await;
     drop(ingest);
     common::wait_until(|| tasks() == before).await;
-}
-
-/// A group the buffer refuses for good (one rollout lacks the reward the trainer reads)
-/// is answered with the error, and the rollouts resent fixed under the same uids are
-/// taken as new: the group is stored, not lost to a window of "already seen" uids.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rollouts_of_a_refused_group_resent_fixed_are_stored() {
-    let buf = trainer(8);
-    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(3))
-        .await
-        .expect("start");
-    for k in 0..2 {
-        ingest.add(rollout(0, k, 0)).await.expect("pending");
-    }
-    let mut broken = rollout(0, 2, 0);
-    broken.reward = None;
-    assert!(ingest.add(broken).await.is_err(), "the group is refused");
-    assert_eq!((buf.len(), ingest.counters().refused_groups), (0, 1));
-    let mut answers = Vec::new();
-    for k in 0..3 {
-        answers.push(ingest.add(rollout(0, k, 0)).await.expect("add"));
-    }
-    assert!(
-        matches!(
-            answers.as_slice(),
-            [
-                Added::Pending { .. },
-                Added::Pending { .. },
-                Added::Sealed(_)
-            ]
-        ),
-        "{answers:?}"
-    );
-    assert_eq!(buf.len(), 1);
 }

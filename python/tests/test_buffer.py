@@ -471,3 +471,18 @@ def test_every_waiting_call_takes_a_timeout():
     with pytest.raises(rb.Timeout):
         rb.Buffer(1, rpcs(), wait_warning=1e15).get_batch_for_rpc_blocking("train", timeout=0.05)
     assert endless.get_batch_for_rpc_blocking("train", timeout=math.inf).samples()[0]["id"] == "b"
+
+
+def test_a_rollout_without_a_reward_the_trainer_reads_is_refused_alone():
+    # Answered "pending", then its whole group refused when it sealed: the rollout
+    # before it lost too, and under a seal timeout with no error raised to anyone.
+    buf = rb.Buffer(64, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+    ingest = rb.Ingest(buf, group_size=2)
+    base = dict(environment="math", example_id="q", policy_version=0,
+                prompt_tokens=np.array([1, 2], np.int32), output_tokens=np.array([3, 4], np.int32),
+                logprobs=np.array([-1, -1], np.float32))
+    assert ingest.add_rollout_blocking(dict(base, rollout_uid="a", reward=1.0)) == "pending"
+    with pytest.raises(ValueError, match="rollout `b`.*no `reward`"):
+        ingest.add_rollout_blocking(dict(base, rollout_uid="b"))
+    assert ingest.add_rollout_blocking(dict(base, rollout_uid="b", reward=0.0)) == "sealed"
+    assert len(buf) == 1 and ingest.counters()["refused_groups"] == 0

@@ -259,6 +259,15 @@ impl SequenceBuffer {
         Ok(graph.rpcs()[r].n_seqs)
     }
 
+    /// Whether every stored sample must hold `key`: an RPC reads it and none outputs it,
+    /// nor is it declared external (a dataset key).
+    pub(crate) fn needs_dataset_key(&self, key: &str) -> bool {
+        let graph = &self.shared.graph;
+        graph
+            .key_id(key)
+            .is_some_and(|id| graph.dataset_keys().contains(id))
+    }
+
     /// [`Self::explain`] of RPC index `r`.
     pub(crate) fn current_waiting(&self, r: usize) -> RpcWaiting {
         self.current(|inner| self.waiting_of(inner, r))

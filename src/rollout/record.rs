@@ -62,6 +62,35 @@ pub struct RolloutRecord {
     pub prefix_hash: Option<String>,
 }
 
+/// A field a rollout may leave out (`None`), which its group's sample then lacks (every
+/// member must have it for the group's column to exist): a store whose RPCs read it and
+/// none outputs it (a dataset key) refuses such a group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OptionalField {
+    Reward,
+    RefLogprobs,
+}
+
+impl OptionalField {
+    pub(crate) const ALL: [Self; 2] = [Self::Reward, Self::RefLogprobs];
+
+    /// Its key in a group's sample.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Self::Reward => "reward",
+            Self::RefLogprobs => "ref_logprobs",
+        }
+    }
+
+    /// Whether `record` has it.
+    pub(crate) fn is_in(self, record: &RolloutRecord) -> bool {
+        match self {
+            Self::Reward => record.reward.is_some(),
+            Self::RefLogprobs => record.ref_logprobs.is_some(),
+        }
+    }
+}
+
 impl RolloutRecord {
     /// A whole (single-segment) rollout with no tokens, reward or metadata yet.
     pub fn new(

@@ -21,14 +21,19 @@ pub fn rollout(example: usize, k: usize, replica: usize) -> RolloutRecord {
     r
 }
 
+/// The trainer's RPC: it reads each group's output tokens and rewards.
+fn train_rpc() -> RpcDef {
+    RpcDef::new("train", 1).inputs(["output_tokens", "reward"])
+}
+
+/// A trainer's buffer of `capacity` groups, in memory.
+pub fn trainer(capacity: usize) -> SequenceBuffer {
+    SequenceBuffer::new(capacity, [train_rpc()]).expect("config")
+}
+
 /// Opens (or recovers) a trainer's buffer of 16 groups at `dir` with `options`.
 pub async fn open_trainer(dir: &str, options: PersistOptions) -> SequenceBuffer {
-    SequenceBuffer::open(
-        dir,
-        16,
-        [RpcDef::new("train", 1).inputs(["output_tokens", "reward"])],
-        options,
-    )
-    .await
-    .expect("open")
+    SequenceBuffer::open(dir, 16, [train_rpc()], options)
+        .await
+        .expect("open")
 }

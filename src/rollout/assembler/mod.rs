@@ -22,8 +22,8 @@
 //! groups, in the same order.
 
 use super::group::{key_tag, GroupKey, GroupMode, SealReason, SealedGroup};
-use super::record::RolloutRecord;
-use crate::error::Result;
+use super::record::{OptionalField, RolloutRecord};
+use crate::error::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
@@ -216,6 +216,9 @@ pub struct GroupAssembler {
     counters: AssemblerCounters,
     /// Time from first rollout to seal of the last `SEAL_TIMES` groups.
     seal_times: VecDeque<Duration>,
+    /// Fields every new rollout must have: its group's store reads them (see
+    /// [`Self::require`]).
+    required: Vec<OptionalField>,
 }
 
 /// How many recent seal times the quantiles are taken over.
@@ -238,7 +241,15 @@ impl GroupAssembler {
             next_gone: 0,
             counters: AssemblerCounters::default(),
             seal_times: VecDeque::new(),
+            required: Vec::new(),
         }
+    }
+
+    /// Refuses, from now on, a new rollout without one of `fields`: its group's store
+    /// reads them, and would refuse the whole group when it seals, rollouts answered
+    /// pending long before with it. Rollouts added back at a restart are not checked.
+    pub(crate) fn require(&mut self, fields: Vec<OptionalField>) {
+        self.required = fields;
     }
 
     /// The configuration.
@@ -352,6 +363,19 @@ impl GroupAssembler {
         if filter && self.config.max_per_replica.is_some_and(|cap| mine >= cap) {
             self.counters.replica_capped += 1;
             return Ok(Added::ReplicaCapped);
+        }
+        // Checked last: a resend of a rollout taken before is a duplicate whatever it
+        // holds. Refused as malformed, so not counted as received.
+        if let Some(field) = self.required.iter().find(|f| filter && !f.is_in(&record)) {
+            self.counters.received -= 1;
+            return Err(Error::InvalidRollout {
+                uid: record.rollout_uid,
+                detail: format!(
+                    "no `{}`, which the buffer's RPCs read and none outputs: its group could \
+                     not be stored",
+                    field.key()
+                ),
+            });
         }
         let group = self.join(&key, record, now);
         let (size, overdue) = (group.rollouts.len(), group.overdue);

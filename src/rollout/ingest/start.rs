@@ -11,7 +11,7 @@ use super::{
 use crate::buffer::AuxWrite;
 use crate::error::Result;
 use crate::rollout::assembler::{Added, GroupAssembler, GroupConfig};
-use crate::rollout::record::RolloutRecord;
+use crate::rollout::record::{OptionalField, RolloutRecord};
 use crate::sample::Sample;
 use crate::sync::{Arc, AtomicBool, Mutex, Notify};
 use crate::SequenceBuffer;
@@ -45,6 +45,12 @@ impl GroupIngest {
         markers.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         let next_seal = markers.last().map_or(1, |m| m.0 + 1);
         let mut assembler = GroupAssembler::new(config);
+        assembler.require(
+            OptionalField::ALL
+                .into_iter()
+                .filter(|f| buf.needs_dataset_key(f.key()))
+                .collect(),
+        );
         // The uids of the groups stored last are duplicates again after a restart, as
         // they were before it, and taken for any other group (markers written before
         // markers held uids have none; before they held key tags, they are duplicates for

@@ -1,0 +1,105 @@
+//! Rollouts and groups the buffer under a group ingestion refuses: a rollout without a
+//! field the buffer reads is refused alone, before it joins its group; a group refused
+//! when it seals can be resent fixed.
+
+mod common;
+
+use common::rollouts::{rollout, trainer};
+use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest};
+use rollout_buffer::{Error, MetaValue, RpcDef, SequenceBuffer};
+
+/// A group the buffer refuses for good (its sample lacks a key the trainer reads) is
+/// answered with the error, and the rollouts resent fixed under the same uids are
+/// taken as new: the group is stored, not lost to a window of "already seen" uids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollouts_of_a_refused_group_resent_fixed_are_stored() {
+    // The trainer reads each group's `difficulty`, which no rollout of the first group
+    // has (a group has a metadata column when any member has the key): its sample lacks
+    // it, and the buffer refuses it when it seals.
+    let buf = SequenceBuffer::new(
+        8,
+        [RpcDef::new("train", 1).inputs(["output_tokens", "meta/difficulty"])],
+    )
+    .expect("config");
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(3))
+        .await
+        .expect("start");
+    for k in 0..2 {
+        ingest.add(rollout(0, k, 0)).await.expect("pending");
+    }
+    assert!(
+        ingest.add(rollout(0, 2, 0)).await.is_err(),
+        "the group is refused"
+    );
+    assert_eq!((buf.len(), ingest.counters().refused_groups), (0, 1));
+    let mut answers = Vec::new();
+    for k in 0..3 {
+        let mut rated = rollout(0, k, 0);
+        rated
+            .metadata
+            .insert("difficulty".into(), MetaValue::Int(3));
+        answers.push(ingest.add(rated).await.expect("add"));
+    }
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [
+                Added::Pending { .. },
+                Added::Pending { .. },
+                Added::Sealed(_)
+            ]
+        ),
+        "{answers:?}"
+    );
+    assert_eq!(buf.len(), 1);
+}
+
+/// A rollout without a field its buffer reads (a trainer reading `reward`, a rollout sent
+/// with none) was answered pending, and its whole group refused when it sealed: the
+/// rollouts before it lost with it, and, sealed by the timer, with no error to anyone.
+/// It is refused on its own now, naming its uid and the field, and its group stays as it
+/// was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_without_a_field_the_buffer_reads_is_refused_before_it_joins_its_group() {
+    let buf = trainer(8);
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2))
+        .await
+        .expect("start");
+    ingest.add(rollout(0, 0, 0)).await.expect("pending");
+    let mut unrewarded = rollout(0, 1, 0);
+    unrewarded.reward = None;
+    let err = ingest.add(unrewarded.clone()).await.expect_err("no reward");
+    assert!(
+        matches!(&err, Error::InvalidRollout { uid, detail }
+            if uid == "u-0-1" && detail.contains("no `reward`")),
+        "{err:?}"
+    );
+    assert_eq!(ingest.assembler_counters().pending_rollouts, 1);
+    // A resend of a rollout taken before is a duplicate, whatever it holds.
+    let mut resent = rollout(0, 0, 0);
+    resent.reward = None;
+    let added = ingest.add(resent).await;
+    assert!(matches!(added, Ok(Added::Duplicate)), "{added:?}");
+    let answers = ingest.add_many(vec![unrewarded, rollout(1, 0, 0)]).await;
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [Err(Error::InvalidRollout { .. }), Ok(Added::Pending { .. })]
+        ),
+        "{answers:?}"
+    );
+    let added = ingest.add(rollout(0, 1, 0)).await;
+    assert!(matches!(added, Ok(Added::Sealed(_))), "{added:?}");
+    assert_eq!((buf.len(), ingest.counters().refused_groups), (1, 0));
+    // A buffer that does not read rewards takes rollouts without one.
+    let tokens_only = SequenceBuffer::new(8, [RpcDef::new("train", 1).inputs(["output_tokens"])])
+        .expect("config");
+    let ingest = GroupIngest::start(tokens_only.clone(), GroupConfig::new(1))
+        .await
+        .expect("start");
+    let mut r = rollout(2, 0, 0);
+    r.reward = None;
+    let added = ingest.add(r).await;
+    assert!(matches!(added, Ok(Added::Sealed(_))), "{added:?}");
+    assert_eq!(tokens_only.len(), 1);
+}
