@@ -111,6 +111,10 @@ fn rollout_from_py(obj: &Bound<'_, PyAny>) -> PyResult<RolloutRecord> {
     };
     let (environment, example_id) = (text("environment")?, text("example_id")?);
     let version = field(d, "policy_version", &place, "an int from 0", |v| {
+        // A bool is an int to Python (True is 1): a flag passed for a version.
+        if v.is_instance_of::<pyo3::types::PyBool>() {
+            return Err(PyValueError::new_err(format!("got {}", v.repr()?)));
+        }
         v.extract::<u64>()
     })?
     .ok_or_else(|| PyValueError::new_err(format!("{place}: needs `policy_version`")))?;

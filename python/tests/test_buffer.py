@@ -486,3 +486,18 @@ def test_a_rollout_without_a_reward_the_trainer_reads_is_refused_alone():
         ingest.add_rollout_blocking(dict(base, rollout_uid="b"))
     assert ingest.add_rollout_blocking(dict(base, rollout_uid="b", reward=0.0)) == "sealed"
     assert len(buf) == 1 and ingest.counters()["refused_groups"] == 0
+
+
+@pytest.mark.parametrize("version", [-1, 2**64, 1.0, True, "3", None])
+def test_a_policy_version_that_is_no_int_from_0_is_named(version):
+    # -1 was an OverflowError ("can't convert negative int to unsigned"), and True was
+    # taken as version 1, by the buffer and by a rollout given to an Ingest.
+    buf = rb.Buffer(8, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+    with pytest.raises(ValueError, match="version must be an int from 0"):
+        buf.set_policy_version(version)
+    buf.set_policy_version(np.int64(2))
+    assert buf.stats()["policy_version"] == 2
+    rollout = dict(environment="math", example_id="q", rollout_uid="a", policy_version=version,
+                   reward=1.0, output_tokens=np.array([3], np.int32), logprobs=np.array([-1], np.float32))
+    with pytest.raises(ValueError, match="rollout \"a\".*`policy_version`"):
+        rb.Ingest(buf, group_size=2).add_rollout_blocking(rollout)

@@ -23,6 +23,7 @@ thread per call) and a ``*_blocking`` twin that releases the GIL and honours Ctr
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Any, AsyncIterator, Iterable, Optional, Sequence
 
 import numpy as np
@@ -230,8 +231,14 @@ class Buffer:
             raise
 
     def set_policy_version(self, version: int) -> None:
-        """Announces the trainer's policy version (staleness bounds and future checks)."""
-        self._native.set_policy_version(version)
+        """Announces the trainer's policy version (staleness bounds and future checks): an
+        int from 0 to 2**64 - 1, else a ``ValueError`` naming it."""
+        v = None if isinstance(version, (bool, np.bool_)) else _index(version)
+        if v is None or not 0 <= v < 2**64:
+            # The native call raised an OverflowError ("can't convert negative int to
+            # unsigned") or a TypeError naming no argument, and took True as 1.
+            raise ValueError(f"version must be an int from 0 to 2**64 - 1, not {_short(version)}")
+        self._native.set_policy_version(v)
 
     def stats(self) -> dict:
         """A snapshot of slots, per-RPC progress and totals."""
@@ -255,6 +262,20 @@ class Buffer:
 
     def __len__(self) -> int:
         return len(self._native)
+
+
+def _short(value: Any) -> str:
+    """``value`` for an error message: its type and at most 60 characters of its repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def _index(value: Any) -> Optional[int]:
+    """``value`` as an int, if it is one (numpy's included)."""
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _native_of(buffer: Any) -> Any:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import operator
 import secrets
 import time
 from typing import Any, Optional
@@ -38,7 +37,7 @@ from typing import Any, Optional
 import numpy as np
 import ray
 
-from . import GROUP_INPUTS, Batcher, Buffer, Ingest, Rpc
+from . import GROUP_INPUTS, Batcher, Buffer, Ingest, Rpc, _index, _short
 
 
 @ray.remote
@@ -159,12 +158,7 @@ class BufferActor:
 
     def set_policy_version(self, version: int) -> None:
         """Announces the trainer's policy version."""
-        v = None if isinstance(version, (bool, np.bool_)) else _index(version)
-        if v is None or not 0 <= v < 2**64:
-            # The buffer's own check raised an OverflowError ("can't convert negative
-            # int to unsigned") or a TypeError naming no argument, and took True as 1.
-            raise ValueError(f"version must be an int from 0 to 2**64 - 1, not {_short(version)}")
-        self._buffer.set_policy_version(v)
+        self._buffer.set_policy_version(version)
 
     def stats(self) -> dict:
         """The buffer's and the ingestion's counts, and the leases and trainer steps the
@@ -202,16 +196,6 @@ class BufferActor:
 
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
-
-
-def _index(value: Any) -> Optional[int]:
-    try:
-        return operator.index(value)
-    except TypeError:
-        return None
 
 
 def _step(step: Any) -> int:
