@@ -115,3 +115,18 @@ def test_shards_of_the_wrong_kind_are_refused_and_numpy_counts_taken(cluster, tm
     assert not root.exists(), "no shard started"
     front = ShardedReplayBuffer(str(tmp_path / "np"), np.int64(2), by="hash", durable=False, clock=Clock())
     assert len(front.handles) == 2
+
+
+@pytest.mark.parametrize("long", ["e" * 250, "数" * 100])
+def test_a_name_too_long_for_a_shards_partition_folder_is_refused_before_any_shard_takes_any(cluster, tmp_path, long):
+    """A shard refused it (its partition folder name over 255 bytes) after the other
+    shards had taken their rollouts, and the answers of those were lost with the error."""
+    front = ShardedReplayBuffer(str(tmp_path / "hashed"), 2, by="hash", durable=False, clock=Clock(),
+                                target_group_size=4)
+    good = [rec(ex=f"q{i}", uid=f"u{i}") for i in range(8)]
+    bad = rec(env=long, uid="far")
+    for data in (good + [bad], columns(environment=["math", long])):
+        with pytest.raises(ValueError, match="rollout (8|1) \\(uid '(far|c1)'\\): environment .* over the 255"):
+            front.add_rollouts(data)
+    assert sum(received(front)) == 0, "no shard took any"
+    assert front.add_rollouts(good) == ["pending"] * 8

@@ -258,7 +258,6 @@ impl Packer {
     }
 }
 
-/// Writes item `i` of `group` into `row` from column `start`, truncated to `s` tokens.
 /// Places `group` (input index `g`) into the rows `fill` (tokens used per row): its
 /// sequences largest first, each into the first row with room, a row opened while fewer
 /// than `max_rows` exist. Either the whole group is placed, its sequences appended to
@@ -304,6 +303,7 @@ fn place_group(
     true
 }
 
+/// Writes item `i` of `group` into `row` from column `start`, truncated to `s` tokens.
 fn write_sequence(
     batch: &mut TrainBatch,
     group: &TrainGroup,

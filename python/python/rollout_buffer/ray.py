@@ -195,9 +195,6 @@ class BufferActor:
             del self._leases[lease_id]
 
 
-
-
-
 def _step(step: Any) -> int:
     """A training step: an int (steps key the held batches, where 0, 0.0 and False were
     one key and "0" another)."""

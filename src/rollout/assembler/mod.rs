@@ -146,7 +146,7 @@ pub enum Added {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AssemblerCounters {
-    /// Rollouts added.
+    /// Rollouts added (those refused as malformed, or for a field they lack, are not).
     pub received: u64,
     /// Rollouts dropped as duplicates.
     pub duplicates: u64,
@@ -299,8 +299,10 @@ impl GroupAssembler {
     ///
     /// # Errors
     ///
-    /// Only for a malformed record: [`Error::InvalidRollout`](crate::Error::InvalidRollout),
-    /// as [`RolloutRecord::validate`] reports it, with nothing changed.
+    /// Only [`Error::InvalidRollout`](crate::Error::InvalidRollout), with nothing changed:
+    /// for a malformed record, as [`RolloutRecord::validate`] reports it, or one without a
+    /// field this assembler requires (see `require`; a group ingestion requires the
+    /// fields its buffer reads and no RPC outputs).
     pub fn add(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
         self.add_with(record, now, true)
     }

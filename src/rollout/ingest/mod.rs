@@ -183,7 +183,8 @@ impl GroupIngest {
     /// # Errors
     ///
     /// * [`Error::InvalidRollout`] for a malformed record (see
-    ///   [`RolloutRecord::validate`]), with nothing changed.
+    ///   [`RolloutRecord::validate`]), or a new one without a field the buffer reads and
+    ///   no RPC outputs (`reward`, `ref_logprobs`), with nothing changed.
     /// * With a sync journal, [`Error::Storage`] when a log write (the pending rollout, or
     ///   the forgetting of a group's members) fails, and [`Error::Closed`] when the
     ///   journal's writer stopped. The rollout is then not held: resend it.
@@ -368,10 +369,12 @@ impl GroupIngest {
             }
             answers[at] = Some(result);
         }
-        // A uid sent twice in the call shares its first copy's failure: its `Duplicate`
-        // stood for a rollout that was then not kept.
+        // A uid sent twice in the call shares its first copy's failure when it was
+        // answered `Duplicate` of it: that stood for a rollout that was then not kept. A
+        // later copy taken on its own (the first refused as malformed, a fixed resend in
+        // the same call) keeps its own answer.
         for (again, first) in repeats {
-            if let Some(Err(e)) = &answers[first] {
+            if let (Some(Ok(Added::Duplicate)), Some(Err(e))) = (&answers[again], &answers[first]) {
                 answers[again] = Some(Err(e.clone()));
             }
         }

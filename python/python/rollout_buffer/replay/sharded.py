@@ -14,12 +14,14 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 from __future__ import annotations
 
 import inspect
+import itertools
 import time
 from typing import Any, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
 
+from . import storage
 from .buffer import ReplayBuffer, check_options
 from .draw import check_int, stable_hash
 from .columns import dict_to_table
@@ -135,6 +137,11 @@ class ShardedReplayBuffer:
                 return []  # `{}`: nothing, as ReplayBuffer takes it
             envs = _routing_column(records, "environment")
             exs = _routing_column(records, "example_id")
+            named = records.column_names
+            versions = records.column("policy_version").to_pylist() if "policy_version" in named else []
+            uids = records.column("rollout_uid").to_pylist() if "rollout_uid" in named else []
+            for i, (env, pv) in enumerate(itertools.zip_longest(envs, versions)):
+                _check_partitions(i, uids[i] if i < len(uids) else None, env, pv)
             parts: dict = {}
             for i, (env, ex) in enumerate(zip(envs, exs)):
                 parts.setdefault(self.shard_of(env, ex), []).append(i)
@@ -150,6 +157,7 @@ class ShardedReplayBuffer:
             # A dict without `environment` (a KeyError) or an object without the field is
             # named as ReplayBuffer names it; the shard gets the record as it was given.
             rec = as_record(r, i)
+            _check_partitions(i, rec.rollout_uid, rec.environment, rec.policy_version)
             pos, rs = grouped.setdefault(self.shard_of(rec.environment, rec.example_id), ([], []))
             pos.append(i)
             rs.append(r)
@@ -256,6 +264,15 @@ class ShardedReplayBuffer:
         import ray
 
         ray.get([h.close.remote() for h in self.handles])
+
+
+def _check_partitions(i: int, uid: Any, environment: Any, policy_version: Any) -> None:
+    """The shards' refusal of a rollout whose environment or version names a partition
+    folder too long for a file system, made before any shard is sent anything."""
+    for folder, value in (("environment", environment), ("policy_version", policy_version)):
+        problem = None if value is None else storage.partition_name_error(folder, value)
+        if problem:
+            raise ValueError(f"rollout {i} (uid {uid!r}): {problem}")
 
 
 def _routing_column(table: Any, name: str) -> list:

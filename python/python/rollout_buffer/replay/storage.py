@@ -177,23 +177,35 @@ def _part(value: Any) -> str:
 NAME_MAX = 255
 
 
+def partition_name_error(folder: str, value: Any) -> Optional[str]:
+    """Why ``value`` cannot name a partition folder ``folder=<value URL-quoted>``: over
+    :data:`NAME_MAX` bytes (250 letters, or 100 CJK characters at nine bytes each). Its
+    group would be sealed and then never written, every write, draw and ``close`` failing
+    on it. ``None`` too for text that is not valid Unicode, which the buffer's own check
+    of text refuses, naming it."""
+    try:
+        size = len(f"{folder}={_part(value)}".encode())
+    except UnicodeEncodeError:
+        return None
+    if size <= NAME_MAX:
+        return None
+    shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}..."
+    return (
+        f"{folder} {shown} names a partition folder of {size} bytes ('{folder}=' and the "
+        f"value URL-quoted), over the {NAME_MAX} a file system takes"
+    )
+
+
 def check_partition_names(table: pa.Table) -> None:
-    """A ``ValueError`` naming the first row (and its uid) whose environment or policy
-    version makes a partition folder name longer than :data:`NAME_MAX` bytes once quoted
-    (250 letters, or 100 CJK characters at nine bytes each): its group would be sealed
-    and then never written, every write, draw and ``close`` failing on it."""
+    """A ``ValueError`` naming the first row (and its uid) of ``table`` (rollouts as the
+    buffer holds them) with a :func:`partition_name_error`."""
     for column, folder in (("environment", "environment"), ("rollout_policy_version", "policy_version")):
         for value in pc.unique(table.column(column)).to_pylist():
-            size = len(f"{folder}={_part(value)}".encode())
-            if size > NAME_MAX:
+            problem = partition_name_error(folder, value)
+            if problem:
                 row = table.column(column).to_pylist().index(value)
                 uid = table.column("rollout_uid")[row].as_py()
-                shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}..."
-                raise ValueError(
-                    f"rollout {row} (uid {uid!r}): {folder} {shown} names a partition folder "
-                    f"of {size} bytes ('{folder}=' and the value URL-quoted), over the "
-                    f"{NAME_MAX} a file system takes"
-                )
+                raise ValueError(f"rollout {row} (uid {uid!r}): {problem}")
 
 
 def partition_dir(environment: str, policy_version: str, segment_idx: int) -> str:
