@@ -5,12 +5,15 @@
 //! leases batches of 64 through the public API and gives each back (dropping the batch),
 //! so the pool stays the same size; the figure is the mean time of one lease plus its
 //! release, the median over `--rounds` rounds (5) of `--batches` batches (2,000), after a
-//! warm-up round. One JSON line per case:
+//! warm-up round. The sizes of one policy are timed in turn, round after round (see
+//! [`interleaved`]), and `vs_smallest` is the median over rounds of a size's time over the
+//! first size's time in the same round: the flatness from the first size to this one,
+//! with the host's drift between them left out. One JSON line per case:
 //!
 //! ```text
 //! cargo run --release --example selection [-- --sizes 1024,65536,1048576 --batches 2000 --rounds 5
 //!     --policies Fifo,Uniform,Recency,Prioritized,memory]
-//! {"policy": "Prioritized", "eligible": 1048576, "batch": 64, "us_per_batch": ...}
+//! {"policy": "Prioritized", "eligible": 1048576, "batch": 64, "us_per_batch": ..., "vs_smallest": ...}
 //! ```
 //!
 //! The `memory` line of each size is what the machine charges, at that size, for what a
@@ -126,36 +129,104 @@ async fn round(buf: &SequenceBuffer, batches: usize) -> Result<f64, String> {
 #[repr(align(64))]
 struct Line([u64; 8]);
 
-/// Mean microseconds to load, for each of a batch's samples, one random line of each of
-/// [`FLOOR_LINES`] tables of `eligible` lines (see the module docs).
-fn memory_floor(eligible: usize, batches: usize) -> f64 {
-    let tables: Vec<Vec<Line>> = (0..FLOOR_LINES)
-        .map(|t| vec![Line([t as u64 + 1; 8]); eligible.max(1)])
-        .collect();
-    // xorshift64: the draws must cost next to nothing beside the loads.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut draw = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state as usize % eligible.max(1)
-    };
-    let mut picks = vec![0usize; BATCH];
-    let mut sum = 0u64;
-    let start = Instant::now();
-    for _ in 0..batches {
-        picks.iter_mut().for_each(|p| *p = draw());
-        for table in &tables {
-            for &p in &picks {
-                sum = sum.wrapping_add(table[p].0[0]);
+/// The `memory` line's tables at one size: [`FLOOR_LINES`] tables of `eligible` lines.
+struct Floor {
+    tables: Vec<Vec<Line>>,
+    eligible: usize,
+}
+
+impl Floor {
+    fn new(eligible: usize) -> Self {
+        let eligible = eligible.max(1);
+        let tables = (0..FLOOR_LINES)
+            .map(|t| vec![Line([t as u64 + 1; 8]); eligible])
+            .collect();
+        Self { tables, eligible }
+    }
+
+    /// Mean microseconds to load, for each of a batch's samples, one random line of each
+    /// table (see the module docs).
+    fn round(&self, batches: usize) -> f64 {
+        // xorshift64: the draws must cost next to nothing beside the loads.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let eligible = self.eligible;
+        let mut draw = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as usize % eligible
+        };
+        let mut picks = vec![0usize; BATCH];
+        let mut sum = 0u64;
+        let start = Instant::now();
+        for _ in 0..batches {
+            picks.iter_mut().for_each(|p| *p = draw());
+            for table in &self.tables {
+                for &p in &picks {
+                    sum = sum.wrapping_add(table[p].0[0]);
+                }
             }
         }
+        std::hint::black_box(sum);
+        start.elapsed().as_secs_f64() * 1e6 / batches as f64
     }
-    std::hint::black_box(sum);
-    start.elapsed().as_secs_f64() * 1e6 / batches as f64
+}
+
+/// One line's cases, one per size, timed round-robin (see [`interleaved`]).
+enum Cases {
+    Floor(Vec<Floor>),
+    Buffers(Vec<SequenceBuffer>),
+}
+
+impl Cases {
+    async fn round(&self, case: usize, batches: usize) -> Result<f64, String> {
+        match self {
+            Cases::Floor(floors) => Ok(floors[case].round(batches)),
+            Cases::Buffers(bufs) => round(&bufs[case], batches).await,
+        }
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Times every size of one line in turn, round after round, so that each round of the
+/// largest size runs within seconds of one of the smallest: on a shared host the cost of
+/// memory moves by half from minute to minute, and sizes timed one after the other would
+/// put that drift into the ratio between them. Each round starts at the next size (so no
+/// size always follows the largest) and is preceded by an untimed quarter of a round,
+/// which brings the case's tree and block headers back into the caches the other sizes
+/// took (with a twentieth, a million samples' headers were half cold when the timing
+/// started, and the largest size measured a fifth slower than timed on its own).
+///
+/// Returns per size the median time and the median, over rounds, of its time over the
+/// smallest size's time in the same round.
+async fn interleaved(cases: &Cases, n: usize, args: &Args) -> Result<Vec<(f64, f64)>, String> {
+    for case in 0..n {
+        cases.round(case, args.batches / 4 + 1).await?;
+    }
+    let mut times = vec![Vec::with_capacity(args.rounds); n];
+    for r in 0..args.rounds {
+        for i in 0..n {
+            let case = (r + i) % n;
+            cases.round(case, args.batches / 4 + 1).await?;
+            times[case].push(cases.round(case, args.batches).await?);
+        }
+    }
+    Ok((0..n)
+        .map(|case| {
+            let ratios = (0..args.rounds)
+                .map(|r| times[case][r] / times[0][r])
+                .collect();
+            (median(times[case].clone()), median(ratios))
+        })
+        .collect())
 }
 
 async fn run(args: Args) -> Result<(), String> {
+    let wanted = |name: &str| args.policies.is_empty() || args.policies.iter().any(|p| p == name);
     // The first case of a fresh process ran slower than the same case later (Fifo at 1K:
     // 10 against 6 us per batch): the allocator's first pages and the core's clock. One
     // untimed case first, so every figure is taken in a warm process. At 1K whatever the
@@ -165,34 +236,31 @@ async fn run(args: Args) -> Result<(), String> {
         let warm = filled(Selection::Fifo, WARM_UP_SIZE).await?;
         round(&warm, args.batches).await?;
     }
-    for &eligible in &args.sizes {
-        if args.policies.is_empty() || args.policies.iter().any(|p| p == "memory") {
-            memory_floor(eligible, args.batches / 4 + 1);
-            let mut times: Vec<f64> = (0..args.rounds)
-                .map(|_| memory_floor(eligible, args.batches))
-                .collect();
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
-            println!(
-                "{{\"policy\": \"memory\", \"eligible\": {eligible}, \"batch\": {BATCH}, \"lines_per_sample\": {FLOOR_LINES}, \"us_per_batch\": {median:.2}}}"
-            );
+    let mut lines: Vec<(&str, Option<Selection>)> = vec![("memory", None)];
+    lines.extend(policies().into_iter().map(|(name, s)| (name, Some(s))));
+    for (name, selection) in lines {
+        if !wanted(name) {
+            continue;
         }
-        for (name, selection) in policies() {
-            if !args.policies.is_empty() && !args.policies.iter().any(|p| p == name) {
-                continue;
+        let cases = match &selection {
+            None => Cases::Floor(args.sizes.iter().map(|&e| Floor::new(e)).collect()),
+            Some(selection) => {
+                let mut bufs = Vec::with_capacity(args.sizes.len());
+                for &eligible in &args.sizes {
+                    bufs.push(filled(selection.clone(), eligible).await?);
+                }
+                Cases::Buffers(bufs)
             }
-            let buf = filled(selection, eligible).await?;
-            round(&buf, args.batches / 4 + 1).await?;
-            let mut times = Vec::with_capacity(args.rounds);
-            for _ in 0..args.rounds {
-                times.push(round(&buf, args.batches).await?);
-            }
-            times.sort_by(f64::total_cmp);
-            let median = times[times.len() / 2];
+        };
+        let figures = interleaved(&cases, args.sizes.len(), &args).await?;
+        for (&eligible, (us, ratio)) in args.sizes.iter().zip(figures) {
+            let lines = match selection {
+                None => format!(", \"lines_per_sample\": {FLOOR_LINES}"),
+                Some(_) => String::new(),
+            };
             println!(
-                "{{\"policy\": \"{name}\", \"eligible\": {eligible}, \"batch\": {BATCH}, \"us_per_batch\": {median:.2}}}"
+                "{{\"policy\": \"{name}\", \"eligible\": {eligible}, \"batch\": {BATCH}{lines}, \"us_per_batch\": {us:.2}, \"vs_smallest\": {ratio:.2}}}"
             );
-            drop(buf);
         }
     }
     Ok(())
