@@ -130,3 +130,25 @@ def test_a_name_too_long_for_a_shards_partition_folder_is_refused_before_any_sha
             front.add_rollouts(data)
     assert sum(received(front)) == 0, "no shard took any"
     assert front.add_rollouts(good) == ["pending"] * 8
+
+
+def test_an_environment_shard_folder_is_named_as_a_partition_folder_is(cluster, tmp_path):
+    """The folder was ``shard=env-<name>`` unquoted: a ``/`` in an environment nested
+    folders, and ``a/../../../out`` put its shard outside the root. Now the name is
+    URL-quoted, and one no folder can carry is a ValueError before any shard starts."""
+    root = tmp_path / "root"
+    names = ["math/gsm8k", "a/../../../out"]
+    front = front_of(root, names)
+    for env in names:
+        assert front.add_rollouts(group_of(env))[-1] == "sealed"
+    front.flush()
+    assert sorted(p.name for p in root.iterdir()) == ["shard=env-a%2F..%2F..%2F..%2Fout", "shard=env-math%2Fgsm8k"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["root"], "nothing outside the root"
+    tables = ray.get(front.batch_refs(front.sample_groups(2)))
+    assert {e for t in tables for e in t.column("environment").to_pylist()} == set(names)
+    for long, message in [("e" * 250, "environment 'e{40}...' names a shard folder of 260 bytes .* over the 255"),
+                          ("\ud800", r"environment '\\ud800' is text without a UTF-8 form")]:
+        refused = tmp_path / "refused"
+        with pytest.raises(ValueError, match=message):
+            front_of(refused, ["math", long])
+        assert not refused.exists(), "no shard started"

@@ -71,6 +71,25 @@ def _join(root: str, name: str) -> str:
     return f"{root.rstrip('/')}/{name}"
 
 
+def _environment_shard_folder(environment: str) -> str:
+    """The folder of an environment's shard: ``shard=env-<name URL-quoted>``, as partition
+    folders are named, so a ``/`` in a name makes no nested folder and ``..`` climbs out of
+    none. A ``ValueError`` naming the environment if that is no folder name a file system
+    takes (text without UTF-8, over ``storage.NAME_MAX`` bytes)."""
+    try:
+        folder = f"shard=env-{storage.quote_part(environment)}"
+    except UnicodeEncodeError:
+        raise ValueError(f"environment {environment!r} is text without a UTF-8 form; it cannot name a shard folder") from None
+    size = len(folder.encode())
+    if size > storage.NAME_MAX:
+        shown = environment if len(environment) <= 40 else f"{environment[:40]}..."
+        raise ValueError(
+            f"environment {shown!r} names a shard folder of {size} bytes ('shard=env-' and the "
+            f"name URL-quoted), over the {storage.NAME_MAX} a file system takes"
+        )
+    return folder
+
+
 class ShardedReplayBuffer:
     """Shards of a replay buffer on Ray. ``by="environment"``: ``shards`` lists the
     environments, one shard each (spec 000's "one replay buffer per env type"); a record
@@ -96,7 +115,7 @@ class ShardedReplayBuffer:
             self.keys = [str(s) for s in shards]
             if not self.keys or len(set(self.keys)) != len(self.keys):
                 raise ValueError(f"shards must be distinct environment names, not {shards!r}")
-            names = [f"shard=env-{k}" for k in self.keys]
+            names = [_environment_shard_folder(k) for k in self.keys]
         elif by == "hash":
             if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 1:
                 raise ValueError(f"with by='hash', shards is a count >= 1, not {shards!r}")

@@ -169,7 +169,8 @@ class Store:
             pass
 
 
-def _part(value: Any) -> str:
+def quote_part(value: Any) -> str:
+    """``value`` as one folder name: URL-quoted, ``/`` included."""
     return urllib.parse.quote(str(value), safe="")
 
 
@@ -184,7 +185,7 @@ def partition_name_error(folder: str, value: Any) -> Optional[str]:
     on it. ``None`` too for text that is not valid Unicode, which the buffer's own check
     of text refuses, naming it."""
     try:
-        size = len(f"{folder}={_part(value)}".encode())
+        size = len(f"{folder}={quote_part(value)}".encode())
     except UnicodeEncodeError:
         return None
     if size <= NAME_MAX:
@@ -210,7 +211,7 @@ def check_partition_names(table: pa.Table) -> None:
 
 def partition_dir(environment: str, policy_version: str, segment_idx: int) -> str:
     return (
-        f"{ROLLOUTS}/environment={_part(environment)}/policy_version={_part(policy_version)}"
+        f"{ROLLOUTS}/environment={quote_part(environment)}/policy_version={quote_part(policy_version)}"
         f"/segment_idx={int(segment_idx)}"
     )
 
