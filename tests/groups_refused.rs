@@ -1,10 +1,12 @@
 //! Rollouts and groups the buffer under a group ingestion refuses: a rollout without a
-//! field the buffer reads is refused alone, before it joins its group; a group refused
-//! when it seals can be resent fixed.
+//! field the buffer reads is refused alone, before it joins its group (also one added
+//! back at a restart); a group refused when it seals can be resent fixed.
 
 mod common;
 
-use common::rollouts::{rollout, trainer};
+use common::rollouts::{open_trainer, rollout, trainer};
+use common::TempDir;
+use rollout_buffer::persist::PersistOptions;
 use rollout_buffer::rollout::{Added, GroupConfig, GroupIngest};
 use rollout_buffer::{Error, MetaValue, RpcDef, SequenceBuffer};
 
@@ -110,4 +112,52 @@ async fn a_rollout_without_a_field_the_buffer_reads_is_refused_before_it_joins_i
     let added = ingest.add(r).await;
     assert!(matches!(added, Ok(Added::Sealed(_))), "{added:?}");
     assert_eq!(tokens_only.len(), 1);
+}
+
+/// A pending rollout without a field the buffer reads since the restart (accepted by a
+/// buffer that did not read rewards) was added back unchecked: its group was refused when
+/// it sealed, every rollout of it lost, and a fixed resend of it was a duplicate of the
+/// copy its group held. It is left out now (warned of, and kept in the log until a resend
+/// replaces it), and its group is stored once it is resent fixed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_rollout_without_a_field_read_since_the_restart_is_left_out_of_its_group() {
+    let dir = TempDir::new("groups-unrewarded-at-start");
+    {
+        let buf = SequenceBuffer::open(
+            dir.path(),
+            16,
+            [RpcDef::new("train", 1).inputs(["output_tokens"])],
+            PersistOptions::default(),
+        )
+        .await
+        .expect("open");
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(3))
+            .await
+            .expect("start");
+        let mut unrewarded = rollout(0, 1, 0);
+        unrewarded.reward = None;
+        for r in [rollout(0, 0, 0), unrewarded] {
+            let added = ingest.add(r).await.expect("add");
+            assert!(matches!(added, Added::Pending { .. }), "{added:?}");
+        }
+        buf.flush().await.expect("flush");
+    }
+    // The trainer reads rewards now.
+    let buf = open_trainer(dir.path(), PersistOptions::default()).await;
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(3))
+        .await
+        .expect("start");
+    assert_eq!(ingest.assembler_counters().pending_rollouts, 1);
+    let mut answers = Vec::new();
+    for k in [1, 2] {
+        answers.push(ingest.add(rollout(0, k, 0)).await.expect("add"));
+    }
+    assert!(
+        matches!(
+            answers.as_slice(),
+            [Added::Pending { size: 2, .. }, Added::Sealed(_)]
+        ),
+        "{answers:?}"
+    );
+    assert_eq!((buf.len(), ingest.counters().refused_groups), (1, 0));
 }

@@ -310,7 +310,8 @@ impl GroupAssembler {
     /// [`Self::add`] of a rollout accepted before (a pending rollout added back at a
     /// restart): the policy versions and the replica cap of this configuration are not
     /// applied to it, as [`Self::reconfigure`] keeps the rollouts it already holds. Its uid
-    /// is still checked (a uid a stored group took is a duplicate again).
+    /// is still checked (a uid a stored group took is a duplicate again), and so are the
+    /// required fields (a group holding a rollout without one could not be stored).
     pub(crate) fn add_accepted(&mut self, record: RolloutRecord, now: Instant) -> Result<Added> {
         self.add_with(record, now, false)
     }
@@ -367,8 +368,10 @@ impl GroupAssembler {
             return Ok(Added::ReplicaCapped);
         }
         // Checked last: a resend of a rollout taken before is a duplicate whatever it
-        // holds. Refused as malformed, so not counted as received.
-        if let Some(field) = self.required.iter().find(|f| filter && !f.is_in(&record)) {
+        // holds. Refused as malformed, so not counted as received. Also for a rollout
+        // accepted before a restart (a log written before this check, or a buffer that
+        // reads the field since): added back, it would have sunk its whole group at seal.
+        if let Some(field) = self.required.iter().find(|f| !f.is_in(&record)) {
             self.counters.received -= 1;
             return Err(Error::InvalidRollout {
                 uid: record.rollout_uid,

@@ -26,7 +26,10 @@ impl GroupIngest {
     ///
     /// The error storing a group that the pending rollouts complete (as in [`Self::add`]);
     /// `start` stops at the first one. Unreadable or invalid pending rollouts are skipped
-    /// with a warning (and kept in the log). Pending rollouts were accepted before: they
+    /// with a warning (and kept in the log, until a resend of the uid replaces them), as
+    /// is one without a field the buffer now reads and no RPC outputs (`reward`,
+    /// `ref_logprobs`; see [`Self::add`]), which would sink its whole group when it
+    /// sealed. Pending rollouts were accepted before: they
     /// rejoin their groups whatever `config`'s policy versions and replica cap say (as
     /// [`Self::reconfigure`] keeps them), which apply to rollouts added from now on.
     ///
