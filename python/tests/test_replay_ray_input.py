@@ -4,6 +4,7 @@ records or columns), text without UTF-8 under hash routing, steps that are no in
 empty dict of columns, and constructor options a shard would refuse."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -51,6 +52,11 @@ def columns(**change):
         ({"environment": ["math"], "policy_version": ["1"]}, "column 'example_id' is missing"),
         ([rec(), {"example_id": "q", "policy_version": "1"}], r"record 1: .*'environment'"),
         ([rec(), "math"], "record 1: a RolloutRecord or a dict, not str"),
+        # Checks routing does not need: the "math" shard took its rollout before the
+        # "code" shard refused its own, and that answer was lost with the error.
+        (columns(reward=[0.0, float("nan")]), "'c1': field 'reward' is nan: not finite"),
+        ([rec(uid="m0"), replace(rec(env="code", uid="c0"), reward=float("inf"))], "'c0': field 'reward' is inf"),
+        (columns(token_count=[1, -1]), "'c1': field 'token_count' is -1"),
     ],
 )
 def test_the_sharded_front_names_bad_rollouts_as_a_shard_does(cluster, tmp_path, data, message):
@@ -70,7 +76,7 @@ def test_the_sharded_front_names_bad_rollouts_as_a_shard_does(cluster, tmp_path,
 
 def test_the_hash_sharded_front_routes_text_without_utf8_to_the_shard_that_names_it(cluster, tmp_path):
     """Hashing an environment with a lone surrogate raised a UnicodeEncodeError in the
-    front; the record now reaches its shard, whose check names the field and uid."""
+    front; the shards' check, made by the front first, now names the field and uid."""
     front = ShardedReplayBuffer(str(tmp_path / "h"), 2, by="hash", durable=False, clock=Clock())
     with pytest.raises(ValueError, match="'the-bad-one': field 'environment' is not valid text"):
         front.add_rollouts([rec(env="\ud800", uid="the-bad-one")])

@@ -14,7 +14,6 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 from __future__ import annotations
 
 import inspect
-import itertools
 import time
 from typing import Any, Iterable, Optional
 
@@ -24,8 +23,8 @@ import pyarrow as pa
 from . import storage
 from .buffer import ReplayBuffer, check_options
 from .draw import check_int, stable_hash
-from .columns import dict_to_table
-from .records import SampledBatch, as_record
+from .columns import columns_to_table, dict_to_table
+from .records import RolloutRecord, SampledBatch, as_record, records_to_table
 
 _ACTOR = None
 # The draw's filters: what decides which groups a shard counts as ready.
@@ -58,13 +57,15 @@ def remote(root_path: str, *, ray_options: Optional[dict] = None, **kwargs: Any)
     return _actor_class().options(**opts).remote(root_path, **kwargs)
 
 
-def _check_buffer_options(root_path: str, kwargs: dict) -> None:
+def _check_buffer_options(root_path: str, kwargs: dict) -> dict:
     """Checks a ``ReplayBuffer``'s arguments before its actor starts: an actor refusing
     them would die in its constructor, and every call to it raise that as an actor error
-    (an unknown name is a ``TypeError``, as the constructor's)."""
+    (an unknown name is a ``TypeError``, as the constructor's). Returns every argument
+    of the constructor, defaults included."""
     given = inspect.signature(ReplayBuffer).bind(root_path, **kwargs)
     given.apply_defaults()
     check_options(given.arguments)
+    return given.arguments
 
 
 def _join(root: str, name: str) -> str:
@@ -123,6 +124,10 @@ class ShardedReplayBuffer:
             names = [f"shard={i}" for i in self.keys]
         else:
             raise ValueError(f"by must be 'environment' or 'hash', not {by!r}")
+        options = _check_buffer_options(root_path, buffer_kwargs)
+        # What the shards' own check of a call's rollouts reads, to make it here first.
+        self._numeric = options["numeric_versions"]
+        self._clock = options["clock"] or time.time
         self.by = by
         self.root_path = root_path
         self.handles = [
@@ -143,55 +148,58 @@ class ShardedReplayBuffer:
         """Routes rollouts to their shards, one call per shard; returns ``(positions,
         ObjectRef)`` pairs (``positions``: where the shard's rollouts were in the input).
         ``records`` is what :meth:`ReplayBuffer.add_rollouts` takes: records, or columns
-        (a pyarrow Table or RecordBatch, or a dict of columns, split into one table per
-        shard). What routing reads is checked here, as the shards check it: a dict of
-        columns Arrow cannot build, a missing ``environment`` or ``example_id`` column or
-        a record that is no ``RolloutRecord`` (or dict of its fields) is a ``ValueError``
-        naming it, and no shard is sent anything."""
+        (a pyarrow Table or RecordBatch, or a dict of columns).
+
+        All or none, as one shard's call is. What routing reads is checked first (a dict
+        of columns Arrow cannot build, a missing ``environment`` or ``example_id`` column,
+        a record that is no ``RolloutRecord`` or dict of its fields, an environment with
+        no shard). A call whose rollouts all go to one shard is then sent as it is, and
+        that shard takes all of it or none. A call split over several shards is first
+        checked whole here by the shards' own conversion (a NaN reward, text without
+        UTF-8, a name too long for a partition folder, ...): a bad rollout is a
+        ``ValueError`` naming it, and no shard is sent anything; each shard is then sent
+        its rows as a table in the dataset's schema, which it only checks again
+        (``created_ts`` missing from columns is this process's ``clock`` reading)."""
         if isinstance(records, dict):
             # As ReplayBuffer builds it: an error names the column, and the row and uid.
             records = dict_to_table(records)
         if isinstance(records, (pa.Table, pa.RecordBatch)):
             if not records.num_columns and not records.num_rows:
                 return []  # `{}`: nothing, as ReplayBuffer takes it
-            envs = _routing_column(records, "environment")
-            exs = _routing_column(records, "example_id")
-            named = records.column_names
-            versions = records.column("policy_version").to_pylist() if "policy_version" in named else []
-            uids = records.column("rollout_uid").to_pylist() if "rollout_uid" in named else []
-            for i, (env, pv) in enumerate(itertools.zip_longest(envs, versions)):
-                _check_partitions(i, uids[i] if i < len(uids) else None, env, pv)
-            parts: dict = {}
-            for i, (env, ex) in enumerate(zip(envs, exs)):
-                parts.setdefault(self.shard_of(env, ex), []).append(i)
-            if len(parts) == 1:
-                [(s, pos)] = parts.items()
-                return [(pos, self.handles[s].add_rollouts.remote(records))]
-            return [
-                (pos, self.handles[s].add_rollouts.remote(records.take(pa.array(pos))))
-                for s, pos in parts.items()
-            ]
-        grouped: dict = {}
-        for i, r in enumerate(records):
-            # A dict without `environment` (a KeyError) or an object without the field is
-            # named as ReplayBuffer names it; the shard gets the record as it was given.
-            rec = as_record(r, i)
-            _check_partitions(i, rec.rollout_uid, rec.environment, rec.policy_version)
-            pos, rs = grouped.setdefault(self.shard_of(rec.environment, rec.example_id), ([], []))
-            pos.append(i)
-            rs.append(r)
-        return [(pos, self.handles[s].add_rollouts.remote(rs)) for s, (pos, rs) in grouped.items()]
+            keys: Iterable = zip(_routing_column(records, "environment"), _routing_column(records, "example_id"))
+        else:
+            if isinstance(records, RolloutRecord):
+                raise TypeError("add_rollouts takes a list of rollouts (or columns); for one, "
+                                "use add_rollouts([record])")
+            records = list(records)
+            # A dict without `environment` or an object without the field is named as
+            # ReplayBuffer names it.
+            keys = ((r.environment, r.example_id) for r in (as_record(r, i) for i, r in enumerate(records)))
+        parts: dict = {}
+        for i, (env, ex) in enumerate(keys):
+            parts.setdefault(self.shard_of(env, ex), []).append(i)
+        if len(parts) == 1:
+            [(s, pos)] = parts.items()
+            return [(pos, self.handles[s].add_rollouts.remote(records))]
+        # Split over shards (or none: an empty call, whose columns a shard would check):
+        # one shard refusing its part after the others took theirs would lose their
+        # answers with the error, and their resends would be duplicates.
+        table = self._checked_table(records)
+        storage.check_partition_names(table)
+        return [(pos, self.handles[s].add_rollouts.remote(table.take(pa.array(pos)))) for s, pos in parts.items()]
+
+    def _checked_table(self, records: Any) -> pa.Table:
+        """``records`` as the shards' ``add_rollouts`` builds and checks them."""
+        if isinstance(records, (pa.Table, pa.RecordBatch)):
+            return columns_to_table(records, self._numeric, self._clock())
+        return records_to_table(records, self._numeric)[0]
 
     def add_rollouts(self, records: Any) -> list:
         """:meth:`add_rollouts_refs`, waited for: each rollout's outcome, in input order."""
         import ray
 
-        if isinstance(records, dict):
-            records = dict_to_table(records)
-        elif not isinstance(records, (pa.Table, pa.RecordBatch)):
-            records = list(records)
-        out: list = [None] * len(records)
         pairs = self.add_rollouts_refs(records)
+        out: list = [None] * sum(len(pos) for pos, _ in pairs)
         for (pos, _), outcomes in zip(pairs, ray.get([ref for _, ref in pairs])):
             for p, o in zip(pos, outcomes):
                 out[p] = o
@@ -283,15 +291,6 @@ class ShardedReplayBuffer:
         import ray
 
         ray.get([h.close.remote() for h in self.handles])
-
-
-def _check_partitions(i: int, uid: Any, environment: Any, policy_version: Any) -> None:
-    """The shards' refusal of a rollout whose environment or version names a partition
-    folder too long for a file system, made before any shard is sent anything."""
-    for folder, value in (("environment", environment), ("policy_version", policy_version)):
-        problem = None if value is None else storage.partition_name_error(folder, value)
-        if problem:
-            raise ValueError(f"rollout {i} (uid {uid!r}): {problem}")
 
 
 def _routing_column(table: Any, name: str) -> list:
