@@ -336,11 +336,67 @@ def test_a_group_draw_that_fails_counts_nothing():
 
 def test_a_group_id_in_two_environments_is_two_groups_to_sample_groups():
     """Groups were keyed by id alone across environments: one id in two environments was
-    counted with the wrong size, could be returned twice, and had its uses counted on the
-    wrong environment's rows."""
-    buf = buffer(local_batch_size=4, max_samples=1)
+    counted with the wrong size and had its uses counted on the wrong environment's rows;
+    and the group index still was, so each pick returned both environments' members,
+    counting uses on one: with max_samples=1 a rollout was served twice."""
+    buf = buffer(local_batch_size=2, max_samples=1)
     for env in ("math", "code"):
         buf.add_batches([Batch([Group([R(env, f"{env}-{k}", float(k % 2)) for k in range(2)], group_id="g")])])
-    got = buf.sample_groups()
-    assert sum(len(g.trajectories) for g in got) >= 4
-    assert buf.size() == 0, "every member of both picks used once: all retired"
+    trajectories = buf.rollout_storage
+    for env, stored in trajectories.items():
+        assert {r.env_name for s in stored for r in s.group.trajectories} == {env}
+    served = []
+    for _ in range(2):
+        [g] = buf.sample_groups()
+        assert g.group_id == "g" and len({r.env_name for r in g.trajectories}) == 1, g
+        served += [r.env_example_id for r in g.trajectories]
+    assert sorted(served) == ["code-0", "code-1", "math-0", "math-1"]
+    assert buf.sample_groups() is None and buf.size() == 0
+
+
+def test_group_ids_are_ids_whatever_their_value_and_made_up_ones_never_merge():
+    """An id of 0 was replaced by a made-up one (``or``), and a made-up id ("math/0") took
+    in a later group whose own id was that text: one record of two prompts."""
+    buf = buffer(local_batch_size=16)
+    buf.add_batches([Batch([Group([R("math", f"z{k}", float(k)) for k in range(2)], group_id=0)])])
+    buf.add_batches([Batch([Group([R("math", f"none{k}", float(k)) for k in range(2)])])])
+    buf.add_batches([Batch([Group([R("math", f"named{k}", float(k)) for k in range(2)], group_id="math/0")])])
+    stored = buf.rollout_storage["math"]
+    groups = {s.trajectory.env_example_id: (s.group_id, [r.env_example_id for r in s.group.trajectories])
+              for s in stored}
+    assert groups["z0"] == (0, ["z0", "z1"])
+    assert groups["none0"] == ("math/0", ["none0", "none1"])
+    assert groups["named0"] == ("math/0", ["named0", "named1"])
+    assert stored[0].group is stored[1].group, "one record per group in a snapshot"
+
+
+def test_alpha_set_after_a_draw_is_the_next_draws_alpha():
+    """The weights (i + 1) ** alpha were kept from the first draw: alpha set to 0 later
+    still drew with the old one. A bad alpha set is refused as the constructor's."""
+    buf = buffer(max_samples=-1)
+    ref = Reference(8, 3.0, -1, seed=7)
+    b = batch("math", 10)
+    buf.add_batches([b])
+    ref.add("math", [r.env_example_id for g in b.groups for r in g.rollouts])
+    for alpha in (3.0, 0.0, 8.0):
+        buf.alpha = alpha
+        ref.alpha = alpha
+        for _ in range(3):
+            assert [x.rollout.env_example_id for x in buf.sample_rollouts()] == ref.sample()
+    with pytest.raises(ValueError, match="alpha must be a number"):
+        buf.alpha = float("nan")
+    assert buf.alpha == 8.0
+
+
+def test_the_stand_in_types_take_the_fields_of_marins_revisions():
+    from rollout_buffer.marin import Rollout, RolloutMetadata
+
+    md = RolloutMetadata(worker_id="w", timestamp=time.time(), weight_step=0, trace_id="t", task_name="gsm8k",
+                         task_version="1", run_id="r", verifier_name="v", verifier_version="2", trace_ref="ref")
+    older = Rollout("math", "e0", None, None, None, None, 1.0, metadata=md, temperature=1.0, top_k=None)
+    newer = Rollout("math", "e1", None, None, None, None, 0.0, metadata=md, decoding={"temperature": 0.7})
+    buf = buffer(local_batch_size=2)
+    buf.add_batches([Batch([Group([older, newer])])])
+    got = buf.sample_rollouts()
+    assert {x.rollout.env_example_id for x in got} == {"e0", "e1"}
+    assert {x.rollout.metadata.task_name for x in got} == {"gsm8k"}

@@ -151,6 +151,13 @@ def bad_meta(field, v, k=2):
         (bad_meta("timestamp", str(time.time())), "metadata.timestamp"),  # was parsed
         (bad_meta("timestamp", float("nan")), "metadata.timestamp"),
         (Group([R(env=None), R(env=None)]), "env_name must be a str"),
+        # Only the last rollout's env_name was checked: None and b"math" were stored and
+        # served under "math".
+        (Group([R(env=None), R(env=b"math"), R()]), r"rollouts\[0\]: env_name must be a str"),
+        (Group([R(), R(env=b"math"), R()]), r"rollouts\[1\]: env_name must be a str, not bytes"),
+        # A numpy complex became its real part, with only a numpy warning.
+        (bad_reward(np.complex128(1 + 2j)), "episode_reward"),
+        (bad_reward(1 + 2j), "episode_reward"),
         (Group([R(), R()], group_id=["unhashable"]), "group_id"),
     ],
 )
@@ -401,3 +408,66 @@ def test_cli_gives_sigint_back_to_python_and_runs_from_a_thread():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     kind, value = run_with_deadline(lambda: run_cli(["--version"]))
     assert (kind, value) == ("ok", 0), value  # was "signal only works in main thread"
+
+
+# ----- the loader's waits and reads ----------------------------------------------------------
+
+
+class WatchedCondition(threading.Condition):
+    """The buffer's condition, telling when a waiter is inside ``wait``: set under the lock,
+    so whoever takes the lock after it comes after the waiter's release."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = threading.Event()
+
+    def wait(self, timeout=None):
+        self.waiting.set()
+        return super().wait(timeout)
+
+
+@pytest.mark.parametrize("get", ["get_rollouts", "get_trajectories", "get_groups"])
+def test_stop_ends_the_gets_waiting_without_end(get):
+    """A get_rollouts(None) waited on after stop() (forever, with no rollouts coming), and
+    a thread left waiting by a cancelled asyncio task drew the next batch for nobody, its
+    uses counted. stop() now ends the waits, which draw nothing; later gets serve."""
+    buf = buffer(max_samples=1)
+    buf._cond = WatchedCondition()
+    loader = ReplayDataLoader(Reader(), buf)
+    waiter = threading.Thread(target=lambda: out.append(getattr(loader, get)(None)), daemon=True)
+    out = []
+    waiter.start()
+    assert buf._cond.waiting.wait(10), "the get waits"
+    loader.stop()
+    waiter.join(10)
+    assert not waiter.is_alive() and out == [None]
+    buf.add_batches([Batch(group())])
+    assert buf.get_stats()["total_batches_sampled"] == 0
+    assert getattr(loader, get)(timeout=0) is not None, "a get after stop() still serves"
+
+
+class Batches:
+    """A reader handing over what it holds once."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def read_all_available(self):
+        out, self.batches = self.batches, []
+        return out
+
+
+def test_a_refused_batch_drops_alone_not_the_good_batches_read_with_it(caplog):
+    """add_batches takes all of a call or none, and the reader had already handed the
+    batches over: one bad batch lost every good batch of its read."""
+    bad = Batch(bad_reward(float("nan")))
+    good = [Batch(group(tag=f"g{i}")) for i in range(3)]
+    buf = buffer(local_batch_size=12)
+    loader = ReplayDataLoader(Batches(good[:2] + [bad] + good[2:]), buf)
+    with caplog.at_level("ERROR", logger="rollout_buffer.marin"), loader:
+        got = loader.get_rollouts(timeout=10)
+    assert got is not None and len(got) == 12
+    assert buf.get_stats()["total_batches_added"] == 3
+    assert {x.rollout.env_example_id for x in got} == {f"g{i}math-{k}" for i in range(3) for k in range(4)}
+    [dropped] = [r for r in caplog.records if "dropped" in r.getMessage()]
+    assert "batch 2 of the 4 read dropped" in dropped.getMessage() and "episode_reward" in dropped.getMessage()

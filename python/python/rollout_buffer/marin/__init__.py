@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from . import checks
-from .store import EnvRollouts, GroupIndex
+from .store import EnvRollouts, GroupIndex, GroupKey
 from .types import (
     RLOO,
     GroupRecord,
@@ -116,9 +116,12 @@ class ReplayBuffer:
         # Everything is checked before anything is kept: a float count was truncated
         # (capacity 2.5 kept 2), a string flag was true, and a NaN alpha or delay was
         # taken, to fail at the first draw or to find every rollout stale.
+        # Guards everything below; notified when rollouts arrive.
+        self._cond = threading.Condition()
+        self._weights = np.zeros(0)
         self.capacity = checks.count("capacity", capacity, least=1)
         self.local_batch_size = checks.count("local_batch_size", local_batch_size, least=1)
-        self.alpha = checks.number("alpha", alpha)
+        self.alpha = alpha
         self.total_processes = checks.count("total_processes", total_processes, least=1)
         self.max_samples = checks.count("max_samples", max_samples)
         # A negative delay (or a timestamp delay of 0) makes no rollout ever fresh: the
@@ -138,14 +141,25 @@ class ReplayBuffer:
         except (TypeError, ValueError) as e:
             raise ValueError(f"seed must be an int >= 0 (or None), not {seed!r}: {e}") from None
         self.seed = seed
-        self._weights = np.zeros(0)
         self._envs: Dict[str, EnvRollouts] = {}
         self._groups = GroupIndex()
         self._current_step = 0
         self._total_batches_added = 0
         self._total_batches_sampled = 0
-        # Guards everything above; notified when rollouts arrive.
-        self._cond = threading.Condition()
+
+    @property
+    def alpha(self) -> float:
+        """The recency exponent. Set it at any time, as Marin's draws read it afresh:
+        checked as the constructor checks it, and the next draw uses it (a table of
+        weights kept across draws had kept the first draw's alpha)."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: Any) -> None:
+        alpha = checks.number("alpha", value)
+        with self._cond:
+            self._alpha = alpha
+            self._weights = np.zeros(0)
 
     @classmethod
     def from_config(
@@ -262,16 +276,19 @@ class ReplayBuffer:
                 rewards, steps, stamps = _read_rollouts(rollouts, where)
                 if self.filter_out_groups_with_no_variance and not np.std(rewards.astype(np.float32)) > 0.0:
                     continue
-                env_name = getattr(rollouts[-1], "env_name", None)
-                if not isinstance(env_name, str):
-                    raise ValueError(f"{where}.rollouts[{len(rollouts) - 1}]: env_name must be a str, not {_short(env_name)}")
+                # Filed under its last rollout's environment, as Marin files it; every
+                # rollout's env_name is checked (a None or bytes one was stored and served).
+                for i, r in enumerate(rollouts):
+                    env_name = getattr(r, "env_name", None)
+                    if not isinstance(env_name, str):
+                        raise ValueError(f"{where}.rollouts[{i}]: env_name must be a str, not {_short(env_name)}")
                 advantages = self._advantages(rollouts, where)
                 meta = getattr(group, "metadata", None)
                 # Marin's newer rollouts carry the ids in their own metadata; the group's
                 # win where both are given, as in Marin.
                 own = getattr(rollouts[0], "metadata", None)
-                group_id = getattr(meta, "group_id", None) or getattr(own, "group_id", None)
-                lesson_id = getattr(meta, "lesson_id", None) or getattr(own, "lesson_id", None)
+                group_id = _given(getattr(meta, "group_id", None), getattr(own, "group_id", None))
+                lesson_id = _given(getattr(meta, "lesson_id", None), getattr(own, "lesson_id", None))
                 try:
                     hash(group_id)
                 except TypeError:
@@ -394,11 +411,11 @@ class ReplayBuffer:
             out = []
             for e, r in drawn:
                 env = self._envs[e]
-                gid = env.group_ids[r]
+                key = env.group_keys[r]
                 out.append(StoredTrajectory(
                     trajectory=env.items[r].rollout,
-                    group_id=gid,
-                    group=self._groups.record(gid),
+                    group_id=key.id,
+                    group=self._groups.record(key),
                     usage_count=int(env.usage[r]),
                 ))
             self._retire()
@@ -419,15 +436,15 @@ class ReplayBuffer:
         target = self.local_batch_size if min_trajectories is None else checks.count(
             "min_trajectories", min_trajectories, 1)
         with self._cond:
-            # Per environment (a group id may recur in another one): its groups in the
-            # order of their newest rows, and each group's rows there.
-            available: Dict[str, List[str]] = {}
-            rows: Dict[tuple, List[int]] = {}
+            # Per environment: its groups in the order of their newest rows, and each
+            # group's rows there (a key names its environment).
+            available: Dict[str, List[GroupKey]] = {}
+            rows: Dict[GroupKey, List[int]] = {}
             for name, env in self._envs.items():
-                newest: Dict[str, int] = {}
-                for row, gid in enumerate(env.group_ids.tolist()):
-                    newest[gid] = row
-                    rows.setdefault((name, gid), []).append(row)
+                newest: Dict[GroupKey, int] = {}
+                for row, key in enumerate(env.group_keys.tolist()):
+                    newest[key] = row
+                    rows.setdefault(key, []).append(row)
                 available[name] = sorted(newest, key=newest.__getitem__)
             size = {key: len(r) for key, r in rows.items()}
             if sum(size.values()) < target:
@@ -437,19 +454,19 @@ class ReplayBuffer:
             name = ""
             with self._undone_if_failed(lambda: f"the groups of environment {name!r}"):
                 while n < target:
-                    envs = [e for e, gids in available.items() if gids]
-                    counts = np.array([sum(size[e, g] for g in available[e]) for e in envs])
+                    envs = [e for e, keys in available.items() if keys]
+                    counts = np.array([sum(size[key] for key in available[e]) for e in envs])
                     # Marin draws from a list of env names, one per rollout: the same call
                     # on positions.
                     k = int(self._rng.choice(int(counts.sum())))
                     name = envs[int(np.searchsorted(np.cumsum(counts), k, side="right"))]
-                    gids = available[name]
-                    gid = gids.pop(int(self._rng.choice(len(gids), p=self._recency_p(len(gids)))))
-                    picked.append((name, gid))
-                    n += size[name, gid]
-            out = [self._groups.record(gid) for _, gid in picked]
-            for name, gid in picked:
-                self._envs[name].usage[rows[name, gid]] += 1
+                    keys = available[name]
+                    key = keys.pop(int(self._rng.choice(len(keys), p=self._recency_p(len(keys)))))
+                    picked.append(key)
+                    n += size[key]
+            out = [self._groups.record(key) for key in picked]
+            for key in picked:
+                self._envs[key.env].usage[rows[key]] += 1
             self._retire()
             self._total_batches_sampled += 1
             return out
@@ -459,11 +476,18 @@ class ReplayBuffer:
         """Marin's attribute, as a snapshot: per environment, its stored rollouts oldest
         first, each with its group and uses (changing the snapshot changes nothing)."""
         with self._cond:
+            # One record per group, shared by its members' entries: a record per entry
+            # made a snapshot cost rollouts x group size (4 s for one group of 16K).
+            records: Dict[GroupKey, GroupRecord] = {}
+            for env in self._envs.values():
+                for key in env.group_keys.tolist():
+                    if key not in records:
+                        records[key] = self._groups.record(key)
             return {
                 name: [
-                    StoredTrajectory(trajectory=env.items[r].rollout, group_id=gid,
-                                     group=self._groups.record(gid), usage_count=int(env.usage[r]))
-                    for r, gid in enumerate(env.group_ids.tolist())
+                    StoredTrajectory(trajectory=item.rollout, group_id=key.id, group=records[key],
+                                     usage_count=int(uses))
+                    for item, key, uses in zip(env.items.tolist(), env.group_keys.tolist(), env.usage.tolist())
                 ]
                 for name, env in self._envs.items()
             }
@@ -495,11 +519,20 @@ class ReplayBuffer:
         waiting up to ``timeout`` seconds for enough rollouts (woken by
         :meth:`add_batches`, not by polling); ``None`` or infinity waits until there are.
         A NaN timeout is a ``ValueError`` (it waited forever)."""
+        return self._wait_for(timeout, sample, None)
+
+    def _wait_for(
+        self, timeout: Optional[float], sample: Optional[Any], ended: Optional[Callable[[], bool]]
+    ) -> Optional[List[Any]]:
+        """:meth:`wait_for_batch`, returning ``None`` without drawing once ``ended()``
+        (read under the lock; whoever makes it true notifies the condition)."""
         timeout = checks.timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         sample = sample or self.sample_rollouts
         with self._cond:
             while True:
+                if ended is not None and ended():
+                    return None
                 batch = sample()
                 if batch is not None:
                     return batch
@@ -516,6 +549,12 @@ class ReplayBuffer:
 
 # The longest single wait on the condition (seconds); a longer timeout waits again.
 _WAIT_SLICE = 3600.0
+
+
+def _given(first: Any, second: Any) -> Any:
+    """``first`` unless it is absent (None or ""), else ``second``: an id of 0 is an id
+    (``or`` replaced it)."""
+    return second if first is None or (isinstance(first, str) and not first) else first
 
 
 def _short(value: Any) -> str:
@@ -620,6 +659,8 @@ class ReplayDataLoader:
         self.rollout_fetch_interval = checks.number("rollout_fetch_interval", rollout_fetch_interval, positive=True)
         self._thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
+        # Bumped by each stop() under the buffer's lock: the gets waiting then return None.
+        self._stops = 0
 
     def start(self) -> None:
         if self._thread is not None:
@@ -634,6 +675,14 @@ class ReplayDataLoader:
     _join_timeout = 5.0
 
     def stop(self) -> None:
+        """Stops the thread, and ends the gets waiting now: they return ``None`` without
+        drawing (a ``get_rollouts(None)`` waited on after the loader was gone, and a thread
+        left waiting by a cancelled asyncio task drew the next batch for nobody, its uses
+        counted)."""
+        buf = self.replay_buffer
+        with buf._cond:
+            self._stops += 1
+            buf._cond.notify_all()
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=self._join_timeout)
@@ -644,30 +693,53 @@ class ReplayDataLoader:
 
     def get_rollouts(self, timeout: Optional[float] = 5.0) -> Optional[List[RolloutWithCount]]:
         """The next batch, or ``None`` after ``timeout`` seconds without enough rollouts
-        (see :meth:`ReplayBuffer.wait_for_batch`)."""
-        return self.replay_buffer.wait_for_batch(timeout)
+        (see :meth:`ReplayBuffer.wait_for_batch`), or when :meth:`stop` is called."""
+        return self._wait(timeout, None)
 
     def get_trajectories(self, timeout: Optional[float] = 5.0) -> Optional[List[StoredTrajectory]]:
-        """Marin's newer name: a :meth:`ReplayBuffer.sample_sequences` batch, waiting up
-        to ``timeout`` seconds."""
-        return self.replay_buffer.wait_for_batch(timeout, self.replay_buffer.sample_sequences)
+        """Marin's newer name: a :meth:`ReplayBuffer.sample_sequences` batch, waiting as
+        :meth:`get_rollouts` does."""
+        return self._wait(timeout, self.replay_buffer.sample_sequences)
 
     def get_groups(self, timeout: Optional[float] = 5.0) -> Optional[List[GroupRecord]]:
-        """Whole groups (:meth:`ReplayBuffer.sample_groups`), waiting up to ``timeout``
-        seconds."""
-        return self.replay_buffer.wait_for_batch(timeout, self.replay_buffer.sample_groups)
+        """Whole groups (:meth:`ReplayBuffer.sample_groups`), waiting as
+        :meth:`get_rollouts` does."""
+        return self._wait(timeout, self.replay_buffer.sample_groups)
+
+    def _wait(self, timeout: Optional[float], sample: Optional[Any]) -> Optional[List[Any]]:
+        buf = self.replay_buffer
+        with buf._cond:
+            stops = self._stops
+        return buf._wait_for(timeout, sample, lambda: self._stops != stops)
 
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
                 batches = self.rollout_reader.read_all_available()
                 if batches:
-                    self.replay_buffer.add_batches(batches)
+                    self._add(list(batches))
             except Exception:  # a bad read must not end the loader (Marin's behaviour)
                 logger.exception("ReplayDataLoader: reading or adding rollouts failed")
             # Event.wait refuses a timeout past TIMEOUT_MAX (OverflowError, about 292 years
             # on Linux), which ended the thread after its first read.
             self._stop.wait(min(self.rollout_fetch_interval, threading.TIMEOUT_MAX))
+
+    def _add(self, batches: list) -> None:
+        """Adds what one read gave. ``add_batches`` takes all of a call or none, and the
+        reader has handed the batches over: one refused batch made the loader drop every
+        good batch of its read. A refused read is added again batch by batch, and only
+        the batches refused alone are logged and dropped."""
+        try:
+            self.replay_buffer.add_batches(batches)
+            return
+        except ValueError:
+            if len(batches) == 1:
+                raise
+        for i, batch in enumerate(batches):
+            try:
+                self.replay_buffer.add_batches([batch])
+            except ValueError as e:
+                logger.error("ReplayDataLoader: batch %d of the %d read dropped: %s", i, len(batches), e)
 
     def __enter__(self) -> "ReplayDataLoader":
         self.start()

@@ -28,9 +28,10 @@ def integer(value: Any) -> Optional[int]:
 
 def real(value: Any) -> Optional[float]:
     """``value`` as a float if it is a real number (a Python or numpy number, a 0-d
-    array), else None: never a bool, a string (``float("1.0")`` would take it), None or an
-    array of several values."""
-    if value is None or isinstance(value, (bool, np.bool_, str, bytes)):
+    array), else None: never a bool, a complex, a string (``float("1.0")`` would take it),
+    None or an array of several values."""
+    if value is None or isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
+        # A numpy complex converts, to its real part with only a warning.
         return None
     if isinstance(value, np.ndarray) and (value.ndim or value.dtype.kind not in "iuf"):
         return None

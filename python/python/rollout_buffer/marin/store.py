@@ -5,6 +5,7 @@ guards all of it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -12,29 +13,43 @@ import numpy as np
 from .types import GroupRecord, RolloutWithCount
 
 
+@dataclass(frozen=True)
+class GroupKey:
+    """A stored group: its environment and id (a group id may recur in another
+    environment, and is another group there). A group given no id gets a number of its
+    own (``made``): it reads ``"<env>/<n>"`` but is never the group of a later batch whose
+    own id is that text."""
+
+    env: str
+    id: Any
+    made: bool = False
+
+
 class GroupIndex:
-    """Each stored group's id, lesson and surviving members."""
+    """Each stored group's lesson and surviving members, by :class:`GroupKey`."""
 
     def __init__(self) -> None:
-        self._members: Dict[str, List[RolloutWithCount]] = {}
-        self._lessons: Dict[str, Optional[str]] = {}
+        self._members: Dict[GroupKey, List[RolloutWithCount]] = {}
+        self._lessons: Dict[GroupKey, Optional[str]] = {}
         self._next = 0
 
-    def open(self, env: str, group_id: Optional[str], lesson_id: Optional[str]) -> str:
-        """The id a new group is stored under (its own, else a fresh one); a group id seen
-        before gathers its members in one record."""
+    def open(self, env: str, group_id: Any, lesson_id: Optional[str]) -> GroupKey:
+        """The key a new group is stored under (its own id, else a fresh one); a group id
+        seen before in the same environment gathers its members in one record."""
         if group_id is None:
-            group_id = f"{env}/{self._next}"
+            key = GroupKey(env, f"{env}/{self._next}", made=True)
             self._next += 1
-        self._members.setdefault(group_id, [])
-        self._lessons.setdefault(group_id, lesson_id)
-        return group_id
+        else:
+            key = GroupKey(env, group_id)
+        self._members.setdefault(key, [])
+        self._lessons.setdefault(key, lesson_id)
+        return key
 
-    def add(self, gid: str, item: RolloutWithCount) -> None:
-        self._members[gid].append(item)
+    def add(self, key: GroupKey, item: RolloutWithCount) -> None:
+        self._members[key].append(item)
 
-    def remove(self, gid: str, item: RolloutWithCount) -> None:
-        members = self._members.get(gid)
+    def remove(self, key: GroupKey, item: RolloutWithCount) -> None:
+        members = self._members.get(key)
         if members is None:
             return
         for i, m in enumerate(members):
@@ -42,13 +57,13 @@ class GroupIndex:
                 del members[i]
                 break
         if not members:
-            del self._members[gid]
-            del self._lessons[gid]
+            del self._members[key]
+            del self._lessons[key]
 
-    def record(self, gid: str) -> GroupRecord:
+    def record(self, key: GroupKey) -> GroupRecord:
         """The group as it stands: its surviving members' rollouts."""
-        members = self._members.get(gid, [])
-        return GroupRecord(gid, self._lessons.get(gid), [m.rollout for m in members])
+        members = self._members.get(key, [])
+        return GroupRecord(key.id, self._lessons.get(key), [m.rollout for m in members])
 
 
 def _objects(items: Sequence[Any]) -> np.ndarray:
@@ -58,13 +73,13 @@ def _objects(items: Sequence[Any]) -> np.ndarray:
 
 
 class EnvRollouts:
-    """One environment's rollouts, oldest first, as columns: the items and their group ids
-    in object arrays (so keeping a subset is one array operation, not a Python loop over
+    """One environment's rollouts, oldest first, as columns: the items and their groups'
+    keys in object arrays (so keeping a subset is one array operation, not a Python loop over
     every stored rollout), uses, weight steps and timestamps in numeric ones."""
 
     def __init__(self) -> None:
         self.items = _objects([])
-        self.group_ids = _objects([])
+        self.group_keys = _objects([])
         self.usage = np.zeros(0, np.int64)
         self.steps = np.zeros(0, np.int64)
         self.stamps = np.zeros(0, np.float64)
@@ -73,26 +88,26 @@ class EnvRollouts:
         return len(self.items)
 
     def extend(self, groups_in: Sequence[tuple], groups: GroupIndex) -> int:
-        """Appends groups, each ``(rollouts, advantages, weight_step, group id, steps,
+        """Appends groups, each ``(rollouts, advantages, weight_step, group key, steps,
         stamps)`` as the buffer checked them (advantages, steps and stamps one per
         rollout), with one concatenation per column (not one per group); returns how many
         rollouts it added. Nothing here can fail halfway: it runs under the buffer's lock,
         after every check."""
         new: List[RolloutWithCount] = []
-        gids: List[str] = []
+        keys: List[GroupKey] = []
         steps: List[np.ndarray] = [self.steps]
         stamps: List[np.ndarray] = [self.stamps]
-        for rollouts, advantages, weight_step, gid, group_steps, group_stamps in groups_in:
+        for rollouts, advantages, weight_step, key, group_steps, group_stamps in groups_in:
             for r, a in zip(rollouts, advantages.tolist()):
                 item = RolloutWithCount(rollout=r, advantage=a, usage_count=0, weight_step=weight_step)
-                groups.add(gid, item)
+                groups.add(key, item)
                 new.append(item)
-            gids.extend([gid] * len(rollouts))
+            keys.extend([key] * len(rollouts))
             steps.append(group_steps)
             stamps.append(group_stamps)
         n = len(new)
         self.items = np.concatenate([self.items, _objects(new)])
-        self.group_ids = np.concatenate([self.group_ids, _objects(gids)])
+        self.group_keys = np.concatenate([self.group_keys, _objects(keys)])
         self.usage = np.concatenate([self.usage, np.zeros(n, np.int64)])
         self.steps = np.concatenate(steps)
         self.stamps = np.concatenate(stamps)
@@ -114,10 +129,10 @@ class EnvRollouts:
         if removed == 0:
             return 0
         gone = ~mask
-        for gid, item in zip(self.group_ids[gone].tolist(), self.items[gone].tolist()):
-            groups.remove(gid, item)
+        for key, item in zip(self.group_keys[gone].tolist(), self.items[gone].tolist()):
+            groups.remove(key, item)
         self.items = self.items[mask]
-        self.group_ids = self.group_ids[mask]
+        self.group_keys = self.group_keys[mask]
         self.usage = self.usage[mask]
         self.steps = self.steps[mask]
         self.stamps = self.stamps[mask]

@@ -25,6 +25,14 @@ class RolloutMetadata:
     weight_step: int = -1
     lesson_id: Optional[str] = None
     group_id: Optional[str] = None
+    # Marin's newer revisions' fields, kept as given (the buffer reads none of them).
+    run_id: Optional[str] = None
+    trace_id: Optional[str] = None
+    task_name: Optional[str] = None
+    task_version: Optional[str] = None
+    verifier_name: Optional[str] = None
+    verifier_version: Optional[str] = None
+    trace_ref: Optional[str] = None
 
 
 @dataclass(eq=False)
@@ -41,6 +49,11 @@ class Rollout:
     is_truncated: bool = False
     metadata: RolloutMetadata = field(default_factory=RolloutMetadata)
     correctness_reward: Optional[float] = None
+    # The sampling settings, as one revision or another of Marin names them: `temperature`
+    # and `top_k`, or a `decoding` trace. Kept as given.
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    decoding: Any = None
 
 
 @dataclass(eq=False)
