@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from rollout_buffer.replay import ReplayBuffer
-from test_replay import Clock, fill, group_of, open_buffer
+from test_replay import Clock, fill, group_of, open_buffer, rec
 
 
 def test_steps_must_be_ints(tmp_path):
@@ -359,3 +359,29 @@ def test_a_name_too_long_for_a_partition_folder_is_refused(tmp_path, field, valu
     assert buf.add_rollouts([R("math", "q", "1", rollout_uid=str(i)) for i in range(2)]) == ["pending", "sealed"]
     assert len(buf.sample_groups(1).group_ids) == 1
     buf.close()
+
+
+def test_numeric_versions_are_one_text_per_number(tmp_path):
+    """With numeric versions, "03", "+3" and "3" were three groups and three partition
+    folders of the version the lag filters take as 3 (one prompt drawn at version 3 never
+    sealed). Now each is stored as "3", by records and by columns; a version of the
+    rollout's own that is no integer, in a table of the dataset's schema, is refused."""
+    from rollout_buffer.replay import to_table
+
+    buf = open_buffer(tmp_path, target_group_size=3)
+    assert buf.add_rollouts([rec(pv=v, i=i) for i, v in enumerate(["03", "+3", "3"])]) == [
+        "pending", "pending", "sealed"]
+    assert buf.add_rollouts({"environment": ["math"] * 3, "example_id": ["q1"] * 3,
+                             "policy_version": ["-0", "+0", "00"]}) == ["pending", "pending", "sealed"]
+    assert buf.stats()["ready_by_policy_version"] == {"3": 1, "0": 1}
+    buf.flush()
+    folders = {p.name for p in (tmp_path / "replay" / "rollouts" / "environment=math").iterdir()}
+    assert folders == {"policy_version=3", "policy_version=0"}
+    table = to_table([rec(pv="4", uid="own")])
+    table = table.set_column(table.schema.get_field_index("rollout_policy_version"), "rollout_policy_version",
+                             pa.array(["four"]))
+    with pytest.raises(ValueError, match="'own': field 'rollout_policy_version' is 'four': not an integer"):
+        buf.add_rollouts(table)
+    assert buf.stats()["received"] == 6
+    strings = open_buffer(tmp_path / "text", target_group_size=2, numeric_versions=False)
+    assert strings.add_rollouts([rec(pv="03", i=0), rec(pv="3", i=1)]) == ["pending", "pending"]

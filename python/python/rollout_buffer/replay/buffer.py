@@ -157,7 +157,8 @@ class ReplayBuffer(Serving):
     """See the module docs and ``docs/scale.md``. ``grouping`` is ``"strict"`` (a group is
     environment, example and policy version) or ``"mixed"`` (environment and example, any
     versions). ``numeric_versions`` (default) requires integer policy versions, which the
-    lag controls and recency weighting need. ``compression`` is a Parquet codec this
+    lag controls and recency weighting need, and stores each as its number's text
+    (``"03"`` and ``"+3"`` are ``"3"``: one group, one partition). ``compression`` is a Parquet codec this
     pyarrow writes (``"zstd"``, ``"snappy"``, ``"none"``, ...; checked here, not at the
     first write). ``clock`` (default ``time.time``) is what leases, seal timeouts and
     retention read."""

@@ -448,15 +448,24 @@ def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
             i = _first(pc.or_kleene(pc.is_null(col), pc.equal(lengths, 0)))
             raise fail(i, name, f"must be a non-empty string, not {col[i].as_py()!r}")
     if numeric_versions:
-        pv = table.column("policy_version")
-        ok = pc.match_substring_regex(pv, r"^[+-]?[0-9]+$")
-        # min_count=0: true over no rows (by default `all` of nothing is null).
-        if not pc.all(ok, min_count=0).as_py():
-            i = _first(pc.invert(ok))
-            raise fail(
-                i, "policy_version",
-                f"is {pv[i].as_py()!r}: not an integer (this buffer orders versions by number)",
-            )
+        # The group's version and the rollout's own (a table in the dataset's schema
+        # carries both).
+        for name in ("policy_version", "rollout_policy_version"):
+            pv = table.column(name)
+            ok = pc.match_substring_regex(pv, r"^[+-]?[0-9]+$")
+            # min_count=0: true over no rows (by default `all` of nothing is null).
+            if not pc.all(ok, min_count=0).as_py():
+                i = _first(pc.invert(ok))
+                raise fail(
+                    i, name,
+                    f"is {pv[i].as_py()!r}: not an integer (this buffer orders versions by number)",
+                )
+            # One number, one text: "03", "+3" and "3" were three groups and three
+            # partitions of the version the lag filters read as 3.
+            canonical = pc.match_substring_regex(pv, r"^(0|-?[1-9][0-9]*)$")
+            if not pc.all(canonical, min_count=0).as_py():
+                texts = pa.array([str(int(v)) for v in pv.to_pylist()], pa.string())
+                table = table.set_column(SCHEMA.get_field_index(name), name, texts)
     reward = table.column("reward")
     finite = pc.is_finite(reward)
     if reward.null_count < len(reward) and not pc.all(finite).as_py():
