@@ -88,7 +88,21 @@ fn unsigned(column: &dyn Array) -> Option<Vec<u64>> {
     }
 }
 
+/// A dictionary-encoded column (a polars categorical, pyarrow's `dictionary_encode()`) as a
+/// plain column of its values, which the readers below take; `None` for a plain column.
+fn decoded(what: &str, column: &dyn Array) -> PyResult<Option<ArrayRef>> {
+    match column.data_type() {
+        DataType::Dictionary(_, values) => arrow_cast::cast(column, values)
+            .map(Some)
+            .map_err(|e| bad(format!("{what}: its dictionary does not decode: {e}"))),
+        _ => Ok(None),
+    }
+}
+
 pub(crate) fn arrow_ids(column: &dyn Array) -> PyResult<Vec<SampleId>> {
+    if let Some(plain) = decoded("column \"id\"", column)? {
+        return arrow_ids(plain.as_ref());
+    }
     if column.null_count() > 0 {
         return Err(bad("column \"id\" has nulls".into()));
     }
@@ -97,7 +111,12 @@ pub(crate) fn arrow_ids(column: &dyn Array) -> PyResult<Vec<SampleId>> {
     }
     unsigned(column)
         .map(|v| v.into_iter().map(SampleId::from).collect())
-        .ok_or_else(|| bad("column \"id\": str or non-negative int".into()))
+        .ok_or_else(|| {
+            bad(format!(
+                "column \"id\" of type {}: ids are str or ints from 0 to 2**64 - 1",
+                column.data_type()
+            ))
+        })
 }
 
 pub(crate) fn arrow_births(column: &dyn Array) -> PyResult<Vec<u64>> {
@@ -107,6 +126,9 @@ pub(crate) fn arrow_births(column: &dyn Array) -> PyResult<Vec<u64>> {
 }
 
 pub(crate) fn arrow_meta(name: &str, column: &dyn Array) -> PyResult<Vec<MetaValue>> {
+    if let Some(plain) = decoded(&format!("meta {name:?}"), column)? {
+        return arrow_meta(name, plain.as_ref());
+    }
     if column.null_count() > 0 {
         return Err(bad(format!("meta {name:?} has nulls")));
     }

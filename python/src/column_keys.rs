@@ -102,6 +102,17 @@ pub(crate) fn py_ids(obj: &Bound<'_, PyAny>) -> PyResult<Vec<SampleId>> {
                 Err(bad(format!("ids: row {row} is a bool, not an id")))
             } else if let Ok(n) = item.extract::<u64>() {
                 Ok(SampleId::from(n))
+            } else if item.hasattr("__index__").unwrap_or(false) {
+                // An int (or numpy integer) outside what an id holds: say which, not that
+                // it is no int.
+                let text = item.str().map(|s| s.to_string()).unwrap_or_default();
+                let shown = match text.char_indices().nth(40) {
+                    Some((cut, _)) => format!("{}...", &text[..cut]),
+                    None => text,
+                };
+                Err(bad(format!(
+                    "ids: row {row} is {shown}: an int id is from 0 to 2**64 - 1"
+                )))
             } else {
                 Err(bad(format!(
                     "ids: row {row} is neither str nor a non-negative int"

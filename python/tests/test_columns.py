@@ -429,6 +429,31 @@ def test_ids_may_be_an_arrow_array():
         buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.array(["e", None]))
 
 
+def test_dictionary_encoded_ids_and_metadata_are_read_as_their_values():
+    """A polars categorical or a pyarrow dictionary column (what a dataset of repeated
+    names often holds) was refused as "str or non-negative int"."""
+    pl = pytest.importorskip("polars")
+    buf = one_rpc(n=4)
+    buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pa.array(["a", "b"]).dictionary_encode(),
+                             meta={"env": pa.array(["math", "math"]).dictionary_encode()})
+    buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=pl.Series(["c", "d"], dtype=pl.Categorical),
+                             meta={"env": pl.Series(["code", "math"], dtype=pl.Categorical)})
+    table = buf.get_batch_for_rpc_blocking("train").to_arrow()
+    assert dict(zip(table.column("id").to_pylist(), table.column("env").to_pylist())) == {
+        "a": "math", "b": "math", "c": "code", "d": "math"}
+    with pytest.raises(ValueError, match="column \"id\" of type Float64: ids are str or ints"):
+        buf.put_columns_blocking({"x": np.zeros((1, 1))}, ids=pa.array([1.5]))
+
+
+@pytest.mark.parametrize("bad, shown", [(2**70, "1180591620717411303424"), (-1, "-1"), (np.int64(-3), "-3")])
+def test_an_int_id_out_of_range_is_named_as_one(bad, shown):
+    # It was "neither str nor a non-negative int", which an int past 2**64 - 1 is not.
+    buf = one_rpc(n=2)
+    with pytest.raises(ValueError, match=f"ids: row 1 is {shown}: an int id is from 0 to 2\\*\\*64 - 1"):
+        buf.put_columns_blocking({"x": np.zeros((2, 1))}, ids=[5, bad])
+    assert len(buf) == 0, "none of the put taken"
+
+
 @pytest.mark.parametrize("sample", [
     {"id": "a", "x": 1.0, "meta": {"id": "o"}},
     {"id": "a", "x": 1.0, "meta": {"birth": 3}},
