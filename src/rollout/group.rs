@@ -13,7 +13,7 @@
 //! The reward is a group field only once every member has one: until then the sample
 //! lacks the `reward` key and a verifier amends it in (an external key in the graph).
 
-use super::record::RolloutRecord;
+use super::record::{OptionalField, RolloutRecord};
 use crate::error::Result;
 use crate::sample::{MetaValue, Sample};
 use crate::tensor::Tensor;
@@ -233,13 +233,15 @@ impl SealedGroup {
                     .map(|r| r.replica_id.clone())
                     .collect::<Vec<String>>(),
             );
-        if rs.iter().all(|r| r.ref_logprobs.is_some()) {
+        // The fields a group holds only when every member has them: the ones a group
+        // ingestion checks each rollout for when its buffer reads them.
+        if rs.iter().all(|r| OptionalField::RefLogprobs.is_in(r)) {
             let refs = stack(rs, |r| r.ref_logprobs.as_deref().unwrap_or_default())?;
-            s = s.with("ref_logprobs", refs);
+            s = s.with(OptionalField::RefLogprobs.key(), refs);
         }
-        if rs.iter().all(|r| r.reward.is_some()) {
+        if rs.iter().all(|r| OptionalField::Reward.is_in(r)) {
             s = s.with(
-                "reward",
+                OptionalField::Reward.key(),
                 rs.iter()
                     .map(|r| r.reward.unwrap_or(f64::NAN))
                     .collect::<Vec<f64>>(),
