@@ -33,8 +33,8 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 /// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
 type KeyMask = u64;
 
-/// A read for Python: the slots, then the gathered sample (`true`) or the samples' list.
-type Read<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>, bool);
+/// A read for Python: the slots, then the gathered sample.
+type Read<'py> = (Bound<'py, PyArray1<i64>>, Bound<'py, PyAny>);
 
 /// The Python side of each slot.
 struct Entries {
@@ -316,17 +316,23 @@ impl ArealSlots {
     }
 
     /// A batch for MFC number `rpc` if one is ready: its slots (int64, oldest birth first)
-    /// and either the stand-in's gather of its samples over `keys` (`gathered` true) or the
-    /// samples' list, for their own class's gather. The read is done: the last MFC's read
-    /// frees the slots. `served` says the MFC's declared inputs include `keys`, so the
-    /// samples hold them (the buffer served them for those inputs) and the gather need not
-    /// check.
-    #[pyo3(signature = (rpc, keys, served=false))]
+    /// and its samples gathered over `keys`: natively for the stand-in's samples, else by
+    /// `fallback(samples, keys)` (their own class's gather). `served` says the MFC's
+    /// declared inputs include `keys`, so the samples hold them (the buffer served them
+    /// for those inputs) and the native gather need not check.
+    ///
+    /// The gather runs while the batch is leased, before the read is committed: one that
+    /// raises (a key the samples lack, metadata their class cannot join) gives the batch
+    /// back, nothing read, where the read had been committed first and the batch lost
+    /// with the error. Once this returns, the read is done: the last MFC's read frees the
+    /// slots.
+    #[pyo3(signature = (rpc, keys, fallback, served=false))]
     fn try_get<'py>(
         &self,
         py: Python<'py>,
         rpc: usize,
         keys: Vec<Bound<'py, PyAny>>,
+        fallback: &Bound<'py, PyAny>,
         served: bool,
     ) -> PyResult<Option<Read<'py>>> {
         let name = self
@@ -334,9 +340,9 @@ impl ArealSlots {
             .get(rpc)
             .ok_or_else(|| PyValueError::new_err(format!("no MFC number {rpc}")))?;
         crate::interpreter::check_not_forked()?;
-        let mut freed = Vec::new();
-        let (slots, samples) = {
-            let mut entries = self.lock(py)?;
+        // Any error from here to the commit drops `batch`, which gives it back.
+        let (batch, slots, samples) = {
+            let entries = self.lock(py)?;
             let Some(batch) = self.buf.try_get_batch_for_rpc(name).map_err(py_err)? else {
                 return Ok(None);
             };
@@ -352,6 +358,23 @@ impl ArealSlots {
                         })
                 })
                 .collect::<PyResult<Vec<_>>>()?;
+            (batch, slots, samples)
+        };
+        // Outside the lock: a class's own gather is Python code, which may take long or
+        // call back into this buffer.
+        let own = self.sample_type.bind(py);
+        let native = if samples.iter().all(|s| s.get_type().is(own)) {
+            gather(own, &samples, &keys, !served)?
+        } else {
+            None
+        };
+        let gathered = match native {
+            Some(out) => out,
+            None => fallback.call1((PyList::new(py, &samples)?, PyList::new(py, &keys)?))?,
+        };
+        let mut freed = Vec::new();
+        {
+            let mut entries = self.lock(py)?;
             now(batch.commit())?;
             for &s in &slots {
                 // Each MFC reads an entry once (the buffer's reads per RPC), so the count
@@ -362,17 +385,10 @@ impl ArealSlots {
                     freed.push(entries.samples[s].take());
                 }
             }
-            (slots, samples)
-        };
+        }
         drop(freed);
         let slots = PyArray1::from_iter(py, slots.iter().map(|&s| s as i64));
-        let own = self.sample_type.bind(py);
-        if samples.iter().all(|s| s.get_type().is(own)) {
-            if let Some(out) = gather(own, &samples, &keys, !served)? {
-                return Ok(Some((slots, out, true)));
-            }
-        }
-        Ok(Some((slots, PyList::new(py, samples)?.into_any(), false)))
+        Ok(Some((slots, gathered)))
     }
 }
 

@@ -2,11 +2,13 @@
 numbers, samples that are no SequenceSample, RPCs that are no MFCDef. Each refusal is a
 ValueError naming the item, with nothing stored or changed."""
 
+import asyncio
+
 import numpy as np
 import pytest
 
-from rollout_buffer.areal import AsyncIOSequenceBuffer, Timeout
-from test_areal import Mfc, Sample, run
+from rollout_buffer.areal import AsyncIOSequenceBuffer, MFCDef, Timeout
+from test_areal import Mfc, Sample, _standin, run
 
 
 def test_amend_indices_must_be_ints_and_not_negative():
@@ -191,5 +193,86 @@ def test_entry_ids_are_compared_whole_and_samples_must_be_a_list():
             with pytest.raises(ValueError, match="samples must be a list of SequenceSample"):
                 await buf.put_batch(bad)
         assert buf.size == 3
+
+    run(go())
+
+
+def test_a_gather_that_raises_gives_the_batch_back():
+    """The read was committed (the last MFC's read freeing the slots) before the gather
+    ran: a gather that raised (a class whose gather cannot join the entries' metadata, an
+    MFC passed in with a key the entries lack) lost the batch, and a retry waited for ever.
+    Now the batch is given back, nothing read."""
+
+    class Picky(Sample):
+        fail = True
+
+        @classmethod
+        def gather(cls, samples, keys=None):
+            if cls.fail:
+                raise KeyError("version_start")
+            return super().gather(samples, keys=keys)
+
+    async def go():
+        gen = Mfc("gen", 2, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], 4)
+        await buf.put_batch([Picky(1, ["p"]), Picky(2, ["p"])])
+        with pytest.raises(KeyError, match="version_start"):
+            await buf.get_batch_for_rpc(gen)
+        assert buf.size == 2
+        Picky.fail = False
+        _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+        assert sorted(got.ids) == ["1", "2"] and buf.size == 0
+        # The stand-in's native gather of a key the entries lack, named by the MFC passed in.
+        await buf.put_batch([_standin(i, ["p"]) for i in range(2)])
+        with pytest.raises(KeyError, match="has no key"):
+            await buf.get_batch_for_rpc(MFCDef("gen", 2, ["p", "v"]))
+        assert buf.size == 2
+        _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+        assert sorted(got.ids) == ["s0", "s1"] and buf.size == 0
+
+    run(go())
+
+
+def test_an_amend_naming_one_slot_twice_is_refused_before_any_merge():
+    """Both merges ran, then the buffer refused the repeated slot: the entry held keys the
+    buffer never learned of, and the MFC reading them waited for ever."""
+
+    async def go():
+        gen, train = Mfc("gen", 1, ["p"], ["x", "y"]), Mfc("train", 1, ["p", "x", "y"])
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        stored = Sample("a", ["p"])
+        idx = await buf.put_batch([stored])
+        await buf.get_batch_for_rpc(gen)
+        with pytest.raises(ValueError, match="indices holds slot 0 more than once"):
+            await buf.amend_batch([idx[0], idx[0]], [Sample("a", ["x"]), Sample("a", ["y"])])
+        assert stored.keys == {"p"}, "nothing merged"
+        await buf.amend_batch(idx, [Sample("a", ["x", "y"])])
+        _, got = await asyncio.wait_for(buf.get_batch_for_rpc(train), 5)
+        assert got.ids == ["a"] and buf.size == 0
+
+    run(go())
+
+
+def test_an_amend_whose_merge_raises_wakes_the_getters_of_what_it_made_ready():
+    """The entries merged before the failing one are made ready, but the getters already
+    waiting were woken only by an amend that returned: they slept on while a new get was
+    served at once."""
+
+    class Broken(Sample):
+        def update_(self, other):
+            raise RuntimeError("a broken merge")
+
+    async def go():
+        gen, train = Mfc("gen", 2, ["a"], ["b"]), Mfc("train", 1, ["a", "b"])
+        buf = AsyncIOSequenceBuffer([gen, train], 4)
+        idx = await buf.put_batch([Sample(1, ["a"]), Broken(2, ["a"])])
+        await buf.get_batch_for_rpc(gen)
+        waiter = asyncio.ensure_future(buf.get_batch_for_rpc(train))
+        await asyncio.sleep(0)  # a yield: the getter runs until it waits
+        assert not waiter.done()
+        with pytest.raises(RuntimeError, match="a broken merge"):
+            await buf.amend_batch(idx, [Sample(1, ["b"]), Sample(2, ["b"])])
+        _, got = await asyncio.wait_for(waiter, 5)
+        assert got.ids == ["1"]
 
     run(go())

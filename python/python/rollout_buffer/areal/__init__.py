@@ -35,7 +35,10 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
 * a gather aligns metadata by position, a sample without a key getting ``None`` (AReaL
   raised ``KeyError`` after the read had freed the slots), and gathers data only when
   every sample holds it for every key (else the batch is metadata-only, as the master
-  worker's always is);
+  worker's always is); any gather (AReaL's own class's too) runs before the read is
+  committed, and one that raises gives the batch back, nothing read;
+* an amend naming one slot twice is refused before any merge; one whose merge raises
+  still wakes the getters of the entries it merged before;
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
   forever); each MFC's ``n_seqs`` is fixed then (a get asking another count is a
   ``ValueError``, where AReaL reads it from the object passed in), and ties between equal birth times go to the earlier put (AReaL's order was
@@ -164,6 +167,11 @@ class AsyncIOSequenceBuffer:
         with nothing changed, for an index that is no int >= 0 (a float is not truncated)
         or a sample that is no ``SequenceSample``."""
         array = _slot_indices(indices)
+        if len(np.unique(array)) != len(array):
+            # Refused before any merge: the merges ran, then the buffer refused the repeated
+            # slot, and the entry held keys no MFC was ever served it for.
+            values, counts = np.unique(array, return_counts=True)
+            raise ValueError(f"indices holds slot {int(values[counts > 1][0])} more than once; amend each entry once")
         # As in the put: the native amend reads every sample's `ids` and `keys` before it
         # merges any.
         try:
@@ -171,8 +179,10 @@ class AsyncIOSequenceBuffer:
         except (AttributeError, TypeError):
             _check_samples(samples)
             raise
-        if len(array):
-            self._wake()
+        finally:
+            # Also after a merge that raised: the entries merged before it were made ready.
+            if len(array):
+                self._wake()
 
     async def _next_batch(self, r: int, name: str, keys: List[str], served: bool, timeout: Optional[float]):
         """A batch for MFC ``name`` once one is ready (``Timeout`` after ``timeout``
@@ -185,7 +195,7 @@ class AsyncIOSequenceBuffer:
                 changed = self._waiting.get(loop)
                 if changed is None:
                     changed = self._waiting[loop] = asyncio.Event()
-            batch = self._slots.try_get(r, keys, served)
+            batch = self._try_get(r, keys, served)
             if batch is not None:
                 return batch
             if deadline is None:
@@ -239,11 +249,23 @@ class AsyncIOSequenceBuffer:
         served = self._inputs[r].issuperset(keys)
         # A batch ready now is taken without the waiting machinery (which asks again after
         # taking its event, so a wake-up in between is not lost).
-        batch = self._slots.try_get(r, keys, served)
+        batch = self._try_get(r, keys, served)
         if batch is None:
             batch = await self._next_batch(r, name, keys, served, timeout)
-        slots, samples, gathered = batch
-        return slots, samples if gathered else gather(samples, keys=keys)
+        return batch
+
+    def _try_get(self, r: int, keys: List[str], served: bool):
+        """The native read, gathered before it is committed. A gather that raises gives the
+        batch back, nothing read: the getters of its MFC are woken to take it."""
+        try:
+            return self._slots.try_get(r, keys, _gather, served)
+        except Exception:
+            self._wake()
+            raise
+
+
+def _gather(samples: list, keys: list) -> Any:
+    return gather(samples, keys=keys)
 
 
 def _what(obj: Any) -> str:
