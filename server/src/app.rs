@@ -36,8 +36,12 @@ pub struct App {
     start_payload: Mutex<Option<Value>>,
     /// One read at a time (slime's buffer lock).
     reads: tokio::sync::Mutex<()>,
-    /// One `/start_rollout` at a time.
-    starts: tokio::sync::Mutex<()>,
+    /// Reads that wait take turns (see [`read_groups`]).
+    waiting_reads: tokio::sync::Mutex<()>,
+    /// True once the server is stopping: no read waits any more.
+    stop: tokio::sync::watch::Sender<bool>,
+    /// One `/start_rollout` at a time (held by its regrouping task, see [`start_rollout`]).
+    starts: Arc<tokio::sync::Mutex<()>>,
     tracker: tokio::sync::Mutex<MetricsTracker>,
     environment: String,
     token: Option<String>,
@@ -46,7 +50,9 @@ pub struct App {
     body_timeout: Duration,
     /// Items being added now (see [`add_all`]).
     in_flight: Arc<tokio::sync::Semaphore>,
-    max_in_flight: usize,
+    /// A buffer's worth of items at the largest group size so far (the permits of
+    /// `in_flight`, which only ever grow).
+    max_in_flight: AtomicUsize,
     /// Items of writes waiting for their place among those being added.
     queued: AtomicUsize,
     written: AtomicU64,
@@ -82,17 +88,16 @@ impl App {
     ) -> rollout_buffer::Result<Arc<Self>> {
         let ingest = GroupIngest::start(buf.clone(), settings.group_config()).await?;
         // One buffer's worth of items may be on their way in at once.
-        let max_in_flight = (buf.capacity() * settings.group_size).clamp(
-            1,
-            tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize),
-        );
+        let max_in_flight = items_in_flight(buf.capacity(), settings.group_size);
         Ok(Arc::new(Self {
             buf,
             ingest,
             settings: Mutex::new(settings),
             start_payload: Mutex::new(None),
             reads: tokio::sync::Mutex::new(()),
-            starts: tokio::sync::Mutex::new(()),
+            waiting_reads: tokio::sync::Mutex::new(()),
+            stop: tokio::sync::watch::Sender::new(false),
+            starts: Arc::new(tokio::sync::Mutex::new(())),
             tracker: tokio::sync::Mutex::new(MetricsTracker::new(options.environment.clone())),
             environment: options.environment.clone(),
             token: options.token.clone(),
@@ -100,7 +105,7 @@ impl App {
             write_timeout: options.write_timeout,
             body_timeout: options.body_timeout,
             in_flight: Arc::new(tokio::sync::Semaphore::new(max_in_flight)),
-            max_in_flight,
+            max_in_flight: AtomicUsize::new(max_in_flight),
             queued: AtomicUsize::new(0),
             written: AtomicU64::new(0),
             read: AtomicU64::new(0),
@@ -111,10 +116,54 @@ impl App {
         self.ingest.clone()
     }
 
+    /// Ends the reads waiting now (each answers with what it has) and keeps later ones
+    /// from waiting: the server is stopping, and its graceful shutdown waits for every
+    /// request in flight, which a long-poll read held for up to an hour.
+    pub fn begin_stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    fn stopping(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves once [`Self::begin_stop`] was called.
+    async fn stopped(&self) {
+        let mut stop = self.stop.subscribe();
+        // An error only means the sender is gone, with the application: stopping too.
+        let _ = stop.wait_for(|&stopping| stopping).await;
+    }
+
     fn settings(&self) -> Settings {
         *lock(&self.settings)
     }
+
+    fn max_in_flight(&self) -> usize {
+        self.max_in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Lets a buffer's worth of items at `group_size` be on their way in at once: a group
+    /// size raised by `/start_rollout` had kept the startup one's limit, refusing a write
+    /// of one whole group as too large.
+    fn allow_in_flight(&self, group_size: usize) {
+        let wanted = items_in_flight(self.buf.capacity(), group_size);
+        let before = self.max_in_flight.fetch_max(wanted, Ordering::Relaxed);
+        if wanted > before {
+            self.in_flight.add_permits(wanted - before);
+        }
+    }
 }
+
+/// How many items may be on their way in at once: a buffer's worth (`capacity` groups of
+/// `group_size`), within what a semaphore counts.
+fn items_in_flight(capacity: usize, group_size: usize) -> usize {
+    capacity.saturating_mul(group_size).clamp(
+        1,
+        tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize),
+    )
+}
+
+impl App {}
 
 /// A poisoned lock only means a handler panicked while holding it; the value is whole.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -223,7 +272,7 @@ impl crate::api_error::BodyTimeout for Arc<App> {
 /// too, so that an overloaded server does not spend its CPU decoding bodies it then
 /// refuses.
 fn refuse_if_busy(app: &App) -> Result<(), ApiError> {
-    if app.queued.load(Ordering::Relaxed) >= app.max_in_flight {
+    if app.queued.load(Ordering::Relaxed) >= app.max_in_flight() {
         return Err(ApiError::Busy { retry_after: 1 });
     }
     Ok(())
@@ -253,17 +302,17 @@ async fn add_all(
     records: Vec<rollout_buffer::rollout::RolloutRecord>,
 ) -> Result<Vec<Value>, ApiError> {
     let n = records.len();
-    let Some(permits) = u32::try_from(n).ok().filter(|_| n <= app.max_in_flight) else {
+    let most = app.max_in_flight();
+    let Some(permits) = u32::try_from(n).ok().filter(|_| n <= most) else {
         return Err(ApiError::bad(format!(
-            "{n} items in one write; this server takes at most {} at once",
-            app.max_in_flight
+            "{n} items in one write; this server takes at most {most} at once"
         )));
     };
     let deadline = tokio::time::Instant::now() + app.write_timeout;
     let permit = {
         let queued = app.queued.fetch_add(n, Ordering::Relaxed);
         let _queued = Queued(&app.queued, n);
-        if queued >= app.max_in_flight {
+        if queued >= most {
             return Err(ApiError::Busy { retry_after: 1 });
         }
         let acquire = Arc::clone(&app.in_flight).acquire_many_owned(permits);
@@ -401,6 +450,11 @@ async fn buffer_read(
 
 /// Takes groups for an answer (see [`slime::take`]); with `wait`, waits up to it for a new
 /// group while the answer falls short.
+///
+/// Reads that wait take turns, each until it answers or its own deadline passes: a read
+/// falling short holds the groups it has while it waits for more, and two of them holding
+/// a share each waited out their timeouts short of their batches with enough groups
+/// between them. Reads that do not wait never queue behind one that does.
 async fn read_groups(
     app: &App,
     batch_size: i64,
@@ -422,29 +476,40 @@ async fn read_groups(
         )));
     }
     let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    // Past its deadline in the queue (or once the server is stopping), a read makes one
+    // take that does not wait.
+    let _turn = match deadline {
+        Some(d) => tokio::select! {
+            turn = tokio::time::timeout_at(d, app.waiting_reads.lock()) => turn.ok(),
+            () = app.stopped() => None,
+        },
+        None => None,
+    };
     loop {
         let one_read = app.reads.lock().await;
         let taken = slime::take(&app.buf, &app.settings(), batch_size, format).await?;
         if !taken.held_back.is_empty() || taken.count == 0 {
-            let left = deadline.map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
+            let left = deadline
+                .filter(|_| !app.stopping())
+                .map(|d| d.saturating_duration_since(tokio::time::Instant::now()));
             if let Some(left) = left.filter(|l| !l.is_zero()) {
                 // Wait for one group more, holding the ones in hand so the wait cannot
                 // return one of them (given back first, each pass would take it again at
                 // once: a busy loop logging a redelivery each time). Other reads go on
                 // meanwhile. The next pass takes the new group with the rest.
                 drop(one_read);
-                let more = app
-                    .buf
-                    .get_batch_for_rpc_timeout(slime::TRAIN_RPC, left)
-                    .await;
+                let more = tokio::select! {
+                    more = app.buf.get_batch_for_rpc_timeout(slime::TRAIN_RPC, left) => Some(more),
+                    () = app.stopped() => None,
+                };
                 drop(taken.held_back);
                 match more {
-                    Ok(batch) => {
+                    Some(Ok(batch)) => {
                         drop(batch);
                         continue;
                     }
-                    Err(rollout_buffer::Error::Timeout { .. }) => {}
-                    Err(e) => return Err(e.into()),
+                    Some(Err(rollout_buffer::Error::Timeout { .. })) | None => {}
+                    Some(Err(e)) => return Err(e.into()),
                 }
             }
             let message = if batch_size > 0 {
@@ -502,26 +567,57 @@ async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
         "groups_ready": s.rpcs.iter().map(|r| r.eligible).sum::<usize>(),
         "groups_leased": s.live_leases,
         "slots_free": s.empty,
-        "items_adding": app.max_in_flight - app.in_flight.available_permits().min(app.max_in_flight),
+        "items_adding": app.max_in_flight() - app.in_flight.available_permits().min(app.max_in_flight()),
         "items_queued": app.queued.load(Ordering::Relaxed),
     });
     envelope(true, "buffer stats", data, json!("buffer stats"))
 }
 
+/// `/start_rollout`: new group settings, for the groups pending too.
+///
+/// The settings change first, then the ingest regroups what is pending, in a task of its
+/// own holding the one-start lock: the groups that completes wait for room like a write's,
+/// and this answers 503 after `--write-timeout` while they go on and land once a read
+/// makes room (a retry waits its turn, then finds the settings in place). Awaited inline,
+/// a client giving up cancelled it halfway: the groups it had taken out of the ingest were
+/// neither stored nor pending until a restart (resends of their items answered
+/// `duplicate`), and the old settings stayed for reads while the ingest grouped by the new
+/// ones (a new group padded to the old size served items twice).
 async fn start_rollout(
     State(app): State<Arc<App>>,
     ApiJson(UniqueKeys(payload)): ApiJson<UniqueKeys>,
 ) -> Result<Json<Value>, ApiError> {
-    // One at a time, so the settings and the ingest's grouping change together.
-    let _one_start = app.starts.lock().await;
-    let mut next = app.settings();
+    let deadline = tokio::time::Instant::now() + app.write_timeout;
+    let one_start = tokio::time::timeout_at(deadline, Arc::clone(&app.starts).lock_owned())
+        .await
+        .map_err(|_| ApiError::Busy { retry_after: 1 })?;
+    let before = app.settings();
+    let mut next = before;
     next.apply(&payload)?;
-    if next != app.settings() {
-        // The ingest regroups what is pending in place: writes in flight go on against
-        // the same groups (a second ingest swapped in raced the first for them, losing
-        // some items and storing others twice).
-        app.ingest().reconfigure(next.group_config()).await?;
+    if next != before {
         *lock(&app.settings) = next;
+        app.allow_in_flight(next.group_size);
+        let task_app = Arc::clone(&app);
+        let regroup = tokio::spawn(async move {
+            let _one_start = one_start;
+            let done = task_app.ingest().reconfigure(next.group_config()).await;
+            if let Err(rollout_buffer::Error::InvalidConfig { .. }) = &done {
+                // Refused with nothing changed: the old settings hold.
+                *lock(&task_app.settings) = before;
+            }
+            done
+        });
+        match tokio::time::timeout_at(deadline, regroup).await {
+            Err(_) => return Err(ApiError::Busy { retry_after: 1 }),
+            Ok(Err(joined)) => {
+                return Err(ApiError::Internal(format!(
+                    "the regrouping failed: {joined}"
+                )))
+            }
+            Ok(Ok(done)) => {
+                done?;
+            }
+        }
     }
     *lock(&app.start_payload) = Some(Value::Object(payload));
     tracing::info!(?next, "start_rollout");

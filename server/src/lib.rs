@@ -29,6 +29,7 @@ use rollout_buffer::persist::{ArchiveOptions, Durability, PersistOptions};
 use rollout_buffer::SequenceBuffer;
 use std::ffi::OsString;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 #[derive(Debug, Parser)]
@@ -203,6 +204,15 @@ async fn serve(args: Serve) -> Result<(), String> {
     if args.archive_mb == 0 {
         return Err("--archive-mb must be >= 1".into());
     }
+    // An empty secret is a secret that failed to load, not a choice: the server answered
+    // 401 to every call, health checks included.
+    if args.token.as_deref().is_some_and(str::is_empty) {
+        return Err(
+            "--token (or ROLLOUT_BUFFER_TOKEN) is empty: no call could carry it; \
+                    give a token, or leave both unset to serve without one"
+                .into(),
+        );
+    }
     // Not 0: the timeout bounds the whole write, its log write included, so at 0 every
     // write answered 503 however much room there was.
     let write_timeout = seconds(
@@ -249,11 +259,17 @@ async fn serve(args: Serve) -> Result<(), String> {
         .local_addr()
         .map_err(|e| format!("no local address: {e}"))?;
     let stop = shutdown();
+    let stopping = Arc::clone(&app);
     // The line tests and scripts wait for; stdout is flushed per line.
     println!("listening on http://{addr}");
     tracing::info!(%addr, store = %args.store, "serving");
     axum::serve(listener, app::router(app, app_options.body_limit))
-        .with_graceful_shutdown(stop)
+        .with_graceful_shutdown(async move {
+            stop.await;
+            // The reads waiting for more groups answer now, so the shutdown that waits
+            // for them does not wait out their timeouts.
+            stopping.begin_stop();
+        })
         .await
         .map_err(|e| format!("server error: {e}"))?;
     tracing::info!("stopping: flushing the buffer");

@@ -309,7 +309,8 @@ async fn a_write_timeout_past_the_clocks_range_still_takes_writes() {
 }
 
 /// Timeouts on the command line past what a duration holds, or a write timeout of 0 (every
-/// write would answer 503), are usage errors (exit 1 with the option named), not a crash.
+/// write would answer 503), are usage errors (exit 1 with the option named), not a crash;
+/// so is an empty token (every call, health checks included, was answered 401).
 #[test]
 fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
     let dir = store("huge-timeouts");
@@ -318,6 +319,7 @@ fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
         ("--write-timeout", "1e20"),
         ("--write-timeout", "0"),
         ("--body-timeout", "0"),
+        ("--token", ""),
     ];
     for (option, value) in cases {
         let (ok, _, err) = common::cli(

@@ -61,6 +61,13 @@ impl GroupIngest {
     ///
     /// [`Error::InvalidConfig`](crate::Error::InvalidConfig) for a change of grouping mode, with nothing changed; else
     /// the first error storing a completed group (as in [`Self::add`]), every group tried.
+    ///
+    /// # Cancel safety
+    ///
+    /// The new configuration is taken at the first poll. As in [`Self::add`], a future
+    /// dropped before a completed group's put is claimed leaves that group unstored, its
+    /// rollouts pending in the log only (added back by the next [`Self::start`]); a caller
+    /// that may be cancelled (a request handler) runs it in a task of its own.
     pub async fn reconfigure(&self, config: GroupConfig) -> Result<Vec<Added>> {
         let (sealed, _in_flight) = {
             let mut state = self.shared.state.lock();

@@ -1,0 +1,203 @@
+//! Reads beside other calls, against the real process: two long-poll reads waiting
+//! together, a read waiting when the server is told to stop, and a `/start_rollout` whose
+//! regrouped groups wait for room.
+
+mod common;
+
+use common::{client, get, item, post, store, uids, write_group, Server};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// Waits (bounded) until `n` reads wait on the buffer for a group.
+async fn getters_waiting(server: &Server, n: u64) {
+    for _ in 0..1000 {
+        let (_, body) = get(server, "/debug/waiting").await;
+        if body["rpcs"][0]["getters_waiting"].as_u64() == Some(n) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{n} reads never waited");
+}
+
+/// A `/buffer/read` of `batch_size` items waiting up to `timeout` seconds, with a client
+/// that waits longer than the read.
+async fn long_read(url: String, batch_size: u64, timeout: f64) -> (u16, Value) {
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs_f64(timeout + 30.0))
+        .build()
+        .expect("client");
+    common::send(
+        client
+            .post(format!("{url}/buffer/read"))
+            .body(json!({"batch_size": batch_size, "timeout": timeout}).to_string()),
+    )
+    .await
+}
+
+/// Two reads of 6 items waiting while groups of 2 arrive one at a time: each held the
+/// groups it had taken while it waited for more, so with 8 items in, each could hold 4 and
+/// wait out its timeout short, one of them answering nothing. Reads that wait take turns
+/// now: the first answers as soon as 6 items are in.
+#[tokio::test]
+async fn two_waiting_reads_take_turns_instead_of_splitting_the_groups() {
+    let dir = store("two-readers");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let first = tokio::spawn(long_read(server.url.clone(), 6, 25.0));
+    getters_waiting(&server, 1).await;
+    let second = tokio::spawn(long_read(server.url.clone(), 6, 25.0));
+    let (mut first, mut second) = (first, second);
+    for g in 0..4 {
+        write_group(&server, &format!("q{g}"), &[0.0, 1.0]).await;
+    }
+    let (done, first_done) = tokio::select! {
+        done = &mut first => (done, true),
+        done = &mut second => (done, false),
+    };
+    let rest = if first_done { second } else { first };
+    let (status, body) = done.expect("the read");
+    assert_eq!(
+        (status, body["success"].clone()),
+        (200, json!(true)),
+        "{body}"
+    );
+    assert_eq!(uids(&body).len(), 6, "{body}");
+    for g in 4..6 {
+        write_group(&server, &format!("q{g}"), &[0.0, 1.0]).await;
+    }
+    let (status, other) = rest.await.expect("join");
+    assert_eq!(
+        (status, other["success"].clone()),
+        (200, json!(true)),
+        "{other}"
+    );
+    let mut all = uids(&body);
+    all.extend(uids(&other));
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 12, "every item served once");
+}
+
+/// SIGTERM while a read waits for groups: the graceful shutdown waited for the read,
+/// its timeout up to an hour, and further signals did not help. The read answers now
+/// (with what it has), and the server exits.
+#[tokio::test]
+async fn a_stopping_server_ends_the_reads_waiting() {
+    let dir = store("stop-read");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let read = tokio::spawn(long_read(server.url.clone(), 2, 600.0));
+    getters_waiting(&server, 1).await;
+    let pid = server.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill");
+    assert!(sent.success());
+    let (code, body) = tokio::time::timeout(Duration::from_secs(30), read)
+        .await
+        .expect("the read answered once the server began to stop")
+        .expect("join");
+    assert_eq!(
+        (code, body["success"].clone()),
+        (200, json!(false)),
+        "{body}"
+    );
+    let mut server = server;
+    let status = tokio::task::spawn_blocking(move || server.child.wait())
+        .await
+        .expect("join")
+        .expect("wait");
+    assert!(status.success(), "{status:?}");
+}
+
+/// `/start_rollout` regrouping pending items into groups that wait for room: awaited
+/// inline, it hung with a full buffer, and a client that gave up cancelled it halfway,
+/// the groups it had taken out of the ingest neither stored nor pending (resends answered
+/// `duplicate`, reads never serving them). It answers 503 after `--write-timeout` now,
+/// the groups land once a read makes room, and a write of one whole new group is taken.
+#[tokio::test]
+async fn a_regrouping_that_waits_for_room_answers_503_and_lands_later() {
+    let dir = store("start-rollout-full");
+    let server = Server::start(
+        &dir,
+        &[
+            "--group-size",
+            "8",
+            "--capacity",
+            "2",
+            "--write-timeout",
+            "1",
+        ],
+    );
+    for g in 0..2 {
+        write_group(
+            &server,
+            &format!("full{g}"),
+            &[0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0],
+        )
+        .await;
+    }
+    // Three half groups pending: at size 4 each is a whole group, with no room for it.
+    for g in 0..3 {
+        write_group(&server, &format!("half{g}"), &[0.0, 1.0, 0.0, 1.0]).await;
+    }
+    let start = json!({"num_repeat_per_sample": 4});
+    let (status, body) = post(&server, "/start_rollout", &start).await;
+    assert_eq!(status, 503, "{body}");
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(
+        stats["data"]["data"]["max_size"],
+        json!(8),
+        "the new settings hold: {stats}"
+    );
+    // A read makes room; the regrouped groups land and are read whole.
+    let (_, full) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&full).len(), 16, "{full}");
+    // Two of the three fit at a time (two groups of 4 now).
+    let mut half = Vec::new();
+    for n in [8, 4] {
+        let (status, body) = long_read(server.url.clone(), n, 25.0).await;
+        assert_eq!(
+            (status, body["success"].clone()),
+            (200, json!(true)),
+            "{body}"
+        );
+        half.extend(uids(&body));
+    }
+    half.sort();
+    let mut want: Vec<String> = (0..3)
+        .flat_map(|g| (0..4).map(move |i| format!("half{g}-{i}")))
+        .collect();
+    want.sort();
+    assert_eq!(half, want);
+    let (status, body) = post(&server, "/start_rollout", &start).await;
+    assert_eq!(status, 200, "the settings are in place: {body}");
+}
+
+/// A group size raised by `/start_rollout` kept the startup size's limit on the items in
+/// flight (a buffer's worth): a write of one whole group of the new size was refused as
+/// too many items at once.
+#[tokio::test]
+async fn a_raised_group_size_takes_a_whole_group_in_one_write() {
+    let dir = store("start-rollout-in-flight");
+    let server = Server::start(&dir, &["--group-size", "1", "--capacity", "4"]);
+    let (status, body) = post(
+        &server,
+        "/start_rollout",
+        &json!({"num_repeat_per_sample": 8}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let batch: Vec<Value> = (0..8)
+        .map(|i| item(&format!("new-{i}"), "new", f64::from(i % 2)))
+        .collect();
+    let (status, body) = common::send(
+        client()
+            .post(format!("{}/buffer/write_batch", server.url))
+            .body(json!(batch).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&read).len(), 8, "{read}");
+}
