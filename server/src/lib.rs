@@ -237,6 +237,7 @@ async fn serve(args: Serve) -> Result<(), String> {
             max_bytes: args.archive_mb.saturating_mul(1 << 20),
             ..ArchiveOptions::default()
         }));
+    let _store_lock = lock_store(&args.store)?;
     let buf = SequenceBuffer::open(&args.store, args.capacity, slime::rpcs(), options)
         .await
         .map_err(|e| format!("cannot open the store {}: {e}", args.store))?;
@@ -277,6 +278,39 @@ async fn serve(args: Serve) -> Result<(), String> {
         .await
         .map_err(|e| format!("flush failed: {e}"))?;
     Ok(())
+}
+
+/// The lock file a server holds in its store's directory for as long as it runs.
+const STORE_LOCK: &str = ".server.lock";
+
+/// Takes the store for this server: an exclusive lock on [`STORE_LOCK`] in its directory,
+/// released when the returned file is dropped or the process ends (however it ends). Two
+/// servers on one store had each served the same groups without a word: making the same
+/// changes, they wrote the same log records, and each took the other's for its own. Local
+/// directories only: an object store has no such lock, and there a second writer is found
+/// only once the two write different records.
+fn lock_store(url: &str) -> Result<Option<std::fs::File>, String> {
+    let store = rollout_buffer::persist::Store::open(url)
+        .map_err(|e| format!("cannot open the store {url}: {e}"))?;
+    let Some(root) = store.local_root() else {
+        return Ok(None);
+    };
+    let path = root.join(STORE_LOCK);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open the lock file {}: {e}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "the store {url} is in use by another server (a process holds {}); stop it \
+             first, or give this one a store of its own",
+            path.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
+    }
 }
 
 /// Resolves on Ctrl-C or SIGTERM.

@@ -201,3 +201,30 @@ async fn a_raised_group_size_takes_a_whole_group_in_one_write() {
     let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
     assert_eq!(uids(&read).len(), 8, "{read}");
 }
+
+/// Two servers on one store each served the same groups: making the same changes, they
+/// wrote the same log records, and each took the other's for its own. The second is
+/// refused at startup now, naming the store; `inspect` still reads it beside the first,
+/// and once the first stops, a server starts on it again.
+#[tokio::test]
+async fn a_second_server_on_one_store_is_refused() {
+    let dir = store("two-servers");
+    let first = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&first, "q0", &[0.0, 1.0]).await;
+    let (ok, _, err) = common::cli(
+        "serve",
+        &[
+            "--store".as_ref(),
+            dir.as_os_str(),
+            "--listen".as_ref(),
+            "127.0.0.1:0".as_ref(),
+        ],
+    );
+    assert!(!ok && err.contains("in use by another server"), "{err}");
+    let (ok, out, err) = common::inspect(&[dir.as_os_str()]);
+    assert!(ok, "{out}{err}");
+    assert!(first.terminate().success());
+    let again = Server::start(&dir, &["--group-size", "2"]);
+    let (_, body) = post(&again, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["q0-0", "q0-1"]);
+}

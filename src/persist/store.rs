@@ -296,6 +296,19 @@ impl Store {
         &self.url
     }
 
+    /// The directory of a store on local disk (`None` for an object store, or off Unix):
+    /// where a process serving the store keeps its lock file.
+    pub fn local_root(&self) -> Option<&std::path::Path> {
+        #[cfg(unix)]
+        {
+            self.local.as_ref().map(|l| l.root.as_path())
+        }
+        #[cfg(not(unix))]
+        {
+            None
+        }
+    }
+
     /// The object path of `rel`. Paths are taken as already percent-encoded (hive
     /// partition values are), so `%2F` stays `%2F` instead of becoming `%252F`; a path that
     /// is not valid encoded is encoded.
