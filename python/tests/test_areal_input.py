@@ -3,6 +3,7 @@ numbers, samples that are no SequenceSample, RPCs that are no MFCDef. Each refus
 ValueError naming the item, with nothing stored or changed."""
 
 import asyncio
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -158,11 +159,27 @@ def test_counts_are_ints_and_an_mfcs_n_seqs_is_fixed_at_construction():
     """``int()`` truncated an ``n_seqs`` of 1.5 and a ``max_size`` of 8.7, refused -1 with
     an OverflowError; an MFC whose n_seqs changed after construction was served the old
     count without a word."""
-    for rpcs, size, message in [([Mfc("g", 1.5, ["p"])], 8, r"rpcs\[0\]\.n_seqs must be an int >= 1, not 1\.5"),
-                                ([Mfc("g", 1, ["p"])], 8.7, "max_size must be an int >= 1, not 8.7"),
-                                ([Mfc("g", 1, ["p"])], -1, "max_size must be an int >= 1, not -1")]:
+    def mfc(**given):  # an MFC as any class may hold it, unconverted
+        return SimpleNamespace(**{"name": "g", "n_seqs": 1, "input_keys": ("p",), **given})
+
+    rule = r"must be an int from 1 to 2\*\*64 - 1"
+    for rpcs, size, message in [([Mfc("g", 1.5, ["p"])], 8, rf"rpcs\[0\]\.n_seqs {rule}, not 1\.5"),
+                                ([Mfc("g", 1, ["p"])], 8.7, f"max_size {rule}, not 8.7"),
+                                ([Mfc("g", 1, ["p"])], -1, f"max_size {rule}, not -1"),
+                                # An OverflowError that named nothing.
+                                ([Mfc("g", 1, ["p"])], 2**64, f"max_size {rule}, not {2**64}"),
+                                ([Mfc("g", 2**64, ["p"])], 8, rf"rpcs\[0\]\.n_seqs {rule}"),
+                                # A str is a sequence of letters: 14 one-letter keys, every
+                                # get waiting for ever; a key or name of another type was a
+                                # TypeError naming neither.
+                                ([mfc(input_keys="packed_prompts")], 8, r"rpcs\[0\]\.input_keys must be a sequence of str"),
+                                ([mfc(input_keys=(1,))], 8, r"rpcs\[0\]\.input_keys must be a sequence of str"),
+                                ([Mfc(None, 1, ["p"])], 8, r"rpcs\[0\]\.name must be a str, not None")]:
         with pytest.raises(ValueError, match=message):
             AsyncIOSequenceBuffer(rpcs, size)
+    with pytest.raises(ValueError, match="MFCDef 'gen': input_keys must be a sequence of str keys"):
+        MFCDef("gen", 1, input_keys=("packed_prompts"))
+    assert MFCDef("gen", 1, input_keys=("packed_prompts",)).input_keys == ("packed_prompts",)
 
     async def go():
         gen = Mfc("gen", 2, ["p"])

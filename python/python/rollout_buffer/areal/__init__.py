@@ -273,9 +273,10 @@ def _what(obj: Any) -> str:
 
 
 def _count(name: str, v: Any) -> int:
-    """An int >= 1 (numpy ints too), or a ``ValueError`` naming ``name``."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
-        raise ValueError(f"{name} must be an int >= 1, not {v!r}")
+    """An int from 1 to 2**64 - 1 (numpy ints too), or a ``ValueError`` naming ``name``
+    (past that, the native constructor's OverflowError named nothing)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or not 1 <= v < 2**64:
+        raise ValueError(f"{name} must be an int from 1 to 2**64 - 1, not {v!r}")
     return int(v)
 
 
@@ -284,11 +285,18 @@ def _mfc_fields(rpc: Any, where: str) -> tuple:
     ``MFCDef`` (duck-typed), or a ``ValueError`` saying so (not the AttributeError of the
     first missing attribute)."""
     try:
-        return rpc.name, rpc.n_seqs, rpc.input_keys
+        name, n_seqs, input_keys = rpc.name, rpc.n_seqs, rpc.input_keys
     except AttributeError:
         raise ValueError(
             f"{where} must be an MFCDef (with name, n_seqs and input_keys), not {_what(rpc)}"
         ) from None
+    if not isinstance(name, str):
+        raise ValueError(f"{where}.name must be a str, not {name!r}")
+    # A str is a sequence of its letters: ("packed_prompts") made 14 one-letter keys, and
+    # every get waited for ever.
+    if isinstance(input_keys, (str, bytes)) or not all(isinstance(k, str) for k in input_keys):
+        raise ValueError(f"{where}.input_keys must be a sequence of str keys, not {input_keys!r}")
+    return name, n_seqs, input_keys
 
 
 def _check_samples(samples: Any) -> None:

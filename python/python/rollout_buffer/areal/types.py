@@ -36,8 +36,16 @@ class MFCDef:
     children: List["MFCDef"] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
-        self.input_keys = tuple(self.input_keys)
-        self.output_keys = tuple(self.output_keys)
+        for field_name in ("input_keys", "output_keys"):
+            keys = getattr(self, field_name)
+            # A str is a sequence of its letters: ("packed_prompts") made 14 one-letter
+            # keys, and every get waited for ever.
+            if isinstance(keys, (str, bytes)) or not all(isinstance(k, str) for k in keys):
+                raise ValueError(
+                    f"MFCDef {self.name!r}: {field_name} must be a sequence of str keys, not {keys!r} "
+                    "(one key is a tuple of one: ('packed_prompts',))"
+                )
+            setattr(self, field_name, tuple(keys))
 
     def __hash__(self) -> int:
         return hash(self.name)
