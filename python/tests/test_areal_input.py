@@ -293,3 +293,19 @@ def test_an_amend_whose_merge_raises_wakes_the_getters_of_what_it_made_ready():
         assert got.ids == ["1"]
 
     run(go())
+
+
+def test_a_put_without_birth_times_sorts_among_areal_stamped_ones_by_arrival():
+    """An unstamped put was numbered from 1, so it went before every put stamped as AReaL
+    stamps (its monotonic clock in ns): served first although it came last."""
+    import time
+
+    async def go():
+        gen = Mfc("gen", 1, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], 4)
+        await buf.put_batch([Sample("early", ["p"])], birth_times=[time.monotonic_ns()])
+        await buf.put_batch([Sample("late", ["p"])])
+        order = [(await buf.get_batch_for_rpc(gen))[1].ids for _ in range(2)]
+        assert order == [["early"], ["late"]]
+
+    run(go())

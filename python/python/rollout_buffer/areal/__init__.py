@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -131,8 +132,9 @@ class AsyncIOSequenceBuffer:
         """Stores ``samples`` (one entry each) in free slots; returns their slot
         indices as an int64 array. ``BufferFull`` when they do not all fit, with nothing
         stored. ``birth_times`` (one int > 0 per sample, smaller first; a float or a bool
-        is a ``ValueError``, nothing stored) orders selection; without it the order of
-        arrival does. A sample that is no ``SequenceSample`` (no ``ids`` or ``keys``) is a
+        is a ``ValueError``, nothing stored) orders selection; without it the samples are
+        stamped as AReaL stamps them (the monotonic clock in ns), so they sort by arrival,
+        among stamped puts too. A sample that is no ``SequenceSample`` (no ``ids`` or ``keys``) is a
         ``ValueError``, nothing stored."""
         return self._put(samples, birth_times)
 
@@ -142,6 +144,12 @@ class AsyncIOSequenceBuffer:
 
     def _put(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]]):
         births = None
+        if birth_times is None and hasattr(samples, "__len__"):
+            # AReaL's own stamp: numbered from the process's monotonic clock, so a put
+            # without birth times sorts among AReaL-stamped ones by when it came (numbered
+            # from 1 instead, it went before every one of them).
+            start = time.monotonic_ns()
+            births = list(range(start, start + len(samples)))
         if birth_times is not None:
             # As amend indices are: a cast to int64 truncated a birth time of 1.5 to 1.
             births = _int_array(birth_times, "birth_times", 1, "a birth time is an int > 0 (smaller is older)")
