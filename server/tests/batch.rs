@@ -322,17 +322,7 @@ fn huge_or_zero_timeouts_on_the_command_line_are_refused() {
         ("--token", ""),
     ];
     for (option, value) in cases {
-        let (ok, _, err) = common::cli(
-            "serve",
-            &[
-                "--store".as_ref(),
-                dir.as_os_str(),
-                "--listen".as_ref(),
-                "127.0.0.1:0".as_ref(),
-                option.as_ref(),
-                value.as_ref(),
-            ],
-        );
+        let (ok, _, err) = common::serve_cli(&dir, &[option, value]);
         assert!(!ok);
         assert!(err.contains(option) && !err.contains("panicked"), "{err}");
     }

@@ -211,15 +211,7 @@ async fn a_second_server_on_one_store_is_refused() {
     let dir = store("two-servers");
     let first = Server::start(&dir, &["--group-size", "2"]);
     write_group(&first, "q0", &[0.0, 1.0]).await;
-    let (ok, _, err) = common::cli(
-        "serve",
-        &[
-            "--store".as_ref(),
-            dir.as_os_str(),
-            "--listen".as_ref(),
-            "127.0.0.1:0".as_ref(),
-        ],
-    );
+    let (ok, _, err) = common::serve_cli(&dir, &[]);
     assert!(!ok && err.contains("in use by another server"), "{err}");
     let (ok, out, err) = common::inspect(&[dir.as_os_str()]);
     assert!(ok, "{out}{err}");

@@ -193,6 +193,19 @@ pub fn inspect(args: &[&std::ffi::OsStr]) -> (bool, String, String) {
     cli("inspect", args)
 }
 
+/// Runs `rollout-buffer serve` on `store` (a loopback ephemeral port) with `args`, for a
+/// start that is expected to fail; returns success, stdout and stderr.
+pub fn serve_cli(store: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let mut all: Vec<&std::ffi::OsStr> = vec![
+        "--store".as_ref(),
+        store.as_os_str(),
+        "--listen".as_ref(),
+        "127.0.0.1:0".as_ref(),
+    ];
+    all.extend(args.iter().map(|a| std::ffi::OsStr::new(*a)));
+    cli("serve", &all)
+}
+
 /// Runs `rollout-buffer <command> <args>`; returns success, stdout and stderr.
 pub fn cli(command: &str, args: &[&std::ffi::OsStr]) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_rollout-buffer"))
