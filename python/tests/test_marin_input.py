@@ -471,3 +471,23 @@ def test_a_refused_batch_drops_alone_not_the_good_batches_read_with_it(caplog):
     assert {x.rollout.env_example_id for x in got} == {f"g{i}math-{k}" for i in range(3) for k in range(4)}
     [dropped] = [r for r in caplog.records if "dropped" in r.getMessage()]
     assert "batch 2 of the 4 read dropped" in dropped.getMessage() and "episode_reward" in dropped.getMessage()
+
+
+def test_a_loss_module_raising_for_one_batch_drops_it_alone(caplog):
+    """Only a ValueError split a refused read: a loss module raising anything else for one
+    group still lost every good batch read with it."""
+
+    class Picky:
+        def compute_advantages(self, rollouts):
+            if any(r.env_example_id.startswith("bad") for r in rollouts):
+                raise RuntimeError("no advantage for this prompt")
+            return [0.0] * len(rollouts)
+
+    good = [Batch(group(tag=f"g{i}")) for i in range(3)]
+    buf = buffer(local_batch_size=12, loss_module=Picky())
+    loader = ReplayDataLoader(Batches(good[:1] + [Batch(group(tag="bad"))] + good[1:]), buf)
+    with caplog.at_level("ERROR", logger="rollout_buffer.marin"), loader:
+        got = loader.get_rollouts(timeout=10)
+    assert got is not None and len(got) == 12
+    assert buf.get_stats()["total_batches_added"] == 3
+    assert any("batch 1 of the 4 read dropped" in r.getMessage() for r in caplog.records)

@@ -382,6 +382,15 @@ def test_numeric_versions_are_one_text_per_number(tmp_path):
                              pa.array(["four"]))
     with pytest.raises(ValueError, match="'own': field 'rollout_policy_version' is 'four': not an integer"):
         buf.add_rollouts(table)
+    table = table.set_column(table.schema.get_field_index("rollout_policy_version"), "rollout_policy_version",
+                             pa.array([None], pa.string()))
+    with pytest.raises(ValueError, match="'own': field 'rollout_policy_version' must be a version, not None"):
+        buf.add_rollouts(table)
     assert buf.stats()["received"] == 6
+    # The versions a buffer accepts or prefers are read as the rollouts' are.
+    accepting = open_buffer(tmp_path / "accept", target_group_size=1, min_group_size=1,
+                            accept_policy_versions=["0003"])
+    assert accepting.add_rollouts([rec(pv="3", i=0), rec(pv="+03", i=1), rec(pv="4", i=2)]) == [
+        "sealed", "sealed", "version_rejected"]
     strings = open_buffer(tmp_path / "text", target_group_size=2, numeric_versions=False)
     assert strings.add_rollouts([rec(pv="03", i=0), rec(pv="3", i=1)]) == ["pending", "pending"]

@@ -152,6 +152,10 @@ def test_an_environment_shard_folder_is_named_as_a_partition_folder_is(cluster, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["root"], "nothing outside the root"
     tables = ray.get(front.batch_refs(front.sample_groups(2)))
     assert {e for t in tables for e in t.column("environment").to_pylist()} == set(names)
+    # A folder of an earlier run under the unquoted name: refused, not started empty beside.
+    (tmp_path / "old" / "shard=env-math" / "gsm8k").mkdir(parents=True)
+    with pytest.raises(ValueError, match="'shard=env-math/gsm8k' under .* holds the data of an earlier run"):
+        front_of(tmp_path / "old", ["math/gsm8k"])
     for long, message in [("e" * 250, "environment 'e{40}...' names a shard folder of 260 bytes .* over the 255"),
                           ("\ud800", r"environment '\\ud800' is text without a UTF-8 form")]:
         refused = tmp_path / "refused"

@@ -163,8 +163,6 @@ fn items_in_flight(capacity: usize, group_size: usize) -> usize {
     )
 }
 
-impl App {}
-
 /// A poisoned lock only means a handler panicked while holding it; the value is whole.
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -601,9 +599,16 @@ async fn start_rollout(
         let regroup = tokio::spawn(async move {
             let _one_start = one_start;
             let done = task_app.ingest().reconfigure(next.group_config()).await;
-            if let Err(rollout_buffer::Error::InvalidConfig { .. }) = &done {
+            match &done {
                 // Refused with nothing changed: the old settings hold.
-                *lock(&task_app.settings) = before;
+                Err(rollout_buffer::Error::InvalidConfig { .. }) => {
+                    *lock(&task_app.settings) = before;
+                }
+                // Logged here too: the call may have answered 503 before this.
+                Err(e) => {
+                    tracing::error!(error = %e, "storing the groups /start_rollout regrouped failed")
+                }
+                Ok(_) => {}
             }
             done
         });

@@ -309,7 +309,15 @@ fn lock_store(url: &str) -> Result<Option<std::fs::File>, String> {
              first, or give this one a store of its own",
             path.display()
         )),
-        Err(std::fs::TryLockError::Error(e)) => Err(format!("cannot lock {}: {e}", path.display())),
+        // A file system without locks (some network mounts): served as before, unguarded.
+        Err(std::fs::TryLockError::Error(e)) => {
+            tracing::warn!(
+                error = %e,
+                path = %path.display(),
+                "the store's lock file cannot be locked; a second server would not be refused"
+            );
+            Ok(None)
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 """Type stubs of the compiled module (see the package docstring)."""
 
-from typing import Any, Awaitable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Optional, Sequence
 
 #: The inputs a trainer RPC reading sealed groups declares (add ``"ref_logprobs"`` when
 #: every group has them).
@@ -146,7 +146,9 @@ class ArealSlots:
     def __len__(self) -> int: ...
     def put(self, samples: Sequence[Any], births: Optional[Sequence[int]] = None) -> Any: ...
     def amend(self, indices: Any, samples: Sequence[Any]) -> None: ...
-    def try_get(self, rpc: int, keys: Sequence[str], served: bool = False) -> Optional[tuple[Any, Any, bool]]: ...
+    def try_get(
+        self, rpc: int, keys: Sequence[str], fallback: Callable[[list[Any], list[str]], Any], served: bool = False
+    ) -> Optional[tuple[Any, Any]]: ...
 
 def gather_samples(cls: type, samples: list[Any], keys: Sequence[str]) -> Optional[Any]:
     """``SequenceSample.gather`` of the AReaL stand-in for metadata-only samples (``None``

@@ -267,7 +267,7 @@ class AsyncIOSequenceBuffer:
         batch back, nothing read: the getters of its MFC are woken to take it."""
         try:
             return self._slots.try_get(r, keys, _gather, served)
-        except Exception:
+        except BaseException:  # a KeyboardInterrupt in a gather gives the batch back too
             self._wake()
             raise
 

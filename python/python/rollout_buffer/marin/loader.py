@@ -105,13 +105,13 @@ class ReplayDataLoader:
         try:
             self.replay_buffer.add_batches(batches)
             return
-        except ValueError:
+        except Exception:  # a loss module may raise anything
             if len(batches) == 1:
                 raise
         for i, batch in enumerate(batches):
             try:
                 self.replay_buffer.add_batches([batch])
-            except ValueError as e:
+            except Exception as e:  # noqa: BLE001 - logged, the other batches kept
                 logger.error("ReplayDataLoader: batch %d of the %d read dropped: %s", i, len(batches), e)
 
     def __enter__(self) -> "ReplayDataLoader":

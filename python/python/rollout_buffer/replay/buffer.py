@@ -95,7 +95,8 @@ def check_options(options: dict) -> dict:
     # Read once, here: a generator read again in __init__ was empty, and every rollout
     # refused.
     accept = options["accept_policy_versions"]
-    counts["accept_policy_versions"] = None if accept is None else version_set("accept_policy_versions", accept)
+    counts["accept_policy_versions"] = None if accept is None else version_set(
+        "accept_policy_versions", accept, options["numeric_versions"])
     # Here, not at the first write (on the writer thread, long after the mistake).
     storage.check_compression(options["compression"])
     return counts

@@ -11,6 +11,8 @@ or on the process: the same ready set and seed give the same order after a resta
 
 from __future__ import annotations
 
+import re
+
 import hashlib
 from typing import Optional
 
@@ -34,7 +36,7 @@ def check_int(name: str, value: object, least: Optional[int] = None) -> int:
     return int(value)
 
 
-def version_set(name: str, values: object) -> set:
+def version_set(name: str, values: object, numeric: bool = False) -> set:
     """Policy versions given as a list (any iterable but a string) of ints, numpy integers
     or strings, as the strings the buffer keys versions by. A string was read character
     by character ("12": versions 1 and 2) and a float as its text (3.0: "3.0", matching no
@@ -46,10 +48,15 @@ def version_set(name: str, values: object) -> set:
         if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
             out.add(str(int(v)))
         elif isinstance(v, str) and v:
-            out.add(v)
+            # As the buffer stores versions with `numeric_versions`: "03" is "3".
+            out.add(str(int(v)) if numeric and _INTEGER.match(v) else v)
         else:
             raise ValueError(f"{name}: a policy version is an int or a non-empty string, not {v!r}")
     return out
+
+
+# An integer's text, as the buffer checks a numeric version (ASCII digits only).
+_INTEGER = re.compile(r"^[+-]?[0-9]+$")
 
 
 def stable_hash(text: str) -> int:

@@ -452,6 +452,9 @@ def check_table(table: pa.Table, numeric_versions: bool) -> pa.Table:
         # carries both).
         for name in ("policy_version", "rollout_policy_version"):
             pv = table.column(name)
+            if pv.null_count:
+                i = _first(pc.is_null(pv))
+                raise fail(i, name, "must be a version, not None")
             ok = pc.match_substring_regex(pv, r"^[+-]?[0-9]+$")
             # min_count=0: true over no rows (by default `all` of nothing is null).
             if not pc.all(ok, min_count=0).as_py():

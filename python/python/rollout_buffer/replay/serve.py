@@ -85,7 +85,7 @@ class Serving:
             rest = [g for g in rest if g.id not in ids]
             want -= len(took)
         if want > 0 and prefer_policy_versions is not None:
-            prefer = version_set("prefer_policy_versions", prefer_policy_versions)
+            prefer = version_set("prefer_policy_versions", prefer_policy_versions, self.numeric)
             head = [g for g in rest if g.policy_version in prefer]
             tail = [g for g in rest if g.policy_version not in prefer]
             order = self._order(head, seed, recency_weighting, current) + self._order(

@@ -14,11 +14,13 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from typing import Any, Iterable, Optional
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from . import storage
 from .buffer import ReplayBuffer, check_options
@@ -91,6 +93,30 @@ def _environment_shard_folder(environment: str) -> str:
     return folder
 
 
+def _refuse_legacy_folder(root_path: str, environment: str, folder: str) -> None:
+    """A ``ValueError`` if the folder this environment's shard had before names were
+    quoted (``shard=env-<raw name>``) is another one and holds something: the shard would
+    start empty beside it, its groups and remembered uids gone without a word."""
+    legacy = f"shard=env-{environment}"
+    if legacy == folder:
+        return
+    try:
+        if "://" in root_path and not root_path.startswith("file://"):
+            fs, root = pafs.FileSystem.from_uri(root_path)
+        else:
+            path = root_path[len("file://") :] if root_path.startswith("file://") else root_path
+            fs, root = pafs.LocalFileSystem(), os.path.abspath(path)
+        found = fs.get_file_info(_join(root, legacy)).type == pafs.FileType.Directory
+    except (OSError, ValueError, pa.ArrowException):
+        return  # nothing to read there: nothing to keep
+    if found:
+        raise ValueError(
+            f"environment {environment!r}: its shard's folder is {folder!r} now (the name "
+            f"URL-quoted, as partition folders are), and {legacy!r} under {root_path} holds "
+            "the data of an earlier run: move it to the new name before starting"
+        )
+
+
 class ShardedReplayBuffer:
     """Shards of a replay buffer on Ray. ``by="environment"``: ``shards`` lists the
     environments, one shard each (spec 000's "one replay buffer per env type"); a record
@@ -117,6 +143,8 @@ class ShardedReplayBuffer:
             if not self.keys or len(set(self.keys)) != len(self.keys):
                 raise ValueError(f"shards must be distinct environment names, not {shards!r}")
             names = [_environment_shard_folder(k) for k in self.keys]
+            for k, name in zip(self.keys, names):
+                _refuse_legacy_folder(root_path, k, name)
         elif by == "hash":
             if isinstance(shards, bool) or not isinstance(shards, (int, np.integer)) or shards < 1:
                 raise ValueError(f"with by='hash', shards is a count >= 1, not {shards!r}")
