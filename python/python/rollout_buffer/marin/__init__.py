@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 
 from . import checks
-from .store import EnvRollouts, GroupIndex, GroupKey
+from .store import EnvRollouts, GroupIndex
 from .types import (
     RLOO,
     GroupRecord,
@@ -414,7 +414,7 @@ class ReplayBuffer:
                 key = env.group_keys[r]
                 out.append(StoredTrajectory(
                     trajectory=env.items[r].rollout,
-                    group_id=key.id,
+                    group_id=self._groups.id_of(key),
                     group=self._groups.record(key),
                     usage_count=int(env.usage[r]),
                 ))
@@ -437,11 +437,11 @@ class ReplayBuffer:
             "min_trajectories", min_trajectories, 1)
         with self._cond:
             # Per environment: its groups in the order of their newest rows, and each
-            # group's rows there (a key names its environment).
-            available: Dict[str, List[GroupKey]] = {}
-            rows: Dict[GroupKey, List[int]] = {}
+            # group's rows there (its number names its environment too).
+            available: Dict[str, List[int]] = {}
+            rows: Dict[int, List[int]] = {}
             for name, env in self._envs.items():
-                newest: Dict[GroupKey, int] = {}
+                newest: Dict[int, int] = {}
                 for row, key in enumerate(env.group_keys.tolist()):
                     newest[key] = row
                     rows.setdefault(key, []).append(row)
@@ -449,7 +449,7 @@ class ReplayBuffer:
             size = {key: len(r) for key, r in rows.items()}
             if sum(size.values()) < target:
                 return None
-            picked: List[tuple] = []
+            picked: List[int] = []
             n = 0
             name = ""
             with self._undone_if_failed(lambda: f"the groups of environment {name!r}"):
@@ -466,7 +466,7 @@ class ReplayBuffer:
                     n += size[key]
             out = [self._groups.record(key) for key in picked]
             for key in picked:
-                self._envs[key.env].usage[rows[key]] += 1
+                self._envs[self._groups.env_of(key)].usage[rows[key]] += 1
             self._retire()
             self._total_batches_sampled += 1
             return out
@@ -478,14 +478,14 @@ class ReplayBuffer:
         with self._cond:
             # One record per group, shared by its members' entries: a record per entry
             # made a snapshot cost rollouts x group size (4 s for one group of 16K).
-            records: Dict[GroupKey, GroupRecord] = {}
+            records: Dict[int, GroupRecord] = {}
             for env in self._envs.values():
                 for key in env.group_keys.tolist():
                     if key not in records:
                         records[key] = self._groups.record(key)
             return {
                 name: [
-                    StoredTrajectory(trajectory=item.rollout, group_id=key.id, group=records[key],
+                    StoredTrajectory(trajectory=item.rollout, group_id=records[key].group_id, group=records[key],
                                      usage_count=int(uses))
                     for item, key, uses in zip(env.items.tolist(), env.group_keys.tolist(), env.usage.tolist())
                 ]

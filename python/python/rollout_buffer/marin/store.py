@@ -5,7 +5,6 @@ guards all of it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -13,57 +12,66 @@ import numpy as np
 from .types import GroupRecord, RolloutWithCount
 
 
-@dataclass(frozen=True)
-class GroupKey:
-    """A stored group: its environment and id (a group id may recur in another
-    environment, and is another group there). A group given no id gets a number of its
-    own (``made``): it reads ``"<env>/<n>"`` but is never the group of a later batch whose
-    own id is that text."""
-
-    env: str
-    id: Any
-    made: bool = False
-
-
 class GroupIndex:
-    """Each stored group's lesson and surviving members, by :class:`GroupKey`."""
+    """Each stored group's environment, id, lesson and surviving members, by the number
+    it was given when it was opened. A group is its environment and its id: an id may
+    recur in another environment, and is another group there. A group given no id gets a
+    made-up one, ``"<env>/<n>"``, which never meets a later group whose own id is that
+    text. Numbers, not (environment, id) keys, are what the rollouts' columns hold: a
+    draw's pass over every stored row hashes them at an int's cost (a key object's hash,
+    in Python, made that pass four times slower)."""
 
     def __init__(self) -> None:
-        self._members: Dict[GroupKey, List[RolloutWithCount]] = {}
-        self._lessons: Dict[GroupKey, Optional[str]] = {}
-        self._next = 0
+        # (env, id, made up) -> number, and number -> [that triple, lesson, members].
+        self._numbers: Dict[tuple, int] = {}
+        self._groups: Dict[int, list] = {}
+        self._next_number = 0
+        self._next_made = 0
 
-    def open(self, env: str, group_id: Any, lesson_id: Optional[str]) -> GroupKey:
-        """The key a new group is stored under (its own id, else a fresh one); a group id
-        seen before in the same environment gathers its members in one record."""
+    def open(self, env: str, group_id: Any, lesson_id: Optional[str]) -> int:
+        """The number a new group is stored under; a group id seen before in the same
+        environment gathers its members in one record."""
         if group_id is None:
-            key = GroupKey(env, f"{env}/{self._next}", made=True)
-            self._next += 1
+            ident = (env, f"{env}/{self._next_made}", True)
+            self._next_made += 1
         else:
-            key = GroupKey(env, group_id)
-        self._members.setdefault(key, [])
-        self._lessons.setdefault(key, lesson_id)
-        return key
+            ident = (env, group_id, False)
+        number = self._numbers.get(ident)
+        if number is None:
+            number = self._numbers[ident] = self._next_number
+            self._next_number += 1
+            self._groups[number] = [ident, lesson_id, []]
+        return number
 
-    def add(self, key: GroupKey, item: RolloutWithCount) -> None:
-        self._members[key].append(item)
+    def env_of(self, number: int) -> str:
+        return self._groups[number][0][0]
 
-    def remove(self, key: GroupKey, item: RolloutWithCount) -> None:
-        members = self._members.get(key)
-        if members is None:
+    def id_of(self, number: int) -> Any:
+        return self._groups[number][0][1]
+
+    def add(self, number: int, item: RolloutWithCount) -> None:
+        self._groups[number][2].append(item)
+
+    def remove(self, number: int, item: RolloutWithCount) -> None:
+        group = self._groups.get(number)
+        if group is None:
             return
+        members = group[2]
         for i, m in enumerate(members):
             if m is item:
                 del members[i]
                 break
         if not members:
-            del self._members[key]
-            del self._lessons[key]
+            del self._groups[number]
+            del self._numbers[group[0]]
 
-    def record(self, key: GroupKey) -> GroupRecord:
+    def record(self, number: int) -> GroupRecord:
         """The group as it stands: its surviving members' rollouts."""
-        members = self._members.get(key, [])
-        return GroupRecord(key.id, self._lessons.get(key), [m.rollout for m in members])
+        group = self._groups.get(number)
+        if group is None:
+            return GroupRecord(None, None, [])
+        ident, lesson, members = group
+        return GroupRecord(ident[1], lesson, [m.rollout for m in members])
 
 
 def _objects(items: Sequence[Any]) -> np.ndarray:
@@ -73,13 +81,13 @@ def _objects(items: Sequence[Any]) -> np.ndarray:
 
 
 class EnvRollouts:
-    """One environment's rollouts, oldest first, as columns: the items and their groups'
-    keys in object arrays (so keeping a subset is one array operation, not a Python loop over
+    """One environment's rollouts, oldest first, as columns: the items in an object array
+    and their groups' numbers in an int one (so keeping a subset is one array operation, not a Python loop over
     every stored rollout), uses, weight steps and timestamps in numeric ones."""
 
     def __init__(self) -> None:
         self.items = _objects([])
-        self.group_keys = _objects([])
+        self.group_keys = np.zeros(0, np.int64)
         self.usage = np.zeros(0, np.int64)
         self.steps = np.zeros(0, np.int64)
         self.stamps = np.zeros(0, np.float64)
@@ -88,13 +96,13 @@ class EnvRollouts:
         return len(self.items)
 
     def extend(self, groups_in: Sequence[tuple], groups: GroupIndex) -> int:
-        """Appends groups, each ``(rollouts, advantages, weight_step, group key, steps,
+        """Appends groups, each ``(rollouts, advantages, weight_step, group number, steps,
         stamps)`` as the buffer checked them (advantages, steps and stamps one per
         rollout), with one concatenation per column (not one per group); returns how many
         rollouts it added. Nothing here can fail halfway: it runs under the buffer's lock,
         after every check."""
         new: List[RolloutWithCount] = []
-        keys: List[GroupKey] = []
+        keys: List[int] = []
         steps: List[np.ndarray] = [self.steps]
         stamps: List[np.ndarray] = [self.stamps]
         for rollouts, advantages, weight_step, key, group_steps, group_stamps in groups_in:
@@ -107,7 +115,7 @@ class EnvRollouts:
             stamps.append(group_stamps)
         n = len(new)
         self.items = np.concatenate([self.items, _objects(new)])
-        self.group_keys = np.concatenate([self.group_keys, _objects(keys)])
+        self.group_keys = np.concatenate([self.group_keys, np.array(keys, np.int64)])
         self.usage = np.concatenate([self.usage, np.zeros(n, np.int64)])
         self.steps = np.concatenate(steps)
         self.stamps = np.concatenate(stamps)
