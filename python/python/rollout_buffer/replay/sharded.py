@@ -14,7 +14,6 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from typing import Any, Iterable, Optional
 
@@ -101,11 +100,7 @@ def _refuse_legacy_folder(root_path: str, environment: str, folder: str) -> None
     if legacy == folder:
         return
     try:
-        if "://" in root_path and not root_path.startswith("file://"):
-            fs, root = pafs.FileSystem.from_uri(root_path)
-        else:
-            path = root_path[len("file://") :] if root_path.startswith("file://") else root_path
-            fs, root = pafs.LocalFileSystem(), os.path.abspath(path)
+        fs, root, _ = storage.filesystem(root_path)
         found = fs.get_file_info(_join(root, legacy)).type == pafs.FileType.Directory
     except (OSError, ValueError, pa.ArrowException):
         return  # nothing to read there: nothing to keep

@@ -77,17 +77,22 @@ def check_compression(compression: object) -> None:
         )
 
 
+def filesystem(root_path: str) -> tuple:
+    """``(file system, root path in it, local)`` for a root: a local path or ``file://``
+    URL, or any URL pyarrow opens (``s3://``, ``gs://``, ...). Makes nothing."""
+    if "://" in root_path and not root_path.startswith("file://"):
+        fs, root = pafs.FileSystem.from_uri(root_path)
+        return fs, root, False
+    path = root_path[len("file://") :] if root_path.startswith("file://") else root_path
+    return pafs.LocalFileSystem(), os.path.abspath(path), True
+
+
 class Store:
     """Whole-object reads and writes under one root."""
 
     def __init__(self, root_path: str, durable: bool = True) -> None:
-        if "://" in root_path and not root_path.startswith("file://"):
-            self.fs, self.root = pafs.FileSystem.from_uri(root_path)
-            self.local = False
-        else:
-            path = root_path[len("file://") :] if root_path.startswith("file://") else root_path
-            self.fs, self.root = pafs.LocalFileSystem(), os.path.abspath(path)
-            self.local = True
+        self.fs, self.root, self.local = filesystem(root_path)
+        if self.local:
             os.makedirs(self.root, exist_ok=True)
         self.url = root_path
         self.durable = durable
