@@ -128,6 +128,7 @@ impl Tensor {
     /// use rollout_buffer::{DType, SharedBytes, Tensor};
     /// use std::sync::Arc;
     /// let owner: SharedBytes = Arc::new(vec![1u8, 2, 3, 4, 5, 6]);
+    /// // Six bytes fill a 2 x 3 `u8` tensor exactly, so the view cannot be refused.
     /// let t = Tensor::from_shared_bytes(DType::U8, vec![2, 3], None, owner, 0..6).expect("fits");
     /// assert_eq!(t.array::<u8>().map(|a| a[[1, 0]]), Some(4));
     /// ```
