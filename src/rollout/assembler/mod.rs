@@ -247,7 +247,8 @@ impl GroupAssembler {
 
     /// Refuses, from now on, a new rollout without one of `fields`: its group's store
     /// reads them, and would refuse the whole group when it seals, rollouts answered
-    /// pending long before with it. Rollouts added back at a restart are not checked.
+    /// pending long before with it. Rollouts added back at a restart are checked too (see
+    /// [`Self::add_accepted`]).
     pub(crate) fn require(&mut self, fields: Vec<OptionalField>) {
         self.required = fields;
     }
