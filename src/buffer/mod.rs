@@ -238,6 +238,7 @@ impl Inner {
                             id: sample.id.clone(),
                             rows,
                             at_hand: crate::sample::Fields::default(),
+                            held: Vec::new(),
                         });
                     }
                     out.compact |= std::mem::take(&mut spill.compact_due);

@@ -21,6 +21,11 @@ pub(crate) struct FreedSpill {
     pub(crate) rows: Vec<SpilledRow>,
     /// Fields the batch that freed the sample had loaded.
     pub(crate) at_hand: Fields,
+    /// The segments of rows whose fields are all at hand. Held (as `rows` holds the others)
+    /// until the sample is handed to the sink: a segment no one holds is deleted once the
+    /// sink has written what it was handed, and a sample not handed yet would be recovered
+    /// after a crash needing its fields from that segment.
+    pub(crate) held: Vec<Arc<Segment>>,
 }
 
 /// The spilled fields a batch loaded for one of its samples, and the segment rows the
@@ -62,7 +67,12 @@ pub(crate) fn use_loaded(freed: &mut [FreedSpill], loaded: Vec<LoadedFields>) {
                 None => true,
             });
         }
-        f.rows.retain(|r| !r.keys.is_empty());
+        let (done, rows) = std::mem::take(&mut f.rows)
+            .into_iter()
+            .partition(|r| r.keys.is_empty());
+        f.rows = rows;
+        f.held
+            .extend(done.into_iter().map(|r: SpilledRow| r.segment));
     }
 }
 
@@ -145,6 +155,18 @@ impl Shared {
         let busy = self.handover.busy();
         let weak = Arc::downgrade(self);
         let task = async move {
+            // Every segment these samples' fields came from stays held until the samples
+            // are with the sink (see `FreedSpill::held`); read_back lets go of its rows.
+            let holding: Vec<Arc<Segment>> = freed
+                .spilled
+                .iter()
+                .flat_map(|f| {
+                    f.rows
+                        .iter()
+                        .map(|r| Arc::clone(&r.segment))
+                        .chain(f.held.iter().cloned())
+                })
+                .collect();
             let (mut by_id, unread) = split_at_hand(&mut freed);
             let (ids, rows): (Vec<SampleId>, Vec<_>) = unread.into_iter().unzip();
             for (id, result) in ids.into_iter().zip(read_back(&store, rows).await) {
@@ -164,6 +186,7 @@ impl Shared {
             }
             merge_fields(&mut freed, by_id);
             super::super::freed::hand_to_sink(&*sink, &read_by, freed);
+            drop(holding);
             let left = delete_after_sink(&busy.0, Some(sink), &*store, journal, dead).await;
             busy.0.keep_undeleted(left);
             // The reads are done: segments retired while they held them can go now.
@@ -406,6 +429,7 @@ mod tests {
 
     fn freed(slot: u32, rows: Vec<SpilledRow>) -> FreedSpill {
         FreedSpill {
+            held: Vec::new(),
             id: SampleId::from(slot.to_string().as_str()),
             rows,
             at_hand: Fields::default(),
@@ -420,7 +444,8 @@ mod tests {
     }
 
     /// Loaded fields of the rows a sample still has are taken; what the load did not get
-    /// is left to read, and rows with nothing left to read are dropped.
+    /// is left to read, and rows with nothing left to read leave their segments held (not
+    /// dropped: the segment must outlive the sample's hand-over to the sink).
     #[test]
     fn loaded_fields_of_unchanged_rows_are_taken() {
         let mut spilled = vec![
@@ -444,6 +469,9 @@ mod tests {
         assert_eq!(spilled[0].at_hand, fields(&["a", "c"]));
         assert!(spilled[1].rows.is_empty());
         assert_eq!(spilled[1].at_hand, fields(&["a", "b"]));
+        let held = |f: &FreedSpill| f.held.iter().map(|s| s.id).collect::<Vec<_>>();
+        assert_eq!(held(&spilled[0]), vec![11]);
+        assert_eq!(held(&spilled[1]), vec![10]);
     }
 
     /// Rows the load did not read (a rewritten segment, a patch spilled anew) are read
