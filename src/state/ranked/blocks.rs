@@ -268,28 +268,30 @@ impl<K: Copy> Block<K> {
     }
 }
 
-/// Per tree node of a weighted index: live entries, weighted entries and weight sum below
-/// it, together so a walk or an update touches one line per level.
-#[derive(Debug, Clone, Copy, Default)]
-struct Node {
-    count: u32,
-    weighted: u32,
-    sum: f64,
-}
-
 /// The sums over the blocks, as an implicit binary tree: node 1 is the root, node `i` has
-/// children `2i` and `2i + 1`, and the block `b` is leaf `leaves + b`. An unweighted index
-/// keeps only each node's count of live entries (`counts`), four bytes where a weighted
-/// one needs sixteen (`nodes`): a walk or an update then reads a quarter of the lines, and
-/// the lower levels of a million-entry index (16K leaves) stay in the core's caches. A
-/// parent is always recomputed from its children (no subtraction).
+/// children `2i` and `2i + 1`, and the block `b` is leaf `leaves + b`. Each node keeps its
+/// count of live entries (`counts`, four bytes); a weighted index also keeps its weight sum
+/// (`sums`, eight bytes, in an array of its own): a rank walk then reads only counts and a
+/// weighted walk only sums, so each reads the fewest lines, and the lower levels of a
+/// million-entry index (16K leaves) stay in the core's caches. A parent is always
+/// recomputed from its children (no subtraction).
+///
+/// No node keeps a count of weighted entries: weights are `>= 0` and a part holds one
+/// above zero exactly when its sum is above zero (a sum of non-negative numbers one of
+/// which is positive is positive, rounding included), so a weighted walk turns on the
+/// sums alone. The index's total count of weighted entries is kept beside the tree, from
+/// each leaf's count.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Tree {
     leaves: usize,
-    /// Per node of an unweighted tree (empty when weighted).
+    /// Per node: live entries below it.
     counts: Vec<u32>,
-    /// Per node of a weighted tree (empty when unweighted).
-    nodes: Vec<Node>,
+    /// Per node of a weighted tree: the weight below it (empty when unweighted).
+    sums: Vec<f64>,
+    /// Per leaf of a weighted tree: its block's weighted entries (empty when unweighted).
+    leaf_weighted: Vec<u32>,
+    /// The sum of `leaf_weighted`.
+    weighted_total: u32,
     weighted: bool,
 }
 
@@ -304,11 +306,13 @@ impl Tree {
     pub(super) fn rebuild<K: Copy>(&mut self, blocks: &[Block<K>]) {
         self.leaves = blocks.len().next_power_of_two().max(1);
         self.counts.clear();
-        self.nodes.clear();
+        self.sums.clear();
+        self.leaf_weighted.clear();
+        self.weighted_total = 0;
+        self.counts.resize(2 * self.leaves, 0);
         if self.weighted {
-            self.nodes.resize(2 * self.leaves, Node::default());
-        } else {
-            self.counts.resize(2 * self.leaves, 0);
+            self.sums.resize(2 * self.leaves, 0.0);
+            self.leaf_weighted.resize(self.leaves, 0);
         }
         for (b, block) in blocks.iter().enumerate() {
             self.set_leaf(b, block);
@@ -338,7 +342,7 @@ impl Tree {
         for b in from..end {
             match blocks.get(b) {
                 Some(block) => self.set_leaf(b, block),
-                None => self.set_node(self.leaves + b, Node::default()),
+                None => self.set_leaf_totals(b, 0, 0, 0.0),
             }
         }
         let (mut lo, mut hi) = ((self.leaves + from) / 2, (self.leaves + end - 1) / 2);
@@ -351,59 +355,52 @@ impl Tree {
         }
     }
 
-    fn set_node(&mut self, i: usize, node: Node) {
-        if let Some(n) = self.nodes.get_mut(i) {
-            *n = node;
-        }
+    /// Sets leaf `b` to `count` live entries, `weighted` of them weighing `sum`.
+    fn set_leaf_totals(&mut self, b: usize, count: u32, weighted: u32, sum: f64) {
+        let i = self.leaves + b;
         if let Some(c) = self.counts.get_mut(i) {
-            *c = node.count;
+            *c = count;
+        }
+        if let Some(s) = self.sums.get_mut(i) {
+            *s = sum;
+        }
+        if let Some(w) = self.leaf_weighted.get_mut(b) {
+            let was = std::mem::replace(w, weighted);
+            self.weighted_total = self.weighted_total - was + weighted;
         }
     }
 
     fn set_leaf<K: Copy>(&mut self, b: usize, block: &Block<K>) {
         // An unweighted index reads only the live bits: the totals sit on another line
         // of the block, cold when a batch is taken from a large index.
-        let node = if self.weighted {
-            Node {
-                count: block.live_len() as u32,
-                weighted: block.weighted,
-                sum: block.sum,
-            }
+        let count = block.live_len() as u32;
+        if self.weighted {
+            self.set_leaf_totals(b, count, block.weighted, block.sum);
         } else {
-            Node {
-                count: block.live_len() as u32,
-                ..Node::default()
-            }
-        };
-        self.set_node(self.leaves + b, node);
+            self.set_leaf_totals(b, count, 0, 0.0);
+        }
     }
 
     fn combine(&mut self, i: usize) {
+        self.counts[i] = self.counts[2 * i] + self.counts[2 * i + 1];
         if self.weighted {
-            let (l, r) = (self.nodes[2 * i], self.nodes[2 * i + 1]);
-            self.nodes[i] = Node {
-                count: l.count + r.count,
-                weighted: l.weighted + r.weighted,
-                sum: l.sum + r.sum,
-            };
-        } else {
-            self.counts[i] = self.counts[2 * i] + self.counts[2 * i + 1];
+            self.sums[i] = self.sums[2 * i] + self.sums[2 * i + 1];
         }
     }
 
-    /// Sets block `b`'s leaf and recomputes its ancestors. The new node is carried up in
-    /// registers and each level adds its sibling (`a + b == b + a` exactly, so this is the
-    /// same sum [`Self::combine`] makes): the siblings' loads do not wait on each other,
-    /// only the adds do, where reading each parent back after storing it made every level
-    /// wait on the one below.
+    /// Sets block `b`'s leaf and recomputes its ancestors. The new totals are carried up
+    /// in registers and each level adds its sibling (`a + b == b + a` exactly, so this is
+    /// the same sum [`Self::combine`] makes): the siblings' loads do not wait on each
+    /// other, only the adds do, where reading each parent back after storing it made every
+    /// level wait on the one below.
     pub(super) fn update<K: Copy>(&mut self, b: usize, block: &Block<K>) {
         let mut i = self.leaves + b;
-        if i >= self.counts.len().max(self.nodes.len()) {
+        if i >= self.counts.len() {
             return;
         }
         self.set_leaf(b, block);
+        let mut count = self.counts[i];
         if !self.weighted {
-            let mut count = self.counts[i];
             while i > 1 {
                 count += self.counts[i ^ 1];
                 i /= 2;
@@ -411,35 +408,42 @@ impl Tree {
             }
             return;
         }
-        let mut node = self.nodes[i];
+        let mut sum = self.sums[i];
         while i > 1 {
-            let sibling = self.nodes[i ^ 1];
-            node = Node {
-                count: node.count + sibling.count,
-                weighted: node.weighted + sibling.weighted,
-                sum: node.sum + sibling.sum,
-            };
+            count += self.counts[i ^ 1];
+            sum += self.sums[i ^ 1];
             i /= 2;
-            self.nodes[i] = node;
+            self.counts[i] = count;
+            self.sums[i] = sum;
         }
     }
 
-    /// Where the tree disagrees with `blocks`: a leaf that is not its block's totals, or
-    /// a node that is not the sum of its children.
+    /// Where the tree disagrees with `blocks`: a leaf that is not its block's totals, a
+    /// node that is not the sum of its children, or a total of weighted entries that is
+    /// not the leaves'.
     #[cfg(test)]
     pub(super) fn check<K: Copy>(&self, blocks: &[Block<K>]) -> Result<(), String> {
-        let node = |i: usize| match self.nodes.get(i) {
-            Some(n) => Some((n.count, n.weighted, n.sum)),
-            None => self.counts.get(i).map(|&c| (c, 0, 0.0)),
+        let node = |i: usize| {
+            let sum = self.sums.get(i).copied().unwrap_or(0.0);
+            self.counts.get(i).map(|&c| (c, sum))
         };
-        let len = self.counts.len().max(self.nodes.len());
-        if len != 2 * self.leaves || blocks.len() > self.leaves {
-            return Err(format!("{len} nodes for {} blocks", blocks.len()));
+        let sums_len = if self.weighted { 2 * self.leaves } else { 0 };
+        if self.counts.len() != 2 * self.leaves
+            || self.sums.len() != sums_len
+            || blocks.len() > self.leaves
+        {
+            return Err(format!(
+                "{} nodes, {} sums for {} blocks",
+                self.counts.len(),
+                self.sums.len(),
+                blocks.len()
+            ));
         }
         // Node 0 is no node (the root is 1): nothing may write it.
-        if node(0).is_some_and(|n| n != (0, 0, 0.0)) {
+        if node(0).is_some_and(|n| n != (0, 0.0)) {
             return Err("node 0 written".into());
         }
+        let mut weighted = 0;
         for b in 0..self.leaves {
             let want = blocks.get(b).map_or((0, 0, 0.0), |block| {
                 let (weighted, sum) = if self.weighted {
@@ -449,13 +453,21 @@ impl Tree {
                 };
                 (block.live_len() as u32, weighted, sum)
             });
-            if node(self.leaves + b) != Some(want) {
+            let leaf_weighted = self.leaf_weighted.get(b).copied().unwrap_or(0);
+            if node(self.leaves + b) != Some((want.0, want.2)) || leaf_weighted != want.1 {
                 return Err(format!("leaf of block {b}"));
             }
+            weighted += want.1;
+        }
+        if self.weighted_total != weighted {
+            return Err(format!(
+                "{} weighted entries, not {weighted}",
+                self.weighted_total
+            ));
         }
         for i in 1..self.leaves {
             let (l, r) = (node(2 * i), node(2 * i + 1));
-            let sum = l.zip(r).map(|(l, r)| (l.0 + r.0, l.1 + r.1, l.2 + r.2));
+            let sum = l.zip(r).map(|(l, r)| (l.0 + r.0, l.1 + r.1));
             if node(i) != sum {
                 return Err(format!("node {i}"));
             }
@@ -464,11 +476,11 @@ impl Tree {
     }
 
     pub(super) fn total_weight(&self) -> f64 {
-        self.nodes.get(1).map_or(0.0, |n| n.sum)
+        self.sums.get(1).copied().unwrap_or(0.0)
     }
 
     pub(super) fn weighted_entries(&self) -> u32 {
-        self.nodes.get(1).map_or(0, |n| n.weighted)
+        self.weighted_total
     }
 
     /// The block holding live rank `k` (below the total count) and the rank within it.
@@ -479,24 +491,14 @@ impl Tree {
     }
 
     /// Takes each walk `(node, rank)` from the root down to its block, level by level
-    /// together, reading whichever array this tree keeps its counts in.
+    /// together. Each step is branch-free: which way a walk turns is a coin toss a branch
+    /// predictor loses half the time, and without branches the walks of a batch's ranks
+    /// overlap.
     fn walk_ranks(&self, walks: &mut [(usize, usize)]) {
-        if self.weighted {
-            self.walk_ranks_by(|i| self.nodes[i].count, walks);
-        } else {
-            self.walk_ranks_by(|i| self.counts[i], walks);
-        }
-    }
-
-    /// [`Self::walk_ranks`] with `count(i)` as node `i`'s count. Each step is branch-free:
-    /// which way a walk turns is a coin toss a branch predictor loses half the time, and
-    /// without branches the walks of a batch's ranks overlap.
-    #[inline(always)]
-    fn walk_ranks_by(&self, count: impl Fn(usize) -> u32, walks: &mut [(usize, usize)]) {
         let mut level = 1;
         while level < self.leaves {
             for (i, k) in walks.iter_mut() {
-                let here = count(2 * *i) as usize;
+                let here = self.counts[2 * *i] as usize;
                 let right = usize::from(*k >= here);
                 *k -= here * right;
                 *i = 2 * *i + right;
@@ -509,13 +511,14 @@ impl Tree {
     }
 
     /// One level of a walk to where the running weight crosses `u`, from node `i` (see
-    /// [`Self::find_weight`]). Branch-free, as [`Self::walk_ranks_by`]; the subtraction is a
+    /// [`Self::find_weight`]). A part holds a weighted entry exactly when its sum is above
+    /// zero (see [`Tree`]). Branch-free, as [`Self::walk_ranks`]; the subtraction is a
     /// product, not a select, because LLVM turns a float select into a branch.
     #[inline(always)]
     fn weight_step(&self, i: &mut usize, u: &mut f64) {
-        let (left, right) = (self.nodes[2 * *i], self.nodes[2 * *i + 1]);
-        let go_left = (left.weighted > 0) & ((*u < left.sum) | (right.weighted == 0));
-        *u -= left.sum * f64::from(u8::from(!go_left));
+        let (left, right) = (self.sums[2 * *i], self.sums[2 * *i + 1]);
+        let go_left = (left > 0.0) & ((*u < left) | (right <= 0.0));
+        *u -= left * f64::from(u8::from(!go_left));
         *i = 2 * *i + usize::from(!go_left);
     }
 
@@ -630,6 +633,26 @@ mod tests {
         // never the weightless one after it.
         assert_eq!(tree.find_weight(3.0), (2, 2.0));
         assert_eq!(tree.find_weight(9.0), (2, 8.0));
+        assert_eq!(tree.check(&blocks), Ok(()));
+    }
+
+    /// A part holds a weighted entry exactly when its sum is above zero, however small
+    /// the weights: a walk never turns into a weightless part, and the count of weighted
+    /// entries is the leaves'.
+    #[test]
+    fn the_smallest_weights_still_steer_a_walk() {
+        let tiny = f64::from_bits(1); // the smallest subnormal
+        let blocks: Vec<Block<u64>> = [0.0, tiny, 0.0, tiny, 0.0]
+            .into_iter()
+            .map(|w| block_of(&[w, 0.0]))
+            .collect();
+        let mut tree = Tree::new(true);
+        tree.rebuild(&blocks);
+        assert_eq!(tree.weighted_entries(), 2);
+        assert_eq!(tree.total_weight(), 2.0 * tiny);
+        assert_eq!(tree.find_weight(0.0).0, 1);
+        assert_eq!(tree.find_weight(tiny).0, 3);
+        assert_eq!(tree.find_weight(1.0).0, 3);
         assert_eq!(tree.check(&blocks), Ok(()));
     }
 
