@@ -79,14 +79,19 @@ impl App {
     ///
     /// # Errors
     ///
-    /// The ingest's start (adding back pending rollouts).
+    /// The ingest's start (adding back pending rollouts; the groups they complete are
+    /// stored in the background, a failure logged).
     pub async fn new(
         buf: SequenceBuffer,
         settings: Settings,
         options: &Options,
         prometheus: PrometheusHandle,
     ) -> rollout_buffer::Result<Arc<Self>> {
-        let ingest = GroupIngest::start(buf.clone(), settings.group_config()).await?;
+        // The groups the pending rollouts complete (a restart with a smaller group size)
+        // are stored by a task: on a full buffer they wait for room only reads make, and
+        // no read comes before the server listens.
+        let (ingest, _storing) =
+            GroupIngest::start_background(buf.clone(), settings.group_config()).await?;
         // One buffer's worth of items may be on their way in at once.
         let max_in_flight = items_in_flight(buf.capacity(), settings.group_size);
         Ok(Arc::new(Self {

@@ -1,6 +1,6 @@
 //! Reads beside other calls, against the real process: two long-poll reads waiting
-//! together, a read waiting when the server is told to stop, and a `/start_rollout` whose
-//! regrouped groups wait for room.
+//! together, a read waiting when the server is told to stop, and a `/start_rollout` (or a
+//! restart) whose regrouped groups wait for room.
 
 mod common;
 
@@ -219,4 +219,50 @@ async fn a_second_server_on_one_store_is_refused() {
     let again = Server::start(&dir, &["--group-size", "2"]);
     let (_, body) = post(&again, "/get_rollout_data", &json!({})).await;
     assert_eq!(uids(&body), ["q0-0", "q0-1"]);
+}
+
+/// A restart with a smaller group size completes the groups pending at the old size. On
+/// a full store their put waits for room, which only a read makes: the server stored them
+/// before listening, so it never listened. It listens now, and they land after the read.
+#[tokio::test]
+async fn a_restart_that_completes_groups_on_a_full_store_still_listens() {
+    let dir = store("restart-full");
+    let first = Server::start(&dir, &["--group-size", "4", "--capacity", "1"]);
+    write_group(&first, "full", &[0.0, 1.0, 0.0, 1.0]).await;
+    let half: Vec<Value> = (0..2)
+        .map(|i| item(&format!("half-{i}"), "half", f64::from(i)))
+        .collect();
+    let (status, body) = common::send(
+        client()
+            .post(format!("{}/buffer/write_batch", first.url))
+            .body(json!(half).to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(first.terminate().success());
+    // Started on a thread of its own, so a server that never listens fails the test
+    // rather than hanging it.
+    let (started, listening) = std::sync::mpsc::channel();
+    let path = dir.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = started.send(Server::start(
+            &path,
+            &["--group-size", "2", "--capacity", "1"],
+        ));
+    });
+    let server = listening
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the server listens");
+    let (_, full) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(
+        uids(&full),
+        ["full-0", "full-1", "full-2", "full-3"],
+        "{full}"
+    );
+    let (status, body) = long_read(server.url.clone(), 2, 25.0).await;
+    assert_eq!(
+        (status, uids(&body)),
+        (200, vec!["half-0".to_owned(), "half-1".to_owned()]),
+        "{body}"
+    );
 }

@@ -26,9 +26,7 @@ impl<'a> InFlight<'a> {
         uids: Vec<String>,
         writing: Vec<String>,
     ) -> Self {
-        for uid in &uids {
-            *state.in_flight.entry(uid.clone()).or_default() += 1;
-        }
+        Self::mark_held(state, &uids);
         for uid in &writing {
             state.writing.insert(uid.clone());
         }
@@ -36,6 +34,22 @@ impl<'a> InFlight<'a> {
             shared,
             uids,
             writing,
+        }
+    }
+
+    /// Marks `uids` in flight for a guard made later, by [`Self::adopt`], in a task.
+    pub(super) fn mark_held(state: &mut State, uids: &[String]) {
+        for uid in uids {
+            *state.in_flight.entry(uid.clone()).or_default() += 1;
+        }
+    }
+
+    /// The guard of `uids` that [`Self::mark_held`] marked.
+    pub(super) fn adopt(shared: &'a Shared, uids: Vec<String>) -> Self {
+        Self {
+            shared,
+            uids,
+            writing: Vec::new(),
         }
     }
 

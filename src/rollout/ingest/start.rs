@@ -4,6 +4,7 @@
 //! task that seals groups at their timeout starts. See the ingest module's docs for what
 //! each entry means.
 
+use super::in_flight::InFlight;
 use super::timer::seal_on_time;
 use super::{
     GroupIngest, IngestCounters, Shared, State, Timer, MARKER_KEY_TAG, MARKER_UIDS, PENDING, SEALED,
@@ -11,6 +12,7 @@ use super::{
 use crate::buffer::AuxWrite;
 use crate::error::Result;
 use crate::rollout::assembler::{Added, GroupAssembler, GroupConfig};
+use crate::rollout::group::SealedGroup;
 use crate::rollout::record::{OptionalField, RolloutRecord};
 use crate::sample::Sample;
 use crate::sync::{Arc, AtomicBool, Mutex, Notify};
@@ -39,6 +41,67 @@ impl GroupIngest {
     /// [`Self::add`]); the rest stay pending in the buffer's log, added back by the next
     /// `start`.
     pub async fn start(buf: SequenceBuffer, config: GroupConfig) -> Result<Self> {
+        let (ingest, sealed) = Self::resume(buf, config).await?;
+        for group in sealed {
+            ingest.store(group, None).await?;
+        }
+        ingest.spawn_timer();
+        Ok(ingest)
+    }
+
+    /// [`Self::start`], except that the groups the pending rollouts complete are stored by
+    /// a task, so this returns without waiting for room: a server restarted over a full
+    /// buffer (with a smaller group size, which completes groups at once) must listen
+    /// before any read can make that room. Until a group is stored, a resend of one of its
+    /// rollouts waits for the outcome, as one does while an [`Self::add`] stores it.
+    ///
+    /// The task's result is the first error storing a group (every group is tried); its
+    /// rollouts stay pending in the log, added back by the next start.
+    ///
+    /// # Errors
+    ///
+    /// Writing the log's removal of duplicate pending rollouts.
+    ///
+    /// # Cancel safety
+    ///
+    /// As [`Self::start`]; once this returns, the task runs on its own.
+    pub async fn start_background(
+        buf: SequenceBuffer,
+        config: GroupConfig,
+    ) -> Result<(Self, tokio::task::JoinHandle<Result<()>>)> {
+        let (ingest, sealed) = Self::resume(buf, config).await?;
+        // Marked before the task exists, so no resend slips in before it starts.
+        let marked: Vec<String> = {
+            let mut state = ingest.shared.state.lock();
+            let uids: Vec<String> = sealed.iter().flat_map(super::members).collect();
+            InFlight::mark_held(&mut state, &uids);
+            uids
+        };
+        let storing = ingest.clone();
+        let task = tokio::spawn(async move {
+            let _in_flight = InFlight::adopt(&storing.shared, marked);
+            let mut first_error = None;
+            for group in sealed {
+                if let Err(e) = storing.store(group, None).await {
+                    tracing::warn!(error = %e, "a group completed at the start was not stored");
+                    first_error.get_or_insert(e);
+                }
+            }
+            first_error.map_or(Ok(()), Err)
+        });
+        ingest.spawn_timer();
+        Ok((ingest, task))
+    }
+
+    /// Starts the task that seals groups at their timeout.
+    fn spawn_timer(&self) {
+        let weak = Arc::downgrade(&self.shared);
+        tokio::spawn(seal_on_time(weak, Arc::clone(&self.shared.timer)));
+    }
+
+    /// The ingest over `buf`'s durable state, and the groups its pending rollouts complete
+    /// (not stored yet); duplicates among the pending rollouts are removed from the log.
+    async fn resume(buf: SequenceBuffer, config: GroupConfig) -> Result<(Self, Vec<SealedGroup>)> {
         let remember_groups = config.remember;
         let mut markers: Vec<(u64, String, Arc<Sample>)> = buf
             .aux_range(SEALED)
@@ -131,11 +194,6 @@ impl GroupIngest {
         if !stale.is_empty() {
             buf.aux_write(stale).await?;
         }
-        for group in sealed {
-            ingest.store(group, None).await?;
-        }
-        let weak = Arc::downgrade(&ingest.shared);
-        tokio::spawn(seal_on_time(weak, Arc::clone(&ingest.shared.timer)));
-        Ok(ingest)
+        Ok((ingest, sealed))
     }
 }
