@@ -123,8 +123,9 @@ impl Drop for Busy {
 
 impl Shared {
     /// Reads back the spilled fields of freed samples, hands the whole samples to the sink
-    /// and deletes the segments left without a live row, in a task; returns `freed` when
-    /// there is nothing to read (the caller hands it over at once).
+    /// and deletes the segments left without a live row, in a task (outside a runtime: at
+    /// once, with the fields at hand); returns `freed` when the buffer does not spill (the
+    /// caller hands it over).
     pub(crate) fn hand_over_spilled(self: &Arc<Self>, mut freed: Freed) -> Option<Freed> {
         let dead = std::mem::take(&mut freed.dead_segments);
         let (store, journal) = {
@@ -138,6 +139,18 @@ impl Shared {
             .freed_sink
             .clone()
             .filter(|_| !freed.spilled.is_empty());
+        // Every segment these samples' fields came from stays held until the samples are
+        // with the sink (see `FreedSpill::held`); reading them back lets go of the rows.
+        let holding: Vec<Arc<Segment>> = freed
+            .spilled
+            .iter()
+            .flat_map(|f| {
+                f.rows
+                    .iter()
+                    .map(|r| Arc::clone(&r.segment))
+                    .chain(f.held.iter().cloned())
+            })
+            .collect();
         let (Some(runtime), Some(sink)) = (runtime, sink) else {
             // The fields at hand still go with their samples; the others cannot be read.
             let (at_hand, unread) = split_at_hand(&mut freed);
@@ -148,25 +161,15 @@ impl Shared {
                 );
             }
             merge_fields(&mut freed, at_hand);
+            self.hand_to_sink(freed);
+            drop(holding);
             self.spawn_deletes(&store, journal, dead);
-            return Some(freed);
+            return None;
         };
         let read_by = self.read_by.clone();
         let busy = self.handover.busy();
         let weak = Arc::downgrade(self);
         let task = async move {
-            // Every segment these samples' fields came from stays held until the samples
-            // are with the sink (see `FreedSpill::held`); read_back lets go of its rows.
-            let holding: Vec<Arc<Segment>> = freed
-                .spilled
-                .iter()
-                .flat_map(|f| {
-                    f.rows
-                        .iter()
-                        .map(|r| Arc::clone(&r.segment))
-                        .chain(f.held.iter().cloned())
-                })
-                .collect();
             let (mut by_id, unread) = split_at_hand(&mut freed);
             let (ids, rows): (Vec<SampleId>, Vec<_>) = unread.into_iter().unzip();
             for (id, result) in ids.into_iter().zip(read_back(&store, rows).await) {
