@@ -8,48 +8,36 @@
 //! after dropping the lock, if a resend is waiting.
 
 use super::{Shared, State};
+use crate::sync::Arc;
 
 /// The uids one call marked: in flight (counted, as a uid can be both a pending rollout
 /// whose write is in flight and a member of a group being stored), and those whose own
 /// pending write is in flight.
-pub(super) struct InFlight<'a> {
-    shared: &'a Shared,
+pub(super) struct InFlight {
+    /// Owned, so a guard can live in a task of its own (the groups a restart completes).
+    shared: Arc<Shared>,
     uids: Vec<String>,
     writing: Vec<String>,
 }
 
-impl<'a> InFlight<'a> {
+impl InFlight {
     /// Marks `uids` in flight and `writing` as having their pending write in flight.
     pub(super) fn mark(
-        shared: &'a Shared,
+        shared: &Arc<Shared>,
         state: &mut State,
         uids: Vec<String>,
         writing: Vec<String>,
     ) -> Self {
-        Self::mark_held(state, &uids);
+        for uid in &uids {
+            *state.in_flight.entry(uid.clone()).or_default() += 1;
+        }
         for uid in &writing {
             state.writing.insert(uid.clone());
         }
         Self {
-            shared,
+            shared: Arc::clone(shared),
             uids,
             writing,
-        }
-    }
-
-    /// Marks `uids` in flight for a guard made later, by [`Self::adopt`], in a task.
-    pub(super) fn mark_held(state: &mut State, uids: &[String]) {
-        for uid in uids {
-            *state.in_flight.entry(uid.clone()).or_default() += 1;
-        }
-    }
-
-    /// The guard of `uids` that [`Self::mark_held`] marked.
-    pub(super) fn adopt(shared: &'a Shared, uids: Vec<String>) -> Self {
-        Self {
-            shared,
-            uids,
-            writing: Vec::new(),
         }
     }
 
@@ -62,14 +50,17 @@ impl<'a> InFlight<'a> {
     }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         if self.uids.is_empty() && self.writing.is_empty() {
             return;
         }
         let wake = {
             let mut state = self.shared.state.lock();
-            self.written(&mut state);
+            // As `written` does, on the fields apart (the lock borrows `shared`).
+            for uid in self.writing.drain(..) {
+                state.writing.remove(&uid);
+            }
             for uid in &self.uids {
                 if let Some(n) = state.in_flight.get_mut(uid) {
                     *n -= 1;

@@ -70,22 +70,29 @@ impl GroupIngest {
         config: GroupConfig,
     ) -> Result<(Self, tokio::task::JoinHandle<Result<()>>)> {
         let (ingest, sealed) = Self::resume(buf, config).await?;
-        // Marked before the task exists, so no resend slips in before it starts.
-        let marked: Vec<String> = {
+        // Each group's uids are marked before the task exists, so no resend slips in
+        // before it starts, and unmarked once that group is stored (or the task is
+        // dropped), so a resend waits for its own group's outcome only.
+        let marked: Vec<(SealedGroup, InFlight)> = {
             let mut state = ingest.shared.state.lock();
-            let uids: Vec<String> = sealed.iter().flat_map(super::members).collect();
-            InFlight::mark_held(&mut state, &uids);
-            uids
+            sealed
+                .into_iter()
+                .map(|group| {
+                    let uids = super::members(&group).collect();
+                    let guard = InFlight::mark(&ingest.shared, &mut state, uids, Vec::new());
+                    (group, guard)
+                })
+                .collect()
         };
         let storing = ingest.clone();
         let task = tokio::spawn(async move {
-            let _in_flight = InFlight::adopt(&storing.shared, marked);
             let mut first_error = None;
-            for group in sealed {
+            for (group, in_flight) in marked {
                 if let Err(e) = storing.store(group, None).await {
                     tracing::warn!(error = %e, "a group completed at the start was not stored");
                     first_error.get_or_insert(e);
                 }
+                drop(in_flight);
             }
             first_error.map_or(Ok(()), Err)
         });
