@@ -280,16 +280,18 @@ async fn serve(args: Serve) -> Result<(), String> {
     Ok(())
 }
 
-/// The lock file a server holds in its store's directory for as long as it runs.
+/// The lock file a server (or a repair) holds in its store's directory for as long as it
+/// runs.
 const STORE_LOCK: &str = ".server.lock";
 
-/// Takes the store for this server: an exclusive lock on [`STORE_LOCK`] in its directory,
+/// Takes the store for this process: an exclusive lock on [`STORE_LOCK`] in its directory,
 /// released when the returned file is dropped or the process ends (however it ends). Two
 /// servers on one store had each served the same groups without a word: making the same
-/// changes, they wrote the same log records, and each took the other's for its own. Local
+/// changes, they wrote the same log records, and each took the other's for its own; and a
+/// repair moves log files aside, which under a live server loses what it writes. Local
 /// directories only: an object store has no such lock, and there a second writer is found
 /// only once the two write different records.
-fn lock_store(url: &str) -> Result<Option<std::fs::File>, String> {
+pub(crate) fn lock_store(url: &str) -> Result<Option<std::fs::File>, String> {
     let store = rollout_buffer::persist::Store::open(url)
         .map_err(|e| format!("cannot open the store {url}: {e}"))?;
     let Some(root) = store.local_root() else {
@@ -305,8 +307,8 @@ fn lock_store(url: &str) -> Result<Option<std::fs::File>, String> {
     match file.try_lock() {
         Ok(()) => Ok(Some(file)),
         Err(std::fs::TryLockError::WouldBlock) => Err(format!(
-            "the store {url} is in use by another server (a process holds {}); stop it \
-             first, or give this one a store of its own",
+            "the store {url} is in use by another server or a repair (a process holds {}); \
+             stop it first, or give this one a store of its own",
             path.display()
         )),
         // A file system without locks (some network mounts): served as before, unguarded.

@@ -1,6 +1,7 @@
 //! `rollout-buffer repair URL`: salvages a stored run that strict recovery refuses
 //! (`persist::repair`), then says what was moved aside and what the run lost, as text or
-//! JSON. Run it with the run stopped: it moves files.
+//! JSON. Run it with the run stopped: it moves files (on a local store it takes the
+//! server's lock, so it refuses to run beside a server, and a server beside it).
 
 use rollout_buffer::persist::{repair, RepairReport, Store};
 use std::fmt::Write as _;
@@ -12,6 +13,9 @@ use std::fmt::Write as _;
 /// The library's error for a store that cannot be opened, read or written, as text.
 pub async fn run(url: &str, json: bool) -> Result<String, String> {
     super::inspect::require_stored_run(url)?;
+    // Held until the repair is done: a server starting meanwhile is refused, and a
+    // repair beside a running server is (it would move aside files the server writes).
+    let _store_lock = super::lock_store(url)?;
     let store = Store::open(url).map_err(|e| format!("cannot open {url}: {e}"))?;
     let report = repair(&store)
         .await

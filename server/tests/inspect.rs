@@ -1,5 +1,6 @@
 //! `rollout-buffer inspect` on a store the server wrote: the summary as text and JSON, the
-//! latest archived rows, and a missing store refused without being created.
+//! latest archived rows, and a missing store refused without being created; `repair` on a
+//! damaged store, and refused beside a running server.
 
 mod common;
 
@@ -129,4 +130,21 @@ async fn repair_salvages_a_store_that_will_not_open() {
     let (ok, out, _) = cli("repair", &[dir.as_os_str()]);
     assert!(ok);
     assert!(out.contains("nothing to repair"), "{out}");
+}
+
+/// A repair beside a running server would move aside log files the server is writing: it
+/// is refused, naming the lock, and moves nothing.
+#[tokio::test]
+async fn a_repair_beside_a_running_server_is_refused() {
+    let dir = store("repair-live");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    write_group(&server, "q0", &[0.0, 1.0]).await;
+    let (ok, _, err) = cli("repair", &[dir.as_os_str()]);
+    assert!(
+        !ok && err.contains("in use by another server or a repair"),
+        "{err}"
+    );
+    assert!(!dir.join("damaged").exists());
+    let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&body), ["q0-0", "q0-1"]);
 }

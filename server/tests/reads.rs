@@ -212,7 +212,10 @@ async fn a_second_server_on_one_store_is_refused() {
     let first = Server::start(&dir, &["--group-size", "2"]);
     write_group(&first, "q0", &[0.0, 1.0]).await;
     let (ok, _, err) = common::serve_cli(&dir, &[]);
-    assert!(!ok && err.contains("in use by another server"), "{err}");
+    assert!(
+        !ok && err.contains("in use by another server or a repair"),
+        "{err}"
+    );
     let (ok, out, err) = common::inspect(&[dir.as_os_str()]);
     assert!(ok, "{out}{err}");
     assert!(first.terminate().success());
