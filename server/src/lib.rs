@@ -19,6 +19,7 @@ mod api_error;
 mod app;
 mod arrow_items;
 mod inspect;
+mod listen;
 mod metrics;
 mod nesting;
 mod repair;
@@ -115,6 +116,10 @@ struct Serve {
     /// A client that declared a length and stopped sending held its request for good.
     #[arg(long, default_value_t = 60.0)]
     body_timeout: f64,
+    /// Seconds a request's head may take to arrive, counted from when the server starts
+    /// reading it (also on an idle keep-alive connection): the connection is closed after.
+    #[arg(long, default_value_t = 30.0)]
+    header_timeout: f64,
     /// Environment name the items are stored under.
     #[arg(long, default_value = "slime")]
     environment: String,
@@ -221,6 +226,7 @@ async fn serve(args: Serve) -> Result<(), String> {
         " (it bounds the whole write, the log write included)",
     )?;
     let body_timeout = seconds("--body-timeout", args.body_timeout, "")?;
+    let header_timeout = seconds("--header-timeout", args.header_timeout, "")?;
     if slime::timeout_seconds(args.group_timeout).is_none() {
         return Err(format!(
             "--group-timeout must be at least a nanosecond and finite, not {}",
@@ -264,15 +270,16 @@ async fn serve(args: Serve) -> Result<(), String> {
     // The line tests and scripts wait for; stdout is flushed per line.
     println!("listening on http://{addr}");
     tracing::info!(%addr, store = %args.store, "serving");
-    axum::serve(listener, app::router(app, app_options.body_limit))
-        .with_graceful_shutdown(async move {
-            stop.await;
-            // The reads waiting for more groups answer now, so the shutdown that waits
-            // for them does not wait out their timeouts.
-            stopping.begin_stop();
-        })
-        .await
-        .map_err(|e| format!("server error: {e}"))?;
+    listen::serve(
+        listener,
+        app::router(app, app_options.body_limit),
+        header_timeout,
+        stop,
+        // The reads waiting for more groups answer now, so the shutdown that waits for
+        // them does not wait out their timeouts.
+        move || stopping.begin_stop(),
+    )
+    .await;
     tracing::info!("stopping: flushing the buffer");
     buf.flush()
         .await

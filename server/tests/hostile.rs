@@ -239,6 +239,30 @@ async fn a_body_that_stops_arriving_is_answered_408() {
     assert_eq!(status, 200, "{body}");
 }
 
+/// A connection whose request head never finishes (or that never sends one) was held
+/// for good, a file descriptor and a task each; it is closed once `--header-timeout` has
+/// passed, and the server goes on serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_head_that_stops_arriving_is_closed() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = store("header-timeout");
+    let server = Server::start(&dir, &["--group-size", "2", "--header-timeout", "0.2"]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    for head in ["POST /buffer/write HTTP/1.1\r\nHost: x\r\n", ""] {
+        let mut stream = tokio::net::TcpStream::connect(&addr)
+            .await
+            .expect("connect");
+        stream.write_all(head.as_bytes()).await.expect("send");
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        // Closed (an EOF, or a reset for the bytes left unread), not held.
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(20), read).await;
+        assert!(closed.is_ok(), "{head:?}: held open");
+    }
+    let (status, body) = post(&server, "/buffer/write", &item("a", "q", 1.0)).await;
+    assert_eq!(status, 200, "{body}");
+}
+
 /// A `/start_rollout` naming a setting twice is a 422 naming it, and changes nothing (the
 /// last value had won without a word, where an item naming a field twice is refused).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

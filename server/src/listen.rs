@@ -1,0 +1,67 @@
+//! The accept loop: each connection served by hyper's HTTP/1 with a header-read timeout,
+//! and a graceful stop. `axum::serve` sets no timer, so a connection that never finished
+//! its request head (or sat idle between requests) was held forever, a file descriptor
+//! and a task each: enough of them and no client could connect. No lock here; the stop
+//! signal is a future, and `GracefulShutdown` tracks the connections still open.
+
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// Serves `router` on `listener` until `stop` resolves, then stops accepting, calls
+/// `stopping` (so long-poll reads answer now) and waits for every connection to finish
+/// the request it is serving. A connection whose request head takes longer than
+/// `header_timeout` to arrive (counted from when the server starts reading it, so also
+/// an idle keep-alive connection) is closed.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    stop: impl Future<Output = ()>,
+    stopping: impl FnOnce(),
+) {
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = &mut stop => break,
+        };
+        let stream = match accepted {
+            Ok((stream, _peer)) => stream,
+            Err(e) => {
+                // Out of file descriptors, usually: the error repeats until a
+                // connection closes, so wait a little rather than spin (as axum does).
+                tracing::warn!(error = %e, "accepting a connection failed");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                    () = &mut stop => break,
+                }
+            }
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set");
+        }
+        let connection = http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(header_timeout)
+            .serve_connection(
+                TokioIo::new(stream),
+                TowerToHyperService::new(router.clone()),
+            );
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    stopping();
+    graceful.shutdown().await;
+}
