@@ -1,9 +1,9 @@
 //! Running the crate's futures for Python. Most calls can finish at once (a put with room,
 //! a get with samples ready, a commit): they are polled once on the calling thread and
-//! never touch another thread. Only a call that must wait is handed over: a blocking call
-//! to the runtime with the GIL released (checking for Ctrl-C every 100 ms), an awaitable
-//! to the runtime with its result sent back to the asyncio loop (`deliver.rs`). Timeouts
-//! arrive as seconds.
+//! never touch another thread. Only a call that must wait goes further: a blocking call
+//! waits on the calling thread with the GIL released (polled again at each wake-up, and
+//! checking for Ctrl-C every 100 ms), an awaitable is handed to the runtime with its result
+//! sent back to the asyncio loop (`deliver.rs`). Timeouts arrive as seconds.
 //!
 //! Polling once with a no-op waker and then handing the same future on is sound: a future
 //! must use the waker of its latest poll, and the buffer's waits re-check their condition
@@ -45,9 +45,9 @@ pub(crate) fn now<T>(fut: impl Future<Output = rollout_buffer::Result<T>>) -> Py
     }
 }
 
-/// Runs `fut` to its end: at once when it can finish now, else on the runtime with the
-/// GIL released, checking for Ctrl-C every 100 ms (a `KeyboardInterrupt` drops the
-/// future, which the buffer tolerates at any await).
+/// Runs `fut` to its end: at once when it can finish now, else on this thread in the
+/// runtime's context with the GIL released, checking for Ctrl-C every 100 ms (a
+/// `KeyboardInterrupt` drops the future, which the buffer tolerates at any await).
 pub(crate) fn block<T: Send>(
     py: Python<'_>,
     fut: impl Future<Output = rollout_buffer::Result<T>> + Send,
@@ -60,13 +60,47 @@ pub(crate) fn block<T: Send>(
         Err(pending) => pending,
     };
     loop {
-        let step = py.detach(|| {
-            rt.block_on(async { tokio::time::timeout(Duration::from_millis(100), &mut fut).await })
-        });
-        match step {
-            Ok(result) => return result.map_err(py_err),
-            Err(_) => py.check_signals()?,
+        match py.detach(|| poll_for(rt, fut.as_mut(), Duration::from_millis(100))) {
+            Some(result) => return result.map_err(py_err),
+            None => py.check_signals()?,
         }
+    }
+}
+
+/// Wakes the thread waiting in [`poll_for`].
+struct ThreadWaker(std::thread::Thread);
+
+impl std::task::Wake for ThreadWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.0.unpark();
+    }
+}
+
+/// Drives `fut` on this thread, inside the runtime's context, for up to `limit`: its
+/// output, or `None` once `limit` has passed. Between polls the thread parks with the
+/// operating system's timeout, not a tokio timer, so the caller gets control back on
+/// time whatever the runtime does (a blocking call once never returned to check for
+/// Ctrl-C, parked in `Runtime::block_on` waiting for its 100 ms timer), and a wake-up
+/// (or a spurious return from `park_timeout`) just polls again, which the buffer's
+/// futures allow at any time.
+fn poll_for<F: Future>(rt: &Runtime, mut fut: Pin<&mut F>, limit: Duration) -> Option<F::Output> {
+    let _entered = rt.enter();
+    let waker = Waker::from(std::sync::Arc::new(ThreadWaker(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if let Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return Some(out);
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return None;
+        }
+        std::thread::park_timeout(left);
     }
 }
 
