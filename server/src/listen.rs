@@ -34,6 +34,12 @@ pub async fn serve(
         };
         let stream = match accepted {
             Ok((stream, _peer)) => stream,
+            // A client that gave up before its connection was taken: the next one is
+            // served at once (as `axum::serve` does).
+            Err(e) if is_connection_error(&e) => {
+                tracing::debug!(error = %e, "a connection went before it was accepted");
+                continue;
+            }
             Err(e) => {
                 // Out of file descriptors, usually: the error repeats until a
                 // connection closes, so wait a little rather than spin (as axum does).
@@ -64,4 +70,13 @@ pub async fn serve(
     drop(listener);
     stopping();
     graceful.shutdown().await;
+}
+
+/// Errors of one connection that the listener itself survives.
+fn is_connection_error(e: &std::io::Error) -> bool {
+    use std::io::ErrorKind;
+    matches!(
+        e.kind(),
+        ErrorKind::ConnectionAborted | ErrorKind::ConnectionReset | ErrorKind::ConnectionRefused
+    )
 }
