@@ -77,9 +77,13 @@ async fn a_resend_waits_for_its_own_group_only() {
     .expect("the start does not wait for room")
     .expect("start");
     assert_eq!(ingest.counters().recovered_rollouts, 4);
+    // Both completed groups are on their way in, counted nowhere else.
+    assert_eq!(ingest.storing_rollouts(), 4);
+    assert_eq!(ingest.assembler_counters().pending_rollouts, 0);
     // Room for one: the first completed group lands, the second still waits.
     train_one(&buf).await;
     common::wait_until(|| ingest.counters().stored_groups == 1).await;
+    common::wait_until(|| ingest.storing_rollouts() == 2).await;
     let first = stored_example(&buf);
     // A resend of the stored group's rollout is answered now, not once the other lands.
     let added = tokio::time::timeout(Duration::from_secs(30), ingest.add(rollout(first, 0, 0)))
@@ -92,6 +96,7 @@ async fn a_resend_waits_for_its_own_group_only() {
     train_one(&buf).await;
     storing.await.expect("the task").expect("stored");
     assert_eq!(ingest.counters().stored_groups, 2);
+    assert_eq!(ingest.storing_rollouts(), 0);
     assert_eq!(stored_example(&buf), 3 - first);
 }
 
@@ -110,6 +115,7 @@ async fn an_aborted_task_leaves_nothing_in_flight() {
     storing.abort();
     let stopped = storing.await.expect_err("aborted");
     assert!(stopped.is_cancelled());
+    assert_eq!(ingest.storing_rollouts(), 0);
     let added = tokio::time::timeout(Duration::from_secs(30), ingest.add(rollout(1, 0, 0)))
         .await
         .expect("answered")

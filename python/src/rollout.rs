@@ -290,6 +290,7 @@ impl PyIngest {
         d.set_item("duplicates", a.duplicates)?;
         d.set_item("uid_taken", a.uid_taken)?;
         d.set_item("pending_rollouts", a.pending_rollouts)?;
+        d.set_item("storing_rollouts", self.ingest.storing_rollouts())?;
         d.set_item("sealed_full", a.sealed_full)?;
         d.set_item("sealed_timeout", a.sealed_timeout)?;
         d.set_item("dropped_groups", a.dropped_groups)?;

@@ -49,6 +49,30 @@ def test_an_add_that_times_out_waiting_for_room_leaves_its_group_pending():
     asyncio.run(main())
 
 
+def test_a_group_waiting_for_room_is_counted_as_storing():
+    async def main():
+        buf = rb.Buffer(1, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+        ingest = rb.Ingest(buf, group_size=2)
+        assert await ingest.add_rollout(rollout("a", "a0", 0.0)) == "pending"
+        assert await ingest.add_rollout(rollout("a", "a1", 1.0)) == "sealed"  # buffer full
+        assert await ingest.add_rollout(rollout("b", "b0", 0.0)) == "pending"
+        waiting = asyncio.create_task(ingest.add_rollout(rollout("b", "b1", 1.0)))
+        deadline = time.monotonic() + 10
+        while ingest.counters()["storing_rollouts"] == 0:
+            assert time.monotonic() < deadline, "the add never took its group out"
+            await asyncio.sleep(0.01)
+        counters = ingest.counters()
+        assert (counters["storing_rollouts"], counters["pending_rollouts"]) == (2, 0)
+        assert not waiting.done()
+        batcher = rb.Batcher([("e", buf, "train", 1.0)], 16, 4, 2, wait=0.2)
+        batch = await batcher.next_batch(timeout=5)
+        await batch.complete()
+        assert await asyncio.wait_for(waiting, 10) == "sealed"
+        assert ingest.counters()["storing_rollouts"] == 0
+
+    asyncio.run(main())
+
+
 def test_a_blocking_add_takes_a_timeout_too():
     buf = rb.Buffer(1, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
     ingest = rb.Ingest(buf, group_size=1)

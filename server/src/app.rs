@@ -548,8 +548,9 @@ async fn read_groups(
 async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
     let s = app.buf.stats();
     let read = app.read.load(Ordering::Relaxed);
-    // Items held: the members of the groups stored (also those recovered at start) and
-    // the items waiting for their group, as slime's buffer holds items.
+    // Items held, as slime's buffer holds items: the members of the groups stored (also
+    // those recovered at start), the items waiting for their group, and those of completed
+    // groups on their way in (waiting for room, say).
     let in_groups: usize = app
         .buf
         .contents()
@@ -561,7 +562,8 @@ async fn stats(State(app): State<Arc<App>>) -> Json<Envelope<Value>> {
         })
         .map(|uids| uids.len())
         .sum();
-    let pending = app.ingest().assembler_counters().pending_rollouts;
+    let ingest = app.ingest();
+    let pending = ingest.assembler_counters().pending_rollouts + ingest.storing_rollouts();
     let data = json!({
         "current_size": in_groups as u64 + pending,
         "max_size": s.capacity.saturating_mul(app.settings().group_size),
@@ -670,12 +672,14 @@ async fn debug_waiting(State(app): State<Arc<App>>) -> Json<Value> {
         })
         .collect();
     let s = app.buf.stats();
-    let pending = app.ingest().assembler_counters();
+    let ingest = app.ingest();
+    let pending = ingest.assembler_counters();
     Json(json!({
         "rpcs": rpcs,
         "slots_free": s.empty,
         "putters_waiting": s.waiting_putters,
         "pending_groups": pending.pending_groups,
         "pending_rollouts": pending.pending_rollouts,
+        "storing_rollouts": ingest.storing_rollouts(),
     }))
 }

@@ -256,6 +256,9 @@ async fn a_restart_that_completes_groups_on_a_full_store_still_listens() {
     let server = listening
         .recv_timeout(Duration::from_secs(60))
         .expect("the server listens");
+    // The completed group waiting for room is held too.
+    let (_, stats) = get(&server, "/buffer/stats").await;
+    assert_eq!(stats["data"]["data"]["current_size"], 6, "{stats}");
     let (_, full) = post(&server, "/get_rollout_data", &json!({})).await;
     assert_eq!(
         uids(&full),

@@ -18,16 +18,22 @@ pub(super) struct InFlight {
     shared: Arc<Shared>,
     uids: Vec<String>,
     writing: Vec<String>,
+    /// Rollouts of the groups sealed and being stored, counted in `State::storing`: out
+    /// of the assembler and not yet in the buffer, so no other count holds them.
+    storing: usize,
 }
 
 impl InFlight {
-    /// Marks `uids` in flight and `writing` as having their pending write in flight.
+    /// Marks `uids` in flight, `writing` as having their pending write in flight, and
+    /// counts `storing` rollouts of sealed groups as being stored.
     pub(super) fn mark(
         shared: &Arc<Shared>,
         state: &mut State,
         uids: Vec<String>,
         writing: Vec<String>,
+        storing: usize,
     ) -> Self {
+        state.storing += storing;
         for uid in &uids {
             *state.in_flight.entry(uid.clone()).or_default() += 1;
         }
@@ -38,6 +44,7 @@ impl InFlight {
             shared: Arc::clone(shared),
             uids,
             writing,
+            storing,
         }
     }
 
@@ -52,11 +59,12 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        if self.uids.is_empty() && self.writing.is_empty() {
+        if self.uids.is_empty() && self.writing.is_empty() && self.storing == 0 {
             return;
         }
         let wake = {
             let mut state = self.shared.state.lock();
+            state.storing -= self.storing;
             // As `written` does, on the fields apart (the lock borrows `shared`).
             for uid in self.writing.drain(..) {
                 state.writing.remove(&uid);

@@ -173,6 +173,8 @@ struct State {
     writing: HashSet<String>,
     /// Resends waiting for in-flight uids.
     waiters: usize,
+    /// Rollouts of sealed groups being stored (see [`GroupIngest::storing_rollouts`]).
+    storing: usize,
 }
 
 impl GroupIngest {
@@ -251,10 +253,14 @@ impl GroupIngest {
                         Added::Sealed(group) => (None, members(group).collect(), Vec::new()),
                         _ => (None, Vec::new(), Vec::new()),
                     };
+                    let storing = match &added {
+                        Added::Sealed(group) => group.rollouts.len(),
+                        _ => 0,
+                    };
                     if state.assembler.next_deadline() != before {
                         shared.timer.wake.notify_one();
                     }
-                    let in_flight = InFlight::mark(shared, &mut state, watched, writing);
+                    let in_flight = InFlight::mark(shared, &mut state, watched, writing, storing);
                     break (added, durable, in_flight, taken);
                 }
             }
@@ -320,7 +326,9 @@ impl GroupIngest {
                         let durable = shared.buf.aux_submit(std::mem::take(&mut taken.writes));
                         let watched = std::mem::take(&mut taken.watched);
                         let writing = taken.pending_here.keys().cloned().collect();
-                        let in_flight = InFlight::mark(shared, &mut state, watched, writing);
+                        let storing = taken.sealed.iter().map(|(_, _, g)| g.rollouts.len()).sum();
+                        let in_flight =
+                            InFlight::mark(shared, &mut state, watched, writing, storing);
                         break (taken, durable, in_flight);
                     }
                 }
@@ -387,6 +395,14 @@ impl GroupIngest {
     /// The assembler's counts.
     pub fn assembler_counters(&self) -> super::AssemblerCounters {
         self.shared.state.lock().assembler.counters()
+    }
+
+    /// Rollouts of completed groups on their way into the buffer: out of the assembler (so
+    /// not in [`AssemblerCounters::pending_rollouts`](super::AssemblerCounters)) and not
+    /// stored yet, such as a group waiting for room in a full buffer. A group put back as
+    /// pending when its store failed is counted in both until its call returns.
+    pub fn storing_rollouts(&self) -> u64 {
+        self.shared.state.lock().storing as u64
     }
 
     /// Seal-time quantiles (see [`GroupAssembler::seal_time_quantiles`]).

@@ -78,8 +78,9 @@ impl GroupIngest {
             sealed
                 .into_iter()
                 .map(|group| {
-                    let uids = super::members(&group).collect();
-                    let guard = InFlight::mark(&ingest.shared, &mut state, uids, Vec::new());
+                    let uids: Vec<String> = super::members(&group).collect();
+                    let n = uids.len();
+                    let guard = InFlight::mark(&ingest.shared, &mut state, uids, Vec::new(), n);
                     (group, guard)
                 })
                 .collect()
@@ -153,6 +154,7 @@ impl GroupIngest {
                 in_flight: HashMap::new(),
                 writing: HashSet::new(),
                 waiters: 0,
+                storing: 0,
             }),
             timer: Arc::new(Timer {
                 wake: Notify::new(),

@@ -28,10 +28,11 @@ impl GroupIngest {
         let (due, _in_flight) = {
             let mut state = self.shared.state.lock();
             let due = state.assembler.seal_due(now);
-            let watched = due.sealed.iter().flat_map(members).collect();
+            let watched: Vec<String> = due.sealed.iter().flat_map(members).collect();
+            let storing = watched.len();
             (
                 due,
-                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
+                InFlight::mark(&self.shared, &mut state, watched, Vec::new(), storing),
             )
         };
         let forget: Vec<AuxWrite> = due
@@ -72,10 +73,11 @@ impl GroupIngest {
         let (sealed, _in_flight) = {
             let mut state = self.shared.state.lock();
             let sealed = state.assembler.reconfigure(config, crate::buffer::now())?;
-            let watched = sealed.iter().flat_map(members).collect();
+            let watched: Vec<String> = sealed.iter().flat_map(members).collect();
+            let storing = watched.len();
             (
                 sealed,
-                InFlight::mark(&self.shared, &mut state, watched, Vec::new()),
+                InFlight::mark(&self.shared, &mut state, watched, Vec::new(), storing),
             )
         };
         self.shared.timer.wake.notify_one();
