@@ -2,7 +2,10 @@
 
 mod common;
 use common::*;
-use rollout_buffer::{Error, Patch, RpcDef, Sample, SequenceBuffer};
+use rollout_buffer::{
+    BufferConfig, Error, ExitReason, FreedSink, MetaValue, Patch, RpcDef, Sample, SequenceBuffer,
+    DISCARD_REASON,
+};
 use std::time::Duration;
 
 #[tokio::test]
@@ -263,4 +266,97 @@ async fn live_leases_counts_batches_until_they_end() {
         .await
         .expect("complete");
     assert_eq!(buf.live_leases(), 0);
+}
+
+/// Per sample dropped: its id, its exit and its `discard_reason`.
+type Seen = Vec<(String, ExitReason, Option<MetaValue>)>;
+
+/// Records the samples dropped, with why.
+#[derive(Debug, Default, Clone)]
+struct Dropped(std::sync::Arc<std::sync::Mutex<Seen>>);
+
+impl FreedSink for Dropped {
+    fn consumed(&self, _samples: Vec<std::sync::Arc<Sample>>, _read_by: &[String]) {}
+
+    fn dropped(&self, samples: Vec<std::sync::Arc<Sample>>, reason: ExitReason) {
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        seen.extend(samples.iter().map(|s| {
+            let why = s.get_meta(DISCARD_REASON).cloned();
+            (s.id().to_string(), reason, why)
+        }));
+    }
+}
+
+/// Four samples, read three at a time by `a` and all at once by `b`, with a sink of what
+/// is dropped.
+async fn two_readers() -> (SequenceBuffer, Dropped) {
+    let sink = Dropped::default();
+    let config = BufferConfig::new(4)
+        .rpc(RpcDef::new("a", 3).inputs(["x"]))
+        .rpc(RpcDef::new("b", 4).inputs(["x"]))
+        .freed_sink(sink.clone());
+    let buf = SequenceBuffer::with_config(config).expect("config");
+    let samples = (0..4)
+        .map(|i| Sample::new(i.to_string()).with("x", 0i32))
+        .collect();
+    buf.put_batch(samples).await.expect("put");
+    (buf, sink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_samples_drops_those_and_gives_the_rest_back() {
+    let (buf, sink) = two_readers().await;
+    let held = buf.get_batch_for_rpc("b").await.expect("b");
+    let batch = buf.get_batch_for_rpc("a").await.expect("a");
+    assert_eq!(ids(&batch), ["0", "1", "2"]);
+    batch
+        .discard_samples(&[false, true, false], "cannot convert x")
+        .expect("discard");
+    let st = buf.stats();
+    assert_eq!((st.rpcs[0].redelivered, st.rpcs[0].eligible), (2, 3));
+    // Sample 1 leaves once b's lease lets it go, as a discarded sample does.
+    assert!(sink.0.lock().expect("sink").is_empty());
+    held.commit().await.expect("b commits");
+    assert_eq!(
+        *sink.0.lock().expect("sink"),
+        [(
+            "1".to_owned(),
+            ExitReason::Filtered,
+            Some(MetaValue::Str("cannot convert x".into()))
+        )]
+    );
+    assert_eq!(buf.stats().filtered, 1);
+    let again = buf
+        .get_batch_for_rpc_timeout("a", Duration::from_secs(10))
+        .await
+        .expect("the rest, again");
+    assert_eq!(ids(&again), ["0", "2", "3"]);
+    again.commit().await.expect("commit");
+    assert!(buf.is_empty());
+    assert_invariants(&buf);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discard_samples_with_a_mask_of_the_wrong_length_drops_nothing() {
+    let (buf, sink) = two_readers().await;
+    let batch = buf.get_batch_for_rpc("a").await.expect("a");
+    let refused = batch
+        .discard_samples(&[true], "bad")
+        .expect_err("one flag for three");
+    assert!(
+        matches!(
+            refused,
+            Error::LengthMismatch {
+                expected: 3,
+                got: 1,
+                ..
+            }
+        ),
+        "{refused}"
+    );
+    assert!(sink.0.lock().expect("sink").is_empty());
+    let again = buf.get_batch_for_rpc("a").await.expect("given back whole");
+    assert_eq!(ids(&again), ["0", "1", "2"]);
+    assert_eq!(buf.stats().filtered, 0);
+    assert_invariants(&buf);
 }

@@ -17,16 +17,17 @@
 //! Samples of the stand-in `SequenceSample` class are merged and gathered natively
 //! (`sequence_sample.rs`); samples of another class by that class's own methods.
 
-use crate::errors::{py_err, BufferError, BufferFull, StaleHandle};
+use crate::errors::{py_err, BufferError, BufferFull, SamplesDropped, StaleHandle};
 use crate::runtime::now;
 use crate::sequence_sample::{gather, merge};
 use numpy::{PyArray1, PyReadonlyArray1};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyException, PyValueError};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyString, PyType};
 use rollout_buffer::{
-    BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle, Tensor,
+    Batch, BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle,
+    Tensor,
 };
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
@@ -42,6 +43,9 @@ struct Entries {
     generation: Vec<u32>,
     /// MFCs that have yet to read the slot's entry; 0 for a free slot.
     reads_left: Vec<u32>,
+    /// Per MFC, the ids of the batch whose gather last failed on the data, given back once
+    /// (see `try_get`); cleared by a read that succeeds.
+    failed: Vec<Option<Vec<SampleId>>>,
 }
 
 /// AReaL's buffer state beside the crate's buffer (see the module docs).
@@ -57,6 +61,96 @@ pub(crate) struct ArealSlots {
 }
 
 impl ArealSlots {
+    /// Gathers `samples` into one: natively for the stand-in class, else by `fallback`
+    /// (their class's own gather). `served`: the samples hold `keys` (see `try_get`).
+    fn gather<'py>(
+        &self,
+        samples: &[Bound<'py, PyAny>],
+        keys: &[Bound<'py, PyAny>],
+        fallback: &Bound<'py, PyAny>,
+        served: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = fallback.py();
+        let own = self.sample_type.bind(py);
+        let native = if samples.iter().all(|s| s.get_type().is(own)) {
+            gather(own, samples, keys, !served)?
+        } else {
+            None
+        };
+        match native {
+            Some(out) => Ok(out),
+            None => fallback.call1((PyList::new(py, samples)?, PyList::new(py, keys)?)),
+        }
+    }
+
+    /// After the gather of a batch of the MFC's own inputs raised `error`: drops the
+    /// samples that cannot be gathered alone (the oldest of the batch when each can),
+    /// gives the rest back, and returns the `SamplesDropped` to raise (see `try_get`). An
+    /// interruption while it tries them alone (an error that is no `Exception`:
+    /// `KeyboardInterrupt`, a cancellation) drops nothing: the batch goes back and the
+    /// interruption is returned.
+    fn drop_ungatherable<'py>(
+        &self,
+        batch: Batch,
+        samples: &[Bound<'py, PyAny>],
+        keys: &[Bound<'py, PyAny>],
+        fallback: &Bound<'py, PyAny>,
+        error: PyErr,
+    ) -> PyErr {
+        let py = fallback.py();
+        let mut bad = Vec::with_capacity(samples.len());
+        for sample in samples {
+            match self.gather(std::slice::from_ref(sample), keys, fallback, true) {
+                Ok(_) => bad.push(false),
+                Err(e) if e.is_instance_of::<PyException>(py) => bad.push(true),
+                Err(interrupted) => return interrupted,
+            }
+        }
+        if !bad.contains(&true) {
+            if let Some(oldest) = bad.first_mut() {
+                *oldest = true;
+            }
+        }
+        let bad_slots: Vec<usize> = batch
+            .handles()
+            .iter()
+            .zip(&bad)
+            .filter(|(_, &b)| b)
+            .map(|(h, _)| h.slot() as usize)
+            .collect();
+        let named: Vec<String> = batch
+            .ids()
+            .zip(batch.handles())
+            .zip(&bad)
+            .filter(|(_, &b)| b)
+            .map(|((id, h), _)| format!("{} (slot {})", id, h.slot()))
+            .collect();
+        let rpc = batch.rpc_name().to_owned();
+        let reason = format!("MFC {rpc} could not gather it: {error}");
+        let dropped = match batch.discard_samples(&bad, &reason) {
+            Ok(()) => {
+                // Gone from the buffer (or going, once other MFCs' leases end): no read or
+                // amend finds them here either.
+                let mut released = Vec::new();
+                if let Ok(mut entries) = self.lock(py) {
+                    for &s in &bad_slots {
+                        entries.reads_left[s] = 0;
+                        released.push(entries.samples[s].take());
+                    }
+                }
+                drop(released);
+                SamplesDropped::new_err(format!(
+                    "MFC {rpc} could not gather its batch ({error}); dropped from the buffer, as \
+                 they would fail every read: {}",
+                    named.join(", ")
+                ))
+            }
+            Err(e) => py_err(e),
+        };
+        dropped.set_cause(py, Some(error));
+        dropped
+    }
+
     fn lock(&self, py: Python<'_>) -> PyResult<MutexGuard<'_, Entries>> {
         loop {
             match self.entries.try_lock() {
@@ -153,6 +247,7 @@ impl ArealSlots {
             .into_iter()
             .map(|k| (PyString::new(py, &k).unbind(), FieldKey::from(k)))
             .collect();
+        let n_rpcs = rpcs.len();
         Ok(Self {
             buf,
             keys,
@@ -162,6 +257,7 @@ impl ArealSlots {
                 samples: (0..max_size).map(|_| None).collect(),
                 generation: vec![0; max_size],
                 reads_left: vec![0; max_size],
+                failed: vec![None; n_rpcs],
             }),
         })
     }
@@ -321,11 +417,16 @@ impl ArealSlots {
     /// declared inputs include `keys`, so the samples hold them (the buffer served them
     /// for those inputs) and the native gather need not check.
     ///
-    /// The gather runs while the batch is leased, before the read is committed: one that
-    /// raises (a key the samples lack, metadata their class cannot join) gives the batch
-    /// back, nothing read, where the read had been committed first and the batch lost
-    /// with the error. Once this returns, the read is done: the last MFC's read frees the
-    /// slots.
+    /// The gather runs while the batch is leased, before the read is committed. One that
+    /// raises gives the batch back, nothing read, unless it raised for the MFC's own inputs
+    /// (so about the data, not the request), with an `Exception` (not an interruption),
+    /// for the same batch as the MFC's last failed gather: given back again, it would be
+    /// served again, to fail again, at every get. Then the samples that cannot be gathered
+    /// alone (or, when each can, the oldest of the batch, so every failure makes progress)
+    /// are dropped from the buffer, the rest given back, and `SamplesDropped` is raised
+    /// naming them, the gather's error as its cause. A gather that failed once for a
+    /// passing reason (memory, say) thus drops nothing. Once this returns a read, the read
+    /// is done: the last MFC's read frees the slots.
     #[pyo3(signature = (rpc, keys, fallback, served=false))]
     fn try_get<'py>(
         &self,
@@ -362,20 +463,28 @@ impl ArealSlots {
         };
         // Outside the lock: a class's own gather is Python code, which may take long or
         // call back into this buffer.
-        let own = self.sample_type.bind(py);
-        let native = if samples.iter().all(|s| s.get_type().is(own)) {
-            gather(own, &samples, &keys, !served)?
-        } else {
-            None
-        };
-        let gathered = match native {
-            Some(out) => out,
-            None => fallback.call1((PyList::new(py, &samples)?, PyList::new(py, &keys)?))?,
+        let gathered = match self.gather(&samples, &keys, fallback, served) {
+            Ok(out) => out,
+            Err(e) if served && e.is_instance_of::<PyException>(py) => {
+                let ids: Vec<SampleId> = batch.ids().cloned().collect();
+                let again = {
+                    let mut entries = self.lock(py)?;
+                    let last = entries.failed[rpc].replace(ids);
+                    last.as_ref() == entries.failed[rpc].as_ref()
+                };
+                if !again {
+                    return Err(e);
+                }
+                self.lock(py)?.failed[rpc] = None;
+                return Err(self.drop_ungatherable(batch, &samples, &keys, fallback, e));
+            }
+            Err(e) => return Err(e),
         };
         let mut freed = Vec::new();
         {
             let mut entries = self.lock(py)?;
             now(batch.commit())?;
+            entries.failed[rpc] = None;
             for &s in &slots {
                 // Each MFC reads an entry once (the buffer's reads per RPC), so the count
                 // reaches 0 exactly at the buffer's last read, which frees the slot.

@@ -30,6 +30,12 @@ create_exception!(
 );
 create_exception!(
     rollout_buffer,
+    SamplesDropped,
+    BufferError,
+    "Samples a read could not use were dropped from the buffer; the cause says why."
+);
+create_exception!(
+    rollout_buffer,
     Timeout,
     PyTimeoutError,
     "A wait timed out; nothing was changed."

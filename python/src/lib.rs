@@ -39,7 +39,7 @@ mod sequence_sample;
 use crate::batch::PyBatch;
 use crate::buffer::PyBuffer_;
 use crate::convert::Ragged;
-use crate::errors::{BufferError, BufferFull, Closed, StaleHandle, Timeout};
+use crate::errors::{BufferError, BufferFull, Closed, SamplesDropped, StaleHandle, Timeout};
 use crate::rpc::PyRpc;
 use pyo3::prelude::*;
 
@@ -68,6 +68,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("BufferFull", py.get_type::<BufferFull>())?;
     m.add("Closed", py.get_type::<Closed>())?;
     m.add("StaleHandle", py.get_type::<StaleHandle>())?;
+    m.add("SamplesDropped", py.get_type::<SamplesDropped>())?;
     m.add("Timeout", py.get_type::<Timeout>())?;
     // The Rust constant itself, so the two can never disagree.
     m.add(

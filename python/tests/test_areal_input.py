@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from rollout_buffer.areal import AsyncIOSequenceBuffer, MFCDef, Timeout
+from rollout_buffer.areal import AsyncIOSequenceBuffer, MFCDef, SamplesDropped, Timeout
 from test_areal import Mfc, Sample, _standin, run
 
 
@@ -246,6 +246,103 @@ def test_a_gather_that_raises_gives_the_batch_back():
         assert buf.size == 2
         _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
         assert sorted(got.ids) == ["s0", "s1"] and buf.size == 0
+
+    run(go())
+
+
+class Poisoned(Sample):
+    """A sample class whose gather refuses a batch holding id "bad", or (``joint``)
+    holding two ids of different parity, however often it is asked."""
+
+    joint = False
+
+    @classmethod
+    def gather(cls, samples, keys=None):
+        ids = [i for s in samples for i in s.ids]
+        if "bad" in ids:
+            raise TypeError("cannot convert the tokens of bad")
+        if cls.joint and len({int(i) % 2 for i in ids}) > 1:
+            raise ValueError("cannot join odd and even")
+        return super().gather(samples, keys=keys)
+
+
+def test_a_sample_that_cannot_be_gathered_is_dropped_the_second_time():
+    """Given back after every failed gather, the batch holding it was served again, to
+    fail again, at every get: the MFC never read anything else. Now the first failure
+    gives it back (the failure may pass), and the same batch failing again drops the
+    sample that cannot be gathered, gives its batch-mate back, and names it."""
+
+    async def go():
+        gen = Mfc("gen", 2, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], 8)
+        await buf.put_batch([Poisoned(i, ["p"]) for i in ("bad", 2, 4, 6)])
+        with pytest.raises(TypeError, match="tokens of bad"):
+            await buf.get_batch_for_rpc(gen)
+        assert buf.size == 4, "given back the first time"
+        with pytest.raises(SamplesDropped, match=r"MFC gen .*bad \(slot 0\)") as dropped:
+            await buf.get_batch_for_rpc(gen)
+        assert isinstance(dropped.value.__cause__, TypeError)
+        assert "2 (slot" not in str(dropped.value), "its batch-mate is kept"
+        assert buf.size == 3
+        _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+        assert got.ids == ["2", "4"]
+        await buf.put_batch([Poisoned(8, ["p"])])
+        _, last = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+        assert last.ids == ["6", "8"] and buf.size == 0
+
+    run(go())
+
+
+def test_a_batch_that_cannot_be_gathered_together_loses_its_oldest_only():
+    """Each sample gathers alone, but not with the other: the oldest is dropped, so the
+    next get serves a different batch."""
+
+    async def go():
+        Poisoned.joint = True
+        try:
+            gen = Mfc("gen", 2, ["p"])
+            buf = AsyncIOSequenceBuffer([gen], 8)
+            await buf.put_batch([Poisoned(i, ["p"]) for i in (1, 2, 4)])
+            with pytest.raises(ValueError, match="odd and even"):
+                await buf.get_batch_for_rpc(gen)
+            with pytest.raises(SamplesDropped, match=r"1 \(slot 0\)$") as dropped:
+                await buf.get_batch_for_rpc(gen)
+            assert isinstance(dropped.value.__cause__, ValueError)
+            _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+            assert got.ids == ["2", "4"] and buf.size == 0
+        finally:
+            Poisoned.joint = False
+
+    run(go())
+
+
+def test_an_interrupted_gather_drops_nothing():
+    """An error that is no Exception (a KeyboardInterrupt, a cancellation) says nothing
+    about the data: the batch goes back however often it happens."""
+
+    class Interrupted(BaseException):
+        pass
+
+    class Interrupting(Sample):
+        interrupt = True
+
+        @classmethod
+        def gather(cls, samples, keys=None):
+            if cls.interrupt:
+                raise Interrupted()
+            return super().gather(samples, keys=keys)
+
+    async def go():
+        gen = Mfc("gen", 1, ["p"])
+        buf = AsyncIOSequenceBuffer([gen], 4)
+        await buf.put_batch([Interrupting(1, ["p"])])
+        for _ in range(3):
+            with pytest.raises(Interrupted):
+                await buf.get_batch_for_rpc(gen)
+        assert buf.size == 1
+        Interrupting.interrupt = False
+        _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
+        assert got.ids == ["1"] and buf.size == 0
 
     run(go())
 

@@ -270,7 +270,34 @@ impl Batch {
         self.discard_because(Some(reason))
     }
 
-    fn discard_because(mut self, reason: Option<&str>) -> Result<()> {
+    /// Ends the lease sample by sample: the samples where `discard[i]` holds are dropped
+    /// as [`Self::discard_with_reason`] drops them (`reason` recorded), and the others are
+    /// given back unused, as dropping the batch gives them back. For a consumer that found
+    /// some of its samples unusable (data that cannot be converted, say): handing the whole
+    /// batch back would serve the same samples again, and fail again, at the next get.
+    ///
+    /// # Errors
+    ///
+    /// * [`Error::LengthMismatch`] unless `discard` has one entry per sample (the batch is
+    ///   then given back whole, nothing dropped).
+    /// * [`Error::LeaseExpired`] (nothing dropped) as [`Self::discard`].
+    pub fn discard_samples(self, discard: &[bool], reason: &str) -> Result<()> {
+        if discard.len() != self.handles.len() {
+            return Err(Error::LengthMismatch {
+                what: "Batch::discard_samples",
+                expected: self.handles.len(),
+                got: discard.len(),
+            });
+        }
+        self.end_discarding(Some(discard), Some(reason))
+    }
+
+    fn discard_because(self, reason: Option<&str>) -> Result<()> {
+        self.end_discarding(None, reason)
+    }
+
+    /// Discards the samples `which` selects (all with `None`), releasing the others.
+    fn end_discarding(mut self, which: Option<&[bool]>, reason: Option<&str>) -> Result<()> {
         let shared = Arc::clone(&self.shared);
         self.samples.clear();
         let now = self.deadline.map(|_| now());
@@ -280,15 +307,38 @@ impl Batch {
         let wake = if expired {
             now.map_or(Wake::default(), |t| inner.expire_due(t, &mut freed))
         } else {
+            let dropped = |i: usize| which.is_none_or(|w| w.get(i).copied().unwrap_or(false));
             if let Some(reason) = reason {
                 let patch = Patch::new().meta(DISCARD_REASON, reason);
-                for h in &self.handles {
-                    inner.patch(h.slot(), &patch);
+                for (i, h) in self.handles.iter().enumerate() {
+                    if dropped(i) {
+                        inner.patch(h.slot(), &patch);
+                    }
                 }
             }
-            inner
-                .table
-                .finish_lease(self.lease, LeaseEnd::Discarded, &[], &mut freed)
+            match which {
+                None => inner
+                    .table
+                    .finish_lease(self.lease, LeaseEnd::Discarded, &[], &mut freed),
+                Some(which) => {
+                    let kept = self
+                        .handles
+                        .iter()
+                        .enumerate()
+                        .filter(|&(i, _)| !dropped(i));
+                    let kept: Vec<u32> = kept.map(|(_, h)| h.slot()).collect();
+                    if !kept.is_empty() {
+                        inner.log(|| Record::Release {
+                            rpc: Arc::clone(&inner.rpc_names[self.rpc]),
+                            ids: inner.ids_of(kept.iter().copied()),
+                            expired: false,
+                        });
+                    }
+                    inner
+                        .table
+                        .finish_lease_discarding(self.lease, which, &mut freed)
+                }
+            }
         };
         let mut dropped = inner.take_freed(&freed);
         drop(inner);

@@ -190,6 +190,33 @@ impl SlotTable {
         added: &[KeySet],
         freed: &mut Vec<u32>,
     ) -> Wake {
+        self.end_lease(id, |_| end, added, freed)
+    }
+
+    /// Ends a live lease sample by sample: the lease's `i`-th slot is discarded where
+    /// `discard[i]` holds ([`LeaseEnd::Discarded`]) and released otherwise
+    /// ([`LeaseEnd::Released`]), for a consumer that found some of its samples unusable.
+    pub(crate) fn finish_lease_discarding(
+        &mut self,
+        id: LeaseId,
+        discard: &[bool],
+        freed: &mut Vec<u32>,
+    ) -> Wake {
+        let end = |i: usize| match discard.get(i) {
+            Some(true) => LeaseEnd::Discarded,
+            _ => LeaseEnd::Released,
+        };
+        self.end_lease(id, end, &[], freed)
+    }
+
+    /// [`Self::finish_lease`] with the lease's `i`-th slot ended as `end(i)` says.
+    fn end_lease(
+        &mut self,
+        id: LeaseId,
+        end: impl Fn(usize) -> LeaseEnd,
+        added: &[KeySet],
+        freed: &mut Vec<u32>,
+    ) -> Wake {
         let Some(lease) = self.leases.remove(id) else {
             return Wake::default();
         };
@@ -207,25 +234,21 @@ impl SlotTable {
                     self.idle.set(s);
                 }
             }
-            if end == LeaseEnd::Discarded {
-                self.discarded.set(s);
-            }
-            if end == LeaseEnd::Used {
-                self.reads_left[s * n_rpcs + r] -= 1;
-                self.slots[s].reads_total -= 1;
-                self.slots[s].keys = self.slots[s]
-                    .keys
-                    .union(added.get(i).copied().unwrap_or_default());
+            match end(i) {
+                LeaseEnd::Discarded => self.discarded.set(s),
+                LeaseEnd::Used => {
+                    self.reads_left[s * n_rpcs + r] -= 1;
+                    self.slots[s].reads_total -= 1;
+                    self.slots[s].keys = self.slots[s]
+                        .keys
+                        .union(added.get(i).copied().unwrap_or_default());
+                    self.totals.reads[r] += 1;
+                }
+                LeaseEnd::Released => self.totals.redelivered[r] += 1,
             }
             wake.merge(self.settle(s, freed));
         }
         self.leased[r] -= lease.slots.len();
-        let n = lease.slots.len() as u64;
-        match end {
-            LeaseEnd::Used => self.totals.reads[r] += n,
-            LeaseEnd::Released => self.totals.redelivered[r] += n,
-            LeaseEnd::Discarded => {}
-        }
         self.deliverable(wake)
     }
 

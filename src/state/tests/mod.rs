@@ -613,3 +613,24 @@ fn a_merged_wake_keeps_every_waiter_either_side_woke() {
         );
     }
 }
+
+#[test]
+fn a_lease_ended_sample_by_sample_frees_the_discarded_and_redelivers_the_rest() {
+    let mut t = SlotTable::new(4, vec![spec(&[K0], 1, 3, false)]);
+    let slots = put(&mut t, &[1, 2, 3], ks(&[K0]));
+    let Some(id) = t.try_lease(0, None) else {
+        panic!("three samples are ready");
+    };
+    let mut freed = Vec::new();
+    let wake = t.finish_lease_discarding(id, &[false, true, false], &mut freed);
+    assert_eq!(freed, [slots[1]], "only the middle sample leaves");
+    assert!(
+        wake.rpcs.is_empty(),
+        "two samples cannot make a batch of three"
+    );
+    assert_eq!(t.totals.redelivered[0], 2);
+    assert_eq!(t.totals.reads[0], 0);
+    ok(&t);
+    let b = t.blockers(0, 4);
+    assert_eq!((b.eligible, b.discarded, b.leased), (2, 0, 0));
+}

@@ -36,7 +36,14 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
   raised ``KeyError`` after the read had freed the slots), and gathers data only when
   every sample holds it for every key (else the batch is metadata-only, as the master
   worker's always is); any gather (AReaL's own class's too) runs before the read is
-  committed, and one that raises gives the batch back, nothing read;
+  committed. One that raises for keys the constructor's MFC does not declare gives the
+  batch back, nothing read. One that raises for the MFC's own inputs is about the data
+  (AReaL raised after committing the read: the MFC never added their outputs, so their
+  slots were never freed; giving the batch back instead would fail the same way at
+  every get): the entries that cannot be gathered alone, or the oldest of the batch when
+  each can, are dropped from the buffer, the rest given back, and ``SamplesDropped``
+  names them, the gather's error as its ``__cause__``. A ``KeyboardInterrupt`` or a
+  cancellation during a gather drops nothing;
 * an amend naming one slot twice is refused before any merge; one whose merge raises
   still wakes the getters of the entries it merged before;
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
@@ -57,7 +64,7 @@ from typing import Any, List, Optional, Sequence
 
 import numpy as np
 
-from .. import BufferFull, StaleHandle, Timeout
+from .. import BufferFull, SamplesDropped, StaleHandle, Timeout
 from .._native import ArealSlots as _ArealSlots
 from .types import MFCDef, SequenceSample, build_graph, gather
 
@@ -65,6 +72,7 @@ __all__ = [
     "AsyncIOSequenceBuffer",
     "BufferFull",
     "MFCDef",
+    "SamplesDropped",
     "SequenceSample",
     "StaleHandle",
     "Timeout",
@@ -264,7 +272,8 @@ class AsyncIOSequenceBuffer:
 
     def _try_get(self, r: int, keys: List[str], served: bool):
         """The native read, gathered before it is committed. A gather that raises gives the
-        batch back, nothing read: the getters of its MFC are woken to take it."""
+        batch back, or drops the entries it cannot gather (``SamplesDropped``, see the
+        module docs): either way the getters are woken, to take what is left."""
         try:
             return self._slots.try_get(r, keys, _gather, served)
         except BaseException:  # a KeyboardInterrupt in a gather gives the batch back too
