@@ -37,13 +37,14 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
   every sample holds it for every key (else the batch is metadata-only, as the master
   worker's always is); any gather (AReaL's own class's too) runs before the read is
   committed. One that raises for keys the constructor's MFC does not declare gives the
-  batch back, nothing read. One that raises for the MFC's own inputs is about the data
-  (AReaL raised after committing the read: the MFC never added their outputs, so their
-  slots were never freed; giving the batch back instead would fail the same way at
-  every get): the entries that cannot be gathered alone, or the oldest of the batch when
-  each can, are dropped from the buffer, the rest given back, and ``SamplesDropped``
-  names them, the gather's error as its ``__cause__``. A ``KeyboardInterrupt`` or a
-  cancellation during a gather drops nothing;
+  batch back, nothing read. One that raises for the MFC's own inputs gives it back the
+  first time too (the failure may pass); if the MFC's next failed gather is of the same
+  batch, the failure is the data's (AReaL raised after committing the read: the MFC never
+  added their outputs, so their slots were never freed; given back every time, the batch
+  would fail at every get): the entries that cannot be gathered alone, or the oldest of
+  the batch when each can, are dropped from the buffer, the rest given back, and
+  ``SamplesDropped`` names them, the gather's error as its ``__cause__``. A
+  ``KeyboardInterrupt`` or a cancellation during a gather drops nothing;
 * an amend naming one slot twice is refused before any merge; one whose merge raises
   still wakes the getters of the entries it merged before;
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
