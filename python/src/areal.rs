@@ -54,6 +54,8 @@ pub(crate) struct ArealSlots {
     buf: SequenceBuffer,
     /// Every MFC input key (AReaL's `rpc_data_keys`), as Python and as buffer keys.
     keys: Vec<(Py<PyString>, FieldKey)>,
+    /// Per MFC, the mask of its input keys.
+    inputs: Vec<KeyMask>,
     rpcs: Vec<String>,
     /// The stand-in class: pairs of it are merged here, others by their `update_`.
     sample_type: Py<PyType>,
@@ -188,6 +190,25 @@ impl ArealSlots {
         Ok(mask)
     }
 
+    /// The MFCs (bit `r` for MFC `r`; MFCs from the 64th on are not in it, and are woken
+    /// always) that entries of key masks `masks` may have become ready for: an entry is
+    /// ready for MFC `r` once it holds all of `r`'s inputs, so with `added` (an amend's
+    /// keys) those whose inputs it touches, and with whole masks (a put's) those whose
+    /// inputs it covers.
+    fn ready_for(&self, masks: &[KeyMask], added: bool) -> u64 {
+        let mut out = 0u64;
+        for (r, &inputs) in self.inputs.iter().enumerate().take(64) {
+            let woken = masks.iter().any(|&m| match added {
+                true => m & inputs != 0,
+                false => m & inputs == inputs,
+            });
+            if woken {
+                out |= 1 << r;
+            }
+        }
+        out
+    }
+
     /// `BufferFull` unless `n` slots are free.
     fn check_room(&self, n: usize) -> PyResult<()> {
         let capacity = self.buf.capacity();
@@ -243,6 +264,16 @@ impl ArealSlots {
             let _entered = crate::interpreter::runtime()?.enter();
             SequenceBuffer::with_config(config).map_err(py_err)?
         };
+        let inputs = rpcs
+            .iter()
+            .map(|(_, _, wanted)| {
+                names
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, name)| wanted.contains(name))
+                    .fold(0, |mask, (bit, _)| mask | 1 << bit)
+            })
+            .collect();
         let keys = names
             .into_iter()
             .map(|k| (PyString::new(py, &k).unbind(), FieldKey::from(k)))
@@ -251,6 +282,7 @@ impl ArealSlots {
         Ok(Self {
             buf,
             keys,
+            inputs,
             rpcs: rpcs.into_iter().map(|r| r.0).collect(),
             sample_type: sample_type.unbind(),
             entries: Mutex::new(Entries {
@@ -267,15 +299,15 @@ impl ArealSlots {
     }
 
     /// Stores `samples`, one entry each, with `births` (one per sample) or in arrival
-    /// order; their slots as int64. All or nothing: `BufferFull` without room, `ValueError`
-    /// for an id already stored.
+    /// order; their slots as int64, and the MFCs they are ready for (see `ready_for`).
+    /// All or nothing: `BufferFull` without room, `ValueError` for an id already stored.
     #[pyo3(signature = (samples, births=None))]
     fn put<'py>(
         &self,
         py: Python<'py>,
         samples: &Bound<'py, PyAny>,
         births: Option<Vec<u64>>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    ) -> PyResult<(Bound<'py, PyArray1<i64>>, u64)> {
         let samples = samples.try_iter()?.collect::<PyResult<Vec<_>>>()?;
         let n = samples.len();
         if births.as_ref().is_some_and(|b| b.len() != n) {
@@ -288,6 +320,7 @@ impl ArealSlots {
         // only back-pressure) pays for the check, not for a batch it cannot store.
         self.check_room(n)?;
         let mut rows = Vec::with_capacity(n);
+        let mut masks = Vec::with_capacity(n);
         let mut last = None;
         for (j, sample) in samples.iter().enumerate() {
             let mut row = Sample::new(entry_id(sample)?);
@@ -299,6 +332,7 @@ impl ArealSlots {
                 row = row.with(key, Tensor::scalar(0u8));
             }
             rows.push(row);
+            masks.push(mask);
         }
         let mut replaced = Vec::new();
         let slots = {
@@ -316,10 +350,8 @@ impl ArealSlots {
             handles
         };
         drop(replaced);
-        Ok(PyArray1::from_iter(
-            py,
-            slots.iter().map(|h| i64::from(h.slot())),
-        ))
+        let slots = PyArray1::from_iter(py, slots.iter().map(|h| i64::from(h.slot())));
+        Ok((slots, self.ready_for(&masks, false)))
     }
 
     /// Merges `samples[j]` into the entry at `indices[j]` (`update_`); the entries become
@@ -327,12 +359,13 @@ impl ArealSlots {
     /// entry, `ValueError` for ids that differ; either before anything changes. A merge
     /// that raises stops there: the entries merged before it are amended in the buffer
     /// too, and the failing one is as its `update_` left it (to be amended again).
+    /// Returns the MFCs the entries may have become ready for (see `ready_for`).
     fn amend(
         &self,
         py: Python<'_>,
         indices: PyReadonlyArray1<'_, i64>,
         samples: &Bound<'_, PyAny>,
-    ) -> PyResult<()> {
+    ) -> PyResult<u64> {
         let indices = indices.as_array();
         let others = samples.try_iter()?.collect::<PyResult<Vec<_>>>()?;
         if indices.len() != others.len() {
@@ -408,7 +441,7 @@ impl ArealSlots {
             let _entries = self.lock(py)?;
             now(self.buf.amend_batch(&handles, patches))?;
         }
-        failed.map_or(Ok(()), Err)
+        failed.map_or(Ok(self.ready_for(&masks[..merged], true)), Err)
     }
 
     /// A batch for MFC number `rpc` if one is ready: its slots (int64, oldest birth first)

@@ -4,6 +4,7 @@
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -146,6 +147,48 @@ def test_waiting_getters_wake_on_amend_and_on_a_put_from_another_thread():
         await buf.amend_batch(idx[1:], [Sample("b", ["k"])])
         got_x, gathered = await asyncio.wait_for(waiting_x, 5)
         assert sorted(got_x.tolist()) == sorted(idx.tolist()) and gathered.ids == ["a", "b"]
+
+    run(go())
+
+
+def test_a_put_or_amend_wakes_only_the_getters_it_may_serve():
+    """AReaL's one condition woke every getter of every MFC at each put: fifty getters
+    of an MFC waiting for a key no put brings each asked the buffer again at every put.
+    Now a put wakes the getters of the MFCs its entries are ready for, and an amend
+    those of the MFCs whose inputs it adds; the amend that brings the key still wakes
+    them all, and each is served."""
+
+    async def go():
+        a, b = Mfc("a", 1, ["p"]), Mfc("b", 1, ["p", "k"])
+        buf = AsyncIOSequenceBuffer([a, b], 128)
+        asks = [0, 0]
+        try_get = buf._try_get
+
+        def counted(r, keys, served):
+            asks[r] += 1
+            return try_get(r, keys, served)
+
+        buf._try_get = counted
+        waiting = [asyncio.ensure_future(buf.get_batch_for_rpc(b, timeout=30)) for _ in range(50)]
+        await asyncio.sleep(0)
+        asked = asks[1]
+        assert asked >= 50, "each getter asked before waiting"
+        idx = []
+        for i in range(20):
+            idx += (await buf.put_batch([Sample(i, ["p"])])).tolist()
+            got, _ = await buf.get_batch_for_rpc(a)
+            assert got.tolist() == idx[-1:]
+            await asyncio.sleep(0)
+        assert asks[1] == asked, f"b's getters asked {asks[1] - asked} times for puts of no use to b"
+        await buf.amend_batch(idx, [Sample(i, ["k"]) for i in range(20)])
+        deadline = time.monotonic() + 10
+        while sum(t.done() for t in waiting) < 20:
+            assert time.monotonic() < deadline, "the amend's getters were not all served"
+            await asyncio.wait(waiting, timeout=1, return_when=asyncio.FIRST_COMPLETED)
+        served = sorted(i for t in waiting if t.done() for i in t.result()[0].tolist())
+        assert served == sorted(idx), "every entry served once"
+        for t in waiting:
+            t.cancel()
 
     run(go())
 

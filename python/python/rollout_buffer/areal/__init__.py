@@ -21,7 +21,9 @@ install AReaL; neither AReaL nor torch is imported.
 Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
 
 * no lost wake-up: every waiting ``get_batch_for_rpc`` that can be served is served (AReaL
-  wakes at most ``len(rpcs)`` waiters, and none after a read that frees every slot it took);
+  wakes at most ``len(rpcs)`` waiters, and none after a read that frees every slot it took),
+  and no needless one: a put or amend wakes only the getters of the MFCs it may have made
+  entries ready for (AReaL's ``notify_all`` woke every getter of every MFC);
 * ``amend_batch`` of a freed slot raises ``StaleHandle`` instead of waiting forever;
 * ``get_batch_for_rpc(rpc, timeout=...)`` may time out (``Timeout``); without a timeout it
   waits as AReaL's does;
@@ -107,10 +109,13 @@ class AsyncIOSequenceBuffer:
         )
         self._max_size = int(max_size)
         self._lock = asyncio.Condition()
-        # Getters that found nothing wait on an event of their event loop; a put or an
-        # amend, the only calls that make entries ready, sets every one. The events live
-        # in Python so that a wake-up within one event loop never crosses a thread; the
-        # lock keeps the map whole when calls come from several threads.
+        # Getters that found nothing wait on an event of their event loop and MFC; a put
+        # or an amend, the only calls that make entries ready, sets those of the MFCs it
+        # may have made entries ready for (the native call says which), and a batch given
+        # back sets its MFC's. AReaL's one condition woke every getter of every MFC at
+        # each put, each asking the buffer again for nothing. The events live in Python
+        # so that a wake-up within one event loop never crosses a thread; the lock keeps
+        # the map whole when calls come from several threads.
         self._waiting: dict = {}
         self._waiting_lock = threading.Lock()
 
@@ -169,12 +174,12 @@ class AsyncIOSequenceBuffer:
         # one native put before anything is stored. So is each sample's `ids` and `keys`:
         # a sample without them fails there, with nothing stored, and is named here.
         try:
-            slots = self._slots.put(samples, births)
+            slots, ready_for = self._slots.put(samples, births)
         except (AttributeError, TypeError):
             _check_samples(samples)
             raise
         if len(slots):
-            self._wake()
+            self._wake(ready_for)
         return slots
 
     async def amend_batch(self, indices: Sequence[int], samples: Sequence[Any]) -> None:
@@ -192,14 +197,17 @@ class AsyncIOSequenceBuffer:
         # As in the put: the native amend reads every sample's `ids` and `keys` before it
         # merges any.
         try:
-            self._slots.amend(array, samples)
-        except (AttributeError, TypeError):
-            _check_samples(samples)
-            raise
-        finally:
-            # Also after a merge that raised: the entries merged before it were made ready.
+            ready_for = self._slots.amend(array, samples)
+        except BaseException as e:
+            # Also after a merge that raised: the entries merged before it were made
+            # ready, for MFCs the failed call does not say.
             if len(array):
                 self._wake()
+            if isinstance(e, (AttributeError, TypeError)):
+                _check_samples(samples)
+            raise
+        if len(array):
+            self._wake(ready_for)
 
     async def _next_batch(self, r: int, name: str, keys: List[str], served: bool, timeout: Optional[float]):
         """A batch for MFC ``name`` once one is ready (``Timeout`` after ``timeout``
@@ -209,9 +217,9 @@ class AsyncIOSequenceBuffer:
         deadline = None if timeout is None else loop.time() + timeout
         while True:
             with self._waiting_lock:
-                changed = self._waiting.get(loop)
+                changed = self._waiting.get((loop, r))
                 if changed is None:
-                    changed = self._waiting[loop] = asyncio.Event()
+                    changed = self._waiting[(loop, r)] = asyncio.Event()
             batch = self._try_get(r, keys, served)
             if batch is not None:
                 return batch
@@ -226,18 +234,24 @@ class AsyncIOSequenceBuffer:
             except asyncio.TimeoutError:
                 raise Timeout(f"no batch for MFC {name!r} within {timeout} s") from None
 
-    def _wake(self) -> None:
-        """Wakes every waiting getter (each asks the buffer again), in whichever event
-        loop it waits."""
+    def _wake(self, ready_for: Optional[int] = None) -> None:
+        """Wakes the waiting getters (each asks the buffer again), in whichever event loop
+        they wait: of the MFCs in ``ready_for`` (bit ``r`` for MFC ``r``; MFCs from the
+        64th on always), or of every MFC."""
         if not self._waiting:
             return
         with self._waiting_lock:
-            waiting, self._waiting = self._waiting, {}
+            if ready_for is None:
+                woken, self._waiting = self._waiting, {}
+            else:
+                woken = {
+                    k: self._waiting.pop(k) for k in list(self._waiting) if k[1] >= 64 or ready_for >> k[1] & 1
+                }
         try:
             here = asyncio.get_running_loop()
         except RuntimeError:
             here = None
-        for loop, event in waiting.items():
+        for (loop, _), event in woken.items():
             if loop is here:
                 event.set()
             elif not loop.is_closed():
@@ -278,7 +292,7 @@ class AsyncIOSequenceBuffer:
         try:
             return self._slots.try_get(r, keys, _gather, served)
         except BaseException:  # a KeyboardInterrupt in a gather gives the batch back too
-            self._wake()
+            self._wake(1 << r)
             raise
 
 
