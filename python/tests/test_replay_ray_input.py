@@ -156,7 +156,7 @@ def test_an_environment_shard_folder_is_named_as_a_partition_folder_is(cluster, 
     (tmp_path / "old" / "shard=env-math" / "gsm8k").mkdir(parents=True)
     with pytest.raises(ValueError, match="'shard=env-math/gsm8k' under .* holds the data of an earlier run"):
         front_of(tmp_path / "old", ["math/gsm8k"])
-    for long, message in [("e" * 250, "environment 'e{40}...' names a shard folder of 260 bytes .* over the 255"),
+    for long, message in [("e" * 250, r"environment 'e{40}'\.\.\. names a shard folder of 260 bytes .* over the 255"),
                           ("\ud800", r"environment '\\ud800' is text without a UTF-8 form")]:
         refused = tmp_path / "refused"
         with pytest.raises(ValueError, match=message):

@@ -82,13 +82,9 @@ def _environment_shard_folder(environment: str) -> str:
         folder = f"shard=env-{storage.quote_part(environment)}"
     except UnicodeEncodeError:
         raise ValueError(f"environment {environment!r} is text without a UTF-8 form; it cannot name a shard folder") from None
-    size = len(folder.encode())
-    if size > storage.NAME_MAX:
-        shown = environment if len(environment) <= 40 else f"{environment[:40]}..."
-        raise ValueError(
-            f"environment {shown!r} names a shard folder of {size} bytes ('shard=env-' and the "
-            f"name URL-quoted), over the {storage.NAME_MAX} a file system takes"
-        )
+    problem = storage.folder_name_error("shard=env-", "environment ", "a shard", environment)
+    if problem:
+        raise ValueError(problem)
     return folder
 
 

@@ -189,15 +189,22 @@ def partition_name_error(folder: str, value: Any) -> Optional[str]:
     group would be sealed and then never written, every write, draw and ``close`` failing
     on it. ``None`` too for text that is not valid Unicode, which the buffer's own check
     of text refuses, naming it."""
+    return folder_name_error(f"{folder}=", f"{folder} ", "a partition", value)
+
+
+def folder_name_error(prefix: str, what: str, kind: str, value: Any) -> Optional[str]:
+    """Why folder ``<prefix><value URL-quoted>`` cannot be made: over :data:`NAME_MAX`
+    bytes, said as ``<what><value> names <kind> folder of ...``; ``None`` if it can be, or
+    if ``value`` is text without a UTF-8 form (each caller names that its own way)."""
     try:
-        size = len(f"{folder}={quote_part(value)}".encode())
+        size = len(f"{prefix}{quote_part(value)}".encode())
     except UnicodeEncodeError:
         return None
     if size <= NAME_MAX:
         return None
     shown = repr(value) if len(str(value)) <= 40 else f"{str(value)[:40]!r}..."
     return (
-        f"{folder} {shown} names a partition folder of {size} bytes ('{folder}=' and the "
+        f"{what}{shown} names {kind} folder of {size} bytes ('{prefix}' and the "
         f"value URL-quoted), over the {NAME_MAX} a file system takes"
     )
 
