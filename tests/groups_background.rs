@@ -122,3 +122,38 @@ async fn an_aborted_task_leaves_nothing_in_flight() {
         .expect("add");
     assert!(matches!(added, Added::Duplicate), "{added:?}");
 }
+
+/// A reconfiguration that completes two groups over a full buffer stores them one by one:
+/// once the first is in the buffer, only the second is still counted as on its way in
+/// (the first was counted in both until the call ended).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_stored_leaves_the_storing_count_before_the_next_lands() {
+    let dir = TempDir::new("groups-reconfigure-storing");
+    let buf = open_full(dir.path()).await;
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
+        .await
+        .expect("start");
+    for k in 0..4 {
+        ingest.add(rollout(0, k, 0)).await.expect("add");
+    }
+    for example in [1, 2] {
+        for k in 0..2 {
+            ingest.add(rollout(example, k, 0)).await.expect("add");
+        }
+    }
+    let regroup = {
+        let ingest = ingest.clone();
+        tokio::spawn(async move { ingest.reconfigure(GroupConfig::new(2)).await })
+    };
+    common::wait_until(|| ingest.storing_rollouts() == 4).await;
+    assert_eq!(ingest.assembler_counters().pending_rollouts, 0);
+    train_one(&buf).await;
+    // Before, the count stayed at 4 until the second group landed too.
+    common::wait_until(|| ingest.storing_rollouts() == 2).await;
+    assert_eq!(ingest.counters().stored_groups, 2);
+    assert!(!regroup.is_finished());
+    train_one(&buf).await;
+    let added = regroup.await.expect("the task").expect("reconfigure");
+    assert_eq!(added.len(), 2);
+    assert_eq!(ingest.storing_rollouts(), 0);
+}

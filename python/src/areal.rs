@@ -29,6 +29,7 @@ use rollout_buffer::{
     Batch, BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle,
     Tensor,
 };
+use std::collections::{HashSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
@@ -46,6 +47,28 @@ struct Entries {
     /// Per MFC, the ids of the batch whose gather last failed on the data, given back once
     /// (see `try_get`); cleared by a read that succeeds.
     failed: Vec<Option<Vec<SampleId>>>,
+    /// Ids of entries dropped as ungatherable (see `try_get`), the last
+    /// [`DROPPED_REMEMBERED`]: an MFC that read one before it was dropped amends it with
+    /// the rest of its batch, and that amend skips it rather than fail whole. An id put
+    /// again is forgotten here.
+    dropped: HashSet<SampleId>,
+    dropped_order: VecDeque<SampleId>,
+}
+
+/// How many dropped ids [`Entries::dropped`] remembers.
+const DROPPED_REMEMBERED: usize = 4096;
+
+impl Entries {
+    fn remember_dropped(&mut self, id: SampleId) {
+        if self.dropped.insert(id.clone()) {
+            self.dropped_order.push_back(id);
+        }
+        while self.dropped_order.len() > DROPPED_REMEMBERED {
+            if let Some(oldest) = self.dropped_order.pop_front() {
+                self.dropped.remove(&oldest);
+            }
+        }
+    }
 }
 
 /// AReaL's buffer state beside the crate's buffer (see the module docs).
@@ -113,41 +136,47 @@ impl ArealSlots {
                 *oldest = true;
             }
         }
-        let bad_slots: Vec<usize> = batch
+        let bad_entries: Vec<(usize, u32, SampleId)> = batch
             .handles()
             .iter()
+            .zip(batch.ids())
             .zip(&bad)
             .filter(|(_, &b)| b)
-            .map(|(h, _)| h.slot() as usize)
+            .map(|((h, id), _)| (h.slot() as usize, h.generation(), id.clone()))
             .collect();
-        let named: Vec<String> = batch
-            .ids()
-            .zip(batch.handles())
-            .zip(&bad)
-            .filter(|(_, &b)| b)
-            .map(|((id, h), _)| format!("{} (slot {})", id, h.slot()))
+        let named: Vec<String> = bad_entries
+            .iter()
+            .map(|(slot, _, id)| format!("{id} (slot {slot})"))
             .collect();
         let rpc = batch.rpc_name().to_owned();
         let reason = format!("MFC {rpc} could not gather it: {error}");
-        let dropped = match batch.discard_samples(&bad, &reason) {
-            Ok(()) => {
-                // Gone from the buffer (or going, once other MFCs' leases end): no read or
-                // amend finds them here either.
-                let mut released = Vec::new();
-                if let Ok(mut entries) = self.lock(py) {
-                    for &s in &bad_slots {
-                        entries.reads_left[s] = 0;
-                        released.push(entries.samples[s].take());
-                    }
+        let mut released = Vec::new();
+        // Under the lock, as a commit is: a slot the discard frees is not reused by a put
+        // before its entry here is cleared.
+        let discarded = self.lock(py).and_then(|mut entries| {
+            batch.discard_samples(&bad, &reason).map_err(py_err)?;
+            // Gone from the buffer (or going, once other MFCs' leases end): no read or
+            // amend finds them here either.
+            for (slot, generation, id) in bad_entries {
+                if entries.generation[slot] == generation {
+                    entries.reads_left[slot] = 0;
+                    released.push(entries.samples[slot].take());
                 }
-                drop(released);
+                entries.remember_dropped(id);
+            }
+            Ok(())
+        });
+        drop(released);
+        let dropped = match discarded {
+            Ok(()) => {
+                tracing::warn!(mfc = %rpc, error = %error, dropped = ?named, "samples that cannot be gathered dropped");
                 SamplesDropped::new_err(format!(
                     "MFC {rpc} could not gather its batch ({error}); dropped from the buffer, as \
-                 they would fail every read: {}",
+                     they would fail every read: {}",
                     named.join(", ")
                 ))
             }
-            Err(e) => py_err(e),
+            Err(e) => e,
         };
         dropped.set_cause(py, Some(error));
         dropped
@@ -290,6 +319,8 @@ impl ArealSlots {
                 generation: vec![0; max_size],
                 reads_left: vec![0; max_size],
                 failed: vec![None; n_rpcs],
+                dropped: HashSet::new(),
+                dropped_order: VecDeque::new(),
             }),
         })
     }
@@ -322,8 +353,11 @@ impl ArealSlots {
         let mut rows = Vec::with_capacity(n);
         let mut masks = Vec::with_capacity(n);
         let mut last = None;
+        let mut ids = Vec::with_capacity(n);
         for (j, sample) in samples.iter().enumerate() {
-            let mut row = Sample::new(entry_id(sample)?);
+            let id = entry_id(sample)?;
+            ids.push(id.clone());
+            let mut row = Sample::new(id);
             if let Some(b) = &births {
                 row = row.birth(b[j]);
             }
@@ -340,6 +374,11 @@ impl ArealSlots {
             // Again under the lock: another thread may have put since.
             self.check_room(n)?;
             let handles = now(self.buf.try_put_batch(rows))?;
+            if !entries.dropped.is_empty() {
+                for id in &ids {
+                    entries.dropped.remove(id);
+                }
+            }
             let reads = self.rpcs.len() as u32;
             for (h, sample) in handles.iter().zip(&samples) {
                 let slot = h.slot() as usize;
@@ -366,7 +405,7 @@ impl ArealSlots {
         indices: PyReadonlyArray1<'_, i64>,
         samples: &Bound<'_, PyAny>,
     ) -> PyResult<u64> {
-        let indices = indices.as_array();
+        let indices: Vec<i64> = indices.as_array().iter().copied().collect();
         let others = samples.try_iter()?.collect::<PyResult<Vec<_>>>()?;
         if indices.len() != others.len() {
             return Err(PyValueError::new_err(format!(
@@ -375,11 +414,25 @@ impl ArealSlots {
                 indices.len()
             )));
         }
-        let (handles, stored) = {
+        // Only once something was dropped: the ids cost a read of each sample's `ids`.
+        let ids = if self.lock(py)?.dropped.is_empty() {
+            None
+        } else {
+            Some(others.iter().map(entry_id).collect::<PyResult<Vec<_>>>()?)
+        };
+        let (handles, stored, kept) = {
             let entries = self.lock(py)?;
             let mut handles = Vec::with_capacity(others.len());
             let mut stored = Vec::with_capacity(others.len());
-            for &i in indices.iter() {
+            let mut kept = Vec::with_capacity(others.len());
+            for (j, &i) in indices.iter().enumerate() {
+                if ids
+                    .as_ref()
+                    .is_some_and(|ids| entries.dropped.contains(&ids[j]))
+                {
+                    continue;
+                }
+                kept.push(j);
                 let entry = usize::try_from(i)
                     .ok()
                     .filter(|&s| s < entries.samples.len() && entries.reads_left[s] > 0)
@@ -392,8 +445,16 @@ impl ArealSlots {
                 handles.push(SlotHandle::new(slot as u32, entries.generation[slot]));
                 stored.push(sample.bind(py).clone());
             }
-            (handles, stored)
+            (handles, stored, kept)
         };
+        if kept.len() < indices.len() {
+            tracing::warn!(
+                skipped = indices.len() - kept.len(),
+                "amend of entries dropped as ungatherable skipped"
+            );
+        }
+        let indices: Vec<i64> = kept.iter().map(|&j| indices[j]).collect();
+        let others: Vec<Bound<'_, PyAny>> = kept.iter().map(|&j| others[j].clone()).collect();
         let mut masks = Vec::with_capacity(others.len());
         let mut last = None;
         for ((i, entry), other) in indices.iter().zip(&stored).zip(&others) {
@@ -508,8 +569,11 @@ impl ArealSlots {
                 if !again {
                     return Err(e);
                 }
-                self.lock(py)?.failed[rpc] = None;
-                return Err(self.drop_ungatherable(batch, &samples, &keys, fallback, e));
+                let raised = self.drop_ungatherable(batch, &samples, &keys, fallback, e);
+                if raised.is_instance_of::<SamplesDropped>(py) {
+                    self.lock(py)?.failed[rpc] = None;
+                }
+                return Err(raised);
             }
             Err(e) => return Err(e),
         };

@@ -293,6 +293,41 @@ def test_a_sample_that_cannot_be_gathered_is_dropped_the_second_time():
     run(go())
 
 
+def test_an_mfc_that_read_a_dropped_entry_amends_the_rest_of_its_batch():
+    """ref cannot gather "bad" and drops it; rew had read it, with "good", before. rew's
+    amend of both raised StaleHandle for the dropped one before any merge, so "good"
+    never got rew's output and train never read it. Now the dropped entry is skipped.
+    A sample put again under the dropped id is amended as any other."""
+
+    class RefCannot(Sample):
+        @classmethod
+        def gather(cls, samples, keys=None):
+            if "q" in keys and any("bad" in s.ids for s in samples):
+                raise TypeError("cannot convert q of bad")
+            return super().gather(samples, keys=keys)
+
+    async def go():
+        rew, ref = Mfc("rew", 2, ["p"], ["r"]), Mfc("ref", 2, ["q"])
+        train = Mfc("train", 1, ["p", "r"])
+        buf = AsyncIOSequenceBuffer([rew, ref, train], 8)
+        await buf.put_batch([RefCannot("bad", ["p", "q"]), RefCannot("good", ["p", "q"])])
+        got, _ = await buf.get_batch_for_rpc(rew)
+        for raised in (TypeError, SamplesDropped):
+            with pytest.raises(raised):
+                await buf.get_batch_for_rpc(ref)
+        await buf.amend_batch(got, [RefCannot("bad", ["r"]), RefCannot("good", ["r"])])
+        _, trained = await asyncio.wait_for(buf.get_batch_for_rpc(train), 5)
+        assert trained.ids == ["good"]
+        again = await buf.put_batch([RefCannot("bad", ["p"]), RefCannot("new", ["p"])])
+        got, _ = await asyncio.wait_for(buf.get_batch_for_rpc(rew), 5)
+        assert sorted(got.tolist()) == sorted(again.tolist())
+        await buf.amend_batch(again, [RefCannot("bad", ["r"]), RefCannot("new", ["r"])])
+        _, trained = await asyncio.wait_for(buf.get_batch_for_rpc(train), 5)
+        assert trained.ids == ["bad"], "the new entry under the dropped id was amended"
+
+    run(go())
+
+
 def test_a_batch_that_cannot_be_gathered_together_loses_its_oldest_only():
     """Each sample gathers alone, but not with the other: the oldest is dropped, so the
     next get serves a different batch."""

@@ -48,6 +48,17 @@ impl InFlight {
         }
     }
 
+    /// `n` rollouts of the groups being stored are decided (stored, put back as pending or
+    /// refused): they leave `State::storing` now, not when the call ends, so a group stored
+    /// while a later one of the same call waits for room is not counted twice meanwhile.
+    pub(super) fn stored(&mut self, n: usize) {
+        let n = n.min(self.storing);
+        if n > 0 {
+            self.shared.state.lock().storing -= n;
+            self.storing -= n;
+        }
+    }
+
     /// The pending writes are decided: called under the lock that also withdraws them if
     /// they failed, so a reopen never sees a failed write as still in flight.
     pub(super) fn written(&mut self, state: &mut State) {

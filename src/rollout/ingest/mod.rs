@@ -369,7 +369,8 @@ impl GroupIngest {
             .into_iter()
             .map(|(at, members, group)| ((at, members), group))
             .unzip();
-        for ((at, members), result) in heads.into_iter().zip(self.store_many(groups).await) {
+        let stored = self.store_many(groups, &mut in_flight).await;
+        for ((at, members), result) in heads.into_iter().zip(stored) {
             if let Err(e) = &result {
                 for m in members {
                     answers[m] = Some(Err(e.clone()));
@@ -418,17 +419,22 @@ impl GroupIngest {
     /// Stores sealed groups as [`Self::store`] does, those not stored before in one put
     /// (one log unit). If that put fails, each is stored on its own, so one bad group
     /// refuses only itself.
-    async fn store_many(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+    /// `in_flight` counts the groups as being stored; each leaves that count once decided.
+    async fn store_many(
+        &self,
+        groups: Vec<SealedGroup>,
+        in_flight: &mut InFlight,
+    ) -> Vec<Result<Added>> {
         let shared = &self.shared;
         let known = |g: &SealedGroup| {
             shared.buf.aux_get(&sealed_key(&g.id)).is_some() || shared.buf.contains(&g.id)
         };
         if groups.len() < 2 || groups.iter().any(known) {
-            return self.store_each(groups).await;
+            return self.store_each(groups, in_flight).await;
         }
         let samples = match groups.iter().map(SealedGroup::to_sample).collect() {
             Ok(samples) => samples,
-            Err(_) => return self.store_each(groups).await,
+            Err(_) => return self.store_each(groups, in_flight).await,
         };
         let mut writes: Vec<AuxWrite> = groups
             .iter()
@@ -450,13 +456,14 @@ impl GroupIngest {
                 }
                 keep_sealed(&mut state.sealed, let_go);
             }
-            return self.store_each(groups).await;
+            return self.store_each(groups, in_flight).await;
         }
         let mut state = shared.state.lock();
         for g in &groups {
             state.counters.count_stored(g);
         }
         drop(state);
+        in_flight.stored(groups.iter().map(|g| g.rollouts.len()).sum());
         groups.into_iter().map(|g| Ok(Added::Sealed(g))).collect()
     }
 
@@ -500,10 +507,16 @@ impl GroupIngest {
         let_go
     }
 
-    async fn store_each(&self, groups: Vec<SealedGroup>) -> Vec<Result<Added>> {
+    async fn store_each(
+        &self,
+        groups: Vec<SealedGroup>,
+        in_flight: &mut InFlight,
+    ) -> Vec<Result<Added>> {
         let mut out = Vec::with_capacity(groups.len());
         for group in groups {
+            let n = group.rollouts.len();
             out.push(self.store(group, None).await);
+            in_flight.stored(n);
         }
         out
     }

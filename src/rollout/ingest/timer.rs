@@ -25,7 +25,7 @@ impl GroupIngest {
     /// group's put is claimed leaves that group unstored, its rollouts pending in the log
     /// only (added back by the next [`Self::start`]).
     pub async fn seal_due(&self, now: Instant) -> Result<()> {
-        let (due, _in_flight) = {
+        let (due, mut in_flight) = {
             let mut state = self.shared.state.lock();
             let due = state.assembler.seal_due(now);
             let watched: Vec<String> = due.sealed.iter().flat_map(members).collect();
@@ -45,9 +45,11 @@ impl GroupIngest {
         // and drops them again); the sealed groups are stored all the same.
         let mut first_error = self.shared.buf.aux_write(forget).await.err();
         for group in due.sealed {
+            let n = group.rollouts.len();
             if let Err(e) = self.store(group, None).await {
                 first_error.get_or_insert(e);
             }
+            in_flight.stored(n);
         }
         first_error.map_or(Ok(()), Err)
     }
@@ -70,7 +72,7 @@ impl GroupIngest {
     /// rollouts pending in the log only (added back by the next [`Self::start`]); a caller
     /// that may be cancelled (a request handler) runs it in a task of its own.
     pub async fn reconfigure(&self, config: GroupConfig) -> Result<Vec<Added>> {
-        let (sealed, _in_flight) = {
+        let (sealed, mut in_flight) = {
             let mut state = self.shared.state.lock();
             let sealed = state.assembler.reconfigure(config, crate::buffer::now())?;
             let watched: Vec<String> = sealed.iter().flat_map(members).collect();
@@ -84,12 +86,14 @@ impl GroupIngest {
         let mut out = Vec::with_capacity(sealed.len());
         let mut first_error = None;
         for group in sealed {
+            let n = group.rollouts.len();
             match self.store(group, None).await {
                 Ok(added) => out.push(added),
                 Err(e) => {
                     first_error.get_or_insert(e);
                 }
             }
+            in_flight.stored(n);
         }
         first_error.map_or(Ok(out), Err)
     }

@@ -45,8 +45,9 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
   added their outputs, so their slots were never freed; given back every time, the batch
   would fail at every get): the entries that cannot be gathered alone, or the oldest of
   the batch when each can, are dropped from the buffer, the rest given back, and
-  ``SamplesDropped`` names them, the gather's error as its ``__cause__``. A
-  ``KeyboardInterrupt`` or a cancellation during a gather drops nothing;
+  ``SamplesDropped`` names them, the gather's error as its ``__cause__`` (an MFC that
+  read one before it was dropped amends the rest of its batch, the dropped one skipped).
+  A ``KeyboardInterrupt`` or a cancellation during a gather drops nothing;
 * an amend naming one slot twice is refused before any merge; one whose merge raises
   still wakes the getters of the entries it merged before;
 * an MFC whose ``n_seqs`` exceeds ``max_size`` is refused at construction (AReaL waited
