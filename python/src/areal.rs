@@ -29,7 +29,7 @@ use rollout_buffer::{
     Batch, BufferConfig, FieldKey, Patch, RpcDef, Sample, SampleId, SequenceBuffer, SlotHandle,
     Tensor,
 };
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
 /// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
@@ -51,8 +51,11 @@ struct Entries {
     /// [`DROPPED_REMEMBERED`]: an MFC that read one before it was dropped amends it with
     /// the rest of its batch, and that amend skips it rather than fail whole. An id put
     /// again is forgotten here.
-    dropped: HashSet<SampleId>,
-    dropped_order: VecDeque<SampleId>,
+    dropped: HashMap<SampleId, u64>,
+    /// The ids of `dropped` oldest first, each with the number of its drop (an id put
+    /// again and dropped again is queued twice; the older copy must not forget it).
+    dropped_order: VecDeque<(SampleId, u64)>,
+    drops: u64,
 }
 
 /// How many dropped ids [`Entries::dropped`] remembers.
@@ -60,12 +63,14 @@ const DROPPED_REMEMBERED: usize = 4096;
 
 impl Entries {
     fn remember_dropped(&mut self, id: SampleId) {
-        if self.dropped.insert(id.clone()) {
-            self.dropped_order.push_back(id);
-        }
+        self.drops += 1;
+        self.dropped.insert(id.clone(), self.drops);
+        self.dropped_order.push_back((id, self.drops));
         while self.dropped_order.len() > DROPPED_REMEMBERED {
-            if let Some(oldest) = self.dropped_order.pop_front() {
-                self.dropped.remove(&oldest);
+            if let Some((oldest, drop)) = self.dropped_order.pop_front() {
+                if self.dropped.get(&oldest) == Some(&drop) {
+                    self.dropped.remove(&oldest);
+                }
             }
         }
     }
@@ -319,8 +324,9 @@ impl ArealSlots {
                 generation: vec![0; max_size],
                 reads_left: vec![0; max_size],
                 failed: vec![None; n_rpcs],
-                dropped: HashSet::new(),
+                dropped: HashMap::new(),
                 dropped_order: VecDeque::new(),
+                drops: 0,
             }),
         })
     }
@@ -414,21 +420,23 @@ impl ArealSlots {
                 indices.len()
             )));
         }
-        // Only once something was dropped: the ids cost a read of each sample's `ids`.
-        let ids = if self.lock(py)?.dropped.is_empty() {
-            None
-        } else {
-            Some(others.iter().map(entry_id).collect::<PyResult<Vec<_>>>()?)
-        };
-        let (handles, stored, kept) = {
+        // Only once something was dropped: the ids cost a read of each sample's `ids`,
+        // which runs Python, so not under the lock (taken again if a drop came meanwhile).
+        let mut ids: Option<Vec<SampleId>> = None;
+        let (handles, stored, kept) = loop {
             let entries = self.lock(py)?;
+            if ids.is_none() && !entries.dropped.is_empty() {
+                drop(entries);
+                ids = Some(others.iter().map(entry_id).collect::<PyResult<_>>()?);
+                continue;
+            }
             let mut handles = Vec::with_capacity(others.len());
             let mut stored = Vec::with_capacity(others.len());
             let mut kept = Vec::with_capacity(others.len());
             for (j, &i) in indices.iter().enumerate() {
                 if ids
                     .as_ref()
-                    .is_some_and(|ids| entries.dropped.contains(&ids[j]))
+                    .is_some_and(|ids| entries.dropped.contains_key(&ids[j]))
                 {
                     continue;
                 }
@@ -445,7 +453,7 @@ impl ArealSlots {
                 handles.push(SlotHandle::new(slot as u32, entries.generation[slot]));
                 stored.push(sample.bind(py).clone());
             }
-            (handles, stored, kept)
+            break (handles, stored, kept);
         };
         if kept.len() < indices.len() {
             tracing::warn!(

@@ -400,8 +400,9 @@ impl GroupIngest {
 
     /// Rollouts of completed groups on their way into the buffer: out of the assembler (so
     /// not in [`AssemblerCounters::pending_rollouts`](super::AssemblerCounters)) and not
-    /// stored yet, such as a group waiting for room in a full buffer. A group put back as
-    /// pending when its store failed is counted in both until its call returns.
+    /// stored yet, such as a group waiting for room in a full buffer. A group stored, or
+    /// put back as pending when its store failed, leaves the count once its store returns
+    /// (until then, for an instant, it is counted in both).
     pub fn storing_rollouts(&self) -> u64 {
         self.shared.state.lock().storing as u64
     }
