@@ -25,6 +25,13 @@ async fn open_full(dir: &str) -> SequenceBuffer {
 /// groups that wait for room.
 async fn two_groups_waiting_for_room(dir: &TempDir) {
     let buf = open_full(dir.path()).await;
+    full_with_two_half_groups(&buf).await;
+    buf.flush().await.expect("flush");
+}
+
+/// Groups of 4 on `buf`: example 0's group fills it, and examples 1 and 2 each leave two
+/// rollouts pending.
+async fn full_with_two_half_groups(buf: &SequenceBuffer) -> GroupIngest {
     let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
         .await
         .expect("start");
@@ -38,7 +45,7 @@ async fn two_groups_waiting_for_room(dir: &TempDir) {
         }
     }
     assert_eq!(buf.len(), 1);
-    buf.flush().await.expect("flush");
+    ingest
 }
 
 /// Reads (and trains on) the one group the buffer holds, making room for the next.
@@ -130,17 +137,7 @@ async fn an_aborted_task_leaves_nothing_in_flight() {
 async fn a_group_stored_leaves_the_storing_count_before_the_next_lands() {
     let dir = TempDir::new("groups-reconfigure-storing");
     let buf = open_full(dir.path()).await;
-    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
-        .await
-        .expect("start");
-    for k in 0..4 {
-        ingest.add(rollout(0, k, 0)).await.expect("add");
-    }
-    for example in [1, 2] {
-        for k in 0..2 {
-            ingest.add(rollout(example, k, 0)).await.expect("add");
-        }
-    }
+    let ingest = full_with_two_half_groups(&buf).await;
     let regroup = {
         let ingest = ingest.clone();
         tokio::spawn(async move { ingest.reconfigure(GroupConfig::new(2)).await })

@@ -26,13 +26,19 @@ def rollout(example, uid, reward, tokens=(2,)):
     }
 
 
+async def full_with_b0_pending():
+    """A buffer of room for one group of 2, holding group a, with b0 pending."""
+    buf = rb.Buffer(1, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
+    ingest = rb.Ingest(buf, group_size=2)
+    assert await ingest.add_rollout(rollout("a", "a0", 0.0)) == "pending"
+    assert await ingest.add_rollout(rollout("a", "a1", 1.0)) == "sealed"  # buffer full
+    assert await ingest.add_rollout(rollout("b", "b0", 0.0)) == "pending"
+    return buf, ingest
+
+
 def test_an_add_that_times_out_waiting_for_room_leaves_its_group_pending():
     async def main():
-        buf = rb.Buffer(1, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
-        ingest = rb.Ingest(buf, group_size=2)
-        assert await ingest.add_rollout(rollout("a", "a0", 0.0)) == "pending"
-        assert await ingest.add_rollout(rollout("a", "a1", 1.0)) == "sealed"  # buffer full
-        assert await ingest.add_rollout(rollout("b", "b0", 0.0)) == "pending"
+        buf, ingest = await full_with_b0_pending()
         with pytest.raises(rb.Timeout):
             await ingest.add_rollout(rollout("b", "b1", 1.0), timeout=0.2)
         counters = ingest.counters()
@@ -51,11 +57,7 @@ def test_an_add_that_times_out_waiting_for_room_leaves_its_group_pending():
 
 def test_a_group_waiting_for_room_is_counted_as_storing():
     async def main():
-        buf = rb.Buffer(1, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
-        ingest = rb.Ingest(buf, group_size=2)
-        assert await ingest.add_rollout(rollout("a", "a0", 0.0)) == "pending"
-        assert await ingest.add_rollout(rollout("a", "a1", 1.0)) == "sealed"  # buffer full
-        assert await ingest.add_rollout(rollout("b", "b0", 0.0)) == "pending"
+        buf, ingest = await full_with_b0_pending()
         waiting = asyncio.create_task(ingest.add_rollout(rollout("b", "b1", 1.0)))
         deadline = time.monotonic() + 10
         while ingest.counters()["storing_rollouts"] == 0:
