@@ -359,11 +359,8 @@ impl ArealSlots {
         let mut rows = Vec::with_capacity(n);
         let mut masks = Vec::with_capacity(n);
         let mut last = None;
-        let mut ids = Vec::with_capacity(n);
         for (j, sample) in samples.iter().enumerate() {
-            let id = entry_id(sample)?;
-            ids.push(id.clone());
-            let mut row = Sample::new(id);
+            let mut row = Sample::new(entry_id(sample)?);
             if let Some(b) = &births {
                 row = row.birth(b[j]);
             }
@@ -379,11 +376,14 @@ impl ArealSlots {
             let mut entries = self.lock(py)?;
             // Again under the lock: another thread may have put since.
             self.check_room(n)?;
+            // Ids put again are no longer dropped; copied only once something was.
+            let again: Vec<SampleId> = match entries.dropped.is_empty() {
+                true => Vec::new(),
+                false => rows.iter().map(|r| r.id().clone()).collect(),
+            };
             let handles = now(self.buf.try_put_batch(rows))?;
-            if !entries.dropped.is_empty() {
-                for id in &ids {
-                    entries.dropped.remove(id);
-                }
+            for id in &again {
+                entries.dropped.remove(id);
             }
             let reads = self.rpcs.len() as u32;
             for (h, sample) in handles.iter().zip(&samples) {

@@ -328,11 +328,7 @@ impl Batch {
                         .filter(|&(i, _)| !dropped(i));
                     let kept: Vec<u32> = kept.map(|(_, h)| h.slot()).collect();
                     if !kept.is_empty() {
-                        inner.log(|| Record::Release {
-                            rpc: Arc::clone(&inner.rpc_names[self.rpc]),
-                            ids: inner.ids_of(kept.iter().copied()),
-                            expired: false,
-                        });
+                        log_release(&mut inner, self.rpc, kept.into_iter());
                     }
                     inner
                         .table
@@ -592,16 +588,21 @@ impl Drop for Finishing {
     }
 }
 
+/// Logs that RPC `rpc` gave `slots` back unused.
+fn log_release(inner: &mut Inner, rpc: usize, slots: impl Iterator<Item = u32>) {
+    inner.log(|| Record::Release {
+        rpc: Arc::clone(&inner.rpc_names[rpc]),
+        ids: inner.ids_of(slots),
+        expired: false,
+    });
+}
+
 /// Releases a lease unused (logging the release) and notifies.
 fn release(shared: &Arc<Shared>, rpc: usize, lease: LeaseId, slots: impl Iterator<Item = u32>) {
     let mut freed = Vec::new();
     let (wake, dropped) = {
         let mut inner = shared.lock();
-        inner.log(|| Record::Release {
-            rpc: Arc::clone(&inner.rpc_names[rpc]),
-            ids: inner.ids_of(slots),
-            expired: false,
-        });
+        log_release(&mut inner, rpc, slots);
         let wake = inner
             .table
             .finish_lease(lease, LeaseEnd::Released, &[], &mut freed);
