@@ -208,26 +208,34 @@ async fn a_bad_item_of_a_batch_is_named_by_its_place() {
     assert_eq!(written(&server).await, 0, "nothing stored");
 }
 
+/// Sends `head` on a raw connection and reads until the server closes it: `Err` if it
+/// was still open after 20 s, else what came back (or the read's error, a reset say).
+async fn send_until_closed(
+    server: &Server,
+    head: &str,
+) -> Result<std::io::Result<Vec<u8>>, tokio::time::error::Elapsed> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = server.url.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let mut answer = Vec::new();
+    let read = stream.read_to_end(&mut answer);
+    let read = tokio::time::timeout(std::time::Duration::from_secs(20), read).await;
+    read.map(|r| r.map(|_| answer))
+}
+
 /// A client that declared a body and stopped sending it held its request (and a task) for
 /// good; it gets a 408 once `--body-timeout` has passed, and the server goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_that_stops_arriving_is_answered_408() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = store("body-timeout");
     let server = Server::start(&dir, &["--group-size", "2", "--body-timeout", "0.2"]);
-    let addr = server.url.trim_start_matches("http://").to_owned();
     for path in ["/buffer/write", "/start_rollout"] {
-        let mut stream = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect");
         let head = format!(
             "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
              Content-Length: 50\r\n\r\n{{\"uid\""
         );
-        stream.write_all(head.as_bytes()).await.expect("send");
-        let mut answer = Vec::new();
-        let read = stream.read_to_end(&mut answer);
-        tokio::time::timeout(std::time::Duration::from_secs(20), read)
+        let answer = send_until_closed(&server, &head)
             .await
             .expect("answered, not held")
             .expect("read");
@@ -244,19 +252,11 @@ async fn a_body_that_stops_arriving_is_answered_408() {
 /// passed, and the server goes on serving.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_head_that_stops_arriving_is_closed() {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = store("header-timeout");
     let server = Server::start(&dir, &["--group-size", "2", "--header-timeout", "0.2"]);
-    let addr = server.url.trim_start_matches("http://").to_owned();
     for head in ["POST /buffer/write HTTP/1.1\r\nHost: x\r\n", ""] {
-        let mut stream = tokio::net::TcpStream::connect(&addr)
-            .await
-            .expect("connect");
-        stream.write_all(head.as_bytes()).await.expect("send");
-        let mut answer = Vec::new();
-        let read = stream.read_to_end(&mut answer);
         // Closed (an EOF, or a reset for the bytes left unread), not held.
-        let closed = tokio::time::timeout(std::time::Duration::from_secs(20), read).await;
+        let closed = send_until_closed(&server, head).await;
         assert!(closed.is_ok(), "{head:?}: held open");
     }
     let (status, body) = post(&server, "/buffer/write", &item("a", "q", 1.0)).await;
