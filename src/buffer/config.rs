@@ -77,7 +77,9 @@ impl BufferConfig {
     /// them (see the README, "Spilling"). Every slot, its keys, metadata and readiness
     /// stay in memory. A put waits while its bytes do not fit under the budget (unless
     /// nothing is in memory), so the count stays within the budget plus one put batch
-    /// (and what amends and completions add).
+    /// (and what amends and completions add). Nothing is written while the count is within
+    /// the budget and no put waits; once over, the spiller writes the count down to 7/8 of
+    /// the budget (or lower, to make room for a waiting put), so it works in batches.
     ///
     /// Segments go to `<root>/spill/` of a persistent buffer's store, to the store set
     /// with `spill_to` (feature `persist`), or else to a fresh directory under the system's

@@ -55,8 +55,8 @@ pub async fn spilled_buffer(
     for i in 0..n {
         handles.extend(buf.put_batch(vec![rollout(i)]).await.expect("put"));
     }
-    // The last put may stay in memory (it fits the budget); a put that does not fit waits
-    // for the spiller, so everything before it is out.
+    // Each put but the first waits for the spiller to write the sample before it out. The
+    // last stays in memory: it fits the budget, and only being over the budget spills.
     super::wait_until(|| buf.stats().spill.spilled_now >= n - 1).await;
     (buf, handles)
 }

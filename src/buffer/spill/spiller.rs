@@ -30,18 +30,29 @@ impl Shared {
         runtime.spawn(run_spiller(weak, wake));
     }
 
-    /// One spill round: writes spillable samples until the resident bytes are back under
-    /// the budget's low mark (at most one segment's worth). Returns whether it wrote.
-    async fn spill_round(self: &Arc<Self>) -> Round {
-        let (store, picked) = {
+    /// One spill round: if the buffer is over its budget (or a putter waits for room), or
+    /// `continuing` an episode the last round could not finish, writes spillable samples
+    /// until the resident bytes are back under the budget's low mark (at most one
+    /// segment's worth); otherwise compacts a sparse segment, if any.
+    ///
+    /// Only being over the budget starts an episode: a buffer under it but above the low
+    /// mark is left alone, whatever woke the spiller (its first round, a free that left a
+    /// segment sparse), so what is spilled does not depend on when the task ran.
+    async fn spill_round(self: &Arc<Self>, continuing: bool) -> Round {
+        let (store, picked, more) = {
             let mut inner = self.lock();
-            let excess = inner.table.residency.excess();
+            let residency = &inner.table.residency;
+            let excess = if continuing || residency.over() {
+                residency.excess()
+            } else {
+                0
+            };
             let Some(spill) = inner.spill.as_ref() else {
                 return Round::Idle;
             };
             let store = Arc::clone(&spill.store);
             if excess == 0 {
-                (store, None)
+                (store, None, false)
             } else {
                 let slots = inner.table.pick_spill(excess.min(SEGMENT_BYTES));
                 let picked: Vec<(u32, Generation, Arc<Sample>)> = slots
@@ -63,7 +74,7 @@ impl Shared {
                 if picked.is_empty() {
                     return Round::Idle;
                 }
-                (store, Some(picked))
+                (store, Some(picked), excess > SEGMENT_BYTES)
             }
         };
         let Some(picked) = picked else {
@@ -85,7 +96,7 @@ impl Shared {
                 if let Some(spill) = inner.spill.as_mut() {
                     spill.requeue_deferred();
                 }
-                Round::Wrote
+                Round::Wrote { more }
             }
             Err(e) => {
                 failed = Some(e.to_string());
@@ -238,7 +249,7 @@ impl Shared {
                 return Round::Idle;
             };
             let Some(live) = spill.segments.get(&id) else {
-                return Round::Wrote;
+                return Round::Wrote { more: false };
             };
             let mut members = Vec::with_capacity(live.members.len());
             for &slot in &live.members {
@@ -268,7 +279,7 @@ impl Shared {
         let round = match rewritten {
             Ok(new) => {
                 self.swap_rewritten(&old, new, &members);
-                Round::Wrote
+                Round::Wrote { more: false }
             }
             Err(e) => {
                 tracing::warn!(error = %e, path = %old.path, "spill segment not rewritten");
@@ -362,7 +373,11 @@ impl Shared {
 
 enum Round {
     Idle,
-    Wrote,
+    /// A segment was written; `more`: the spill episode needs another round (its excess
+    /// was more than one segment).
+    Wrote {
+        more: bool,
+    },
     Failed,
 }
 
@@ -374,6 +389,7 @@ async fn run_spiller(weak: Weak<Shared>, wake: Arc<Notify>) {
     // the spiller to catch up, so that nothing it logs lands after the buffer is dropped
     // (a store reopened at once would find the old buffer still writing to it).
     let mut catching_up = None;
+    let mut continuing = false;
     loop {
         let mut notified = pin!(wake.notified());
         notified.as_mut().enable();
@@ -383,13 +399,14 @@ async fn run_spiller(weak: Weak<Shared>, wake: Arc<Notify>) {
         if catching_up.is_none() {
             catching_up = Some(shared.handover.busy());
         }
-        let round = shared.spill_round().await;
+        let round = shared.spill_round(continuing).await;
         drop(shared);
-        if !matches!(round, Round::Wrote) {
+        continuing = matches!(round, Round::Wrote { more: true });
+        if !matches!(round, Round::Wrote { .. }) {
             catching_up = None;
         }
         match round {
-            Round::Wrote => backoff = Duration::from_millis(20),
+            Round::Wrote { .. } => backoff = Duration::from_millis(20),
             Round::Idle => notified.await,
             Round::Failed => {
                 // Retry: the store may come back. Waiting putters have the error already.
