@@ -210,34 +210,32 @@ async fn a_default_buffer_spills_to_a_temporary_directory_it_removes() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_buffer_at_its_budget_spills_nothing() {
     let dir = TempDir::new("spill-at-budget");
-    let buf = SequenceBuffer::with_config(
+    let buf = one_sample_budget(&dir);
+    // (spilled now, segments written) once sample `i` is put and the spiller has run.
+    let buf = &buf;
+    let put = |i| async move {
+        buf.put_batch(vec![rollout(i)]).await.expect("put");
+        tokio::task::yield_now().await;
+        buf.flush().await.expect("flush");
+        let spill = buf.stats().spill;
+        (spill.spilled_now, spill.segments_written)
+    };
+    assert_eq!(put(0).await, (0, 0), "{:?}", buf.stats().spill);
+    // One more sample is over the budget: the first goes out to make room, and the
+    // second, which fits, stays.
+    assert_eq!(put(1).await, (1, 1), "{:?}", buf.stats().spill);
+    assert_invariants(buf);
+}
+
+/// A buffer of 8 slots whose memory budget holds one `rollout`, spilling to `dir`.
+fn one_sample_budget(dir: &TempDir) -> SequenceBuffer {
+    SequenceBuffer::with_config(
         BufferConfig::new(8)
             .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
             .memory_budget(SAMPLE_BYTES)
-            .spill_to(local(&dir)),
+            .spill_to(local(dir)),
     )
-    .expect("buffer");
-    buf.put_batch(vec![rollout(0)]).await.expect("put");
-    tokio::task::yield_now().await;
-    buf.flush().await.expect("flush");
-    let spill = buf.stats().spill;
-    assert_eq!(
-        (spill.spilled_now, spill.segments_written),
-        (0, 0),
-        "{spill:?}"
-    );
-    // One more sample is over the budget: the first goes out to make room, and the
-    // second, which fits, stays.
-    buf.put_batch(vec![rollout(1)]).await.expect("put");
-    tokio::task::yield_now().await;
-    buf.flush().await.expect("flush");
-    let spill = buf.stats().spill;
-    assert_eq!(
-        (spill.spilled_now, spill.segments_written),
-        (1, 1),
-        "{spill:?}"
-    );
-    assert_invariants(&buf);
+    .expect("buffer")
 }
 
 /// Only fields of at least 1 KiB are spilled: a spilled sample keeps its small fields (a
@@ -245,13 +243,7 @@ async fn a_buffer_at_its_budget_spills_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spilled_sample_keeps_its_small_fields_in_memory() {
     let dir = TempDir::new("spill-small-fields");
-    let buf = SequenceBuffer::with_config(
-        BufferConfig::new(8)
-            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
-            .memory_budget(SAMPLE_BYTES)
-            .spill_to(local(&dir)),
-    )
-    .expect("buffer");
+    let buf = one_sample_budget(&dir);
     for i in 0..4u64 {
         let sample = rollout(i).with("reward", i as f64);
         buf.put_batch(vec![sample]).await.expect("put");
