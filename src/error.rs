@@ -443,9 +443,9 @@ pub enum Error {
         detail: String,
     },
 
-    /// A feature that runs a background task (the archive writer) was configured outside a
-    /// tokio runtime.
-    #[error("{what} needs a tokio runtime: build the buffer inside one")]
+    /// A feature that runs a background task (the archive writer) was configured, or
+    /// spilled samples were selected (by `try_get_batch_for_rpc`), outside a tokio runtime.
+    #[error("{what} needs a tokio runtime, and was called outside one")]
     NoRuntime {
         /// What needed it.
         what: &'static str,

@@ -424,6 +424,22 @@ async fn a_source_that_cannot_lease_one_group_per_call_is_refused_at_once() {
             if detail.contains("source `e`") && detail.contains("leases 2 groups")),
         "{err:?}"
     );
+    // An RPC that does not read every group input: each group it leased would be
+    // discarded as unreadable.
+    let short = RpcDef::new("train", 1).inputs(["prompt_tokens", "output_tokens", "reward"]);
+    let partial = SequenceBuffer::new(4, [short]).expect("config");
+    partial
+        .put_batch(vec![group("e", 0, 10, [0.0, 1.0])])
+        .await
+        .expect("put");
+    let err = Batcher::new(vec![source("e", &partial, 1.0)], cfg()).expect_err("partial inputs");
+    assert!(
+        matches!(&err, Error::InvalidPacking { detail }
+            if detail.contains("source `e`") && detail.contains("\"logprobs\"")
+                && !detail.contains("\"reward\"")),
+        "{err:?}"
+    );
+    assert_eq!(partial.stats().idle, 1, "nothing was discarded");
     let one = env_buffer("f", 1, 10).await;
     let mut unknown = source("f", &one, 1.0);
     unknown.rpc = "trian".into();

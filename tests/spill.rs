@@ -238,6 +238,41 @@ fn one_sample_budget(dir: &TempDir) -> SequenceBuffer {
     .expect("buffer")
 }
 
+/// `try_get_batch_for_rpc` on a thread outside any runtime cannot start the loads of the
+/// spilled samples it selects: it says so (`NoRuntime`) and leaves no load registered that
+/// nothing will run, so a get inside the runtime reads them and is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_get_outside_a_runtime_leaves_no_load_behind() {
+    let dir = TempDir::new("spill-no-runtime");
+    let (buf, _) = spilled_buffer(
+        local(&dir),
+        4,
+        vec![RpcDef::new("train", 4).inputs(["tokens", "logp"])],
+    )
+    .await;
+    let outside = buf.clone();
+    let tried =
+        std::thread::spawn(move || outside.try_get_batch_for_rpc("train").map(|b| b.is_some()))
+            .join()
+            .expect("thread");
+    assert!(
+        matches!(tried, Err(rollout_buffer::Error::NoRuntime { .. })),
+        "{tried:?}"
+    );
+    assert_eq!(buf.stats().rpcs[0].eligible, 4, "the samples went back");
+    let batch = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        buf.get_batch_for_rpc("train"),
+    )
+    .await
+    .expect("the get waited for loads nothing runs")
+    .expect("get");
+    let ids: HashSet<u64> = batch.samples().map(|v| check(&v)).collect();
+    assert_eq!(ids, (0..4).collect());
+    batch.commit().await.expect("commit");
+    assert_invariants(&buf);
+}
+
 /// Only fields of at least 1 KiB are spilled: a spilled sample keeps its small fields (a
 /// reward) in memory, where metrics and `Prioritized` selection read them without I/O.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -270,6 +270,8 @@ impl PyBuffer_ {
     /// A batch for `rpc` if one is ready now, else `None`; never waits.
     fn try_get_batch_for_rpc(&self, rpc: &str) -> PyResult<Option<PyBatch>> {
         crate::interpreter::check_not_forked()?;
+        // Inside the runtime's context: loads of spilled inputs it starts run there.
+        let _entered = crate::interpreter::runtime()?.enter();
         let batch = self.buf.try_get_batch_for_rpc(rpc).map_err(py_err)?;
         Ok(batch.map(|batch| PyBatch {
             inner: Mutex::new(Some(batch)),

@@ -3,6 +3,7 @@ calls, errors as exceptions, the lease context manager, persistence."""
 
 import asyncio
 import math
+import time
 
 import numpy as np
 import pytest
@@ -236,6 +237,10 @@ def test_rollouts_are_grouped_then_packed_for_training():
         rb.Batcher([("math", pairs, "train", 1.0)], seq_len=128, rows=4, group_size=4)
     with pytest.raises(ValueError, match="trian"):
         rb.Batcher([("math", buf, "trian", 1.0)], seq_len=128, rows=4, group_size=4)
+    # One whose RPC does not read every group input: each group would be discarded.
+    partial = rb.Buffer(8, [rb.Rpc("train", 1, inputs=["prompt_tokens", "reward"])])
+    with pytest.raises(ValueError, match="does not read .*output_tokens"):
+        rb.Batcher([("math", partial, "train", 1.0)], seq_len=128, rows=4, group_size=4)
     batcher = rb.Batcher([("math", buf, "train", 1.0)], seq_len=128, rows=4, group_size=4)
     batch = batcher.next_batch_blocking()
     more = len(batch.arrays()["group_ids"])
@@ -391,6 +396,34 @@ def test_a_memory_budget_spills_and_every_sample_comes_back(tmp_path):
     assert seen == set(range(n))
     buf.flush()
     assert buf.stats()["spill"]["live_segments"] == 0
+
+
+def test_polling_a_spilled_buffer_with_try_get_gets_every_batch(tmp_path):
+    """`try_get_batch_for_rpc` ran outside the runtime: the loads of spilled inputs it
+    registered never started, so it answered `None` forever and every later get waited
+    for those loads."""
+    n, size = 32, 4000
+    buf = rb.Buffer(
+        64, [rb.Rpc("train", 8, inputs=["x"])], store=str(tmp_path), memory_budget=4 * size * 4
+    )
+    for i in range(n):
+        buf.put_batch_blocking([{"id": f"s{i}", "x": np.full(size, i, dtype=np.float32)}])
+    assert buf.stats()["spill"]["spilled_now"] > 0
+    seen = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < n:
+        assert time.monotonic() < deadline, f"polled for a minute; got {sorted(seen)}"
+        batch = buf.try_get_batch_for_rpc("train")
+        if batch is None:
+            # The loads it started run on the runtime; a blocking get with a timeout waits
+            # for a wake-up instead of spinning.
+            batch = buf.get_batch_for_rpc_blocking("train", timeout=30)
+        for s in batch.samples():
+            j = int(s["id"][1:])
+            assert np.array_equal(s["x"], np.full(size, j, dtype=np.float32))
+            seen.add(j)
+        batch.commit_blocking()
+    assert seen == set(range(n))
 
 
 def test_an_awaitable_completion_outside_an_event_loop_keeps_the_lease():

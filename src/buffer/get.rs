@@ -123,7 +123,9 @@ impl SequenceBuffer {
     ///
     /// [`Error::UnknownRpc`] for a name not defined, [`Error::Closed`] once the buffer is
     /// closed, and, under a memory budget, [`Error::Storage`] or [`Error::Corrupt`] when a
-    /// load of the samples' spilled inputs failed (the lease is then released).
+    /// load of the samples' spilled inputs failed (the lease is then released), or
+    /// [`Error::NoRuntime`] when such a load is needed and this thread is outside a tokio
+    /// runtime (nothing could run it).
     pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
         let shared = &self.shared;
         let r = shared.open_rpc(rpc)?;

@@ -259,6 +259,20 @@ impl SequenceBuffer {
         Ok(graph.rpcs()[r].n_seqs)
     }
 
+    /// Which of `keys` RPC `rpc` does not read.
+    pub(crate) fn inputs_missing<'k>(&self, rpc: &str, keys: &[&'k str]) -> Result<Vec<&'k str>> {
+        let graph = &self.shared.graph;
+        let r = graph
+            .rpc_index(rpc)
+            .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })?;
+        let inputs = graph.rpcs()[r].inputs;
+        Ok(keys
+            .iter()
+            .copied()
+            .filter(|k| !graph.key_id(k).is_some_and(|id| inputs.contains(id)))
+            .collect())
+    }
+
     /// Whether every stored sample must hold `key`: an RPC reads it and none outputs it,
     /// nor is it declared external (a dataset key).
     pub(crate) fn needs_dataset_key(&self, key: &str) -> bool {

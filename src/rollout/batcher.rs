@@ -156,8 +156,9 @@ impl Batcher {
     /// fractions that sum to 0, a packer whose batch holds no token (a row length, a
     /// row count or a token budget of 0), or a source whose RPC leases more than one
     /// group per call (`n_seqs` above 1: its getter would wait for that many groups, and
-    /// the batch could not use them). [`Error::UnknownRpc`] for a source's RPC its buffer
-    /// does not define.
+    /// the batch could not use them), or whose RPC does not read every key of
+    /// [`GROUP_INPUTS`](super::GROUP_INPUTS). [`Error::UnknownRpc`] for a source's RPC its
+    /// buffer does not define.
     pub fn new(sources: Vec<Source>, config: BatcherConfig) -> Result<Self> {
         let bad = |detail: String| Error::InvalidPacking { detail };
         if sources.is_empty() {
@@ -185,6 +186,16 @@ impl Batcher {
                 return Err(bad(format!(
                     "source `{}`: RPC `{}` leases {batch_size} groups per call; a batcher \
                      source must lease one (n_seqs 1)",
+                    s.name, s.rpc
+                )));
+            }
+            // A group read without these cannot be trained on: every one would be
+            // discarded as unreadable.
+            let missing = s.buffer.inputs_missing(&s.rpc, &super::GROUP_INPUTS)?;
+            if !missing.is_empty() {
+                return Err(bad(format!(
+                    "source `{}`: RPC `{}` does not read {missing:?}; a batcher source's RPC \
+                     reads GROUP_INPUTS (see `trainer_rpc`)",
                     s.name, s.rpc
                 )));
             }

@@ -92,6 +92,12 @@ impl Shared {
         // once would share the cores between them and delay the batch (a trainer's first
         // get registers three batches).
         let LoadPlan { mut loads, urgent } = plan;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // Nothing would ever run the loads: fail them (and drop their registrations),
+            // or every later get would wait for them forever.
+            self.fail_loads(loads);
+            return;
+        };
         let ahead = loads.split_off(urgent.min(loads.len()));
         // `flush` waits for loads too: a segment freed while a load still holds it is
         // deleted when the load ends.
@@ -101,11 +107,30 @@ impl Shared {
             run_loads(weak, store, ahead).await;
             drop(busy);
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                runtime.spawn(task);
+        runtime.spawn(task);
+    }
+
+    /// Fails loads that cannot run (no runtime): each leaves the registry, so a get inside
+    /// a runtime reads again, and whoever waits for one gets [`Error::NoRuntime`].
+    fn fail_loads(&self, loads: Vec<(Arc<LoadCell>, Vec<SpilledRow>)>) {
+        tracing::warn!(
+            samples = loads.len(),
+            "spilled samples selected outside a tokio runtime: their loads fail"
+        );
+        {
+            let mut inner = self.lock();
+            if let Some(spill) = inner.spill.as_mut() {
+                for (cell, rows) in &loads {
+                    if let Some(r) = rows.first() {
+                        spill.failed(r.slot, cell);
+                    }
+                }
             }
-            Err(_) => tracing::warn!("spilled samples selected outside a tokio runtime"),
+        }
+        for (cell, _) in loads {
+            cell.finish(Err(Error::NoRuntime {
+                what: "loading spilled samples",
+            }));
         }
     }
 
