@@ -1,4 +1,7 @@
-"""What several test modules share: a local Ray cluster."""
+"""What several test modules share: a local Ray cluster, and an interrupter of a wait."""
+
+import threading
+import time
 
 import pytest
 
@@ -16,3 +19,26 @@ def cluster(request):
         yield
     finally:
         ray.shutdown()
+
+
+@pytest.fixture
+def interrupt_when_waiting():
+    """``start(buf, rpc, send)``: calls ``send()`` (a Ctrl-C) on another thread once a getter
+    of ``rpc`` waits in ``buf``, so the signal lands during the wait however the machine
+    schedules the test (a timer could fire before the call, or before ``pytest.raises``)."""
+    threads = []
+
+    def start(buf, rpc, send):
+        def run():
+            deadline = time.monotonic() + 30
+            while buf.stats()["rpcs"][rpc]["waiting"] == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            send()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        threads.append(thread)
+
+    yield start
+    for thread in threads:
+        thread.join(timeout=60)

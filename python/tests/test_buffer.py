@@ -269,17 +269,14 @@ def test_cancelling_an_awaited_get_leaves_nothing_behind():
     asyncio.run(main())
 
 
-def test_ctrl_c_interrupts_a_blocking_wait():
+def test_ctrl_c_interrupts_a_blocking_wait(interrupt_when_waiting):
     import os
     import signal
-    import threading
 
     buf = pipeline(capacity=4, n=1)
-    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
-    timer.start()
     with pytest.raises(KeyboardInterrupt):
+        interrupt_when_waiting(buf, "gen", lambda: os.kill(os.getpid(), signal.SIGINT))
         buf.get_batch_for_rpc_blocking("gen")
-    timer.join()
     stats = buf.stats()
     assert stats["rpcs"]["gen"]["waiting"] == 0 and stats["live_leases"] == 0
     buf.put_batch_blocking([{"id": "a", "prompt": np.array([1], np.int32)}])

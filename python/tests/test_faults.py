@@ -64,17 +64,12 @@ def test_a_consumer_cancelled_holding_a_lease_gives_its_samples_back():
     asyncio.run(go())
 
 
-def test_ctrl_c_interrupts_a_blocking_get_and_leaks_nothing():
+def test_ctrl_c_interrupts_a_blocking_get_and_leaks_nothing(interrupt_when_waiting):
     buf = buffer()
-    # SIGINT arrives while the main thread is blocked in the get (or just before it,
-    # which raises at the next check all the same).
-    timer = threading.Timer(0.2, _thread.interrupt_main)
-    timer.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            buf.get_batch_for_rpc_blocking("train", timeout=30)
-    finally:
-        timer.cancel()
+    # SIGINT arrives while the main thread is blocked in the get.
+    with pytest.raises(KeyboardInterrupt):
+        interrupt_when_waiting(buf, "train", _thread.interrupt_main)
+        buf.get_batch_for_rpc_blocking("train", timeout=30)
     put(buf, "s", 4)
     batch = buf.get_batch_for_rpc_blocking("train", timeout=10)
     assert len(batch) == 4 and buf.stats()["live_leases"] == 1

@@ -88,7 +88,7 @@ async fn a_killed_server_restarts_with_every_answered_write() {
     );
 }
 
-/// Three seconds of writes and reads with a checkpoint after every few groups, so log files
+/// Three seconds (and 64 rounds at least) of writes and reads with a checkpoint after every few groups, so log files
 /// are retired and written again as the store recycles them; then kill -9: every answered
 /// write comes back once, and nothing a read answered comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,7 +99,9 @@ async fn a_server_killed_after_many_checkpoints_has_every_answered_write_once() 
     let (mut written, mut read) = (Vec::new(), Vec::new());
     let started = std::time::Instant::now();
     let mut round = 0;
-    while started.elapsed() < Duration::from_secs(3) {
+    // At least 64 rounds however slow the machine: the check below counts on far more
+    // rounds than the few log files a checkpoint in progress still leaves.
+    while started.elapsed() < Duration::from_secs(3) || round < 64 {
         let batch: Vec<Value> = (0..8)
             .map(|i| {
                 let group = format!("g{round}-{}", i / 4);
@@ -268,7 +270,9 @@ async fn one_full_slot(tag: &str, timeout: &str) -> (StoreDir, Server) {
 
 #[tokio::test]
 async fn a_full_buffer_answers_503_with_retry_after() {
-    let (_dir, server) = one_full_slot("full", "0.2").await;
+    // Long enough for the writes that succeed on a loaded machine (each one's fsynced log
+    // write counts against it), short enough that the one refused is refused soon.
+    let (_dir, server) = one_full_slot("full", "2").await;
     // The second item seals q1, which needs the one slot q0 holds.
     let resp = client()
         .post(format!("{}/buffer/write", server.url))
@@ -288,6 +292,9 @@ async fn a_full_buffer_answers_503_with_retry_after() {
     // and q1 is whole (read with a wait: the put lands in the background).
     let (_, body) = post(&server, "/get_rollout_data", &json!({})).await;
     assert_eq!(uids(&body), ["q0-0", "q0-1"]);
+    // Once the waiting put has landed, the retry is decided at once (while it is still
+    // landing, the retry would wait for it under its own write timeout).
+    stat_reaches(&server, "items_adding", 0).await;
     let (status, body) = post(&server, "/buffer/write", &item("q1-1", "q1", 0.0)).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["data"]["data"][0]["outcome"], "duplicate");
