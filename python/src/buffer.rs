@@ -20,11 +20,19 @@ async fn put(
     buf: &SequenceBuffer,
     samples: Vec<rollout_buffer::Sample>,
     timeout: Option<Duration>,
+    call: &str,
 ) -> rollout_buffer::Result<Vec<rollout_buffer::SlotHandle>> {
-    match timeout {
+    let result = match timeout {
         Some(t) => buf.put_batch_timeout(samples, t).await,
         None => buf.put_batch(samples).await,
-    }
+    };
+    // A timeout names the Python call that timed out (`put_columns`, say).
+    result.map_err(|mut e| {
+        if let rollout_buffer::Error::Timeout { op, .. } = &mut e {
+            *op = call.to_owned();
+        }
+        e
+    })
 }
 
 /// Handles as `(slot, generation)` pairs for Python.
@@ -131,7 +139,9 @@ impl PyBuffer_ {
         let timeout = timeout_arg(timeout)?;
         let buf = self.buf.clone();
         awaitable(py, async move {
-            let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
+            let handles = put(&buf, samples, timeout, "put_batch")
+                .await
+                .map_err(py_err)?;
             Ok(pairs(&handles))
         })
     }
@@ -182,7 +192,9 @@ impl PyBuffer_ {
         let timeout = timeout_arg(timeout)?;
         let buf = self.buf.clone();
         awaitable(py, async move {
-            let handles = put(&buf, samples, timeout).await.map_err(py_err)?;
+            let handles = put(&buf, samples, timeout, "put_columns")
+                .await
+                .map_err(py_err)?;
             Ok(pairs(&handles))
         })
     }
@@ -199,7 +211,7 @@ impl PyBuffer_ {
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = self.column_samples(&columns, ids.as_ref(), meta.as_ref())?;
         let timeout = timeout_arg(timeout)?;
-        let handles = block(py, put(&self.buf, samples, timeout))?;
+        let handles = block(py, put(&self.buf, samples, timeout, "put_columns"))?;
         Ok(pairs(&handles))
     }
 
@@ -241,7 +253,7 @@ impl PyBuffer_ {
     ) -> PyResult<Vec<(u32, u32)>> {
         let samples = samples_from_py(&samples)?;
         let timeout = timeout_arg(timeout)?;
-        let handles = block(py, put(&self.buf, samples, timeout))?;
+        let handles = block(py, put(&self.buf, samples, timeout, "put_batch"))?;
         Ok(pairs(&handles))
     }
 

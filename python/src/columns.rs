@@ -119,7 +119,7 @@ impl Columns {
                         cols.meta.push((name.to_owned(), arrow_meta(name, column)?));
                     }
                     _ => {
-                        check_key(name, keys)?;
+                        check_key(name, keys, role)?;
                         let rows = arrow_rows(name, field, column, &batch)?;
                         cols.fields
                             .push((FieldKey::from(Arc::<str>::from(name)), rows));
@@ -153,7 +153,7 @@ impl Columns {
                         cols.meta.push((name, values));
                     }
                     _ => {
-                        check_key(&name, keys)?;
+                        check_key(&name, keys, role)?;
                         let rows = py_rows(&name, &v)?;
                         lengths.push((format!("column {name:?}"), rows.len()));
                         cols.fields.push((FieldKey::from(name), rows));
@@ -297,15 +297,27 @@ fn check_lengths(lengths: &[(String, usize)], rows: Option<usize>) -> PyResult<u
     Ok(*n)
 }
 
-fn check_key(name: &str, keys: &[&str]) -> PyResult<()> {
+fn check_key(name: &str, keys: &[&str], role: Role) -> PyResult<()> {
     if keys.is_empty() || keys.contains(&name) {
         return Ok(());
     }
-    Err(bad(format!(
-        "column {name:?} is not a key of any RPC (declared: {}); pass it in meta= if it is \
-         metadata, or declare it as an RPC input, output or external key",
-        keys.join(", ")
-    )))
+    let keys = keys.join(", ");
+    Err(bad(match role {
+        Role::Put => format!(
+            "column {name:?} is not a key of any RPC (declared: {keys}); pass it in meta= if \
+             it is metadata, or declare it as an RPC input, output or external key"
+        ),
+        // A completion or an amend: a table read back (`to_arrow()`) with a column added
+        // carries the ids, births and inputs too.
+        Role::Patch if name == "id" || name == "birth" => format!(
+            "column {name:?}: a patch's rows follow the samples' order, and ids and births \
+             are fixed; leave the column out (this call writes: {keys})"
+        ),
+        Role::Patch => format!(
+            "column {name:?} is not a key this call writes (it writes: {keys}); leave it out, \
+             e.g. `table.select([...])`, or mark it as metadata as `to_arrow()` does"
+        ),
+    }))
 }
 
 fn check_unique(ids: &[SampleId]) -> PyResult<()> {

@@ -473,15 +473,15 @@ def test_every_waiting_call_takes_a_timeout():
 
     with pytest.raises(rb.Timeout, match="put_batch"):
         full.put_batch_blocking([one], timeout=0.05)
-    with pytest.raises(rb.Timeout):
+    with pytest.raises(rb.Timeout, match="put_columns"):  # the call made, not put_batch
         full.put_columns_blocking({"x": np.zeros((1, 1), np.float32)}, ids=["c"], timeout=0.05)
     with pytest.raises(rb.Timeout, match="next_batch"):
         batcher.next_batch_blocking(timeout=0.05)
 
     async def main():
-        with pytest.raises(rb.Timeout):
+        with pytest.raises(rb.Timeout, match="put_batch"):
             await full.put_batch([one], timeout=0.05)
-        with pytest.raises(rb.Timeout):
+        with pytest.raises(rb.Timeout, match="put_columns"):
             await full.put_columns({"x": np.zeros((1, 1), np.float32)}, ids=["c"], timeout=0.05)
         with pytest.raises(rb.Timeout, match="next_batch"):
             await batcher.next_batch(timeout=0.05)

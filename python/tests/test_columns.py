@@ -326,8 +326,15 @@ def test_a_rejected_output_keeps_the_batch_whole():
     buf.put_columns_blocking({"prompt": np.ones((2, 1), np.int32)}, ids=["a", "b"])
     gen = buf.get_batch_for_rpc_blocking("gen")
     frame = pa.table({"id": ["a", "b"], "tokens": [[1], [2]]})
-    with pytest.raises(ValueError, match=r'column "id" is not a key'):
+    with pytest.raises(ValueError, match=r'column "id": a patch\'s rows follow the samples\' order'):
         gen.complete_columns_blocking(frame)
+    # The batch read back with an output added carries the inputs too: the message names
+    # what the call writes, and no meta= that the call does not take.
+    back = gen.to_arrow().append_column("tokens", pa.array([[1], [2]]))
+    with pytest.raises(ValueError, match=r'column "prompt" is not a key this call writes '
+                                         r'\(it writes: tokens\)') as refused:
+        gen.complete_columns_blocking(back.drop_columns(["id", "birth"]))
+    assert "meta=" not in str(refused.value)
     with pytest.raises(ValueError, match=r"does not declare output `score`"):
         gen.complete_blocking([{"tokens": np.ones(1, np.int32), "score": 1.0}] * 2)
     gen.complete_columns_blocking(frame.drop_columns(["id"]))
