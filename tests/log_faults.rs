@@ -181,7 +181,14 @@ async fn a_second_buffer_on_the_same_store_stops_the_first_from_overwriting_it()
         .await
         .expect_err("the first buffer no longer owns the store");
     assert!(err.to_string().contains("another buffer"), "{err}");
-    assert!(first.put_batch(vec![prompt("a3")]).await.is_err());
+    // Every later change, and a flush, says why too (a bare `Closed` said nothing).
+    let again = first
+        .put_batch(vec![prompt("a3")])
+        .await
+        .expect_err("stopped");
+    assert!(again.to_string().contains("another buffer"), "{again}");
+    let flushed = first.flush().await.expect_err("stopped");
+    assert!(flushed.to_string().contains("another buffer"), "{flushed}");
     drop((first, second));
     let third = open(&store, Durability::Sync).await;
     assert_eq!(stored_ids(&third).await, ["a1", "b1"]);

@@ -27,7 +27,8 @@ impl SequenceBuffer {
     /// Nothing is applied on any error.
     ///
     /// * [`Error::Closed`] once the buffer is closed, or when a sync journal's writer
-    ///   stopped before the amend was durable.
+    ///   stopped before the amend was durable ([`Error::Storage`] instead when a storage
+    ///   error stopped it, another buffer writing the store say).
     /// * [`Error::LengthMismatch`] when `handles` and `patches` differ in length.
     /// * [`Error::DuplicateHandle`] when one sample's handle appears twice.
     /// * [`Error::InvalidSlot`] for a handle naming a slot outside the buffer, and
@@ -116,7 +117,7 @@ impl SequenceBuffer {
         };
         let (pending, refused) = pending;
         drop(refused);
-        pending.await.unwrap_or(Err(Error::Closed))
+        shared.verdict(pending).await
     }
 }
 

@@ -15,7 +15,7 @@
 #![cfg_attr(rollout_buffer_loom, allow(dead_code))]
 
 use super::{Durable, Inner, Record, SequenceBuffer};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::sample::Sample;
 use crate::sync::{oneshot, Arc};
 use std::collections::BTreeMap;
@@ -105,7 +105,7 @@ impl SequenceBuffer {
                 return Ok(());
             };
             drop(refused);
-            rx.await.unwrap_or(Err(Error::Closed))
+            shared.verdict(rx).await
         }
     }
 

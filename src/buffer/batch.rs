@@ -195,7 +195,7 @@ impl Batch {
     ///   buffer released it).
     /// * With a sync journal, [`Error::Storage`] when the completion's record fails to be
     ///   written, and [`Error::Closed`] when the journal's writer stopped before it was
-    ///   durable; the lease is released.
+    ///   durable (the error that stopped it, if one did); the lease is released.
     ///
     /// # Cancel safety
     ///
@@ -410,7 +410,7 @@ impl Batch {
     /// completion is durable.
     async fn finish(&mut self, outputs: Option<Outputs>) -> Result<()> {
         match self.end_lease(outputs)? {
-            Some(durable) => durable.await.unwrap_or(Err(Error::Closed)),
+            Some(durable) => self.shared.verdict(durable).await,
             None => Ok(()),
         }
     }

@@ -70,7 +70,7 @@ impl SequenceBuffer {
                     // The step's batch is handed out only once its log entry is durable;
                     // if that fails the batch is dropped (released) with the error.
                     if let Some(logged) = logged {
-                        logged.await.unwrap_or(Err(Error::Closed))?;
+                        shared.verdict(logged).await?;
                     }
                     return Ok(batch);
                 }
@@ -183,7 +183,8 @@ impl SequenceBuffer {
     ///   (stale, evicted) or can no longer be served to the RPC;
     /// * with a sync journal, for the first request of a step, [`Error::Storage`] when the
     ///   step's log entry fails to be written, and [`Error::Closed`] when the journal's
-    ///   writer stopped before it was durable (the lease is released in both cases).
+    ///   writer stopped before it was durable (the error that stopped it, if one did; the
+    ///   lease is released in both cases).
     ///
     /// # Cancel safety
     ///

@@ -23,7 +23,7 @@
 
 use super::spill::SpillPart;
 use super::AuxWrite;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::exit::ExitReason;
 use crate::sample::{Patch, Sample, SampleId};
 use crate::sync::Arc;
@@ -96,9 +96,32 @@ pub(crate) trait Journal: Send + Sync + fmt::Debug {
     /// error that stopped it.
     fn flush(&self) -> JournalFuture;
 
+    /// The error that stopped the journal's writer for good, if one did: what a call whose
+    /// change was handed back (or dropped) returns, instead of a bare [`Error::Closed`].
+    fn stopped_by(&self) -> Option<Error> {
+        None
+    }
+
     /// `Some(wait)` when more put data waits to be written than the journal's limit:
     /// putters await it, outside the buffer's lock, before claiming slots, so a store that
     /// falls behind slows puts down instead of growing memory without bound. Called with
     /// the buffer's lock held: it only looks.
     fn backlog(&self) -> Option<JournalFuture>;
+}
+
+impl super::Shared {
+    /// The fate of a change a sync journal logs, sent on `rx` by its callback. A callback
+    /// the journal handed back or dropped uncalled answers with the error that stopped the
+    /// journal's writer (another buffer writing the store, say), or [`Error::Closed`].
+    /// Takes the lock then: await it after dropping it.
+    pub(crate) async fn verdict<T>(
+        &self,
+        rx: crate::sync::oneshot::Receiver<Result<T>>,
+    ) -> Result<T> {
+        rx.await.unwrap_or_else(|_| {
+            let inner = self.lock();
+            let stopped = inner.journal.as_ref().and_then(|j| j.stopped_by());
+            Err(stopped.unwrap_or(Error::Closed))
+        })
+    }
 }

@@ -48,7 +48,7 @@ impl Stored {
             Stored::Pending(rx, wake, refused, evicted) => {
                 shared.settle((wake, evicted));
                 drop(refused);
-                rx.await.unwrap_or(Err(Error::Closed))
+                shared.verdict(rx).await
             }
         }
     }

@@ -99,6 +99,8 @@ struct Queue {
     closing: bool,
     /// The writer has stopped: appends hand their callbacks back.
     stopped: bool,
+    /// The error that stopped it (another writer's log, say), if one did.
+    stop_error: Option<Error>,
 }
 
 struct WalShared {
@@ -216,12 +218,27 @@ impl Journal for Wal {
         {
             let mut q = self.shared.queue.lock();
             if q.stopped {
-                return Box::pin(std::future::ready(Err(Error::Closed)));
+                let error = q.stop_error.clone().unwrap_or(Error::Closed);
+                return Box::pin(std::future::ready(Err(error)));
             }
             q.flushes.push(tx);
         }
         self.shared.wake.notify_one();
-        Box::pin(async move { rx.await.unwrap_or(Err(Error::Closed)) })
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(shared
+                    .queue
+                    .lock()
+                    .stop_error
+                    .clone()
+                    .unwrap_or(Error::Closed))
+            })
+        })
+    }
+
+    fn stopped_by(&self) -> Option<Error> {
+        self.shared.queue.lock().stop_error.clone()
     }
 }
 
@@ -401,6 +418,7 @@ async fn commit(
     };
     let stop = |taken: Taken, e: Error| {
         tracing::error!(error = %e, "the log cannot be written any more; changes fail");
+        shared.queue.lock().stop_error = Some(e.clone());
         taken.callbacks.into_iter().for_each(|f| f(Err(e.clone())));
         fail_flushes(taken.flushes, &e);
         Next::Stop
