@@ -3,7 +3,7 @@
 
 use crate::batch::PyBatch;
 use crate::columns::{Columns, Role};
-use crate::convert::{handles_from_py, patches_from_py, samples_from_py};
+use crate::convert::{count, handles_from_py, patches_from_py, samples_from_py};
 use crate::errors::py_err;
 use crate::interpreter::runtime;
 use crate::rpc::PyRpc;
@@ -79,14 +79,18 @@ impl PyBuffer_ {
     #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     fn new(
         py: Python<'_>,
-        capacity: usize,
+        capacity: i128,
         rpcs: Vec<Bound<'_, PyAny>>,
         store: Option<String>,
         external_keys: Vec<String>,
         durability: &str,
-        memory_budget: Option<u64>,
+        memory_budget: Option<i128>,
         wait_warning: Option<f64>,
     ) -> PyResult<Self> {
+        let capacity: usize = count("capacity", capacity)?;
+        let memory_budget: Option<u64> = memory_budget
+            .map(|b| count("memory_budget", b))
+            .transpose()?;
         let durability = parse_durability(durability)?;
         let defs = rpcs
             .iter()

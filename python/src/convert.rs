@@ -362,3 +362,15 @@ pub(crate) fn view_to_py<'py>(
     d.set_item("meta", meta)?;
     Ok(d)
 }
+
+/// Argument `name`, a count or a size: a Python int from 0 up to what `T` holds. Taken as
+/// `i128` and narrowed here, so a negative or too large value is a `ValueError` naming the
+/// argument (pyo3's own conversion raises an `OverflowError` that names nothing).
+pub(crate) fn count<T: TryFrom<i128>>(name: &str, value: i128) -> PyResult<T> {
+    T::try_from(value).map_err(|_| {
+        PyValueError::new_err(format!(
+            "{name}: {value} is out of range (a whole number from 0 to 2^{} - 1)",
+            8 * std::mem::size_of::<T>()
+        ))
+    })
+}

@@ -1,5 +1,6 @@
 //! `Rpc`: an RPC definition built from Python keyword arguments.
 
+use crate::convert::count;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use rollout_buffer::{RateLimit, RpcDef, Selection};
@@ -21,21 +22,28 @@ impl PyRpc {
     #[allow(clippy::too_many_arguments)]
     fn new(
         name: String,
-        n_seqs: usize,
+        n_seqs: i128,
         inputs: Vec<String>,
         outputs: Vec<String>,
-        reads: u32,
+        reads: i128,
         selection: &str,
-        seed: u64,
+        seed: i128,
         lease_timeout: Option<f64>,
-        max_staleness: Option<u64>,
+        max_staleness: Option<i128>,
         alpha: f64,
         priority_key: Option<String>,
         exponent: f64,
         samples_per_insert: Option<f64>,
-        min_size_to_sample: usize,
+        min_size_to_sample: i128,
         error_buffer: Option<f64>,
     ) -> PyResult<Self> {
+        let n_seqs: usize = count("n_seqs", n_seqs)?;
+        let reads: u32 = count("reads", reads)?;
+        let seed: u64 = count("seed", seed)?;
+        let max_staleness: Option<u64> = max_staleness
+            .map(|s| count("max_staleness", s))
+            .transpose()?;
+        let min_size_to_sample: usize = count("min_size_to_sample", min_size_to_sample)?;
         // A sample dict's own entries: a field of one of these names could never be put
         // (the dict's "id" is the sample's id), so an RPC reading it could never be served.
         let named = [("inputs", &inputs), ("outputs", &outputs)];

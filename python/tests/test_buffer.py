@@ -363,6 +363,25 @@ def test_unknown_selection_is_a_value_error():
         rb.Rpc("r", 1, selection="prioritized")
 
 
+def test_a_negative_or_oversized_count_is_a_value_error_naming_its_argument():
+    # pyo3's own conversion raised an OverflowError naming nothing ("can't convert
+    # negative int to unsigned").
+    rpc = lambda **kw: rb.Rpc("r", kw.pop("n_seqs", 1), inputs=["x"], **kw)
+    for make, name in [
+        (lambda: rb.Buffer(-1, [rpc()]), "capacity"),
+        (lambda: rb.Buffer(4, [rpc()], memory_budget=-1), "memory_budget"),
+        (lambda: rpc(n_seqs=-1), "n_seqs"),
+        (lambda: rpc(reads=-1), "reads"),
+        (lambda: rpc(reads=2**32), "reads"),
+        (lambda: rpc(seed=-1), "seed"),
+        (lambda: rpc(max_staleness=-1), "max_staleness"),
+        (lambda: rpc(min_size_to_sample=-1), "min_size_to_sample"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name}: -?\d+ is out of range"):
+            make()
+    assert rb.Buffer(4, [rpc(seed=2**64 - 1, max_staleness=0)]).stats()["capacity"] == 4
+
+
 def test_a_memory_budget_spills_and_every_sample_comes_back(tmp_path):
     n, size = 64, 2048
     buf = rb.Buffer(
