@@ -161,3 +161,25 @@ async fn a_pending_rollout_without_a_field_read_since_the_restart_is_left_out_of
     );
     assert_eq!((buf.len(), ingest.counters().refused_groups), (1, 0));
 }
+
+/// A closed buffer's ingest took a rollout as pending and refused it only once its group
+/// sealed. It refuses at once now, holding nothing, through `add` and `add_many` alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_buffers_ingest_refuses_a_rollout_at_once() {
+    let buf = trainer(8);
+    let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(2))
+        .await
+        .expect("start");
+    buf.close();
+    let added = ingest.add(rollout(0, 0, 0)).await;
+    assert!(matches!(added, Err(Error::Closed)), "{added:?}");
+    let answers = ingest
+        .add_many(vec![rollout(1, 0, 0), rollout(1, 1, 0)])
+        .await;
+    assert!(
+        matches!(answers.as_slice(), [Err(Error::Closed), Err(Error::Closed)]),
+        "{answers:?}"
+    );
+    let counters = ingest.assembler_counters();
+    assert_eq!((counters.received, counters.pending_rollouts), (0, 0));
+}

@@ -184,6 +184,7 @@ impl GroupIngest {
     ///
     /// # Errors
     ///
+    /// * [`Error::Closed`] once the buffer is closed, with nothing changed.
     /// * [`Error::InvalidRollout`] for a malformed record (see
     ///   [`RolloutRecord::validate`]), or a new one without a field the buffer reads and
     ///   no RPC outputs (`reward`, `ref_logprobs`), with nothing changed.
@@ -234,6 +235,11 @@ impl GroupIngest {
         room_by: Option<(Instant, Duration)>,
     ) -> Result<Added> {
         let shared = &self.shared;
+        // A closed buffer takes nothing: a rollout held pending there would be refused only
+        // once its group sealed.
+        if shared.buf.is_closed() {
+            return Err(Error::Closed);
+        }
         let uid = record.rollout_uid.clone();
         let logged = record.to_sample(pending_key(&uid));
         let (added, durable, mut in_flight, taken) = loop {
@@ -306,6 +312,9 @@ impl GroupIngest {
     /// As [`Self::add`], for every rollout: all enter the assembler at the first poll.
     pub async fn add_many(&self, records: Vec<RolloutRecord>) -> Vec<Result<Added>> {
         let shared = &self.shared;
+        if shared.buf.is_closed() {
+            return records.iter().map(|_| Err(Error::Closed)).collect();
+        }
         let (taken, durable, mut in_flight) = loop {
             let busy = {
                 let mut state = shared.state.lock();
