@@ -318,7 +318,8 @@ pub enum Error {
     },
     /// A handle names a slot whose sample was freed or replaced since the handle was made.
     #[error(
-        "stale handle: slot {slot} generation {generation} (slot is now at generation {current})"
+        "stale handle: slot {slot} generation {generation} ({})",
+        stale_detail(*.generation, *.current)
     )]
     StaleHandle {
         /// The slot.
@@ -494,4 +495,18 @@ pub enum Error {
         /// What was inconsistent, naming slot / RPC / lease.
         detail: String,
     },
+}
+
+/// Why a [`Error::StaleHandle`]'s slot does not hold the handle's sample.
+fn stale_detail(generation: u32, current: u32) -> String {
+    match generation.cmp(&current) {
+        // Same generation, nothing stored: a slot never used (a handle made from numbers).
+        std::cmp::Ordering::Equal => "the slot holds no sample".to_owned(),
+        std::cmp::Ordering::Less => {
+            format!("its sample was freed or replaced: the slot is now at generation {current}")
+        }
+        std::cmp::Ordering::Greater => {
+            format!("the slot has not reached that generation: it is at {current}")
+        }
+    }
 }

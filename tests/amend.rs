@@ -45,6 +45,29 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
         ),
         "{err:?}"
     );
+    let said = err.expect_err("stale").to_string();
+    assert!(said.contains("freed or replaced"), "{said}");
+    // Handles made from two integers: one to a slot never used says the slot is empty,
+    // and one from the future says so, neither that the slot moved on.
+    let patch = || vec![Patch::new().with("a", 2.0)];
+    let said = scored(2)
+        .amend_batch(&[rollout_buffer::SlotHandle::new(1, 0)], patch())
+        .await
+        .expect_err("no sample there")
+        .to_string();
+    assert!(
+        said.contains("slot 1 generation 0 (the slot holds no sample)"),
+        "{said}"
+    );
+    let said = buf
+        .amend_batch(&[rollout_buffer::SlotHandle::new(1, 7)], patch())
+        .await
+        .expect_err("not yet")
+        .to_string();
+    assert!(
+        said.contains("has not reached that generation: it is at 0"),
+        "{said}"
+    );
     // ...and reused: still stale, and a mixed call applies nothing to the valid handle.
     let reused = buf.put_batch(vec![prompt("s2")]).await.expect("put");
     assert_eq!(reused[0].slot(), old[0].slot());
