@@ -85,7 +85,7 @@ async fn external_keys_are_not_required_at_put() {
 
 #[test]
 fn the_buffer_names_its_capacity_and_every_key_of_its_graph() {
-    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+    use rollout_buffer::{BufferConfig, RpcDef, Selection, SequenceBuffer};
     let buf = SequenceBuffer::with_config(
         BufferConfig::new(8)
             .rpc(RpcDef::new("gen", 1).inputs(["prompt"]).outputs(["tokens"]))
@@ -97,6 +97,24 @@ fn the_buffer_names_its_capacity_and_every_key_of_its_graph() {
     let mut keys: Vec<&str> = buf.keys().collect();
     keys.sort_unstable();
     assert_eq!(keys, ["prompt", "score", "tokens"]);
+    // Priority keys are read by the selection, not as inputs: named too, each once.
+    let by = |key: &str| Selection::Prioritized {
+        key: key.into(),
+        exponent: 1.0,
+        seed: 0,
+    };
+    let buf = SequenceBuffer::new(
+        8,
+        [
+            RpcDef::new("a", 1).inputs(["x"]).selection(by("p")),
+            RpcDef::new("b", 1).inputs(["x"]).selection(by("p")),
+            RpcDef::new("c", 1).inputs(["x"]).selection(by("x")),
+        ],
+    )
+    .expect("valid");
+    let mut keys: Vec<&str> = buf.keys().collect();
+    keys.sort_unstable();
+    assert_eq!(keys, ["p", "x"]);
 }
 
 #[cfg(feature = "persist")]

@@ -51,6 +51,44 @@ impl PyBuffer_ {
         Ok(Columns::read(columns, ids, meta, Role::Put, &keys, None)?.into_samples())
     }
 
+    /// Dict samples, each field checked against the keys the RPCs declare (as the column
+    /// path checks its columns): a misspelt key would be stored, and the RPC reading the
+    /// right one would wait for it forever.
+    fn dict_samples(&self, samples: &[Bound<'_, PyAny>]) -> PyResult<Vec<rollout_buffer::Sample>> {
+        let samples = samples_from_py(samples)?;
+        for (row, sample) in samples.iter().enumerate() {
+            let place = || format!("sample {row} (id {:?})", sample.id().as_str());
+            self.check_dict_keys(sample.fields().map(|(k, _)| k), place)?;
+        }
+        Ok(samples)
+    }
+
+    /// Dict patches, checked as [`Self::dict_samples`] checks samples.
+    fn dict_patches(&self, patches: &[Bound<'_, PyAny>]) -> PyResult<Vec<rollout_buffer::Patch>> {
+        let patches = patches_from_py(patches)?;
+        for (row, patch) in patches.iter().enumerate() {
+            self.check_dict_keys(patch.keys(), || format!("patch {row}"))?;
+        }
+        Ok(patches)
+    }
+
+    fn check_dict_keys<'k>(
+        &self,
+        mut fields: impl Iterator<Item = &'k str>,
+        place: impl Fn() -> String,
+    ) -> PyResult<()> {
+        let declared: Vec<&str> = self.buf.keys().collect();
+        match fields.find(|k| !declared.is_empty() && !declared.contains(k)) {
+            None => Ok(()),
+            Some(key) => Err(PyValueError::new_err(format!(
+                "{}: field {key:?} is not a key of any RPC (declared: {}); declare it as an \
+                 RPC input, output or external key, or store it under \"meta\"",
+                place(),
+                declared.join(", ")
+            ))),
+        }
+    }
+
     fn column_patches(
         &self,
         columns: &Bound<'_, PyAny>,
@@ -139,7 +177,7 @@ impl PyBuffer_ {
         samples: Vec<Bound<'py, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let samples = samples_from_py(&samples)?;
+        let samples = self.dict_samples(&samples)?;
         let timeout = timeout_arg(timeout)?;
         let buf = self.buf.clone();
         awaitable(py, async move {
@@ -158,7 +196,7 @@ impl PyBuffer_ {
         handles: Vec<(u32, u32)>,
         patches: Vec<Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let patches = patches_from_py(&patches)?;
+        let patches = self.dict_patches(&patches)?;
         let handles = handles_from_py(handles);
         let buf = self.buf.clone();
         awaitable(py, async move {
@@ -173,7 +211,7 @@ impl PyBuffer_ {
         handles: Vec<(u32, u32)>,
         patches: Vec<Bound<'_, PyAny>>,
     ) -> PyResult<()> {
-        let patches = patches_from_py(&patches)?;
+        let patches = self.dict_patches(&patches)?;
         let handles = handles_from_py(handles);
         block(py, self.buf.amend_batch(&handles, patches))
     }
@@ -255,7 +293,7 @@ impl PyBuffer_ {
         samples: Vec<Bound<'_, PyAny>>,
         timeout: Option<f64>,
     ) -> PyResult<Vec<(u32, u32)>> {
-        let samples = samples_from_py(&samples)?;
+        let samples = self.dict_samples(&samples)?;
         let timeout = timeout_arg(timeout)?;
         let handles = block(py, put(&self.buf, samples, timeout, "put_batch"))?;
         Ok(pairs(&handles))

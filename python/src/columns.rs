@@ -492,7 +492,7 @@ fn offsets_rows(
         .call_method1("asarray", (offsets,))?
         .call_method0("tolist")?
         .extract()
-        .map_err(|_| bad(format!("{what}: offsets must be integers")))?;
+        .map_err(|_| bad(format!("{what}: offsets must be one row of integers (1-d)")))?;
     let total = values.shape().first().copied().unwrap_or(0);
     let lengths = lengths_of(what, &offsets, total)?;
     values

@@ -343,7 +343,9 @@ def test_amends_by_handle_and_a_stale_handle_is_refused(tmp_path):
 def test_randomised_selections_are_reproducible(kwargs):
     def run():
         buf = rb.Buffer(32, [rb.Rpc("r", 4, inputs=["x"], reads=100, **kwargs)])
-        buf.put_batch_blocking([{"id": f"s{i}", "birth": i + 1, "x": i, "p": float(i % 3)} for i in range(32)])
+        # The priority only where the selection reads it: a field no RPC names is refused.
+        p = lambda i: {"p": float(i % 3)} if "priority_key" in kwargs else {}
+        buf.put_batch_blocking([{"id": f"s{i}", "birth": i + 1, "x": i, **p(i)} for i in range(32)])
         out = []
         for _ in range(5):
             batch = buf.get_batch_for_rpc_blocking("r")
@@ -380,6 +382,20 @@ def test_a_negative_or_oversized_count_is_a_value_error_naming_its_argument():
         with pytest.raises(ValueError, match=rf"^{name}: -?\d+ is out of range"):
             make()
     assert rb.Buffer(4, [rpc(seed=2**64 - 1, max_staleness=0)]).stats()["capacity"] == 4
+
+
+def test_a_dict_field_no_rpc_declares_is_refused_as_a_column_is():
+    """A misspelt key was stored silently from a dict (the column path refused it), and the
+    RPC reading the right key waited for it forever. A priority key is declared by its
+    selection: taken by both paths."""
+    buf = rb.Buffer(8, [rb.Rpc("train", 1, inputs=["x"], selection="prioritized", priority_key="p")])
+    with pytest.raises(ValueError, match=r'sample 1 \(id "b"\): field "rewrad" is not a key'):
+        buf.put_batch_blocking([{"id": "a", "x": 1.0}, {"id": "b", "x": 1.0, "rewrad": 1.0}])
+    handles = buf.put_batch_blocking([{"id": "a", "x": 1.0, "p": 2.0, "meta": {"env": "m"}}])
+    buf.put_columns_blocking({"x": np.ones(2), "p": np.ones(2)}, ids=["b", "c"])
+    with pytest.raises(ValueError, match=r'patch 0: field "rewrad" is not a key'):
+        buf.amend_batch_blocking(handles, [{"rewrad": 1.0}])
+    assert len(buf) == 3
 
 
 def test_a_memory_budget_spills_and_every_sample_comes_back(tmp_path):

@@ -484,11 +484,22 @@ impl SequenceBuffer {
         self.shared.capacity
     }
 
-    /// Every data key the buffer's RPCs name (their inputs and outputs) and its external
-    /// keys: the fields a sample may usefully carry. A put may carry others; no RPC reads
-    /// them.
+    /// Every data key the buffer's RPCs name (their inputs, outputs and priority keys) and
+    /// its external keys: the fields a sample may usefully carry. A put may carry others;
+    /// no RPC reads them.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.shared.graph.key_names()
+        let graph = &self.shared.graph;
+        let rpcs = graph.rpcs();
+        // A priority key is read by the selection, not as an input: not a graph key, unless
+        // an RPC names it too. Each is listed once.
+        let priorities = rpcs.iter().enumerate().filter_map(move |(i, r)| {
+            let (key, _) = r.selection.priority()?;
+            let named_before = rpcs[..i]
+                .iter()
+                .any(|e| e.selection.priority().is_some_and(|(k, _)| k == key));
+            (graph.key_id(key).is_none() && !named_before).then_some(key)
+        });
+        graph.key_names().chain(priorities)
     }
 
     /// Number of samples stored (put and not yet freed).

@@ -151,8 +151,12 @@ class Buffer:
 
     async def put_batch(self, samples: Iterable[dict], timeout: Optional[float] = None) -> list:
         """Stores samples, waiting for room; returns one ``(slot, generation)`` each.
-        ``timeout`` (s) raises ``Timeout``, with nothing stored unless the samples were
-        already on their way to a durable store (look before putting them again)."""
+        A sample is a dict of ``id``, fields, and optionally ``birth`` and ``meta`` (a dict
+        of metadata); a field no RPC names (as input, output or priority key) and no
+        external key declares is a ``ValueError``, with nothing stored, as in
+        :meth:`put_columns`. ``timeout`` (s) raises ``Timeout``, with nothing stored unless
+        the samples were already on their way to a durable store (look before putting them
+        again)."""
         return await self._native.put_batch([_prepare_dict(s) for s in samples], timeout)
 
     async def amend_batch(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
