@@ -56,9 +56,10 @@ impl PyBuffer_ {
     /// right one would wait for it forever.
     fn dict_samples(&self, samples: &[Bound<'_, PyAny>]) -> PyResult<Vec<rollout_buffer::Sample>> {
         let samples = samples_from_py(samples)?;
+        let declared: Vec<&str> = self.buf.keys().collect();
         for (row, sample) in samples.iter().enumerate() {
             let place = || format!("sample {row} (id {:?})", sample.id().as_str());
-            self.check_dict_keys(sample.fields().map(|(k, _)| k), place)?;
+            check_dict_keys(&declared, sample.fields().map(|(k, _)| k), place)?;
         }
         Ok(samples)
     }
@@ -66,27 +67,11 @@ impl PyBuffer_ {
     /// Dict patches, checked as [`Self::dict_samples`] checks samples.
     fn dict_patches(&self, patches: &[Bound<'_, PyAny>]) -> PyResult<Vec<rollout_buffer::Patch>> {
         let patches = patches_from_py(patches)?;
+        let declared: Vec<&str> = self.buf.keys().collect();
         for (row, patch) in patches.iter().enumerate() {
-            self.check_dict_keys(patch.keys(), || format!("patch {row}"))?;
+            check_dict_keys(&declared, patch.keys(), || format!("patch {row}"))?;
         }
         Ok(patches)
-    }
-
-    fn check_dict_keys<'k>(
-        &self,
-        mut fields: impl Iterator<Item = &'k str>,
-        place: impl Fn() -> String,
-    ) -> PyResult<()> {
-        let declared: Vec<&str> = self.buf.keys().collect();
-        match fields.find(|k| !declared.is_empty() && !declared.contains(k)) {
-            None => Ok(()),
-            Some(key) => Err(PyValueError::new_err(format!(
-                "{}: field {key:?} is not a key of any RPC (declared: {}); declare it as an \
-                 RPC input, output or external key, or store it under \"meta\"",
-                place(),
-                declared.join(", ")
-            ))),
-        }
     }
 
     fn column_patches(
@@ -96,6 +81,23 @@ impl PyBuffer_ {
     ) -> PyResult<Vec<rollout_buffer::Patch>> {
         let keys: Vec<&str> = self.buf.keys().collect();
         Ok(Columns::read(columns, None, None, Role::Patch, &keys, Some(rows))?.into_patches())
+    }
+}
+
+/// `fields` of one dict sample or patch (at `place`) against the buffer's keys.
+fn check_dict_keys<'k>(
+    declared: &[&str],
+    mut fields: impl Iterator<Item = &'k str>,
+    place: impl Fn() -> String,
+) -> PyResult<()> {
+    match fields.find(|k| !declared.is_empty() && !declared.contains(k)) {
+        None => Ok(()),
+        Some(key) => Err(PyValueError::new_err(format!(
+            "{}: field {key:?} is not a key of any RPC (declared: {}); declare it as an RPC \
+             input, output or external key, or store it under \"meta\"",
+            place(),
+            declared.join(", ")
+        ))),
     }
 }
 
