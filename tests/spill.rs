@@ -10,7 +10,7 @@ use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::spill::{check, spilled_buffer};
 use common::{assert_invariants, TempDir};
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
+use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -225,6 +225,48 @@ async fn a_buffer_at_its_budget_spills_nothing() {
     // second, which fits, stays.
     assert_eq!(put(1).await, (1, 1), "{:?}", buf.stats().spill);
     assert_invariants(buf);
+}
+
+/// A put that gave up waiting for room leaves no demand behind: once the lease that held
+/// the room is given back, nothing is spilled (the spiller made room for no one).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_put_that_gave_up_waiting_for_room_leaves_nothing_to_spill() {
+    let dir = TempDir::new("spill-gave-up");
+    let buf = one_sample_budget(&dir);
+    buf.put_batch(vec![rollout(0)]).await.expect("put");
+    // Leased, sample 0 cannot be spilled: the next put waits, then times out.
+    let lease = buf.get_batch_for_rpc("train").await.expect("get");
+    let late = buf
+        .put_batch_timeout(vec![rollout(1)], std::time::Duration::from_secs(1))
+        .await;
+    assert!(matches!(late, Err(Error::Timeout { .. })), "{late:?}");
+    drop(lease);
+    tokio::task::yield_now().await;
+    buf.flush().await.expect("flush");
+    let spill = buf.stats().spill;
+    assert_eq!(
+        (spill.spilled_now, spill.segments_written),
+        (0, 0),
+        "{spill:?}"
+    );
+    assert_invariants(&buf);
+}
+
+/// A `try_put_batch` refused for room under the memory budget has the spiller make it, so
+/// a retry gets in (a producer that only tries was refused for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_put_refused_for_room_gets_in_on_a_retry() {
+    let dir = TempDir::new("spill-try-put");
+    let buf = one_sample_budget(&dir);
+    buf.put_batch(vec![rollout(0)]).await.expect("put");
+    let refused = buf.try_put_batch(vec![rollout(1)]).await;
+    assert!(matches!(refused, Err(Error::Full { .. })), "{refused:?}");
+    common::wait_until(|| buf.stats().spill.spilled_now == 1).await;
+    buf.try_put_batch(vec![rollout(1)])
+        .await
+        .expect("room was made");
+    assert_eq!(buf.len(), 2);
+    assert_invariants(&buf);
 }
 
 /// A buffer of 8 slots whose memory budget holds one `rollout`, spilling to `dir`.

@@ -78,8 +78,9 @@ impl BufferConfig {
     /// stay in memory. A put waits while its bytes do not fit under the budget (unless
     /// nothing is in memory), so the count stays within the budget plus one put batch
     /// (and what amends and completions add). Nothing is written while the count is within
-    /// the budget and no put waits; once over, the spiller writes the count down to 7/8 of
-    /// the budget (or lower, to make room for a waiting put), so it works in batches.
+    /// the budget and no put waits for room (or was refused it by `try_put_batch`, whose
+    /// retry then finds it); once over, the spiller writes the count down to 7/8 of the
+    /// budget (or lower, to make room for the put), so it works in batches.
     ///
     /// Segments go to `<root>/spill/` of a persistent buffer's store, to the store set
     /// with `spill_to` (feature `persist`), or else to a fresh directory under the system's

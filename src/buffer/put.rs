@@ -256,7 +256,13 @@ impl SequenceBuffer {
                 Claim::Wait(freed) => {
                     inner.rejected += n as u64;
                     let free = inner.table.free.len();
+                    // Refused for room under the memory budget (`wanted` is set until a
+                    // put claims): the spiller makes it, so a retry gets in.
+                    let spill = shared.spills && inner.table.residency.wanted > 0;
                     drop(inner);
+                    if spill {
+                        shared.spill_wake.notify_waiters();
+                    }
                     shared.dispose(freed);
                     return Err(Error::Full {
                         requested: n,

@@ -323,6 +323,10 @@ impl SlotTable {
     pub(crate) fn dequeue_putter(&mut self, ticket: Ticket) -> Wake {
         let was_head = self.putters.front().map(|&(t, _)| t) == Some(ticket);
         self.putters.retain(|&(t, _)| t != ticket);
+        if self.putters.is_empty() {
+            // No one waits for room any more: the spiller must not keep making it.
+            self.residency.wanted = 0;
+        }
         self.deliverable(Wake {
             rpcs: RpcSet::EMPTY,
             space: was_head,
