@@ -280,11 +280,12 @@ fn one_sample_budget(dir: &TempDir) -> SequenceBuffer {
     .expect("buffer")
 }
 
-/// `try_get_batch_for_rpc` on a thread outside any runtime cannot start the loads of the
-/// spilled samples it selects: it says so (`NoRuntime`) and leaves no load registered that
-/// nothing will run, so a get inside the runtime reads them and is served.
+/// Outside any runtime, the loads of spilled samples cannot start. `try_get_batch_for_rpc`
+/// refuses at once (`NoRuntime`); a get polled there by another executor fails the loads
+/// it registered and leaves none behind that nothing would run, so a get inside the
+/// runtime reads the samples and is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_try_get_outside_a_runtime_leaves_no_load_behind() {
+async fn a_get_outside_a_runtime_leaves_no_load_behind() {
     let dir = TempDir::new("spill-no-runtime");
     let (buf, _) = spilled_buffer(
         local(&dir),
@@ -293,13 +294,22 @@ async fn a_try_get_outside_a_runtime_leaves_no_load_behind() {
     )
     .await;
     let outside = buf.clone();
-    let tried =
-        std::thread::spawn(move || outside.try_get_batch_for_rpc("train").map(|b| b.is_some()))
-            .join()
-            .expect("thread");
+    let (tried, polled) = std::thread::spawn(move || {
+        let tried = outside.try_get_batch_for_rpc("train").map(|b| b.is_some());
+        let mut get = std::pin::pin!(outside.get_batch_for_rpc("train"));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let polled = match std::future::Future::poll(get.as_mut(), &mut cx) {
+            std::task::Poll::Ready(r) => Some(r.map(|b| b.len())),
+            std::task::Poll::Pending => None,
+        };
+        (tried, polled)
+    })
+    .join()
+    .expect("thread");
+    assert!(matches!(tried, Err(Error::NoRuntime { .. })), "{tried:?}");
     assert!(
-        matches!(tried, Err(rollout_buffer::Error::NoRuntime { .. })),
-        "{tried:?}"
+        matches!(polled, Some(Err(Error::NoRuntime { .. }))),
+        "{polled:?}"
     );
     assert_eq!(buf.stats().rpcs[0].eligible, 4, "the samples went back");
     let batch = tokio::time::timeout(

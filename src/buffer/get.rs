@@ -123,12 +123,19 @@ impl SequenceBuffer {
     ///
     /// [`Error::UnknownRpc`] for a name not defined, [`Error::Closed`] once the buffer is
     /// closed, and, under a memory budget, [`Error::Storage`] or [`Error::Corrupt`] when a
-    /// load of the samples' spilled inputs failed (the lease is then released), or
-    /// [`Error::NoRuntime`] when such a load is needed and this thread is outside a tokio
-    /// runtime (nothing could run it).
+    /// load of the samples' spilled inputs failed (the lease is then released), and
+    /// [`Error::NoRuntime`] for a buffer with a memory budget when this thread is outside a
+    /// tokio runtime (nothing could run the loads of spilled inputs).
     pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
         let shared = &self.shared;
         let r = shared.open_rpc(rpc)?;
+        if shared.spills && tokio::runtime::Handle::try_current().is_err() {
+            // Refused before anything is selected: a load registered here could not start,
+            // and a get elsewhere could share it meanwhile.
+            return Err(Error::NoRuntime {
+                what: "try_get_batch_for_rpc on a buffer with a memory budget",
+            });
+        }
         let mut counted = false;
         let attempt = shared.try_get(r, None, &mut counted);
         if counted {
