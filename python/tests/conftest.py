@@ -25,20 +25,26 @@ def cluster(request):
 def interrupt_when_waiting():
     """``start(buf, rpc, send)``: calls ``send()`` (a Ctrl-C) on another thread once a getter
     of ``rpc`` waits in ``buf``, so the signal lands during the wait however the machine
-    schedules the test (a timer could fire before the call, or before ``pytest.raises``)."""
+    schedules the test (a timer could fire before the call, or before ``pytest.raises``).
+    If no getter is seen waiting within 30 s, nothing is sent (the test then fails on its
+    own), and the test's end stops the watch, so a stray signal never ends the session."""
     threads = []
+    done = threading.Event()
 
     def start(buf, rpc, send):
         def run():
             deadline = time.monotonic() + 30
-            while buf.stats()["rpcs"][rpc]["waiting"] == 0 and time.monotonic() < deadline:
+            while not done.is_set() and time.monotonic() < deadline:
+                if buf.stats()["rpcs"][rpc]["waiting"] > 0:
+                    send()
+                    return
                 time.sleep(0.001)
-            send()
 
         thread = threading.Thread(target=run, daemon=True)
         thread.start()
         threads.append(thread)
 
     yield start
+    done.set()
     for thread in threads:
         thread.join(timeout=60)

@@ -161,7 +161,8 @@ class Buffer:
 
     async def amend_batch(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
         """Adds or replaces fields of stored samples; ``handles`` are the ``(slot,
-        generation)`` pairs from :meth:`put_batch` or ``Batch.handles()``."""
+        generation)`` pairs from :meth:`put_batch` or ``Batch.handles()``. A field no
+        RPC names and no external key declares is a ``ValueError``, with nothing changed."""
         await self._native.amend_batch(list(handles), [_prepare_dict(p) for p in patches])
 
     def amend_batch_blocking(self, handles: Iterable[tuple], patches: Iterable[dict]) -> None:
