@@ -2,7 +2,7 @@
 //! (`Batcher.next_batch`, packed `[B, S]` numpy arrays).
 
 use crate::buffer::PyBuffer_;
-use crate::convert::{at, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
+use crate::convert::{at, count, meta_from_py, string_from_py, tensor_from_py, tensor_to_py};
 use crate::errors::{py_err, BufferError};
 use crate::runtime::{awaitable, block, seconds, timeout_arg, within};
 use pyo3::exceptions::PyValueError;
@@ -211,12 +211,17 @@ impl PyIngest {
     fn new(
         py: Python<'_>,
         buffer: PyRef<'_, PyBuffer_>,
-        group_size: usize,
-        min_size: Option<usize>,
+        group_size: i128,
+        min_size: Option<i128>,
         seal_timeout: f64,
         mixed: bool,
-        max_per_replica: Option<usize>,
+        max_per_replica: Option<i128>,
     ) -> PyResult<Self> {
+        let group_size: usize = count("group_size", group_size)?;
+        let min_size: Option<usize> = min_size.map(|m| count("min_size", m)).transpose()?;
+        let max_per_replica: Option<usize> = max_per_replica
+            .map(|m| count("max_per_replica", m))
+            .transpose()?;
         let timeout = seconds("seal_timeout", seal_timeout)?;
         // The Rust builder clamps these; from Python a value out of range is a mistake to
         // report, not to correct (a `min_size` above the group size would drop every group
@@ -418,12 +423,15 @@ impl PyBatcher {
     #[pyo3(signature = (sources, seq_len, rows, group_size, advantage="grpo", wait=1.0))]
     fn new(
         sources: Vec<(String, PyRef<'_, PyBuffer_>, String, f64)>,
-        seq_len: usize,
-        rows: usize,
-        group_size: usize,
+        seq_len: i128,
+        rows: i128,
+        group_size: i128,
         advantage: &str,
         wait: f64,
     ) -> PyResult<Self> {
+        let seq_len: usize = count("seq_len", seq_len)?;
+        let rows: usize = count("rows", rows)?;
+        let group_size: usize = count("group_size", group_size)?;
         let advantage = match advantage {
             "grpo" => Advantage::Grpo {
                 divide_by_std: true,

@@ -369,6 +369,7 @@ def test_a_negative_or_oversized_count_is_a_value_error_naming_its_argument():
     # pyo3's own conversion raised an OverflowError naming nothing ("can't convert
     # negative int to unsigned").
     rpc = lambda **kw: rb.Rpc("r", kw.pop("n_seqs", 1), inputs=["x"], **kw)
+    trainer = rb.Buffer(8, [rb.Rpc("train", 1, inputs=rb.GROUP_INPUTS)])
     for make, name in [
         (lambda: rb.Buffer(-1, [rpc()]), "capacity"),
         (lambda: rb.Buffer(4, [rpc()], memory_budget=-1), "memory_budget"),
@@ -378,6 +379,12 @@ def test_a_negative_or_oversized_count_is_a_value_error_naming_its_argument():
         (lambda: rpc(seed=-1), "seed"),
         (lambda: rpc(max_staleness=-1), "max_staleness"),
         (lambda: rpc(min_size_to_sample=-1), "min_size_to_sample"),
+        (lambda: rb.Ingest(trainer, -2), "group_size"),
+        (lambda: rb.Ingest(trainer, 2, min_size=-1), "min_size"),
+        (lambda: rb.Ingest(trainer, 2, max_per_replica=-1), "max_per_replica"),
+        (lambda: rb.Batcher([("m", trainer, "train", 1.0)], -1, 4, 2), "seq_len"),
+        (lambda: rb.Batcher([("m", trainer, "train", 1.0)], 16, -4, 2), "rows"),
+        (lambda: rb.Batcher([("m", trainer, "train", 1.0)], 16, 4, -2), "group_size"),
     ]:
         with pytest.raises(ValueError, match=rf"^{name}: -?\d+ is out of range"):
             make()
