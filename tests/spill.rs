@@ -10,7 +10,9 @@ use common::payload::{self, rollout, SAMPLE_BYTES};
 use common::spill::{check, spilled_buffer};
 use common::{assert_invariants, TempDir};
 use rollout_buffer::persist::Store;
-use rollout_buffer::{BufferConfig, Error, Patch, RpcDef, Selection, SequenceBuffer, Tensor};
+use rollout_buffer::{
+    BufferConfig, Error, Overflow, Patch, RpcDef, Selection, SequenceBuffer, Tensor,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -252,21 +254,35 @@ async fn a_put_that_gave_up_waiting_for_room_leaves_nothing_to_spill() {
     assert_invariants(&buf);
 }
 
-/// A `try_put_batch` refused for room under the memory budget has the spiller make it, so
-/// a retry gets in (a producer that only tries was refused for good).
+/// A put refused for room under the memory budget (a `try_put_batch`, or any put under
+/// `Overflow::Reject`) has the spiller make it, so a retry gets in (a producer that only
+/// tried, or a put under `Reject`, was refused until something else happened).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_try_put_refused_for_room_gets_in_on_a_retry() {
-    let dir = TempDir::new("spill-try-put");
-    let buf = one_sample_budget(&dir);
-    buf.put_batch(vec![rollout(0)]).await.expect("put");
-    let refused = buf.try_put_batch(vec![rollout(1)]).await;
-    assert!(matches!(refused, Err(Error::Full { .. })), "{refused:?}");
-    common::wait_until(|| buf.stats().spill.spilled_now == 1).await;
-    buf.try_put_batch(vec![rollout(1)])
-        .await
-        .expect("room was made");
-    assert_eq!(buf.len(), 2);
-    assert_invariants(&buf);
+async fn a_put_refused_for_room_gets_in_on_a_retry() {
+    for reject in [false, true] {
+        let dir = TempDir::new("spill-try-put");
+        let mut config = BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 1).inputs(["tokens", "logp"]))
+            .memory_budget(SAMPLE_BYTES)
+            .spill_to(local(&dir));
+        if reject {
+            config = config.overflow(Overflow::Reject);
+        }
+        let buf = SequenceBuffer::with_config(config).expect("buffer");
+        buf.put_batch(vec![rollout(0)]).await.expect("put");
+        let refused = if reject {
+            buf.put_batch(vec![rollout(1)]).await
+        } else {
+            buf.try_put_batch(vec![rollout(1)]).await
+        };
+        assert!(matches!(refused, Err(Error::Full { .. })), "{refused:?}");
+        common::wait_until(|| buf.stats().spill.spilled_now == 1).await;
+        buf.try_put_batch(vec![rollout(1)])
+            .await
+            .expect("room was made");
+        assert_eq!(buf.len(), 2);
+        assert_invariants(&buf);
+    }
 }
 
 /// A buffer of 8 slots whose memory budget holds one `rollout`, spilling to `dir`.

@@ -367,18 +367,27 @@ impl Shared {
                 free: inner.table.free.len(),
                 samples: Unstored::default(),
             });
-            let mut spill_failure = None;
-            if !inner.table.residency.fits(resident) {
-                // Over the memory budget: the spiller makes room (the caller wakes it), unless
-                // its store keeps failing, which this put then reports.
-                let residency = &mut inner.table.residency;
-                residency.wanted = residency.wanted.max(resident);
-                spill_failure = inner.spill.as_ref().and_then(|s| s.failure.clone());
-            }
-            if let Some(err) = stored_duplicate(inner, prepared).or(full).or(spill_failure) {
-                let wake = leave_queue(inner, ticket);
+            // Over the memory budget: the spiller makes room (woken by the caller, or by the
+            // refusal below), unless its store keeps failing, which this put then reports.
+            let needs_room = !inner.table.residency.fits(resident);
+            let spill_failure = needs_room
+                .then(|| inner.spill.as_ref().and_then(|s| s.failure.clone()))
+                .flatten();
+            let duplicate = stored_duplicate(inner, prepared);
+            let refused_for_id = duplicate.is_some();
+            if let Some(err) = duplicate.or(full).or(spill_failure) {
+                let mut wake = leave_queue(inner, ticket);
+                // Asked after leaving the queue (which clears the room of a queue left
+                // empty): a put refused for room (`Overflow::Reject`) finds it on a retry.
+                if needs_room && !refused_for_id {
+                    ask_room(inner, resident);
+                    wake.spill = true;
+                }
                 inner.rejected += n as u64;
                 return Claim::Rejected(err, wake, evicted);
+            }
+            if needs_room {
+                ask_room(inner, resident);
             }
             return Claim::Wait(evicted);
         };
@@ -573,4 +582,11 @@ impl Drop for TicketGuard<'_> {
         let wake = self.shared.lock().table.dequeue_putter(ticket);
         self.shared.notify(wake);
     }
+}
+
+/// Asks the spiller for room for `resident` more bytes (the most any put asked since the
+/// last claim). The spiller answers a request no waiting putter holds once.
+fn ask_room(inner: &mut Inner, resident: u64) {
+    let residency = &mut inner.table.residency;
+    residency.wanted = residency.wanted.max(resident);
 }

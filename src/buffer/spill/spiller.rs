@@ -93,6 +93,11 @@ impl Shared {
         let result = match written {
             Ok(segment) => {
                 adopt(&mut inner, &segment, &picked);
+                if inner.table.putters.is_empty() {
+                    // Room asked by a put that did not wait (refused, or a `try_put`) is
+                    // made once: its retry finds it, and a put given up leaves no demand.
+                    inner.table.residency.wanted = 0;
+                }
                 if let Some(spill) = inner.spill.as_mut() {
                     spill.requeue_deferred();
                 }
