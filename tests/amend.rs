@@ -49,21 +49,18 @@ async fn stale_handles_are_rejected_and_nothing_is_applied() {
     assert!(said.contains("freed or replaced"), "{said}");
     // Handles made from two integers: one to a slot never used says the slot is empty,
     // and one from the future says so, neither that the slot moved on.
-    let patch = || vec![Patch::new().with("a", 2.0)];
-    let said = scored(2)
-        .amend_batch(&[rollout_buffer::SlotHandle::new(1, 0)], patch())
-        .await
-        .expect_err("no sample there")
-        .to_string();
+    let refusal = |buf: SequenceBuffer, slot, generation| async move {
+        let handle = rollout_buffer::SlotHandle::new(slot, generation);
+        let patch = vec![Patch::new().with("a", 2.0)];
+        let err = buf.amend_batch(&[handle], patch).await.expect_err("stale");
+        err.to_string()
+    };
+    let said = refusal(scored(2), 1, 0).await;
     assert!(
         said.contains("slot 1 generation 0 (the slot holds no sample)"),
         "{said}"
     );
-    let said = buf
-        .amend_batch(&[rollout_buffer::SlotHandle::new(1, 7)], patch())
-        .await
-        .expect_err("not yet")
-        .to_string();
+    let said = refusal(buf.clone(), 1, 7).await;
     assert!(
         said.contains("has not reached that generation: it is at 0"),
         "{said}"
