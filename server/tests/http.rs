@@ -88,9 +88,10 @@ async fn a_killed_server_restarts_with_every_answered_write() {
     );
 }
 
-/// Three seconds (and 64 rounds at least) of writes and reads with a checkpoint after every few groups, so log files
-/// are retired and written again as the store recycles them; then kill -9: every answered
-/// write comes back once, and nothing a read answered comes back.
+/// Three seconds (and 64 rounds at least) of writes and reads with a checkpoint after
+/// every few groups, so log files are retired and written again as the store recycles
+/// them; then kill -9: every answered write comes back once, and nothing a read answered
+/// comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_after_many_checkpoints_has_every_answered_write_once() {
     let dir = store("kill-checkpoints");

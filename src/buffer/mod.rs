@@ -538,8 +538,8 @@ impl SequenceBuffer {
     ///
     /// [`Error::Storage`] when the log fails to write what was appended (or finds another
     /// buffer writing to its store; every later flush too, once that stopped the writer),
-    /// [`Error::Closed`] when the log's writer has stopped otherwise, and the error of the freed-sample sink's [`FreedSink::flush`] (for an archiver, its
-    /// failed write).
+    /// [`Error::Closed`] when the log's writer has stopped otherwise, and the error of the
+    /// freed-sample sink's [`FreedSink::flush`] (for an archiver, its failed write).
     ///
     /// # Cancel safety
     ///
