@@ -2,7 +2,8 @@
 //! never waits for its read-ahead, a try-get never serves a sample still being read, and a
 //! failed spill write fails the puts that need room until the store works again; a write
 //! that landed despite its error is kept, a segment whose delete failed is deleted by a
-//! later flush, and one whose rows all changed or went while it was written goes at once.
+//! later flush, and one whose rows all changed or went while it was written goes at once;
+//! room asked for while a write is in flight is made after it.
 
 mod common;
 
@@ -265,5 +266,43 @@ async fn a_rewritten_segment_whose_rows_all_went_meanwhile_is_deleted() {
     );
     buf.flush().await.expect("flush");
     assert_eq!(spill_files(&dir), Vec::<String>::new());
+    assert_invariants(&buf);
+}
+
+/// Room asked for while a spill write is in flight is made by the next round, not lost
+/// when the write ends: that write was picked for an earlier, smaller request. So a
+/// polling producer's retry gets in once the spiller is idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_asked_while_a_spill_is_written_is_made_after_it() {
+    use common::payload::SAMPLE_BYTES;
+    use rollout_buffer::{BufferConfig, RpcDef, SequenceBuffer};
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = common::TempDir::new("spill-ask-during-write");
+    let faulty = common::faulty::FaultyStore::on_local_dir(dir.path());
+    let buf = SequenceBuffer::with_config(
+        BufferConfig::new(8)
+            .rpc(RpcDef::new("train", 4).inputs(["tokens", "logp"]))
+            .memory_budget(2 * SAMPLE_BYTES)
+            .spill_to(Store::from_object_store(Arc::clone(&faulty) as _, "")),
+    )
+    .expect("buffer");
+    buf.put_batch(vec![rollout(0), rollout(1)])
+        .await
+        .expect("at the budget");
+    faulty.set(Fault::Stall);
+    // Room for one: the spiller writes one sample out, and stalls.
+    let refused = buf.try_put_batch(vec![rollout(2)]).await;
+    assert!(matches!(refused, Err(Error::Full { .. })), "{refused:?}");
+    common::wait_until(|| faulty.stalled.load(SeqCst) > 0).await;
+    // Room for two, asked while that write is in flight.
+    let refused = buf.try_put_batch(vec![rollout(2), rollout(3)]).await;
+    assert!(matches!(refused, Err(Error::Full { .. })), "{refused:?}");
+    faulty.set(Fault::None);
+    buf.flush().await.expect("flush waits for the spiller");
+    assert_eq!(buf.stats().spill.spilled_now, 2, "{:?}", buf.stats().spill);
+    buf.try_put_batch(vec![rollout(2), rollout(3)])
+        .await
+        .expect("the room asked for was made");
+    assert_eq!(buf.len(), 4);
     assert_invariants(&buf);
 }

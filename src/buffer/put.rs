@@ -380,14 +380,14 @@ impl Shared {
                 // Asked after leaving the queue (which clears the room of a queue left
                 // empty): a put refused for room (`Overflow::Reject`) finds it on a retry.
                 if needs_room && !refused_for_id {
-                    ask_room(inner, resident);
+                    inner.table.residency.ask(resident);
                     wake.spill = true;
                 }
                 inner.rejected += n as u64;
                 return Claim::Rejected(err, wake, evicted);
             }
             if needs_room {
-                ask_room(inner, resident);
+                inner.table.residency.ask(resident);
             }
             return Claim::Wait(evicted);
         };
@@ -582,11 +582,4 @@ impl Drop for TicketGuard<'_> {
         let wake = self.shared.lock().table.dequeue_putter(ticket);
         self.shared.notify(wake);
     }
-}
-
-/// Asks the spiller for room for `resident` more bytes (the most any put asked since the
-/// last claim). The spiller answers a request no waiting putter holds once.
-fn ask_room(inner: &mut Inner, resident: u64) {
-    let residency = &mut inner.table.residency;
-    residency.wanted = residency.wanted.max(resident);
 }

@@ -40,6 +40,10 @@ pub(crate) struct Residency {
     pub(crate) newest_first: bool,
     /// Bytes the putter at the head of the queue waits to fit (0 when none waits).
     pub(crate) wanted: u64,
+    /// Requests for room made so far (each [`Self::ask`]), so the spiller can tell whether
+    /// one came while it was writing: only a request it picked its samples for is served
+    /// by the write.
+    pub(crate) asks: u64,
 }
 
 impl Residency {
@@ -71,6 +75,15 @@ impl Residency {
         let low = max - max / 8;
         let target = low.min(max.saturating_sub(self.wanted));
         self.resident.saturating_sub(target)
+    }
+
+    /// Asks the spiller for room for `resident` more bytes (the most any put asked since
+    /// the last claim). A request no waiting putter holds (a refused put's, a `try_put`'s)
+    /// is served by one write: its retry finds the room, and a put given up leaves no
+    /// demand behind.
+    pub(crate) fn ask(&mut self, resident: u64) {
+        self.wanted = self.wanted.max(resident);
+        self.asks = self.asks.wrapping_add(1);
     }
 
     /// Whether the resident count is over the budget (or a putter waits for room).

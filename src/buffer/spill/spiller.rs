@@ -39,9 +39,10 @@ impl Shared {
     /// mark is left alone, whatever woke the spiller (its first round, a free that left a
     /// segment sparse), so what is spilled does not depend on when the task ran.
     async fn spill_round(self: &Arc<Self>, continuing: bool) -> Round {
-        let (store, picked, more) = {
+        let (store, picked, more, asks) = {
             let mut inner = self.lock();
             let residency = &inner.table.residency;
+            let asks = residency.asks;
             let excess = if continuing || residency.over() {
                 residency.excess()
             } else {
@@ -52,7 +53,7 @@ impl Shared {
             };
             let store = Arc::clone(&spill.store);
             if excess == 0 {
-                (store, None, false)
+                (store, None, false, asks)
             } else {
                 let slots = inner.table.pick_spill(excess.min(SEGMENT_BYTES));
                 let picked: Vec<(u32, Generation, Arc<Sample>)> = slots
@@ -74,7 +75,7 @@ impl Shared {
                 if picked.is_empty() {
                     return Round::Idle;
                 }
-                (store, Some(picked), excess > SEGMENT_BYTES)
+                (store, Some(picked), excess > SEGMENT_BYTES, asks)
             }
         };
         let Some(picked) = picked else {
@@ -93,10 +94,13 @@ impl Shared {
         let result = match written {
             Ok(segment) => {
                 adopt(&mut inner, &segment, &picked);
-                if inner.table.putters.is_empty() {
+                let table = &mut inner.table;
+                if table.putters.is_empty() && table.residency.asks == asks {
                     // Room asked by a put that did not wait (refused, or a `try_put`) is
                     // made once: its retry finds it, and a put given up leaves no demand.
-                    inner.table.residency.wanted = 0;
+                    // One asked while this wrote is served by the next round: this one
+                    // picked its samples without knowing of it.
+                    table.residency.wanted = 0;
                 }
                 if let Some(spill) = inner.spill.as_mut() {
                     spill.requeue_deferred();
