@@ -444,8 +444,9 @@ pub enum Error {
         detail: String,
     },
 
-    /// A feature that runs a background task (the archive writer) was configured, or
-    /// spilled samples were selected (by `try_get_batch_for_rpc`), outside a tokio runtime.
+    /// A feature that runs a background task (the log writer, the archive writer) was
+    /// configured, or a buffer with a memory budget was asked for a batch (whose spilled
+    /// inputs a task must read back), outside a tokio runtime.
     #[error("{what} needs a tokio runtime, and was called outside one")]
     NoRuntime {
         /// What needed it.

@@ -32,8 +32,9 @@ impl SequenceBuffer {
     ///
     /// [`Error::UnknownRpc`] for a name not defined, and [`Error::Closed`] once the buffer
     /// is closed (also while waiting). Under a memory budget, [`Error::Storage`] or
-    /// [`Error::Corrupt`] when spilled inputs of the leased samples cannot be read back;
-    /// the lease is then released.
+    /// [`Error::Corrupt`] when spilled inputs of the leased samples cannot be read back
+    /// (the lease is then released), and [`Error::NoRuntime`] when polled outside a tokio
+    /// runtime (nothing could read them).
     ///
     /// # Cancel safety
     ///
@@ -59,6 +60,9 @@ impl SequenceBuffer {
         loop {
             let mut notified = pin!(shared.rpc_ready[r].notified());
             notified.as_mut().enable();
+            // Checked at every look, not once: the future may be polled by another
+            // executor after a first poll inside the runtime.
+            shared.loads_can_run("a get on a buffer with a memory budget")?;
             let next_deadline = match shared.try_get(r, step, &mut parked.counted)? {
                 Attempt::Leased(mut batch, logged, loads) => {
                     drop(parked);
@@ -129,13 +133,7 @@ impl SequenceBuffer {
     pub fn try_get_batch_for_rpc(&self, rpc: &str) -> Result<Option<Batch>> {
         let shared = &self.shared;
         let r = shared.open_rpc(rpc)?;
-        if shared.spills && tokio::runtime::Handle::try_current().is_err() {
-            // Refused before anything is selected: a load registered here could not start,
-            // and a get elsewhere could share it meanwhile.
-            return Err(Error::NoRuntime {
-                what: "try_get_batch_for_rpc on a buffer with a memory budget",
-            });
-        }
+        shared.loads_can_run("try_get_batch_for_rpc on a buffer with a memory budget")?;
         let mut counted = false;
         let attempt = shared.try_get(r, None, &mut counted);
         if counted {
@@ -245,6 +243,16 @@ impl Shared {
         self.graph
             .rpc_index(rpc)
             .ok_or_else(|| Error::UnknownRpc { name: rpc.into() })
+    }
+
+    /// `Ok` unless the buffer spills and this thread is outside a tokio runtime: then
+    /// `what` is refused before anything is selected, since a load of spilled inputs
+    /// registered here could not start, and a get elsewhere could share it meanwhile.
+    fn loads_can_run(&self, what: &'static str) -> Result<()> {
+        if self.spills && tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime { what });
+        }
+        Ok(())
     }
 
     /// One attempt to lease a batch for RPC `r`, reaping expired leases first. `counted`
