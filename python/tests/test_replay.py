@@ -518,6 +518,27 @@ def test_a_late_ok_ack_does_not_consume_a_group_another_batch_holds(tmp_path):
     assert buf.stats()["consumed"] == 1 and buf.stats()["groups_live"] == 0
 
 
+@pytest.mark.parametrize("settle", ["failed", "expired"])
+def test_a_group_used_up_while_another_batch_held_it_is_consumed_when_that_batch_settles(
+        tmp_path, settle):
+    clock = Clock()
+    buf = open_buffer(tmp_path, clock, max_uses_per_group=1, lease_timeout_s=10.0)
+    buf.add_rollouts(group_of())
+    first = buf.sample_groups(1)
+    clock.t += 11.0
+    second = buf.sample_groups(1)  # the expired group, drawn again
+    buf.ack(first.batch_id, "ok")  # its one use
+    if settle == "failed":
+        buf.ack(second.batch_id, "failed")
+    else:
+        clock.t += 11.0
+    assert buf.sample_groups(1).group_ids == []  # never served a second time
+    assert buf.stats()["consumed"] == 1 and buf.stats()["groups_live"] == 0
+    buf.close()
+    again = open_buffer(tmp_path, clock, max_uses_per_group=1, lease_timeout_s=10.0)
+    assert again.sample_groups(1).group_ids == [] and again.stats()["groups_live"] == 0
+
+
 def test_a_mixed_group_keeps_its_versions_and_replicas_across_a_restart(tmp_path):
     buf = open_buffer(tmp_path, grouping="mixed")
     buf.add_rollouts(group_of(pv="2", size=2) + group_of(pv="5", size=2, start=2, replica="r9"))

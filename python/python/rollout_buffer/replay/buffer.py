@@ -460,8 +460,8 @@ class ReplayBuffer(Serving):
     def _expire_leases(self, now: float) -> None:
         expired = [b for b, ts in self._control.open.items() if now - ts >= self.lease_timeout_s]
         if expired:
-            self._commit([{"e": "expire", "b": b} for b in expired])
             self.stats_.count("leases_expired", len(expired))
+            self._settle_batches(expired, "expired")
 
     # ---- durability ----------------------------------------------------------------
 

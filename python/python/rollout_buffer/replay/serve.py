@@ -231,22 +231,32 @@ class Serving:
             return  # a retry, or an empty batch (nothing to settle)
         if was in _STATUSES:
             raise ValueError(f"batch {batch_id!r} was already acked {was!r}, not {status!r}")
-        events = [{"e": "ack", "b": batch_id, "s": status}]
         self.stats_.count("acks_ok" if status == "ok" else "acks_failed")
-        if status == "ok" and self.max_uses is not None:
+        self._settle_batches([batch_id], status)
+
+    def _settle_batches(self, batch_ids: list, status: str) -> None:
+        """Settles `batch_ids` as ``status`` (``"ok"``, ``"failed"`` or ``"expired"``),
+        consuming each group this leaves at ``max_uses_per_group``: one an ``ok`` brings
+        there, or one that reached it while another batch held it (an expired lease drawn
+        again, then acked) once that batch settles. Such a group is never served again."""
+        kind = {"ok": "ack", "failed": "ack", "expired": "expire"}[status]
+        events = [{"e": kind, "b": b} | ({"s": status} if kind == "ack" else {})
+                  for b in batch_ids]
+        if self.max_uses is not None:
             uses = self._control.uses
             leased = self._control.leased
+            counted = 1 if status == "ok" else 0
             # A group another batch holds now (this one's lease expired and it was drawn
-            # again) is consumed when that batch is acked.
+            # again) is left to that batch's settling.
             done = [
-                g for g in b["g"]
-                if g in self._live and uses[g] + 1 >= self.max_uses
-                and leased.get(g, batch_id) == batch_id
+                g for b in batch_ids for g in self._control.batches[b]["g"]
+                if g in self._live and uses[g] + counted >= self.max_uses
+                and leased.get(g, b) == b
             ]
             if done:
                 events.append({"e": "exit", "g": done, "r": "consumed"})
         self._commit(events)
-        for e in events[1:]:
+        for e in events[len(batch_ids):]:
             for gid in e["g"]:
                 self._leave(gid)
             self.stats_.count("consumed", len(e["g"]))
