@@ -152,3 +152,37 @@ def test_two_shards_one_killed(cluster, tmp_path):
     with pytest.raises(KeyError):
         front.ack("9:b-0000000001")
     front.close()
+
+
+def test_sharded_lag_filters_measure_from_the_newest_version_over_all_shards(cluster, tmp_path):
+    front = ShardedReplayBuffer(
+        str(tmp_path / "replay"), ["math", "code"], target_group_size=GROUP,
+        lease_timeout_s=600.0,
+    )
+    ray.get([produce_at.remote(front, "math", 2, p, 10) for p in range(GROUP)]
+            + [produce_at.remote(front, "code", 3, p, 3) for p in range(GROUP)])
+    assert front.current_version() == 10
+
+    def versions(batch):
+        tables = ray.get(front.batch_refs(batch))
+        front.ack(batch.batch_id, "failed")
+        return sorted({v for t in tables for v in t.column("policy_version").to_pylist()})
+
+    # As one buffer holding both shards' groups: only version 10 is within lag 0.
+    assert versions(front.sample_groups(10, max_policy_lag=0)) == ["10"]
+    assert versions(front.sample_groups(10, recent_n_versions=1)) == ["10"]
+    assert versions(front.sample_groups(10, max_policy_lag=7)) == ["10", "3"]
+    assert versions(front.next_batch(5, 10, max_policy_lag=0)) == ["10"]
+    front.set_policy_version(12)
+    assert front.current_version() == 12
+    assert front.sample_groups(10, max_policy_lag=1).group_ids == []
+    assert len(front.sample_groups(10, recency_weighting="linear").group_ids) == 5
+    # An unknown option is refused as a shard refuses it, even with nothing to draw.
+    with pytest.raises(TypeError, match="max_polcy_lag"):
+        front.sample_groups(4, max_polcy_lag=0)
+    front.close()
+
+
+@ray.remote
+def produce_at(front, env, examples, producer, version):
+    return front.add_rollouts(records(env, examples, producer, version))

@@ -28,6 +28,8 @@ def _check_name(group_id: str, kind: str, name: str) -> None:
         raise ValueError(f"group {group_id!r}: {kind} name {name!r} {why}")
 
 
+# What a sharded front adds to a shard's draw (see `_ready`).
+_SHARDED = {"_current", "_keep_versions"}
 # What `ready_count` takes: the draw's filters.
 _FILTERS = {"max_policy_lag", "recent_n_versions", "recency_weighting", "on_policy_fraction", "require_flags"}
 
@@ -48,6 +50,8 @@ class Serving:
         on_policy_fraction: Optional[float] = None,
         require_flags: Optional[dict] = None,
         _step: Optional[int] = None,
+        _current: Optional[int] = None,
+        _keep_versions: Optional[list] = None,
     ) -> SampledBatch:
         """Draws up to ``n`` ready, unleased groups and leases them to a new batch.
 
@@ -68,7 +72,8 @@ class Serving:
         now = self.clock()
         self._housekeeping(now)
         ready, current = self._ready(
-            max_policy_lag, recent_n_versions, recency_weighting, on_policy_fraction, require_flags
+            max_policy_lag, recent_n_versions, recency_weighting, on_policy_fraction, require_flags,
+            _current, _keep_versions,
         )
         ready_ids = {g.id for g in ready}
         first = [self._live[gid] for gid in self._control.redeliver if gid in ready_ids]
@@ -103,11 +108,26 @@ class Serving:
         # ignored, so the same keywords serve both calls; any other is named.
         for name in ("prefer_policy_versions", "seed", "start_offset"):
             filters.pop(name, None)
-        unknown = sorted(set(filters) - _FILTERS)
+        unknown = sorted(set(filters) - _FILTERS - _SHARDED)
         if unknown:
             raise TypeError(f"ready_count() got unknown filters {unknown}; filters are {sorted(_FILTERS)}")
         self._housekeeping(self.clock())
         return len(self._ready(**filters)[0])
+
+    def ready_versions(self, **filters: Any) -> tuple:
+        """For a sharded front's draw with lag filters: the current version, and per
+        integer version of the unleased groups, how many there are and how many of them
+        pass ``require_flags``. The filters are checked as ``ready_count`` checks them."""
+        self.ready_count(**filters)
+        flags = filters.get("require_flags")
+        counts: dict = {}
+        leased = self._control.leased
+        for g in self._live.values():
+            if g.id not in leased:
+                c = counts.setdefault(g.version_num, [0, 0])
+                c[0] += 1
+                c[1] += not flags or self._flags_hold(g, flags)
+        return self.current_version(), counts
 
     def _ready(
         self,
@@ -116,8 +136,13 @@ class Serving:
         recency_weighting: str = "uniform",
         on_policy_fraction: Optional[float] = None,
         require_flags: Optional[dict] = None,
+        _current: Optional[int] = None,
+        _keep_versions: Optional[list] = None,
     ) -> tuple:
-        """The unleased groups that pass the filters, and the current version."""
+        """The unleased groups that pass the filters, and the current version. A sharded
+        front passes ``_current`` (the newest version over all shards) and
+        ``_keep_versions`` (the versions its lag filters keep, over all shards), so each
+        shard filters as one buffer holding every shard's groups would."""
         # Numbers, not text or bools: a str had failed inside the comparison with a
         # TypeError naming neither the option nor its value.
         for name, v in (("on_policy_fraction", on_policy_fraction), ("max_policy_lag", max_policy_lag)):
@@ -139,7 +164,7 @@ class Serving:
         if require_flags is not None and not isinstance(require_flags, dict):
             raise ValueError(f"require_flags must be a dict of flag -> value, not {require_flags!r}")
         recency_weights(np.zeros(0), recency_weighting)  # checks the name
-        current = self.current_version()
+        current = self.current_version() if _current is None else _current
         lag_used = (
             max_policy_lag is not None
             or recent_n_versions is not None
@@ -156,9 +181,12 @@ class Serving:
                     f" {bad.policy_version!r}, not an integer: the lag controls need integer"
                     " versions"
                 )
-        if max_policy_lag is not None and current is not None:
+        if _keep_versions is not None:
+            keep = set(_keep_versions)
+            ready = [g for g in ready if g.version_num in keep]
+        elif max_policy_lag is not None and current is not None:
             ready = [g for g in ready if current - g.version_num <= max_policy_lag]
-        if recent_n_versions is not None:
+        if recent_n_versions is not None and _keep_versions is None:
             keep = set(sorted({g.version_num for g in ready}, reverse=True)[:recent_n_versions])
             ready = [g for g in ready if g.version_num in keep]
         if require_flags:

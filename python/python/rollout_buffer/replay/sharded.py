@@ -224,33 +224,50 @@ class ShardedReplayBuffer:
                 out[p] = o
         return out
 
-    def _allocate(self, n: int, seed: int, kwargs: dict) -> list:
+    def _allocate(self, n: int, seed: int, kwargs: dict) -> tuple:
+        """Each shard's part of a draw of ``n``, and what the shards' draws add to
+        ``kwargs``: with lag filters, the newest version over all shards and the versions
+        kept, so each shard filters as one buffer holding every group would (a shard's
+        own newest version let through, from a shard that lags, groups the trainer's
+        version had left behind)."""
         import ray
 
         # Before any shard is asked: `seed % shards` takes a float, and the split counts
-        # `n` down past zero (1.5 groups drew 2).
+        # `n` down past zero (1.5 groups drew 2). An unknown option is the `TypeError` a
+        # shard gives, even when no shard would be asked to draw.
         check_int("n", n, 0)
         check_int("seed", seed)
+        inspect.signature(ReplayBuffer.sample_groups).bind(None, n, **kwargs)
         filters = {k: v for k, v in kwargs.items() if k in _FILTERS}
-        counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
-        quota = [0] * len(counts)
-        left = n
-        i = seed % len(counts)
-        while left > 0 and any(q < c for q, c in zip(quota, counts)):
-            if quota[i] < counts[i]:
-                quota[i] += 1
-                left -= 1
-            i = (i + 1) % len(counts)
-        return quota
+        lag, recent = filters.get("max_policy_lag"), filters.get("recent_n_versions")
+        lag_used = (lag is not None or recent is not None or "on_policy_fraction" in filters
+                    or filters.get("recency_weighting", "uniform") != "uniform")
+        if not lag_used:
+            counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
+            return _split(n, seed, counts), {}
+        infos = ray.get([h.ready_versions.remote(**filters) for h in self.handles])
+        currents = [c for c, _ in infos if c is not None]
+        current = max(currents) if currents else None
+        extra: dict = {"_current": current}
+        versions = sorted({v for _, hist in infos for v in hist}, reverse=True)
+        if lag is not None or recent is not None:
+            if lag is not None and current is not None:
+                versions = [v for v in versions if current - v <= lag]
+            if recent is not None:
+                versions = versions[:recent]
+            extra["_keep_versions"] = versions
+        keep = set(versions)
+        counts = [sum(c[1] for v, c in hist.items() if v in keep) for _, hist in infos]
+        return _split(n, seed, counts), extra
 
     def sample_groups(self, n: int, *, seed: int = 0, start_offset: int = 0, **kwargs: Any) -> SampledBatch:
         """Draws up to ``n`` groups across shards (see the module docs); the batch id
         names each shard's part."""
         import ray
 
-        quota = self._allocate(n, seed, kwargs)
+        quota, extra = self._allocate(n, seed, kwargs)
         refs = [
-            (i, self.handles[i].sample_groups.remote(q, seed=seed, start_offset=start_offset, **kwargs))
+            (i, self.handles[i].sample_groups.remote(q, seed=seed, start_offset=start_offset, **kwargs, **extra))
             for i, q in enumerate(quota)
             if q > 0
         ]
@@ -266,13 +283,27 @@ class ShardedReplayBuffer:
         if any(b is not None for b in recorded):
             return _combine([(i, b) for i, b in enumerate(recorded) if b is not None], step)
         seed = kwargs.pop("seed", step)
-        quota = self._allocate(n_groups, seed, kwargs)
+        quota, extra = self._allocate(n_groups, seed, kwargs)
         refs = [
-            (i, self.handles[i].next_batch.remote(step, q, seed=seed, **kwargs))
+            (i, self.handles[i].next_batch.remote(step, q, seed=seed, **kwargs, **extra))
             for i, q in enumerate(quota)
             if q > 0
         ]
         return _combine([(i, b) for (i, _), b in zip(refs, ray.get([r for _, r in refs]))], step)
+
+    def set_policy_version(self, v: int) -> None:
+        """The trainer's current version, on every shard (lag is measured from the higher
+        of this and the highest version any shard has seen)."""
+        import ray
+
+        ray.get([h.set_policy_version.remote(v) for h in self.handles])
+
+    def current_version(self) -> Optional[int]:
+        """The newest version over all shards (see :meth:`set_policy_version`)."""
+        import ray
+
+        vs = [v for v in ray.get([h.current_version.remote() for h in self.handles]) if v is not None]
+        return max(vs) if vs else None
 
     def _parts(self, batch_id: str) -> list:
         parts = []
@@ -318,6 +349,20 @@ def _routing_column(table: Any, name: str) -> list:
     if name not in table.column_names:
         raise ValueError(f"column {name!r} is missing")
     return table.column(name).to_pylist()
+
+
+def _split(n: int, seed: int, counts: list) -> list:
+    """``n`` split over shards with ``counts`` ready, one at a time round-robin from
+    shard ``seed % shards``."""
+    quota = [0] * len(counts)
+    left = n
+    i = seed % len(counts)
+    while left > 0 and any(q < c for q, c in zip(quota, counts)):
+        if quota[i] < counts[i]:
+            quota[i] += 1
+            left -= 1
+        i = (i + 1) % len(counts)
+    return quota
 
 
 def _combine(parts: list, step: Optional[int]) -> SampledBatch:
