@@ -13,8 +13,8 @@ use crate::answer::{Format, Items, OutItem};
 use crate::api_error::ApiError;
 use crate::nesting::{nesting, MAX_NESTING};
 use rollout_buffer::rollout::{
-    process_groups, Advantage, GroupConfig, GroupHooks, RolloutRecord, TrainGroup, Validity,
-    GROUP_INPUTS,
+    items_kept, process_groups, Advantage, GroupConfig, GroupHooks, RolloutRecord, TrainGroup,
+    Validity, GROUP_INPUTS,
 };
 use rollout_buffer::{Batch, MetaValue, RpcDef, SequenceBuffer};
 use serde::Deserialize;
@@ -428,9 +428,9 @@ pub async fn take(
             continue;
         };
         let group = TrainGroup::read(view.id().as_str(), |k| view.get(k), |k| view.get_meta(k))?;
-        if hooks.is_valid_group(&group).valid {
-            valid_items += hooks.group_size.max(group.items.len());
-        }
+        // What the hooks keep: a group they reject (its rewards out of range, say)
+        // counts nothing, and the read goes on to the next.
+        valid_items += items_kept(&hooks, &group);
         groups.push(group);
         leases.push(batch);
     }

@@ -219,39 +219,12 @@ pub fn process_groups(
         ..Processed::default()
     };
     let mut low_variance = Vec::new();
-    for mut group in groups {
-        if !hooks.is_valid_group(&group).valid {
-            out.rejected.push((group, Rejection::Invalid));
-            continue;
+    for group in groups {
+        match process_group(hooks, advantage, dynamic, group) {
+            Outcome::Kept(group) => out.kept.push(group),
+            Outcome::LowVariance(group) => low_variance.push(group),
+            Outcome::Rejected(group, why) => out.rejected.push((group, why)),
         }
-        let (kept, filtered): (Vec<TrainItem>, Vec<TrainItem>) =
-            group.items.drain(..).partition(|i| hooks.filter_item(i));
-        group.items = kept;
-        if group.items.len() < hooks.min_items() {
-            group.items.extend(filtered);
-            out.rejected.push((group, Rejection::TooFewItems));
-            continue;
-        }
-        // The estimator sees the survivors' raw rewards, as its formulas say. Fed the
-        // normalized ones, RLOO came out as n/(n-1) times the z-score, and `None` and Dr.
-        // GRPO as the z-score itself.
-        let rewards: Vec<f64> = group.items.iter().map(|i| i.raw_reward).collect();
-        hooks.normalize(&mut group);
-        for (item, a) in group.items.iter_mut().zip(advantage.compute(&rewards)) {
-            item.advantage = a;
-        }
-        if !hooks.pad(&mut group) {
-            out.rejected.push((group, Rejection::CannotPad));
-            continue;
-        }
-        if let Some(d) = dynamic {
-            let raw: Vec<f64> = group.originals().map(|i| i.raw_reward).collect();
-            if mean_std(&raw).1 <= d.min_std {
-                low_variance.push(group);
-                continue;
-            }
-        }
-        out.kept.push(group);
     }
     let keep = dynamic.map_or(0, |d| d.keep_at_least.saturating_sub(out.kept.len()));
     for (i, group) in low_variance.into_iter().enumerate() {
@@ -262,6 +235,62 @@ pub fn process_groups(
         }
     }
     out
+}
+
+/// How many items `group` trains with once through [`process_groups`] without dynamic
+/// sampling (padding copies included): 0 when the hooks reject it. For a reader that
+/// takes groups until it has enough items, which must count what the hooks keep, not
+/// what it leased.
+pub fn items_kept(hooks: &dyn GroupHooks, group: &TrainGroup) -> usize {
+    match process_group(hooks, &Advantage::None, None, group.clone()) {
+        Outcome::Kept(group) => group.items.len(),
+        Outcome::LowVariance(_) | Outcome::Rejected(..) => 0,
+    }
+}
+
+/// What the hooks make of one group.
+enum Outcome {
+    Kept(TrainGroup),
+    /// Kept, unless dynamic sampling has enough groups of more variance.
+    LowVariance(TrainGroup),
+    Rejected(TrainGroup, Rejection),
+}
+
+/// One group through the hooks, the advantage and dynamic sampling's variance test.
+fn process_group(
+    hooks: &dyn GroupHooks,
+    advantage: &Advantage,
+    dynamic: Option<DynamicSampling>,
+    mut group: TrainGroup,
+) -> Outcome {
+    if !hooks.is_valid_group(&group).valid {
+        return Outcome::Rejected(group, Rejection::Invalid);
+    }
+    let (kept, filtered): (Vec<TrainItem>, Vec<TrainItem>) =
+        group.items.drain(..).partition(|i| hooks.filter_item(i));
+    group.items = kept;
+    if group.items.len() < hooks.min_items() {
+        group.items.extend(filtered);
+        return Outcome::Rejected(group, Rejection::TooFewItems);
+    }
+    // The estimator sees the survivors' raw rewards, as its formulas say. Fed the
+    // normalized ones, RLOO came out as n/(n-1) times the z-score, and `None` and Dr.
+    // GRPO as the z-score itself.
+    let rewards: Vec<f64> = group.items.iter().map(|i| i.raw_reward).collect();
+    hooks.normalize(&mut group);
+    for (item, a) in group.items.iter_mut().zip(advantage.compute(&rewards)) {
+        item.advantage = a;
+    }
+    if !hooks.pad(&mut group) {
+        return Outcome::Rejected(group, Rejection::CannotPad);
+    }
+    if let Some(d) = dynamic {
+        let raw: Vec<f64> = group.originals().map(|i| i.raw_reward).collect();
+        if mean_std(&raw).1 <= d.min_std {
+            return Outcome::LowVariance(group);
+        }
+    }
+    Outcome::Kept(group)
 }
 
 #[cfg(test)]

@@ -45,8 +45,8 @@ pub use assembler::{
 pub use batcher::{Batcher, BatcherConfig, GroupBatch, Shortfall, Source, UNREADABLE};
 pub use group::{group_id, key_tag, GroupKey, GroupMode, SealReason, SealedGroup};
 pub use hooks::{
-    process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection, SlimeHooks,
-    Validity,
+    items_kept, process_groups, DynamicSampling, GroupHooks, GroupStats, Processed, Rejection,
+    SlimeHooks, Validity,
 };
 #[cfg(not(rollout_buffer_loom))]
 pub use ingest::{GroupIngest, IngestCounters};
