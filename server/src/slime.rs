@@ -69,7 +69,17 @@ impl Item<'_> {
     pub fn into_record(self, environment: &str) -> Result<RolloutRecord, ApiError> {
         let instance_id = match &self.instance_id {
             Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
+            // An integer is its decimal text. Any other number is refused: one past 64
+            // bits arrives rounded to a float (two ids would meet in one group), and a
+            // float's text is not the id slime's Python keys by (`1e2` is `100.0`).
+            Value::Number(n) if n.is_i64() || n.is_u64() => n.to_string(),
+            Value::Number(n) => {
+                return Err(ApiError::bad(format!(
+                    "item {}: `instance_id` {n} is not an integer of 64 bits: send it as a \
+                     string",
+                    self.uid
+                )))
+            }
             other => {
                 return Err(ApiError::bad(format!(
                     "item {}: `instance_id` must be a non-empty string or a number, not {other}",
@@ -584,7 +594,28 @@ mod tests {
     // `expect` and `unwrap` in this test code are its assertions, or fixtures that cannot
     // fail (an in-memory store, a runtime, data the test built); library code has none
     // (tests/layout.rs checks).
-    use super::ItemText;
+    use super::{Item, ItemText};
+
+    #[test]
+    fn an_instance_id_is_a_string_or_an_integer_of_64_bits() {
+        let id = |json: &str| {
+            let text =
+                format!(r#"{{"uid": "u", "instance_id": {json}, "messages": [], "reward": 1}}"#);
+            let item: Item<'_> = serde_json::from_str(&text).expect("an item");
+            item.into_record("env").map(|r| r.example_id)
+        };
+        assert_eq!(id(r#""q7""#).expect("a string"), "q7");
+        assert_eq!(id("7").expect("an integer"), "7");
+        assert_eq!(id("-7").expect("a negative integer"), "-7");
+        assert_eq!(
+            id("18446744073709551615").expect("u64::MAX"),
+            "18446744073709551615"
+        );
+        for float in ["123456789012345678901", "1e2", "7.5", "-0.0"] {
+            let err = id(float).expect_err(float).to_string();
+            assert!(err.contains("not an integer of 64 bits"), "{float}: {err}");
+        }
+    }
 
     fn created_ts(extra: &str) -> f64 {
         let item = ItemText {
