@@ -681,5 +681,7 @@ async fn debug_waiting(State(app): State<Arc<App>>) -> Json<Value> {
         "pending_groups": pending.pending_groups,
         "pending_rollouts": pending.pending_rollouts,
         "storing_rollouts": ingest.storing_rollouts(),
+        "dropped_groups": pending.dropped_groups,
+        "dropped_rollouts": pending.dropped_rollouts,
     }))
 }

@@ -55,5 +55,18 @@ pub fn publish(buf: &SequenceBuffer, ingest: &GroupIngest, tracker: &mut Metrics
     ] {
         metrics::gauge!(name).set(value as f64);
     }
+    // Groups that timed out short of `min_timeout_group_size_ratio` are discarded, as
+    // slime discards them; this is where that shows.
+    let a = ingest.assembler_counters();
+    for (name, value) in [
+        (
+            "rollout_buffer_ingest_sealed_timeout_groups",
+            a.sealed_timeout,
+        ),
+        ("rollout_buffer_ingest_dropped_groups", a.dropped_groups),
+        ("rollout_buffer_ingest_dropped_rollouts", a.dropped_rollouts),
+    ] {
+        metrics::gauge!(name).set(value as f64);
+    }
     tracker.snapshot(buf, Some(ingest)).publish();
 }

@@ -272,3 +272,31 @@ async fn a_restart_that_completes_groups_on_a_full_store_still_listens() {
         "{body}"
     );
 }
+
+/// A group that times out short of `min_timeout_group_size_ratio` is dropped, as slime
+/// drops it, and counted where an operator looks: `/debug/waiting` and `/metrics`.
+#[tokio::test]
+async fn a_group_that_times_out_short_is_dropped_and_counted() {
+    let dir = store("timed-out-short");
+    let server = Server::start(&dir, &["--group-size", "4", "--group-timeout", "0.2"]);
+    let (status, _) = post(&server, "/buffer/write", &item("q1-0", "q1", 1.0)).await;
+    assert_eq!(status, 200);
+    let mut dropped = Value::Null;
+    for _ in 0..1000 {
+        let (_, body) = get(&server, "/debug/waiting").await;
+        dropped = body["dropped_groups"].clone();
+        if dropped == json!(1) {
+            assert_eq!(body["dropped_rollouts"], 1, "{body}");
+            assert_eq!(body["pending_groups"], 0, "{body}");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(dropped, json!(1), "the group was never dropped");
+    let text = common::metrics_text(&server).await;
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("rollout_buffer_ingest_dropped_rollouts 1")),
+        "{text}"
+    );
+}

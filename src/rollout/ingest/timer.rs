@@ -35,6 +35,13 @@ impl GroupIngest {
                 InFlight::mark(&self.shared, &mut state, watched, Vec::new(), storing),
             )
         };
+        for (key, rollouts) in &due.dropped {
+            tracing::warn!(
+                group = %crate::rollout::key_tag(key),
+                rollouts = rollouts.len(),
+                "a group timed out short of its minimum size and is dropped"
+            );
+        }
         let forget: Vec<AuxWrite> = due
             .dropped
             .iter()
