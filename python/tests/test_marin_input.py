@@ -446,6 +446,31 @@ def test_stop_ends_the_gets_waiting_without_end(get):
     assert getattr(loader, get)(timeout=0) is not None, "a get after stop() still serves"
 
 
+@pytest.mark.parametrize("get", ["get_rollouts", "get_trajectories", "get_groups"])
+def test_a_get_on_a_stopped_loader_serves_what_is_ready_and_never_waits(get):
+    """A get started after stop() waited forever with no timeout: nothing comes from a
+    stopped loader. It now serves what is ready and otherwise returns None at once, until
+    the loader starts again."""
+    buf = buffer(max_samples=1)
+    loader = ReplayDataLoader(Reader(), buf)
+    loader.start()
+    loader.stop()
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(getattr(loader, get)(None)), daemon=True)
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and done == [None], "a get after stop() waited"
+    buf.add_batches([Batch(group())])
+    assert getattr(loader, get)(None) is not None, "what is ready is served"
+    with pytest.raises(ValueError, match="timeout"):
+        getattr(loader, get)(float("nan"))
+    loader.start()
+    try:
+        assert getattr(loader, get)(timeout=0) is None  # a running loader's get may wait
+    finally:
+        loader.stop()
+
+
 class Batches:
     """A reader handing over what it holds once."""
 

@@ -34,6 +34,8 @@ class ReplayDataLoader:
         self._stop = threading.Event()
         # Bumped by each stop() under the buffer's lock: the gets waiting then return None.
         self._stops = 0
+        # Set by stop(), cleared by start(): a get on a stopped loader does not wait.
+        self._stopped = False
 
     def start(self) -> None:
         if self._thread is not None:
@@ -41,6 +43,8 @@ class ReplayDataLoader:
                 raise RuntimeError("ReplayDataLoader already running (or still stopping)")
             self._thread = None
         self._stop.clear()
+        with self.replay_buffer._cond:
+            self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="replay-data-loader", daemon=True)
         self._thread.start()
 
@@ -55,6 +59,7 @@ class ReplayDataLoader:
         buf = self.replay_buffer
         with buf._cond:
             self._stops += 1
+            self._stopped = True
             buf._cond.notify_all()
         if self._thread is not None:
             self._stop.set()
@@ -81,8 +86,13 @@ class ReplayDataLoader:
 
     def _wait(self, timeout: Optional[float], sample: Optional[Any]) -> Optional[List[Any]]:
         buf = self.replay_buffer
+        timeout = checks.timeout(timeout)
         with buf._cond:
             stops = self._stops
+            if self._stopped:
+                # Nothing comes from a stopped loader: what is ready is served, and a get
+                # that would wait returns None at once (with no timeout, it waited forever).
+                timeout = 0.0
         return buf._wait_for(timeout, sample, lambda: self._stops != stops)
 
     def _loop(self) -> None:
