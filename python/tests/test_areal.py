@@ -290,7 +290,7 @@ def test_refusals_change_nothing():
         assert buf.size == 1
         with pytest.raises(ValueError, match="do not match"):
             await buf.amend_batch(idx, [Sample("zzz", ["q"])])
-        for odd in (float("nan"), -1.0, float("inf")):
+        for odd in (float("nan"), -1.0, "1"):
             with pytest.raises(ValueError, match="timeout"):
                 await buf.get_batch_for_rpc(t, timeout=odd)
         await buf.get_batch_for_rpc(t)

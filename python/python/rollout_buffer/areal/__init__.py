@@ -62,6 +62,7 @@ Where AReaL's buffer has a bug, this one differs (see ``docs/python.md``):
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from typing import Any, List, Optional, Sequence
@@ -159,6 +160,10 @@ class AsyncIOSequenceBuffer:
 
     def _put(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]]):
         births = None
+        if not hasattr(samples, "__len__") and hasattr(samples, "__iter__"):
+            # A generator: taken whole first, so it is stamped as a list is (numbered from
+            # 1 by the native put instead, its samples went before every stamped one).
+            samples = list(samples)
         if birth_times is None and hasattr(samples, "__len__"):
             # AReaL's own stamp: numbered from the process's monotonic clock, so a put
             # without birth times sorts among AReaL-stamped ones by when it came (numbered
@@ -262,14 +267,14 @@ class AsyncIOSequenceBuffer:
         """Waits until ``rpc.n_seqs`` entries are ready for ``rpc`` and unread by it, takes
         the oldest, and returns ``(indices, SequenceSample.gather(samples,
         keys=rpc.input_keys))``. The read is done when this returns: the last MFC's read
-        frees the slots. ``ValueError`` for an MFC not given to the constructor, or a
-        timeout that is negative or no finite number, or an ``rpc`` that is no MFC."""
+        frees the slots. ``timeout`` is in seconds; ``None`` or ``math.inf`` waits
+        without end. ``ValueError`` for an MFC not given to the constructor, a timeout
+        that is negative, NaN or no number, or an ``rpc`` that is no MFC."""
         name, n_seqs, input_keys = _mfc_fields(rpc, "rpc")
         r = self._rpc_index.get(name)
         if r is None:
             raise ValueError(f"{name!r} is not one of this buffer's MFCs {self._rpc_names}")
-        if timeout is not None and not 0 <= timeout < float("inf"):  # NaN too
-            raise ValueError(f"timeout must be a finite number of seconds >= 0 (or None), not {timeout}")
+        timeout = _timeout(timeout)
         if n_seqs != self._n_seqs[r]:
             raise ValueError(
                 f"MFC {name!r} asks for {n_seqs} entries; the buffer was built with {self._n_seqs[r]}"
@@ -395,4 +400,25 @@ def _int_array(values: Any, name: str, least: int, rule: str) -> np.ndarray:
 
 
 def _bad_int(name: str, j: int, value: Any, rule: str) -> ValueError:
+    if isinstance(value, np.integer):
+        value = int(value)  # named as the number it is, not as `np.uint64(...)`
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+            and not -(2**63) <= int(value) < 2**63:
+        rule = f"past int64 (the largest is 2**63 - 1); {rule}"
     return ValueError(f"{name}[{j}] is {value!r}: {rule}")
+
+
+def _timeout(t: Any) -> Optional[float]:
+    """A get's ``timeout``: ``None`` (or infinity) waits without end; else seconds
+    >= 0. Anything else is a ``ValueError`` naming it (a str failed inside a comparison,
+    as a ``TypeError`` naming nothing)."""
+    if t is None:
+        return None
+    if isinstance(t, (bool, np.bool_)) or not isinstance(t, (int, float, np.integer, np.floating)):
+        raise ValueError(f"timeout must be a number of seconds >= 0 (or None), not {t!r}")
+    t = float(t)
+    if t == math.inf:
+        return None
+    if not t >= 0:  # NaN too
+        raise ValueError(f"timeout must be a number of seconds >= 0 (or None), not {t!r}")
+    return t
