@@ -32,6 +32,10 @@ use rollout_buffer::{
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, MutexGuard, TryLockError};
 
+/// Where the drop-in logs: Python's `rollout_buffer.areal` logger (pyo3-log names a
+/// logger after the target, which is this crate's module path by default).
+const LOG_TARGET: &str = "rollout_buffer::areal";
+
 /// Which of the buffer's keys an entry holds: bit `i` for `keys[i]`.
 type KeyMask = u64;
 
@@ -174,7 +178,7 @@ impl ArealSlots {
         drop(released);
         let dropped = match discarded {
             Ok(()) => {
-                tracing::warn!(mfc = %rpc, error = %error, dropped = ?named, "samples that cannot be gathered dropped");
+                tracing::warn!(target: LOG_TARGET, mfc = %rpc, error = %error, dropped = ?named, "samples that cannot be gathered dropped");
                 SamplesDropped::new_err(format!(
                     "MFC {rpc} could not gather its batch ({error}); dropped from the buffer, as \
                      they would fail every read: {}",
@@ -457,6 +461,7 @@ impl ArealSlots {
         };
         if kept.len() < indices.len() {
             tracing::warn!(
+                target: LOG_TARGET,
                 skipped = indices.len() - kept.len(),
                 "amend of entries dropped as ungatherable skipped"
             );

@@ -95,7 +95,7 @@ impl Target {
             (SetOutcome, self.future, ok, value),
         );
         if let Err(e) = scheduled {
-            tracing::debug!("a waited call's result was dropped, its event loop gone: {e}");
+            tracing::debug!(target: "rollout_buffer::python", "a waited call's result was dropped, its event loop gone: {e}");
         }
     }
 }
@@ -167,7 +167,7 @@ fn send(delivery: Delivery) {
         {
             Ok(_) => Some(tx),
             Err(e) => {
-                tracing::error!("cannot start the thread that delivers awaited results: {e}");
+                tracing::error!(target: "rollout_buffer::python", "cannot start the thread that delivers awaited results: {e}");
                 None
             }
         }

@@ -267,11 +267,15 @@ class Poisoned(Sample):
         return super().gather(samples, keys=keys)
 
 
-def test_a_sample_that_cannot_be_gathered_is_dropped_the_second_time():
+def test_a_sample_that_cannot_be_gathered_is_dropped_the_second_time(caplog):
     """Given back after every failed gather, the batch holding it was served again, to
     fail again, at every get: the MFC never read anything else. Now the first failure
     gives it back (the failure may pass), and the same batch failing again drops the
-    sample that cannot be gathered, gives its batch-mate back, and names it."""
+    sample that cannot be gathered, gives its batch-mate back, and names it, also in a
+    warning on the ``rollout_buffer.areal`` logger (it went to ``_native.areal``)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="rollout_buffer")
 
     async def go():
         gen = Mfc("gen", 2, ["p"])
@@ -285,6 +289,8 @@ def test_a_sample_that_cannot_be_gathered_is_dropped_the_second_time():
         assert isinstance(dropped.value.__cause__, TypeError)
         assert "2 (slot" not in str(dropped.value), "its batch-mate is kept"
         assert buf.size == 3
+        warned = [r for r in caplog.records if "cannot be gathered" in r.getMessage()]
+        assert [r.name for r in warned] == ["rollout_buffer.areal"], caplog.records
         _, got = await asyncio.wait_for(buf.get_batch_for_rpc(gen), 5)
         assert got.ids == ["2", "4"]
         await buf.put_batch([Poisoned(8, ["p"])])
