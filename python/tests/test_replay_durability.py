@@ -140,3 +140,60 @@ def test_accepted_versions_may_be_any_iterable(tmp_path):
         out = buf.add_rollouts([RolloutRecord(environment="m", example_id="q", policy_version="2",
                                               rollout_uid="u")])
         assert out == ["sealed"]
+
+
+def test_snapshots_stay_the_size_of_the_live_state_and_exits_come_back(tmp_path, monkeypatch):
+    """Every consumed group's id went into every snapshot: after 8,000 groups one was
+    ~700 KB, rewritten every 256 control writes. Exits now go to files of their own,
+    each written once; a restart still knows every group that left, so none is served
+    again, and a snapshot written before that (with the exits inside) still opens."""
+    import glob
+    import json
+
+    import numpy as np
+
+    from rollout_buffer.replay import RolloutRecord
+    from rollout_buffer.replay import buffer as replay_buffer
+
+    monkeypatch.setattr(replay_buffer, "SNAPSHOT_EVERY", 8)
+    root = str(tmp_path / "replay")
+
+    def group(i):
+        return [RolloutRecord(environment="m", example_id=f"q{i}", policy_version="1",
+                              rollout_uid=f"u{i}-{j}", reward=float(j),
+                              output_tokens=np.arange(2, dtype=np.int32))
+                for j in range(2)]
+
+    buf = ReplayBuffer(root, target_group_size=2, max_uses_per_group=1, durable=False)
+    for round_ in range(40):
+        buf.add_rollouts([r for i in range(round_ * 5, round_ * 5 + 5) for r in group(i)])
+        buf.ack(buf.sample_groups(5).batch_id, "ok")
+    [snapshot] = glob.glob(os.path.join(root, "control", "snapshot-*.json"))
+    assert "exited" not in json.load(open(snapshot))
+    exits = {}
+    for f in glob.glob(os.path.join(root, "control", "exits-*.json")):
+        exits.update(json.load(open(f)))
+    assert len(exits) >= 150 and set(exits.values()) == {"consumed"}
+    buf.add_rollouts(group(1000))
+    buf.close()
+
+    again = ReplayBuffer(root, target_group_size=2, max_uses_per_group=1, durable=False)
+    assert again.stats()["groups_live"] == 1
+    batch = again.sample_groups(10)
+    assert [g.example_id for g in again.get_groups(batch.group_ids)] == ["q1000"]
+    again.close()
+
+    # The old layout: every exit inside the snapshot, no exits files.
+    state = json.load(open(glob.glob(os.path.join(root, "control", "snapshot-*.json"))[0]))
+    every = {}
+    for f in glob.glob(os.path.join(root, "control", "exits-*.json")):
+        every.update(json.load(open(f)))
+        os.remove(f)
+    state["exited"] = every
+    json.dump(state, open(glob.glob(os.path.join(root, "control", "snapshot-*.json"))[0], "w"))
+    old = ReplayBuffer(root, target_group_size=2, max_uses_per_group=1, durable=False)
+    assert old.stats()["groups_live"] == 1 and len(old._control.exited) == len(every)
+    old.close()
+    migrated = ReplayBuffer(root, target_group_size=2, max_uses_per_group=1, durable=False)
+    assert migrated.stats()["groups_live"] == 1 and len(migrated._control.exited) == len(every)
+    migrated.close()

@@ -247,8 +247,8 @@ class ReplayBuffer(Serving):
         self._mutex = threading.RLock()
         self._staging = threading.Condition(self._mutex)
         self._flusher: Optional[threading.Thread] = None
-        snap, events = self._log.load()
-        self._control = Control.restore(snap, events)
+        snap, events, exits = self._log.load()
+        self._control = Control.restore(snap, events, exits)
         self.rebuild_indexes()
 
     # ---- ingest -------------------------------------------------------------------
@@ -583,7 +583,14 @@ class ReplayBuffer(Serving):
         for e in events:
             self._control.apply(e)
         if self._log.since_snapshot >= SNAPSHOT_EVERY:
-            self._log.snapshot(self._control.snapshot())
+            self._snapshot()
+
+    def _snapshot(self) -> None:
+        """Snapshots the control state. The exits it writes are forgotten as fresh only
+        once written: a failed write leaves them for the next snapshot (which deletes the
+        logs that hold them now)."""
+        self._log.snapshot(self._control.snapshot(), self._control.fresh_exits)
+        self._control.fresh_exits = {}
 
     def _write_control(self, events: list) -> None:
         """Logs the lazy events (already applied) and ``events`` (not yet) in one object."""
@@ -609,7 +616,7 @@ class ReplayBuffer(Serving):
         if self._closed:
             return
         self.flush()
-        self._log.snapshot(self._control.snapshot())
+        self._snapshot()
         self._closed = True
         self._staging.notify_all()  # the flusher thread ends
         if self._pool is not None:

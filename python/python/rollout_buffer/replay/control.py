@@ -32,6 +32,10 @@ class Control:
         self.uses: collections.Counter = collections.Counter()
         self.redeliver: dict = {}  # group id -> None, in queue order
         self.exited: dict = {}  # group id -> reason
+        # Exits not yet in an exits file: each snapshot writes only these (see
+        # `ControlLog.snapshot`), so a snapshot's size follows the live state, not every
+        # group the run ever consumed.
+        self.fresh_exits: dict = {}
         self.version: Optional[int] = None
         self.counter = 0
 
@@ -60,6 +64,7 @@ class Control:
         elif kind == "exit":
             for g in e["g"]:
                 self.exited[g] = e["r"]
+                self.fresh_exits[g] = e["r"]
                 self.uses.pop(g, None)
                 self.redeliver.pop(g, None)
                 self.leased.pop(g, None)
@@ -105,14 +110,16 @@ class Control:
             "steps": {str(s): b for s, b in self.steps.items()},
             "uses": dict(self.uses),
             "redeliver": list(self.redeliver),
-            "exited": self.exited,
             "version": self.version,
             "counter": self.counter,
         }
 
     @classmethod
-    def restore(cls, snap: Optional[dict], events: list) -> "Control":
+    def restore(cls, snap: Optional[dict], events: list, exits: Optional[dict] = None) -> "Control":
+        """The state of ``snap`` (or an empty one), the exits files written up to it
+        (``exits``), then ``events``."""
         c = cls()
+        c.exited = dict(exits or {})
         if snap is not None:
             c.batches = snap["batches"]
             for bid, b in c.batches.items():
@@ -123,7 +130,10 @@ class Control:
             c.steps = {int(s): b for s, b in snap["steps"].items()}
             c.uses = collections.Counter(snap["uses"])
             c.redeliver = dict.fromkeys(snap["redeliver"])
-            c.exited = snap["exited"]
+            # A snapshot written before exits had files of their own holds them all: they
+            # go to the next snapshot's exits file, before that snapshot deletes this one.
+            c.exited.update(snap.get("exited", {}))
+            c.fresh_exits = dict(snap.get("exited", {}))
             c.version = snap["version"]
             c.counter = snap["counter"]
         for e in events:

@@ -375,31 +375,43 @@ def read_scores(store: Store) -> Iterator[tuple]:
 
 
 class ControlLog:
-    """Numbered JSON objects under ``control/``: ``log-<seq>.json`` (a list of events) and
-    ``snapshot-<seq>.json`` (the whole state as of event object ``seq``)."""
+    """Numbered JSON objects under ``control/``: ``log-<seq>.json`` (a list of events),
+    ``snapshot-<seq>.json`` (the whole state as of event object ``seq``, but the groups
+    that left) and ``exits-<seq>.json`` (the groups that left since the snapshot before,
+    group id -> reason). A snapshot replaces the logs and snapshots before it; exits files
+    stay, each written once, so a long run does not rewrite every consumed group's id at
+    every snapshot."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.next_seq = 1
         self.since_snapshot = 0
 
-    def load(self) -> tuple[Optional[dict], list]:
-        """The latest snapshot (or None) and the events logged after it, in order."""
+    def load(self) -> tuple[Optional[dict], list, dict]:
+        """The latest snapshot (or None), the events logged after it, in order, and the
+        exits written up to it. An exits file past the snapshot (a crash between the two
+        writes) is left out: its exits are in the logs after the snapshot."""
         files = self.store.list(CONTROL)
         snaps = sorted((_seq(f), f) for f in files if "/snapshot-" in f)
         logs = sorted((_seq(f), f) for f in files if "/log-" in f)
+        exit_files = sorted((_seq(f), f) for f in files if "/exits-" in f)
         snapshot, base = None, 0
         if snaps:
             base, rel = snaps[-1]
             snapshot = json.loads(self.store.get(rel))
+        exits: dict = {}
+        for seq, rel in exit_files:
+            if seq <= base:
+                exits.update(json.loads(self.store.get(rel)))
         events = []
         for seq, rel in logs:
             if seq > base:
                 events.extend(json.loads(self.store.get(rel)))
-        top = max([base] + [s for s, _ in logs])
+        # Past every file, exits files too: a number reused would name two files.
+        top = max([base] + [s for s, _ in logs] + [s for s, _ in exit_files])
         self.next_seq = top + 1
         self.since_snapshot = sum(1 for s, _ in logs if s > base)
-        return snapshot, events
+        return snapshot, events, exits
 
     def append(self, events: list) -> None:
         if not events:
@@ -409,14 +421,17 @@ class ControlLog:
         self.next_seq += 1
         self.since_snapshot += 1
 
-    def snapshot(self, state: dict) -> None:
-        """Writes ``state`` as of everything appended so far, then deletes what it
-        replaces."""
+    def snapshot(self, state: dict, exits: dict) -> None:
+        """Writes ``exits`` (the groups that left since the last snapshot) and then
+        ``state``, as of everything appended so far, then deletes the logs and snapshots
+        they replace."""
         seq = self.next_seq
         self.next_seq += 1
+        if exits:
+            self.store.put(f"{CONTROL}/exits-{seq:012d}.json", json.dumps(exits).encode())
         self.store.put(f"{CONTROL}/snapshot-{seq:012d}.json", json.dumps(state).encode())
         for rel in self.store.list(CONTROL):
-            if _seq(rel) < seq:
+            if _seq(rel) < seq and "/exits-" not in rel:
                 self.store.delete(rel)
         self.since_snapshot = 0
 
