@@ -111,11 +111,62 @@ async fn a_damaged_checkpoint_is_moved_aside_with_its_segments() {
     let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
     assert_eq!(moved, [&manifest, &segment]);
     assert_eq!(report.checkpoint, None);
+    assert_eq!(report.unreadable_segments, std::slice::from_ref(&segment));
     let aside = format!("damaged/0/{segment}");
     assert!(store.get(&aside).await.expect("get").is_some());
     let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
     assert!(
         ids(&buf).is_empty(),
         "nothing before the damaged checkpoint survives"
+    );
+}
+
+/// A damaged manifest takes its checkpoint's segments with it, and the log before that
+/// checkpoint is gone: the report names the samples they held (it said nothing was lost).
+#[tokio::test]
+async fn a_damaged_manifest_reports_the_samples_its_segments_held() {
+    let (store, segment, manifest) = checkpointed().await;
+    rewrite(&store, &manifest, |b| b.truncate(b.len() / 2)).await;
+    let report = repair(&store).await.expect("repair");
+    let moved: Vec<&str> = report.moved.iter().map(|m| m.from.as_str()).collect();
+    assert_eq!(moved, [&manifest, &segment]);
+    assert_eq!(report.samples_lost, ["s0", "s1", "s2", "s3"]);
+    assert!(report.unreadable_segments.is_empty() && report.aux_lost.is_empty());
+    assert_eq!(
+        report.to_json()["samples_lost"].as_array().map(Vec::len),
+        Some(4)
+    );
+}
+
+/// An ingest's pending rollouts live in a checkpoint's auxiliary segment: a damaged
+/// manifest loses them, and the report names them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_manifest_reports_the_pending_rollouts_it_held() {
+    use common::rollouts::{open_trainer, rollout};
+    use rollout_buffer::persist::PersistOptions;
+    use rollout_buffer::rollout::{GroupConfig, GroupIngest};
+    let dir = common::TempDir::new("repair-aux");
+    let path = dir.path().to_owned();
+    {
+        let buf = open_trainer(&path, PersistOptions::new().archive(None)).await;
+        let ingest = GroupIngest::start(buf.clone(), GroupConfig::new(4))
+            .await
+            .expect("start");
+        ingest.add(rollout(1, 0, 0)).await.expect("add");
+        ingest.add(rollout(1, 1, 0)).await.expect("add");
+        buf.flush().await.expect("flush");
+    }
+    // Reopened, the buffer folds the log into a checkpoint (its aux segment holds them).
+    drop(open_trainer(&path, PersistOptions::new().archive(None)).await);
+    let store = Store::open(&path).expect("store");
+    let manifests = store.list("manifest").await.expect("list");
+    let newest = manifests.last().expect("a manifest").clone();
+    rewrite(&store, &newest, |b| b.truncate(b.len() / 2)).await;
+    let report = repair(&store).await.expect("repair");
+    assert_eq!(report.aux_lost.len(), 2, "{report:?}");
+    assert!(
+        report.aux_lost.iter().all(|id| id.contains("u-1-")),
+        "{:?}",
+        report.aux_lost
     );
 }

@@ -53,7 +53,8 @@ fn text(url: &str, report: &RepairReport) -> String {
     }
     let _ = writeln!(
         out,
-        "lost: {} records in readable groups; {} samples put in them{}",
+        "lost: {} records in readable log groups; {} samples put in them or held by the \
+         moved checkpoint{}",
         report.records_lost,
         report.samples_lost.len(),
         if report.unreadable_groups.is_empty() {
@@ -65,19 +66,44 @@ fn text(url: &str, report: &RepairReport) -> String {
             )
         }
     );
-    if !report.samples_lost.is_empty() {
-        let shown: Vec<&str> = report
-            .samples_lost
-            .iter()
-            .take(20)
-            .map(String::as_str)
-            .collect();
-        let more = report.samples_lost.len().saturating_sub(shown.len());
-        let _ = write!(out, "  ids: {}", shown.join(", "));
-        if more > 0 {
-            let _ = write!(out, " and {more} more");
-        }
-        out.push('\n');
+    list_ids(&mut out, "ids", &report.samples_lost);
+    if !report.aux_lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "lost from the moved checkpoint: {} pending entries (rollouts of unsealed groups, \
+             duplicate markers)",
+            report.aux_lost.len()
+        );
+        list_ids(&mut out, "keys", &report.aux_lost);
+    }
+    if !report.unarchived_lost.is_empty() {
+        let _ = writeln!(
+            out,
+            "lost from the moved checkpoint: the archive rows of {} freed samples",
+            report.unarchived_lost.len()
+        );
+        list_ids(&mut out, "ids", &report.unarchived_lost);
+    }
+    if !report.unreadable_segments.is_empty() {
+        let _ = writeln!(
+            out,
+            "what the checkpoint segments {:?} held cannot be read",
+            report.unreadable_segments
+        );
     }
     out
+}
+
+/// Up to 20 of `ids` on one line, and how many more.
+fn list_ids(out: &mut String, what: &str, ids: &[String]) {
+    if ids.is_empty() {
+        return;
+    }
+    let shown: Vec<&str> = ids.iter().take(20).map(String::as_str).collect();
+    let more = ids.len().saturating_sub(shown.len());
+    let _ = write!(out, "  {what}: {}", shown.join(", "));
+    if more > 0 {
+        let _ = write!(out, " and {more} more");
+    }
+    out.push('\n');
 }

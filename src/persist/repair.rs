@@ -11,8 +11,11 @@
 //! loaded, and the segments no remaining manifest names. Moving is a copy then a delete
 //! of the original, so a crash part-way leaves a file in both places, never in neither.
 //! The report (also written as `damaged/<n>/report.json`) lists every file moved and why,
-//! and for the moved log groups that still decode, how many records they held and the ids
-//! of the samples they put: what the run loses. A damaged group's records are unknown.
+//! and what the run loses: for the moved log groups that still decode, how many records
+//! they held and the ids of the samples they put; for the moved checkpoint segments, the
+//! samples, auxiliary entries (pending rollouts, duplicate markers) and unarchived frees
+//! they hold that the state kept does not. A damaged group's or segment's contents are
+//! unknown, and named as such.
 //!
 //! Nothing is invented: the state kept is a prefix of the log the run wrote, on top of a
 //! checkpoint the run committed; `tests/hostile.rs` checks this over every byte flip,
@@ -56,10 +59,19 @@ pub struct RepairReport {
     pub moved: Vec<MovedFile>,
     /// Records in the moved log groups that still decode.
     pub records_lost: u64,
-    /// Ids of the samples put in the moved log groups that still decode, in log order.
+    /// Ids of the samples put in the moved log groups that still decode, in log order,
+    /// then of those moved checkpoint segments hold and the state kept does not.
     pub samples_lost: Vec<String>,
     /// Moved log groups whose contents cannot be read (their records are unknown).
     pub unreadable_groups: Vec<u64>,
+    /// Ids of the auxiliary entries (an ingest's pending rollouts and duplicate markers,
+    /// say) that moved checkpoint segments hold and the state kept does not.
+    pub aux_lost: Vec<String>,
+    /// Ids of freed samples whose archive rows were not yet durable, held by moved
+    /// checkpoint segments and not by the state kept: their rows will not be archived.
+    pub unarchived_lost: Vec<String>,
+    /// Moved checkpoint segments that cannot be read (what they held is unknown).
+    pub unreadable_segments: Vec<String>,
     /// The folder the files went to, when any did.
     pub folder: Option<String>,
 }
@@ -84,6 +96,9 @@ impl RepairReport {
             "records_lost": self.records_lost,
             "samples_lost": self.samples_lost,
             "unreadable_groups": self.unreadable_groups,
+            "aux_lost": self.aux_lost,
+            "unarchived_lost": self.unarchived_lost,
+            "unreadable_segments": self.unreadable_segments,
             "folder": self.folder,
         })
     }
@@ -139,6 +154,12 @@ pub async fn repair(store: &Store) -> Result<RepairReport> {
     if to_move.is_empty() {
         return Ok(report);
     }
+    for (path, _) in &to_move {
+        if path.starts_with(SEGMENT_DIR) {
+            count_segment_losses(store, path, &state, &mut report).await?;
+        }
+    }
+    dedup_in_order(&mut report.samples_lost);
     let folder = next_folder(store).await?;
     for (from, why) in to_move {
         let to = format!("{folder}/{from}");
@@ -155,6 +176,8 @@ pub async fn repair(store: &Store) -> Result<RepairReport> {
         moved = report.moved.len(),
         records_lost = report.records_lost,
         samples_lost = report.samples_lost.len(),
+        aux_lost = report.aux_lost.len(),
+        unarchived_lost = report.unarchived_lost.len(),
         unreadable_groups = report.unreadable_groups.len(),
         "store repaired: damaged files moved aside"
     );
@@ -272,6 +295,49 @@ async fn replay_until_damage(
         to_move.push((path.clone(), why));
     }
     Ok(moved.first().map(|g| g.0))
+}
+
+/// Adds to `report` what the moved checkpoint segment `path` holds that the kept `state`
+/// does not: a newer checkpoint's samples, pending entries and unarchived frees, which no
+/// kept log group brings back (the log before a checkpoint is deleted once it lands).
+async fn count_segment_losses(
+    store: &Store,
+    path: &str,
+    state: &DurableState,
+    report: &mut RepairReport,
+) -> Result<()> {
+    let Some(bytes) = store.get(path).await? else {
+        return Ok(());
+    };
+    // As recovery decodes segments: a bad file is an unreadable segment, not a panic.
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        checkpoint::decode_segment(bytes)
+    }));
+    let Ok(Ok(entries)) = decoded else {
+        report.unreadable_segments.push(path.to_owned());
+        return Ok(());
+    };
+    let name = path.rsplit('/').next().unwrap_or(path);
+    for (entry, _) in entries {
+        if name.starts_with("aux-") {
+            if !state.aux.contains_key(entry.id.as_str()) {
+                report.aux_lost.push(entry.id.to_string());
+            }
+        } else if name.starts_with("freed-") {
+            if !state.unarchived.iter().any(|u| u.entry.id == entry.id) {
+                report.unarchived_lost.push(entry.id.to_string());
+            }
+        } else if !state.holds(&entry.id) {
+            report.samples_lost.push(entry.id.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// Drops repeats from `ids`, keeping each id's first place.
+fn dedup_in_order(ids: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    ids.retain(|id| seen.insert(id.clone()));
 }
 
 /// Appends the ids of the samples `record` puts.

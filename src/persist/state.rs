@@ -156,6 +156,11 @@ pub(crate) struct DurableState {
 }
 
 impl DurableState {
+    /// Whether a sample of this id is held.
+    pub(crate) fn holds(&self, id: &SampleId) -> bool {
+        self.index.contains_key(id)
+    }
+
     /// Adds an entry after every other (a later seq); replaces one with the same id.
     pub(crate) fn push(&mut self, entry: Entry) {
         // Freed entries leave holes; the log writer's image lives as long as its buffer, so
