@@ -5,6 +5,7 @@
 import asyncio
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -381,6 +382,14 @@ def test_the_stand_ins_follow_areal():
     )
     parts = s.unpack()
     assert [p.ids for p in parts] == [["1"], ["2"], ["3"]]
+    # AReaL's split_with_spec: a SequenceSplitSpec's partitions (or its sizes).
+    halves = s.split_with_spec(SimpleNamespace(partitions=[(0, 1), (1, 3)]))
+    assert [h.ids for h in halves] == [["1"], ["2", "3"]]
+    assert halves[1].data["tok"].tolist() == [2, 3, 4, 5] and halves[1].metadata == {"src": ["b", "c"]}
+    assert [h.ids for h in s.split_with_spec(SimpleNamespace(sizes=[2, 1]))] == [["1", "2"], ["3"]]
+    for bad in ([(0, 1), (2, 3)], [(0, 2)], [(1, 3)], [(0, 0), (0, 3)]):
+        with pytest.raises(ValueError, match="do not cover"):
+            s.split_with_spec(SimpleNamespace(partitions=bad))
     assert parts[1].data["tok"].tolist() == [2, 3, 4] and parts[1].metadata == {"src": ["b"]}
     back = SequenceSample.gather(parts)
     assert back.ids == s.ids and back.data["tok"].tolist() == list(range(6))

@@ -6,8 +6,9 @@ AReaL's own classes work wherever these do.
 unique), ``seqlens[key]`` (one list of sequence lengths per piece), ``trailing_shapes``,
 ``dtypes``, ``data`` (``None`` for metadata only, as AReaL's master stores them) and
 ``metadata`` (lists, one entry per piece). ``gather`` concatenates in list order over the
-requested keys (``KeyError`` if a sample lacks one), ``unpack`` and ``split_with_lengths``
-cut it into pieces, and ``update_`` merges another sample's keys into it (the other's
+requested keys (``KeyError`` if a sample lacks one), ``unpack`` and ``split_with_spec``
+cut it into pieces (AReaL's ``split_with_lengths``, which packs micro-batches by token
+count, is not among them), and ``update_`` merges another sample's keys into it (the other's
 values win), requiring equal ids.
 """
 
@@ -181,19 +182,30 @@ class SequenceSample:
         out.metadata = metadata
         return out
 
-    def split_with_lengths(self, lengths: Sequence[int]) -> List["SequenceSample"]:
-        """Consecutive samples of ``lengths`` pieces each (they must add up to ``bs``)."""
-        if sum(lengths) != self.bs:
-            raise ValueError(f"lengths {list(lengths)} do not add up to {self.bs}")
-        out, start = [], 0
-        for n in lengths:
-            out.append(self._slice(start, start + n))
-            start += n
-        return out
+    def split_with_spec(self, spec: Any) -> List["SequenceSample"]:
+        """AReaL's ``split_with_spec``: one sample per ``(start, end)`` of
+        ``spec.partitions`` (AReaL's ``SequenceSplitSpec``; one made from ``sizes`` has
+        them), in order, covering every piece once. A spec with only ``sizes``, or a plain
+        list of sizes, is taken too."""
+        partitions = getattr(spec, "partitions", None)
+        if partitions is None:
+            sizes = list(getattr(spec, "sizes", None) or spec)
+            bounds = np.cumsum([0] + sizes).tolist()
+            partitions = list(zip(bounds[:-1], bounds[1:]))
+        partitions = [(int(a), int(b)) for a, b in partitions]
+        end = 0
+        for a, b in partitions:
+            if a != end or b <= a:
+                break
+            end = b
+        else:
+            if partitions and end == self.bs:
+                return [self._slice(a, b) for a, b in partitions]
+        raise ValueError(f"partitions {partitions} do not cover the {self.bs} pieces in order")
 
     def unpack(self) -> List["SequenceSample"]:
         """One sample per piece."""
-        return self.split_with_lengths([1] * self.bs)
+        return self.split_with_spec([1] * self.bs)
 
     def _slice(self, lo: int, hi: int) -> "SequenceSample":
         data = None
