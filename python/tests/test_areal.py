@@ -435,6 +435,7 @@ def test_the_module_stand_ins_drive_the_buffer():
         _, got = await buf.get_batch_for_rpc(train)
         assert got.ids == ["a", "b"] and got.data["x"].tolist() == [10, 20]
         assert buf.size == 0 and buf.n_rpcs == 2 and buf.max_size == 8
+        assert buf.rpcs == [gen, train]
 
     run(go())
 

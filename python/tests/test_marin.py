@@ -122,6 +122,19 @@ def test_freshness_of_batches_and_of_stored_rollouts():
     assert buf.size() == 0 and buf.get_stats()["num_environments"] == 1
 
 
+def test_is_rollout_fresh_is_marins():
+    """Marin's own test calls the private check: the step window, futures refused, and the
+    timestamp delay."""
+    buf = buffer(max_rollout_step_delay=2, max_rollout_timestamp_delay=60.0)
+    now = 1000.0
+    assert buf._is_rollout_fresh(10, now, 10, now)
+    assert buf._is_rollout_fresh(8, now, 10, now)
+    assert not buf._is_rollout_fresh(7, now, 10, now)
+    assert not buf._is_rollout_fresh(11, now, 10, now), "a rollout from the future"
+    assert buf._is_rollout_fresh(10, now - 59.0, 10, now)
+    assert not buf._is_rollout_fresh(10, now - 60.0, 10, now)
+
+
 def test_capacity_keeps_the_newest_per_environment_and_groups_keep_their_survivors():
     buf = buffer(capacity=6, local_batch_size=12)
     buf.add_batches([Batch([Group([R("math", f"g0-{k}", float(k % 2)) for k in range(4)], group_id="g0")])])

@@ -142,6 +142,11 @@ class AsyncIOSequenceBuffer:
         wake-ups are in Rust), so holding it blocks nothing."""
         return self._lock
 
+    @property
+    def rpcs(self) -> list:
+        """The MFCs given to the constructor, as AReaL's ``self.rpcs``."""
+        return list(self._rpcs)
+
     # ----- the calls -------------------------------------------------------------------
 
     async def put_batch(self, samples: Sequence[Any], birth_times: Optional[Sequence[int]] = None):

@@ -193,6 +193,15 @@ class ReplayBuffer:
             & (stamps > now - self.max_rollout_timestamp_delay)
         )
 
+    def _is_rollout_fresh(
+        self, rollout_step: int, rollout_timestamp: float, current_step: int, current_time: float
+    ) -> bool:
+        """Marin's freshness test of one rollout (its tests call it): its weight step
+        within ``[current_step - max_rollout_step_delay, current_step]`` and its timestamp
+        after ``current_time - max_rollout_timestamp_delay``."""
+        return bool(self._fresh(np.array([rollout_step]), np.array([rollout_timestamp], float),
+                                current_step, current_time)[0])
+
     def set_current_step(self, step: int) -> None:
         """Sets the trainer's step and drops the rollouts that are no longer fresh."""
         # Checked before it is kept: "3" was taken as 3, 1.9 as 1.
