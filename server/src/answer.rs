@@ -30,20 +30,43 @@ pub enum Format {
 }
 
 impl Format {
-    /// Arrow when the request's `Accept` names the Arrow stream media type, else JSON.
+    /// What the request's `Accept` prefers: the Arrow stream media type, named, or JSON
+    /// (`application/json`, a `+json` type, or a wildcard), by their `q` weights, the
+    /// first listed on a tie; a range of `q=0` is refused, and JSON is the default.
     pub fn of(headers: &HeaderMap) -> Self {
-        let arrow = headers
+        let mut best: Option<(f32, Self)> = None;
+        let ranges = headers
             .get_all(header::ACCEPT)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|m| m.split(';').next())
-            .any(|m| m.trim().eq_ignore_ascii_case(ARROW_STREAM));
-        if arrow {
-            Self::Arrow
-        } else {
-            Self::Json
+            .flat_map(|v| v.split(','));
+        for range in ranges {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+            let q = parts
+                .filter_map(|p| {
+                    let (name, value) = p.split_once('=')?;
+                    name.trim().eq_ignore_ascii_case("q").then(|| value.trim())
+                })
+                .next()
+                .map_or(Some(1.0), |v| v.parse::<f32>().ok());
+            let format = if media == ARROW_STREAM {
+                Self::Arrow
+            } else if media == "application/json"
+                || media.ends_with("+json")
+                || media == "*/*"
+                || media == "application/*"
+            {
+                Self::Json
+            } else {
+                continue;
+            };
+            match q {
+                Some(q) if q > 0.0 && best.is_none_or(|(b, _)| q > b) => best = Some((q, format)),
+                _ => {}
+            }
         }
+        best.map_or(Self::Json, |(_, format)| format)
     }
 }
 
@@ -257,6 +280,29 @@ mod tests {
     use super::*;
     use arrow_array::StringArray;
 
+    #[test]
+    fn accept_is_read_by_its_q_weights() {
+        let format = |accept: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::ACCEPT, accept.parse().expect("a header value"));
+            Format::of(&headers)
+        };
+        let arrow = ARROW_STREAM;
+        assert_eq!(format(arrow), Format::Arrow);
+        assert_eq!(format(&format!("{arrow}; q=0")), Format::Json);
+        assert_eq!(format(&format!("application/json, {arrow}")), Format::Json);
+        assert_eq!(format(&format!("{arrow}, application/json")), Format::Arrow);
+        assert_eq!(
+            format(&format!("application/json;q=0.5, {arrow}")),
+            Format::Arrow
+        );
+        assert_eq!(format(&format!("{arrow};q=0.2, */*;q=0.8")), Format::Json);
+        assert_eq!(format(&format!("text/html, {arrow};Q=0.9")), Format::Arrow);
+        assert_eq!(format("*/*"), Format::Json);
+        assert_eq!(format(&format!("{arrow};q=junk")), Format::Json);
+        assert_eq!(Format::of(&HeaderMap::new()), Format::Json);
+    }
+
     fn items() -> Vec<OutItem<'static>> {
         vec![
             OutItem {
@@ -395,18 +441,5 @@ mod tests {
                 .expect("batches");
             assert_eq!(back[0].num_rows(), items.len());
         }
-    }
-
-    #[test]
-    fn accept_chooses_the_format() {
-        let mut h = HeaderMap::new();
-        assert_eq!(Format::of(&h), Format::Json);
-        h.insert(
-            header::ACCEPT,
-            HeaderValue::from_static("application/json, application/vnd.apache.arrow.stream;q=0.9"),
-        );
-        assert_eq!(Format::of(&h), Format::Arrow);
-        h.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
-        assert_eq!(Format::of(&h), Format::Json);
     }
 }

@@ -149,7 +149,10 @@ fn rejected(rejection: JsonRejection) -> ApiError {
             "the body must be JSON (Content-Type: application/json)".to_owned()
         }
         other if status == StatusCode::PAYLOAD_TOO_LARGE => {
-            format!("the body is over the size limit: {}", other.body_text())
+            format!(
+                "the body is over the size limit (--body-limit): {}",
+                other.body_text()
+            )
         }
         other => other.body_text(),
     };
@@ -184,7 +187,10 @@ impl<S: BodyTimeout + Send + Sync> FromRequest<S> for ApiBody {
             .map_err(|e| ApiError::BadRequest {
                 status: e.status(),
                 message: if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    format!("the body is over the size limit: {}", e.body_text())
+                    format!(
+                        "the body is over the size limit (--body-limit): {}",
+                        e.body_text()
+                    )
                 } else {
                     format!("cannot read the body: {}", e.body_text())
                 },
@@ -206,15 +212,19 @@ impl ApiBody {
         value.split(';').next().map(str::trim)
     }
 
+    /// Whether the body is declared as JSON (`application/json`, or any `+json` type).
+    pub fn is_json(&self) -> bool {
+        self.media_type().is_some_and(|m| {
+            let m = m.to_ascii_lowercase();
+            m == "application/json" || m.ends_with("+json")
+        })
+    }
+
     /// The body as JSON, as axum's `Json` takes it (a JSON content type, else 415; bad
     /// syntax 400; the wrong shape 422 naming the path), with strings borrowed from the
     /// body where `T` borrows them.
     pub fn json<'a, T: Deserialize<'a>>(&'a self) -> Result<T, ApiError> {
-        let json = self.media_type().is_some_and(|m| {
-            let m = m.to_ascii_lowercase();
-            m == "application/json" || m.ends_with("+json")
-        });
-        if !json {
+        if !self.is_json() {
             return Err(ApiError::BadRequest {
                 status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 message: "the body must be JSON (Content-Type: application/json)".to_owned(),
@@ -305,7 +315,9 @@ pub fn from_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError>
             },
             message: if syntax {
                 let path = e.path().to_string();
-                let place = if path == "." {
+                // `.` is the top level and `?` a place serde could not name (the body
+                // ended inside a value, say): neither says more than the message.
+                let place = if path == "." || path == "?" {
                     String::new()
                 } else {
                     format!(" in `{path}`")

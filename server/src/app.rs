@@ -373,6 +373,15 @@ async fn write_batch(
     refuse_if_busy(&app)?;
     let records = if body.is(arrow_items::ARROW_STREAM) {
         arrow_items::records(&body.body, &app.environment)?
+    } else if !body.is_json() {
+        return Err(ApiError::BadRequest {
+            status: StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            message: format!(
+                "the body must be JSON (Content-Type: application/json) or an Arrow IPC \
+                 stream (Content-Type: {})",
+                arrow_items::ARROW_STREAM
+            ),
+        });
     } else {
         body.json::<Vec<Object<Item>>>()?
             .into_iter()

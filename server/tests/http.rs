@@ -160,18 +160,32 @@ async fn bad_requests_get_json_errors_and_store_nothing() {
     let read = format!("{}/get_rollout_data", server.url);
     let cases: Vec<(reqwest::RequestBuilder, u16, &str)> = vec![
         (client().post(&url).body("{not json"), 400, "malformed JSON"),
+        // Cut off inside a value: no `?` where serde cannot name the place.
+        (client().post(&url).body(r#"{"uid": "x","#), 400, "malformed JSON: "),
         // Valid JSON (`json.dumps` writes it), but no Unicode string can hold the escape.
         (client().post(&url).body(r#"{"uid": "\ud800", "instance_id": "q", "messages": [], "reward": 1}"#), 400, "malformed JSON in `uid`: "),
         (client().post(&url).body(r#"{"uid": "a\udc80", "instance_id": "q", "messages": [], "reward": 1}"#), 400, "lone UTF-16 surrogate"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": []}).to_string()), 422, "reward"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": "high"}).to_string()), 422, "reward"),
         (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": "hi", "reward": 1}).to_string()), 400, "messages"),
-        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": 1, "extra_info": {"pad": "x".repeat(4096)}}).to_string()), 413, "limit"),
+        (client().post(&url).body(json!({"uid": "a", "instance_id": "q", "messages": [], "reward": 1, "extra_info": {"pad": "x".repeat(4096)}}).to_string()), 413, "--body-limit"),
         (client().get(format!("{}/no/such/route", server.url)), 404, "/no/such/route"),
         (client().get(&url), 405, "/buffer/write does not take GET"),
         (client().post(&read).body(r#"{"batch_size": "3"}"#), 422, "batch_size"),
-        (client().post(&read).body(format!(r#"{{"pad": "{}"}}"#, "x".repeat(4096))), 413, "limit"),
+        (client().post(&read).body(format!(r#"{{"pad": "{}"}}"#, "x".repeat(4096))), 413, "--body-limit"),
     ];
+    // A batch write takes JSON or Arrow, and says so.
+    let plain = client()
+        .post(format!("{}/buffer/write_batch", server.url))
+        .header("content-type", "text/plain")
+        .body("[]");
+    let (status, body) = common::answer(plain).await;
+    assert_eq!(status, 415, "{body}");
+    let message = body["message"].as_str().expect("message");
+    assert!(
+        message.contains("JSON") && message.contains("Arrow IPC stream"),
+        "{message}"
+    );
     for (req, want, names) in cases {
         let (status, body) = send(req).await;
         assert_eq!(status, want, "{body}");
