@@ -47,6 +47,12 @@ pub fn quiet_decoder_panics() {
 /// copy each batch's buffers into fresh zeroed ones first): each text is then copied once,
 /// into its record.
 pub fn records(body: &Bytes, environment: &str) -> Result<Vec<RolloutRecord>, ApiError> {
+    if body.starts_with(b"ARROW1") {
+        return Err(ApiError::bad(
+            "an Arrow IPC file, not a stream: send the stream format (pyarrow.ipc.new_stream, \
+             not new_file)",
+        ));
+    }
     let mut decoder = StreamDecoder::new();
     let mut rest = Buffer::from(body.clone());
     let bad = |decoder: &StreamDecoder, e: arrow_schema::ArrowError| match decoder.schema() {
@@ -84,11 +90,11 @@ fn batch_records(
     first_row: usize,
     out: &mut Vec<RolloutRecord>,
 ) -> Result<(), ApiError> {
-    let uid = text_column(batch, "uid")?;
-    let instance_id = text_column(batch, "instance_id")?;
-    let messages = text_column(batch, "messages")?;
+    let uid = text_column(batch, "uid", true)?;
+    let instance_id = text_column(batch, "instance_id", true)?;
+    let messages = text_column(batch, "messages", false)?;
     let extra_info = match batch.column_by_name("extra_info") {
-        Some(_) => Some(text_column(batch, "extra_info")?),
+        Some(_) => Some(text_column(batch, "extra_info", false)?),
         None => None,
     };
     let reward = required(batch, "reward")?;
@@ -148,16 +154,22 @@ fn required<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, ApiE
         .ok_or_else(|| ApiError::bad(format!("the Arrow stream has no column `{name}`")))
 }
 
-/// Column `name` as strings: string columns as they are, integers as their digits.
-fn text_column(batch: &RecordBatch, name: &str) -> Result<StringArray, ApiError> {
+/// Column `name` as strings: string columns as they are, and, where `integers` (ids),
+/// integers as their digits.
+fn text_column(batch: &RecordBatch, name: &str, integers: bool) -> Result<StringArray, ApiError> {
     let column = required(batch, name)?;
-    let ok = matches!(
+    let text = matches!(
         column.data_type(),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-    ) || column.data_type().is_integer();
-    if !ok {
+    );
+    if !text && !(integers && column.data_type().is_integer()) {
+        let kind = if integers {
+            "a string (or integer) column"
+        } else {
+            "a string column (JSON text)"
+        };
         return Err(ApiError::bad(format!(
-            "column `{name}` must be a string (or integer) column, not {}",
+            "column `{name}` must be {kind}, not {}",
             column.data_type()
         )));
     }

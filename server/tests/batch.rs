@@ -83,6 +83,29 @@ async fn an_arrow_stream_writes_a_group_as_json_items_would() {
     assert_eq!(first["extra_info"]["policy_version"], 3);
 }
 
+/// pyarrow writes a compressed stream when asked (`IpcWriteOptions(compression="zstd")`):
+/// it is read as a plain one is.
+#[tokio::test]
+async fn a_zstd_compressed_arrow_stream_is_taken() {
+    use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+    let dir = store("arrow-zstd");
+    let server = Server::start(&dir, &["--group-size", "2"]);
+    let batch = RecordBatch::try_from_iter(items(2, "z")).expect("batch");
+    let options = IpcWriteOptions::default()
+        .try_with_compression(Some(arrow_ipc::CompressionType::ZSTD))
+        .expect("zstd");
+    let mut body = Vec::new();
+    let mut writer =
+        StreamWriter::try_new_with_options(&mut body, &batch.schema(), options).expect("writer");
+    writer.write(&batch).expect("write");
+    writer.finish().expect("finish");
+    drop(writer);
+    let (status, answer) = post_arrow(&server, body).await;
+    assert_eq!(status, 200, "{answer}");
+    let (_, read) = post(&server, "/get_rollout_data", &json!({})).await;
+    assert_eq!(uids(&read), ["z0", "z1"]);
+}
+
 #[tokio::test]
 async fn bad_arrow_bodies_are_refused_whole() {
     let dir = store("arrow-bad");
@@ -97,6 +120,18 @@ async fn bad_arrow_bodies_are_refused_whole() {
     bad_messages[2].1 = Arc::new(StringArray::from(vec!["[{\"role\": ", "[]"]));
     let mut empty_uid = items(2, "h");
     empty_uid[0].1 = Arc::new(StringArray::from(vec!["h0", ""]));
+    let mut binary_messages = items(2, "i");
+    binary_messages[2].1 = Arc::new(arrow_array::BinaryArray::from(vec![&b"[]"[..], b"[]"]));
+    let file = {
+        let batch = RecordBatch::try_from_iter(items(2, "j")).expect("batch");
+        let mut out = Vec::new();
+        let mut writer =
+            arrow_ipc::writer::FileWriter::try_new(&mut out, &batch.schema()).expect("writer");
+        writer.write(&batch).expect("write");
+        writer.finish().expect("finish");
+        drop(writer);
+        out
+    };
     let mut truncated = ipc(items(4, "g"));
     truncated.truncate(truncated.len() - 100);
     let cases: Vec<(Vec<u8>, &str)> = vec![
@@ -108,6 +143,11 @@ async fn bad_arrow_bodies_are_refused_whole() {
         (ipc(text_reward), "`reward` must be numeric"),
         (ipc(bad_messages), "row 0: `messages` is not JSON"),
         (ipc(empty_uid), "row 1: item: `uid` is empty"),
+        (
+            ipc(binary_messages),
+            "`messages` must be a string column (JSON text)",
+        ),
+        (file, "an Arrow IPC file, not a stream"),
     ];
     for (body, says) in cases {
         let (status, answer) = post_arrow(&server, body).await;
