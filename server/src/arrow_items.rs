@@ -158,11 +158,11 @@ fn required<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, ApiE
 /// integers as their digits.
 fn text_column(batch: &RecordBatch, name: &str, integers: bool) -> Result<StringArray, ApiError> {
     let column = required(batch, name)?;
-    let text = matches!(
+    let taken = matches!(
         column.data_type(),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-    );
-    if !text && !(integers && column.data_type().is_integer()) {
+    ) || (integers && column.data_type().is_integer());
+    if !taken {
         let kind = if integers {
             "a string (or integer) column"
         } else {
