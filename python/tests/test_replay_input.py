@@ -84,6 +84,9 @@ BAD_OPTIONS = [
     (dict(retention_ttl_s=math.nan), "retention_ttl_s must be"),
     (dict(flush_interval_s=math.nan), "flush_interval_s must be a number of seconds >= 0"),
     (dict(seal_timeout_s="30"), "seal_timeout_s must be a number of seconds > 0, not '30'"),
+    (dict(numeric_versions="no"), "numeric_versions must be True or False, not 'no'"),
+    (dict(durable="yes"), "durable must be True or False, not 'yes'"),
+    (dict(clock=5), "clock must be a function returning seconds"),
 ]
 
 
@@ -394,3 +397,35 @@ def test_numeric_versions_are_one_text_per_number(tmp_path):
         "sealed", "sealed", "version_rejected"]
     strings = open_buffer(tmp_path / "text", target_group_size=2, numeric_versions=False)
     assert strings.add_rollouts([rec(pv="03", i=0), rec(pv="3", i=1)]) == ["pending", "pending"]
+
+
+@pytest.mark.parametrize("root, message", [
+    (123, "root_path must be a folder's path or a URL"),
+    ("", "root_path must be a folder's path or a URL"),
+    (None, "root_path must be"),
+    ("s3:/bucket/run", r"neither a path nor a URL: did you mean s3://"),
+])
+def test_a_root_that_is_no_path_or_url_is_refused(tmp_path, monkeypatch, root, message):
+    """123 failed deep in storage (an int is not iterable); "" wrote its lock and control
+    folder into the working directory; "s3:/bucket" (one slash) made a local folder "s3:"."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        ReplayBuffer(root)
+    assert list(tmp_path.iterdir()) == [], "nothing created"
+
+
+def test_a_pathlib_root_is_taken(tmp_path):
+    buf = ReplayBuffer(tmp_path / "replay", durable=False)
+    assert buf.root_path == str(tmp_path / "replay")
+    buf.close()
+
+
+def test_calls_given_none_or_the_wrong_kind_say_which_argument(tmp_path):
+    buf = ReplayBuffer(str(tmp_path / "replay"), durable=False)
+    with pytest.raises(ValueError, match="add_rollouts takes a list of rollouts"):
+        buf.add_rollouts(None)
+    with pytest.raises(ValueError, match="group_ids must be a list of ids, not None"):
+        buf.get_groups(None)
+    with pytest.raises(ValueError, match=r"batch_id must be a batch's id \(a str\), not \['b-1'\]"):
+        buf.ack(["b-1"])
+    buf.close()

@@ -16,6 +16,8 @@ import functools
 import inspect
 import logging
 import math
+import os
+import re
 import threading
 import time
 import uuid
@@ -69,6 +71,20 @@ def check_options(options: dict) -> dict:
     """Checks :class:`ReplayBuffer`'s arguments (``options``, by name): each bad one is a
     ``ValueError`` naming it. Returns the counts and limits as ints (or None). The sharded
     front checks with it before it starts any actor."""
+    root = options["root_path"]
+    if isinstance(root, os.PathLike):
+        root = os.fspath(root)
+    if not isinstance(root, str) or not root:
+        raise ValueError(f"root_path must be a folder's path or a URL (s3://, gs://, ...), not {root!r}")
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]+):/(?!/)", root)
+    if scheme:
+        # `s3:/bucket` made a local folder named `s3:`.
+        raise ValueError(f"root_path {root!r} is neither a path nor a URL: did you mean {scheme.group(1)}://...?")
+    for name in ("numeric_versions", "durable"):
+        if not isinstance(options[name], (bool, np.bool_)):
+            raise ValueError(f"{name} must be True or False, not {options[name]!r}")
+    if options["clock"] is not None and not callable(options["clock"]):
+        raise ValueError(f"clock must be a function returning seconds (or None), not {options['clock']!r}")
     if options["grouping"] not in ("strict", "mixed"):
         raise ValueError(f"grouping must be 'strict' or 'mixed', not {options['grouping']!r}")
     counts = {}
@@ -188,7 +204,7 @@ class ReplayBuffer(Serving):
     ) -> None:
         # Every argument, by name (`locals()` holds only them, and self, here).
         counts = check_options(locals())
-        self.root_path = root_path
+        self.root_path = root_path = os.fspath(root_path)  # a pathlib.Path too
         self.compression = compression
         self.capacity = counts["capacity_groups"]
         self.target_size = counts["target_group_size"]
@@ -281,6 +297,8 @@ class ReplayBuffer(Serving):
                             "use add_rollout(record) or add_rollouts([record])")
         if isinstance(rs, (pa.Table, pa.RecordBatch, dict)):
             table = columns_to_table(rs, self.numeric, now)
+        elif rs is None or isinstance(rs, (str, bytes)) or not hasattr(rs, "__iter__"):
+            raise ValueError(f"add_rollouts takes a list of rollouts (or columns), not {rs!r}")
         else:
             table = records_to_table(rs, self.numeric)[0]
         if not table.num_rows:

@@ -249,6 +249,8 @@ class Serving:
         is a ``KeyError`` naming it; another status for a settled batch is a
         ``ValueError``."""
         self._check_open()
+        if not isinstance(batch_id, str):
+            raise ValueError(f"batch_id must be a batch's id (a str), not {batch_id!r}")
         if status not in _STATUSES:
             raise ValueError(f"status must be 'ok' or 'failed', not {status!r}")
         b = self._control.batches.get(batch_id)
@@ -299,6 +301,8 @@ class Serving:
         self._check_open()
         if isinstance(group_ids, str):
             raise ValueError(f"group_ids must be a list of ids, not the one string {group_ids!r}")
+        if group_ids is None or not hasattr(group_ids, "__iter__"):
+            raise ValueError(f"group_ids must be a list of ids, not {group_ids!r}")
         groups = []
         for gid in group_ids:
             g = self._live.get(gid)
