@@ -279,9 +279,14 @@ def test_scores_go_to_a_sidecar_filter_draws_and_survive_a_restart(tmp_path):
     with pytest.raises(KeyError, match="no rollout"):
         buf.upsert_scores(gids[2], {"x": 1.0}, rollout_uid="other")
     assert buf.stats()["verifier_latency_ms"]["p50"] == pytest.approx(2000.0)
+    assert buf.stats()["sample_latency_ms"] == {"p50": None, "p99": None}
     only = buf.sample_groups(3, require_flags={"verified": True})
     assert only.group_ids == [gids[0]]
     buf.ack(only.batch_id, "failed")
+    # The spec's sampling and ack latency: time inside the calls (wall clock, not `clock`).
+    stats = buf.stats()
+    for name in ("sample_latency_ms", "ack_latency_ms"):
+        assert 0.0 < stats[name]["p50"] <= stats[name]["p99"] < 60_000.0, stats[name]
     buf.close()
     again = open_buffer(tmp_path, clock)
     [g0, g1] = again.get_groups(gids[:2])

@@ -6,6 +6,7 @@ state (``buffer.py`` owns ingest, capacity and durability).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from typing import Any, Iterable, Optional
 
@@ -66,6 +67,7 @@ class Serving:
         ``seed`` and ``start_offset`` are ints (a float or a bool is a ``ValueError``).
         """
         self._check_open()
+        started = time.perf_counter()
         n = check_int("n", n, 0)
         seed = check_int("seed", seed)
         start_offset = check_int("start_offset", start_offset)
@@ -99,7 +101,9 @@ class Serving:
             picked += window(order, start_offset, want)
         elif want > 0:
             picked += window(self._order(rest, seed, recency_weighting, current), start_offset, want)
-        return self._lease(picked, now, current, _step)
+        batch = self._lease(picked, now, current, _step)
+        self.stats_.sampled((time.perf_counter() - started) * 1000.0)
+        return batch
 
     def ready_count(self, **filters: Any) -> int:
         """How many groups ``sample_groups`` with these filters could draw now."""
@@ -261,8 +265,10 @@ class Serving:
             return  # a retry, or an empty batch (nothing to settle)
         if was in _STATUSES:
             raise ValueError(f"batch {batch_id!r} was already acked {was!r}, not {status!r}")
+        started = time.perf_counter()
         self.stats_.count("acks_ok" if status == "ok" else "acks_failed")
         self._settle_batches([batch_id], status)
+        self.stats_.acked((time.perf_counter() - started) * 1000.0)
 
     def _settle_batches(self, batch_ids: list, status: str) -> None:
         """Settles `batch_ids` as ``status`` (``"ok"``, ``"failed"`` or ``"expired"``),

@@ -26,6 +26,9 @@ class Stats:
         self.counts: collections.Counter = collections.Counter()
         self.seal_ms: collections.deque = collections.deque(maxlen=WINDOW)
         self.verify_ms: collections.deque = collections.deque(maxlen=WINDOW)
+        # Time inside `sample_groups` and `ack` (the spec's sampling and ack latency).
+        self.sample_ms: collections.deque = collections.deque(maxlen=WINDOW)
+        self.ack_ms: collections.deque = collections.deque(maxlen=WINDOW)
         self.lag: collections.Counter = collections.Counter()
         # (ts, rollouts received, groups sealed) per call, for the rates.
         self.events: collections.deque = collections.deque()
@@ -45,6 +48,12 @@ class Stats:
 
     def verified(self, ms: float) -> None:
         self.verify_ms.append(ms)
+
+    def sampled(self, ms: float) -> None:
+        self.sample_ms.append(ms)
+
+    def acked(self, ms: float) -> None:
+        self.ack_ms.append(ms)
 
     def add_call(self, seconds: float) -> None:
         self.counts["add_calls"] += 1
@@ -79,6 +88,8 @@ class Stats:
             seal_time_ms_p50=seal["p50"],
             seal_time_ms_p99=seal["p99"],
             verifier_latency_ms=_percentiles(self.verify_ms),
+            sample_latency_ms=_percentiles(self.sample_ms),
+            ack_latency_ms=_percentiles(self.ack_ms),
             policy_lag_histogram=dict(sorted(self.lag.items())),
         )
         return out
