@@ -400,6 +400,9 @@ def test_the_stand_ins_follow_areal():
         SequenceSample.gather(parts, keys=["nope"])
     with pytest.raises(ValueError, match="not unique"):
         SequenceSample(keys={"a"}, ids=[1, 1], seqlens={"a": [[1], [1]]})
+    for bad, says in (([1, 2], "not 2"), ("ab", "not str")):
+        with pytest.raises(ValueError, match=rf"metadata\['m'\] must be a list of 1 entries .*{says}"):
+            SequenceSample(keys=set(), ids=["a"], seqlens={}, metadata={"m": bad})
     parts[0].update_(SequenceSample(keys={"adv"}, ids=[1], seqlens={"adv": [[2]]}, data={"adv": np.ones(2)}))
     assert parts[0].keys == {"tok", "rew", "adv"} and parts[0].data["adv"].tolist() == [1.0, 1.0]
     with pytest.raises(ValueError):

@@ -126,6 +126,12 @@ class SequenceSample:
         for k, lens in self.seqlens.items():
             if len(lens) != len(self.ids):
                 raise ValueError(f"seqlens[{k!r}] has {len(lens)} entries for {len(self.ids)} ids")
+        # One entry per piece: a list of another length was taken, and gathers then
+        # misaligned it (the native and the Python gather disagreed).
+        for k, v in (self.metadata or {}).items():
+            if not isinstance(v, (list, tuple)) or len(v) != len(self.ids):
+                n = len(v) if isinstance(v, (list, tuple)) else type(v).__name__
+                raise ValueError(f"metadata[{k!r}] must be a list of {len(self.ids)} entries (one per id), not {n}")
 
     @property
     def bs(self) -> int:
