@@ -120,6 +120,11 @@ struct Serve {
     /// reading it (also on an idle keep-alive connection): the connection is closed after.
     #[arg(long, default_value_t = 30.0)]
     header_timeout: f64,
+    /// Seconds a stop (Ctrl-C, SIGTERM) waits for the requests in flight before it closes
+    /// their connections and flushes: a client stalled mid-body held the stop for
+    /// `--body-timeout`, past a scheduler's grace period (Kubernetes: 30 s). > 0.
+    #[arg(long, default_value_t = 10.0)]
+    stop_grace: f64,
     /// Environment name the items are stored under.
     #[arg(long, default_value = "slime")]
     environment: String,
@@ -227,6 +232,7 @@ async fn serve(args: Serve) -> Result<(), String> {
     )?;
     let body_timeout = seconds("--body-timeout", args.body_timeout, "")?;
     let header_timeout = seconds("--header-timeout", args.header_timeout, "")?;
+    let stop_grace = seconds("--stop-grace", args.stop_grace, "")?;
     if slime::timeout_seconds(args.group_timeout).is_none() {
         return Err(format!(
             "--group-timeout must be at least a nanosecond and finite, not {}",
@@ -275,6 +281,7 @@ async fn serve(args: Serve) -> Result<(), String> {
         app::router(app, app_options.body_limit),
         header_timeout,
         stop,
+        stop_grace,
         // The reads waiting for more groups answer now, so the shutdown that waits for
         // them does not wait out their timeouts.
         move || stopping.begin_stop(),

@@ -15,7 +15,9 @@ use tokio::net::TcpListener;
 
 /// Serves `router` on `listener` until `stop` resolves, then stops accepting, calls
 /// `stopping` (so long-poll reads answer now) and waits for every connection to finish
-/// the request it is serving. A connection whose request head takes longer than
+/// the request it is serving, for up to `grace`: then the connections still open are
+/// closed, as a client hanging up closes one (a client stalled mid-body held the stop
+/// for its whole body timeout). A connection whose request head takes longer than
 /// `header_timeout` to arrive (counted from when the server starts reading it, so also
 /// an idle keep-alive connection) is closed.
 pub async fn serve(
@@ -23,9 +25,12 @@ pub async fn serve(
     router: Router,
     header_timeout: Duration,
     stop: impl Future<Output = ()>,
+    grace: Duration,
     stopping: impl FnOnce(),
 ) {
     let graceful = GracefulShutdown::new();
+    // Set once the stop's grace has passed: every connection still open is dropped.
+    let (close_all, closing) = tokio::sync::watch::channel(false);
     let mut stop = std::pin::pin!(stop);
     loop {
         let accepted = tokio::select! {
@@ -61,15 +66,30 @@ pub async fn serve(
                 TowerToHyperService::new(router.clone()),
             );
         let connection = graceful.watch(connection);
+        let mut closing = closing.clone();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                },
+                // Dropping the connection drops its request's handler, at an await the
+                // buffer tolerates: nothing half done, and no answer it cannot keep.
+                _ = closing.wait_for(|&close| close) => {}
             }
         });
     }
     drop(listener);
     stopping();
-    graceful.shutdown().await;
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_s = grace.as_secs_f64(),
+            "requests still in flight after the stop's grace (--stop-grace): their connections are closed"
+        );
+        let _ = close_all.send(true);
+    }
 }
 
 /// Errors of one connection that the listener itself survives.

@@ -293,3 +293,34 @@ async fn a_setting_named_twice_is_refused() {
     .await;
     assert_eq!(status, 200, "{answer}");
 }
+
+/// A stop waits for the requests in flight for `--stop-grace`, then closes their
+/// connections and exits: a client stalled mid-body held the stop for `--body-timeout`
+/// (60 s by default, past Kubernetes' 30 s grace period).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_does_not_wait_for_a_stalled_body_past_its_grace() {
+    use tokio::io::AsyncWriteExt;
+    let dir = store("stop-grace");
+    let server = Server::start(&dir, &["--body-timeout", "600", "--stop-grace", "0.5"]);
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let mut stalled = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    stalled
+        .write_all(
+            b"POST /buffer/write HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+              Content-Length: 50\r\n\r\n{\"uid\"",
+        )
+        .await
+        .expect("send");
+    // A request on another connection answered: the server is reading requests.
+    let (status, _) = get(&server, "/").await;
+    assert_eq!(status, 200);
+    let stopped = tokio::task::spawn_blocking(move || server.terminate());
+    let status = tokio::time::timeout(std::time::Duration::from_secs(60), stopped)
+        .await
+        .expect("the stop waited for the stalled body")
+        .expect("join");
+    assert!(status.success(), "{status:?}");
+    drop(stalled);
+}
