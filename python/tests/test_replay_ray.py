@@ -186,3 +186,32 @@ def test_sharded_lag_filters_measure_from_the_newest_version_over_all_shards(clu
 @ray.remote
 def produce_at(front, env, examples, producer, version):
     return front.add_rollouts(records(env, examples, producer, version))
+
+
+def test_the_sharded_front_reads_and_scores_groups_on_the_shard_holding_them(cluster, tmp_path):
+    """A verifier reading groups and scoring them through the front (it had to find each
+    group's shard itself); a draw with require_flags then finds the flagged group."""
+    front = ShardedReplayBuffer(
+        str(tmp_path / "replay"), ["math", "code"], target_group_size=GROUP,
+        lease_timeout_s=600.0,
+    )
+    ray.get([produce.remote(front, env, 2, p) for env in ("math", "code") for p in range(GROUP)])
+    batch = front.sample_groups(4, seed=3)
+    ids = batch.group_ids[::-1]  # an order no shard has
+    groups = front.get_groups(ids)
+    assert [g.id for g in groups] == ids
+    table = front.get_groups(ids, as_arrow=True)
+    rows = table.column("group_id").to_pylist()
+    assert [rows[i] for i in range(0, len(rows), GROUP)] == ids
+    assert all(rows[i:i + GROUP] == [rows[i]] * GROUP for i in range(0, len(rows), GROUP))
+    assert front.get_groups([]) == [] and front.get_groups([], as_arrow=True).num_rows == 0
+    front.ack(batch.batch_id, "failed")
+    code_group = next(g for g in groups if g.environment == "code")
+    front.upsert_scores(code_group.id, {"correct": 1.0}, flags={"verified": True})
+    flagged = front.sample_groups(4, require_flags={"verified": True})
+    assert flagged.group_ids == [code_group.id]
+    with pytest.raises(KeyError, match="not in any shard"):
+        front.upsert_scores("g-unknown", {"correct": 0.0})
+    with pytest.raises(KeyError, match="not in any shard"):
+        front.get_groups([ids[0], "g-unknown"])
+    front.close()

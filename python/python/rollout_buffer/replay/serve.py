@@ -358,6 +358,12 @@ class Serving:
 
     # ---- scores --------------------------------------------------------------------
 
+    def holds(self, group_ids: Iterable[str]) -> list:
+        """For each id, whether the group is in the buffer now (for a sharded front that
+        routes by group id)."""
+        self._check_open()
+        return [gid in self._live for gid in group_ids]
+
     def upsert_scores(
         self,
         group_id: str,

@@ -25,7 +25,7 @@ from . import storage
 from .buffer import ReplayBuffer, check_options
 from .draw import check_int, stable_hash
 from .columns import columns_to_table, dict_to_table
-from .records import RolloutRecord, SampledBatch, as_record, records_to_table
+from .records import SCHEMA, RolloutRecord, SampledBatch, as_record, records_to_table
 
 _ACTOR = None
 # The draw's filters: what decides which groups a shard counts as ready.
@@ -319,6 +319,59 @@ class ShardedReplayBuffer:
         import ray
 
         ray.get([self.handles[s].ack.remote(bid, status) for s, bid in self._parts(batch_id)])
+
+    def _shards_of(self, group_ids: list) -> list:
+        """The shard holding each group (group ids are hashes: every shard is asked);
+        a ``KeyError`` naming a group no shard holds."""
+        import ray
+
+        held = ray.get([h.holds.remote(group_ids) for h in self.handles])
+        out = []
+        for j, gid in enumerate(group_ids):
+            shard = next((i for i, hs in enumerate(held) if hs[j]), None)
+            if shard is None:
+                raise KeyError(f"group {gid!r} is not in any shard")
+            out.append(shard)
+        return out
+
+    def get_groups(self, group_ids: Iterable[str], as_arrow: bool = False) -> Any:
+        """The groups, in the order asked, from the shards holding them (see
+        :meth:`ReplayBuffer.get_groups`): records, or one Arrow table."""
+        import ray
+
+        if isinstance(group_ids, str) or group_ids is None or not hasattr(group_ids, "__iter__"):
+            raise ValueError(f"group_ids must be a list of ids, not {group_ids!r}")
+        group_ids = list(group_ids)
+        if not group_ids:
+            return SCHEMA.empty_table() if as_arrow else []
+        parts: dict = {}
+        for pos, (gid, shard) in enumerate(zip(group_ids, self._shards_of(group_ids))):
+            parts.setdefault(shard, []).append((pos, gid))
+        answers = ray.get([
+            self.handles[shard].get_groups.remote([gid for _, gid in items], as_arrow=as_arrow)
+            for shard, items in parts.items()
+        ])
+        if as_arrow:
+            # The shards' rows back to back, then each group's rows in the order asked (a
+            # stable sort keeps a group's rows in their own order).
+            table = pa.concat_tables(answers)
+            place = {gid: pos for pos, gid in enumerate(group_ids)}
+            keys = np.fromiter((place[g] for g in table.column("group_id").to_pylist()), np.int64, table.num_rows)
+            return table.take(pa.array(np.argsort(keys, kind="stable")))
+        out: list = [None] * len(group_ids)
+        for items, groups in zip(parts.values(), answers):
+            for (pos, _), g in zip(items, groups):
+                out[pos] = g
+        return out
+
+    def upsert_scores(self, group_id: str, scores: dict, flags: Optional[dict] = None,
+                      rollout_uid: Optional[str] = None) -> None:
+        """Scores a group on the shard holding it (see
+        :meth:`ReplayBuffer.upsert_scores`)."""
+        import ray
+
+        [shard] = self._shards_of([group_id])
+        ray.get(self.handles[shard].upsert_scores.remote(group_id, scores, flags=flags, rollout_uid=rollout_uid))
 
     def batch_refs(self, batch: Any) -> list:
         """Object refs to the batch's Arrow tables, one per shard part: the trainer's
