@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from rollout_buffer.replay import ReplayBuffer
+from rollout_buffer.replay import ReplayBuffer, RolloutRecord
 from test_replay import Clock, fill, group_of, open_buffer, rec
 
 
@@ -429,3 +429,57 @@ def test_calls_given_none_or_the_wrong_kind_say_which_argument(tmp_path):
     with pytest.raises(ValueError, match=r"batch_id must be a batch's id \(a str\), not \['b-1'\]"):
         buf.ack(["b-1"])
     buf.close()
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        (dict(token_count=2**70), "token_count"),
+        (dict(token_count=np.uint64(2**64 - 1)), "token_count"),
+        (dict(segment_idx=2**40), "segment_idx"),
+        (dict(environment="\ud800"), "environment"),
+        (dict(example_id="q\udcff"), "example_id"),
+        (dict(replica_id="\ud800"), "replica_id"),
+        (dict(prefix_hash="\ud800"), "prefix_hash"),
+        (dict(reward=10**400), "reward"),
+        (dict(created_ts=10**400), "created_ts"),
+    ],
+)
+def test_values_arrow_cannot_store_are_named_with_the_uid(tmp_path, bad, field):
+    """An int past its column (int64, int32) or a str with no UTF-8 (a lone surrogate) was
+    an OverflowError, ArrowInvalid or UnicodeEncodeError naming neither field nor rollout."""
+    buf = open_buffer(tmp_path)
+    good = group_of(size=3)
+    fields = {**rec(i=7).__dict__, **bad, "rollout_uid": "the-bad-one"}
+    with pytest.raises(ValueError, match=f"'the-bad-one'.*'{field}'"):
+        buf.add_rollouts(good + [RolloutRecord(**fields)])
+    # Without a uid, the derived one names it (deriving it raised before).
+    nameless = {**fields, "rollout_uid": ""}
+    with pytest.raises(ValueError, match=f"rollout 'r-[0-9a-f]+': field '{field}'"):
+        buf.add_rollouts([RolloutRecord(**nameless)])
+    s = buf.stats()
+    assert (s["received"], s["generator_queue_len"]) == (0, 0), "none of the call is taken"
+    assert buf.add_rollouts(good) == ["pending"] * 3
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"token_count": [0, 2**70]}, "'c1'.*'token_count'.*int64"),
+        ({"segment_idx": [0, 2**40]}, "'c1'.*'segment_idx'.*int32"),
+        ({"environment": ["math", "\ud800"]}, "'c1'.*'environment'.*UTF-8"),
+        ({"replica_id": ["r", "r\udcff"]}, "'c1'.*'replica_id'.*UTF-8"),
+    ],
+)
+def test_column_values_arrow_cannot_store_are_named_with_the_uid(tmp_path, change, message):
+    columns = {
+        "environment": ["math"] * 2,
+        "example_id": ["q"] * 2,
+        "policy_version": ["1", "1"],
+        "rollout_uid": ["c0", "c1"],
+        **change,
+    }
+    buf = open_buffer(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        buf.add_rollouts(columns)
+    assert buf.stats()["received"] == 0

@@ -55,31 +55,6 @@ async fn slime_generator_and_consumer_round_trip() {
 }
 
 #[tokio::test]
-async fn a_read_that_falls_short_drops_nothing() {
-    let dir = store("short");
-    let server = Server::start(&dir, &["--group-size", "4"]);
-    write_group(&server, "q1", &[0.0, 1.0, 0.0, 1.0]).await;
-    let (_, short) = post(&server, "/get_rollout_data", &json!({"batch_size": 8})).await;
-    assert_eq!(short["success"], false, "{short}");
-    let (_, whole) = post(&server, "/get_rollout_data", &json!({"batch_size": 4})).await;
-    assert_eq!(whole["success"], true, "{whole}");
-    assert_eq!(uids(&whole).len(), 4);
-}
-
-/// A group the hooks reject after it is leased (every reward outside [0, 1]) counts for
-/// nothing: a read that does not wait goes on to the next group, as slime's does.
-#[tokio::test]
-async fn a_read_goes_past_a_group_the_hooks_reject() {
-    let dir = store("rejected-first");
-    let server = Server::start(&dir, &["--group-size", "4"]);
-    write_group(&server, "q-out", &[2.0, 3.0, 2.0, 3.0]).await;
-    write_group(&server, "q-in", &[0.0, 1.0, 0.0, 1.0]).await;
-    let (_, read) = post(&server, "/get_rollout_data", &json!({"batch_size": 4})).await;
-    assert_eq!(read["success"], true, "{read}");
-    assert_eq!(uids(&read), ["q-in-0", "q-in-1", "q-in-2", "q-in-3"]);
-}
-
-#[tokio::test]
 async fn a_killed_server_restarts_with_every_answered_write() {
     let dir = store("kill");
     let server = Server::start(&dir, &["--group-size", "4"]);

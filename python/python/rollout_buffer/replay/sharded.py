@@ -22,7 +22,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from . import storage
-from .buffer import ReplayBuffer, check_options
+from .buffer import ReplayBuffer
+from .options import check_options
 from .draw import check_int, stable_hash
 from .columns import columns_to_table, dict_to_table
 from .records import SCHEMA, RolloutRecord, SampledBatch, as_record, records_to_table
