@@ -149,14 +149,26 @@ pub async fn repair(store: &Store) -> Result<RepairReport> {
             }
         }
     }
-    let cut = replay_until_damage(store, log_from, &mut state, &mut report, &mut to_move).await?;
+    let mut seen = Seen::default();
+    let cut = replay_until_damage(
+        store,
+        log_from,
+        &mut state,
+        &mut seen,
+        &mut report,
+        &mut to_move,
+    )
+    .await?;
     tracing::debug!(?cut, "repair: log cut");
     if to_move.is_empty() {
         return Ok(report);
     }
+    // Freed samples the kept state still archives are accounted for too.
+    seen.samples
+        .extend(state.unarchived.iter().map(|u| u.entry.id.to_string()));
     for (path, _) in &to_move {
         if path.starts_with(SEGMENT_DIR) {
-            count_segment_losses(store, path, &state, &mut report).await?;
+            count_segment_losses(store, path, &state, &seen, &mut report).await?;
         }
     }
     dedup_in_order(&mut report.samples_lost);
@@ -216,6 +228,7 @@ async fn replay_until_damage(
     store: &Store,
     log_from: u64,
     state: &mut DurableState,
+    seen: &mut Seen,
     report: &mut RepairReport,
     to_move: &mut Vec<(String, String)>,
 ) -> Result<Option<u64>> {
@@ -253,7 +266,10 @@ async fn replay_until_damage(
             Ok(group) => group
                 .records
                 .iter()
-                .try_for_each(|r| state.apply(r))
+                .try_for_each(|r| {
+                    seen.note(r);
+                    state.apply(r)
+                })
                 .is_ok(),
             Err(_) => Some(*seq) == last,
         };
@@ -297,13 +313,39 @@ async fn replay_until_damage(
     Ok(moved.first().map(|g| g.0))
 }
 
-/// Adds to `report` what the moved checkpoint segment `path` holds that the kept `state`
-/// does not: a newer checkpoint's samples, pending entries and unarchived frees, which no
-/// kept log group brings back (the log before a checkpoint is deleted once it lands).
+/// The samples and auxiliary keys the kept log groups name: their fate is the kept log's
+/// (stored, freed, archived, removed), so a moved checkpoint holding them lost nothing.
+#[derive(Debug, Default)]
+struct Seen {
+    samples: std::collections::HashSet<String>,
+    aux: std::collections::HashSet<String>,
+}
+
+impl Seen {
+    fn note(&mut self, record: &Replayed) {
+        let mut ids = Vec::new();
+        put_ids(record, &mut ids);
+        self.samples.extend(ids);
+        match record {
+            Replayed::Other(Record::Free { ids, .. } | Record::Archiving { ids, .. }) => {
+                self.samples.extend(ids.iter().map(ToString::to_string));
+            }
+            Replayed::Other(Record::Aux(writes)) => {
+                self.aux.extend(writes.iter().map(|w| w.key.to_string()));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Adds to `report` what the moved checkpoint segment `path` holds that neither the kept
+/// `state` nor the kept log (`seen`) accounts for: a newer checkpoint's samples, pending
+/// entries and unarchived frees whose log groups were deleted once it landed.
 async fn count_segment_losses(
     store: &Store,
     path: &str,
     state: &DurableState,
+    seen: &Seen,
     report: &mut RepairReport,
 ) -> Result<()> {
     let Some(bytes) = store.get(path).await? else {
@@ -319,16 +361,17 @@ async fn count_segment_losses(
     };
     let name = path.rsplit('/').next().unwrap_or(path);
     for (entry, _) in entries {
+        let id = entry.id.to_string();
         if name.starts_with("aux-") {
-            if !state.aux.contains_key(entry.id.as_str()) {
-                report.aux_lost.push(entry.id.to_string());
+            if !state.aux.contains_key(entry.id.as_str()) && !seen.aux.contains(&id) {
+                report.aux_lost.push(id);
             }
+        } else if seen.samples.contains(&id) || state.holds(&entry.id) {
+            continue;
         } else if name.starts_with("freed-") {
-            if !state.unarchived.iter().any(|u| u.entry.id == entry.id) {
-                report.unarchived_lost.push(entry.id.to_string());
-            }
-        } else if !state.holds(&entry.id) {
-            report.samples_lost.push(entry.id.to_string());
+            report.unarchived_lost.push(id);
+        } else {
+            report.samples_lost.push(id);
         }
     }
     Ok(())
