@@ -69,16 +69,20 @@ pub async fn serve(
         let mut closing = closing.clone();
         tokio::spawn(async move {
             tokio::select! {
-                ended = connection => if let Err(e) = ended {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                },
+                // Closing first: once the grace is over, no request goes on to store
+                // anything (the flush after the stop must see all that was answered).
+                biased;
                 // Dropping the connection drops its request's handler, at an await the
                 // buffer tolerates: nothing half done, and no answer it cannot keep.
                 _ = closing.wait_for(|&close| close) => {}
+                ended = connection => if let Err(e) = ended {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                },
             }
         });
     }
     drop(listener);
+    drop(closing);
     stopping();
     if tokio::time::timeout(grace, graceful.shutdown())
         .await
@@ -89,6 +93,8 @@ pub async fn serve(
             "requests still in flight after the stop's grace (--stop-grace): their connections are closed"
         );
         let _ = close_all.send(true);
+        // Every connection task gone (each held a receiver): nothing stores after this.
+        close_all.closed().await;
     }
 }
 
