@@ -197,3 +197,32 @@ def test_snapshots_stay_the_size_of_the_live_state_and_exits_come_back(tmp_path,
     migrated = ReplayBuffer(root, target_group_size=2, max_uses_per_group=1, durable=False)
     assert migrated.stats()["groups_live"] == 1 and len(migrated._control.exited) == len(every)
     migrated.close()
+
+
+def test_a_failed_snapshot_leaves_no_consumed_group_drawable(tmp_path, monkeypatch):
+    """The ack was logged and applied, then the snapshot after it failed, and the
+    consumed group stayed in the live set: the next draw served it again."""
+    import numpy as np
+    import pytest
+
+    from rollout_buffer.replay import RolloutRecord
+    from rollout_buffer.replay import buffer as replay_buffer
+
+    monkeypatch.setattr(replay_buffer, "SNAPSHOT_EVERY", 1)
+    buf = ReplayBuffer(str(tmp_path / "replay"), target_group_size=2, max_uses_per_group=1,
+                       durable=False)
+    buf.add_rollouts([RolloutRecord(environment="m", example_id="q", policy_version="1",
+                                    rollout_uid=f"u{j}", output_tokens=np.arange(2, dtype=np.int32))
+                      for j in range(2)])
+    batch = buf.sample_groups(1)
+
+    def fail(state, exits):
+        raise OSError("the store is full")
+
+    monkeypatch.setattr(buf._log, "snapshot", fail)
+    with pytest.raises(OSError, match="full"):
+        buf.ack(batch.batch_id, "ok")
+    monkeypatch.undo()  # the store works again
+    assert buf.sample_groups(1).group_ids == [], "the consumed group was served again"
+    assert buf.stats()["groups_live"] == 0
+    buf.close()

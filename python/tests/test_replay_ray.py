@@ -190,9 +190,10 @@ def produce_at(front, env, examples, producer, version):
 
 def test_the_sharded_front_reads_and_scores_groups_on_the_shard_holding_them(cluster, tmp_path):
     """A verifier reading groups and scoring them through the front (it had to find each
-    group's shard itself); a draw with require_flags then finds the flagged group."""
+    group's shard itself); a draw with require_flags then finds the flagged group. The
+    root is a pathlib.Path, as one buffer takes it."""
     front = ShardedReplayBuffer(
-        str(tmp_path / "replay"), ["math", "code"], target_group_size=GROUP,
+        tmp_path / "replay", ["math", "code"], target_group_size=GROUP,
         lease_timeout_s=600.0,
     )
     ray.get([produce.remote(front, env, 2, p) for env in ("math", "code") for p in range(GROUP)])
@@ -208,7 +209,7 @@ def test_the_sharded_front_reads_and_scores_groups_on_the_shard_holding_them(clu
     front.ack(batch.batch_id, "failed")
     code_group = next(g for g in groups if g.environment == "code")
     front.upsert_scores(code_group.id, {"correct": 1.0}, flags={"verified": True})
-    flagged = front.sample_groups(4, require_flags={"verified": True})
+    flagged = front.sample_groups(4, require_flags={"verified": True}, on_policy_fraction=None)
     assert flagged.group_ids == [code_group.id]
     with pytest.raises(KeyError, match="not in any shard"):
         front.upsert_scores("g-unknown", {"correct": 0.0})

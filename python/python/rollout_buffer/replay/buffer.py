@@ -522,10 +522,15 @@ class ReplayBuffer(Serving):
             self._reap(wait=True)
 
     def _commit(self, events: list) -> None:
-        """Logs ``events`` (after the lazy ones), then applies them."""
+        """Logs ``events`` (after the lazy ones), then applies them: a group that exits
+        leaves the live set here, before the snapshot that may follow, so a failed snapshot
+        cannot leave a consumed group drawable."""
         self._write_control(events)
         for e in events:
             self._control.apply(e)
+            if e["e"] == "exit":
+                for gid in e["g"]:
+                    self._leave(gid)
         if self._log.since_snapshot >= SNAPSHOT_EVERY:
             self._snapshot()
 

@@ -291,10 +291,8 @@ class Serving:
             ]
             if done:
                 events.append({"e": "exit", "g": done, "r": "consumed"})
-        self._commit(events)
+        self._commit(events)  # the consumed groups leave the live set there
         for e in events[len(batch_ids):]:
-            for gid in e["g"]:
-                self._leave(gid)
             self.stats_.count("consumed", len(e["g"]))
 
     # ---- reading groups ------------------------------------------------------------

@@ -14,6 +14,7 @@ offset), and payloads go from the shards to the trainer as Ray object refs
 from __future__ import annotations
 
 import inspect
+import os
 import time
 from typing import Any, Iterable, Optional
 
@@ -127,6 +128,8 @@ class ShardedReplayBuffer:
         ray_options: Optional[dict] = None,
         **buffer_kwargs: Any,
     ) -> None:
+        if isinstance(root_path, os.PathLike):
+            root_path = os.fspath(root_path)  # a pathlib.Path, as one buffer takes it
         if by == "environment":
             if isinstance(shards, (str, bytes)) or not hasattr(shards, "__iter__"):
                 # A string was read as one environment per character.
@@ -241,7 +244,8 @@ class ShardedReplayBuffer:
         inspect.signature(ReplayBuffer.sample_groups).bind(None, n, **kwargs)
         filters = {k: v for k, v in kwargs.items() if k in _FILTERS}
         lag, recent = filters.get("max_policy_lag"), filters.get("recent_n_versions")
-        lag_used = (lag is not None or recent is not None or "on_policy_fraction" in filters
+        lag_used = (lag is not None or recent is not None
+                    or filters.get("on_policy_fraction") is not None
                     or filters.get("recency_weighting", "uniform") != "uniform")
         if not lag_used:
             counts = ray.get([h.ready_count.remote(**filters) for h in self.handles])
