@@ -509,14 +509,21 @@ def test_a_consumed_group_sent_again_whole_is_refused_by_its_id(tmp_path):
     assert buf.stats()["groups_live"] == 0 and buf.stats()["generator_queue_len"] == 0
 
 
-def test_a_late_ok_ack_does_not_consume_a_group_another_batch_holds(tmp_path):
+def drawn_again_after_its_lease_expired(tmp_path):
+    """One group (one use allowed) whose first lease expired and which was drawn again:
+    the clock, the buffer and the two batches."""
     clock = Clock()
     buf = open_buffer(tmp_path, clock, max_uses_per_group=1, lease_timeout_s=10.0)
     buf.add_rollouts(group_of())
     first = buf.sample_groups(1)
     clock.t += 11.0
-    second = buf.sample_groups(1)  # the expired group, drawn again
+    second = buf.sample_groups(1)
     assert second.group_ids == first.group_ids
+    return clock, buf, first, second
+
+
+def test_a_late_ok_ack_does_not_consume_a_group_another_batch_holds(tmp_path):
+    _, buf, first, second = drawn_again_after_its_lease_expired(tmp_path)
     buf.ack(first.batch_id, "ok")  # late: counts the use, leaves it to `second`
     assert buf.get_groups(second.group_ids)[0].metadata["uses"] == 1
     buf.ack(second.batch_id, "ok")
@@ -526,12 +533,7 @@ def test_a_late_ok_ack_does_not_consume_a_group_another_batch_holds(tmp_path):
 @pytest.mark.parametrize("settle", ["failed", "expired"])
 def test_a_group_used_up_while_another_batch_held_it_is_consumed_when_that_batch_settles(
         tmp_path, settle):
-    clock = Clock()
-    buf = open_buffer(tmp_path, clock, max_uses_per_group=1, lease_timeout_s=10.0)
-    buf.add_rollouts(group_of())
-    first = buf.sample_groups(1)
-    clock.t += 11.0
-    second = buf.sample_groups(1)  # the expired group, drawn again
+    clock, buf, first, second = drawn_again_after_its_lease_expired(tmp_path)
     buf.ack(first.batch_id, "ok")  # its one use
     if settle == "failed":
         buf.ack(second.batch_id, "failed")
