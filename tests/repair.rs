@@ -203,3 +203,42 @@ async fn a_damaged_manifest_over_a_whole_log_loses_nothing() {
     let buf = open(&store, RecoveryMode::Strict).await.expect("strict");
     assert_eq!(ids(&buf), ["s1", "s2", "s3"]);
 }
+
+/// An id put again after it left is another sample: a moved checkpoint holding the new one
+/// reports it lost, though the kept log saw the old one put and freed.
+#[tokio::test]
+async fn a_sample_put_again_under_a_freed_id_is_reported_lost() {
+    let (store, wal) = four_groups().await;
+    let mut logs = Vec::new();
+    for path in wal {
+        logs.push((path.clone(), store.get(&path).await.expect("get")));
+    }
+    let buf = open(&store, RecoveryMode::Strict).await.expect("opens");
+    let batch = buf.get_batch_for_rpc("train").await.expect("get");
+    batch.commit().await.expect("commit"); // s0 trained and freed
+    for path in store.list("wal").await.expect("list") {
+        logs.push((path.clone(), store.get(&path).await.expect("get")));
+    }
+    buf.put_batch(vec![Sample::new("s0").with("tokens", vec![9])])
+        .await
+        .expect("s0 again");
+    drop(buf);
+    // A checkpoint holds the new s0 and deletes the log; every group but the re-put's
+    // comes back, and the checkpoint's manifest is damaged.
+    drop(
+        open(&store, RecoveryMode::Strict)
+            .await
+            .expect("checkpoints"),
+    );
+    for (path, bytes) in logs {
+        store
+            .put(&path, bytes.expect("a log group"))
+            .await
+            .expect("put back");
+    }
+    let manifests = store.list("manifest").await.expect("list");
+    let newest = manifests.last().expect("a manifest").clone();
+    rewrite(&store, &newest, |b| b.truncate(b.len() / 2)).await;
+    let report = repair(&store).await.expect("repair");
+    assert_eq!(report.samples_lost, ["s0"], "{report:?}");
+}

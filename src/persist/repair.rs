@@ -24,10 +24,11 @@
 use super::checkpoint::{self, parse_manifest_path, MANIFEST_DIR, SEGMENT_DIR};
 use super::codec::Replayed;
 use super::log::{decode_group, Group};
-use super::state::DurableState;
+use super::state::{DurableState, Unarchived};
 use super::store::Store;
 use crate::buffer::Record;
 use crate::error::Result;
+use crate::SampleId;
 use bytes::Bytes;
 use serde_json::json;
 use std::collections::BTreeSet;
@@ -163,9 +164,13 @@ pub async fn repair(store: &Store) -> Result<RepairReport> {
     if to_move.is_empty() {
         return Ok(report);
     }
-    // Freed samples the kept state still archives are accounted for too.
-    seen.samples
-        .extend(state.unarchived.iter().map(|u| u.entry.id.to_string()));
+    // What the kept state holds, or still archives, is accounted for too.
+    seen.samples.extend(
+        state
+            .unarchived
+            .iter()
+            .map(|u| (u.entry.id.to_string(), u.entry.seq)),
+    );
     for (path, _) in &to_move {
         if path.starts_with(SEGMENT_DIR) {
             count_segment_losses(store, path, &state, &seen, &mut report).await?;
@@ -263,14 +268,22 @@ async fn replay_until_damage(
             continue;
         }
         let applies = match decoded {
-            Ok(group) => group
-                .records
-                .iter()
-                .try_for_each(|r| {
-                    seen.note(r);
-                    state.apply(r)
-                })
-                .is_ok(),
+            Ok(group) => {
+                // Noted apart and kept only if the whole group applies: a group that fails
+                // partway is moved, and what it named is then not the kept log's.
+                let mut noted = Seen::default();
+                let applied = group.records.iter().try_for_each(|r| {
+                    noted.before(r, state);
+                    state.apply(r)?;
+                    noted.after(r, state);
+                    Ok::<(), String>(())
+                });
+                if applied.is_ok() {
+                    seen.samples.extend(noted.samples);
+                    seen.aux.extend(noted.aux);
+                }
+                applied.is_ok()
+            }
             Err(_) => Some(*seq) == last,
         };
         if !applies {
@@ -313,27 +326,59 @@ async fn replay_until_damage(
     Ok(moved.first().map(|g| g.0))
 }
 
-/// The samples and auxiliary keys the kept log groups name: their fate is the kept log's
-/// (stored, freed, archived, removed), so a moved checkpoint holding them lost nothing.
+/// What the kept log groups account for: each sample incarnation (id and put sequence)
+/// they put, free or archive, and each auxiliary key they write. A moved checkpoint's entry
+/// of one of these lost nothing: its fate is the kept log's. An id put again later is
+/// another incarnation, so a moved checkpoint holding that one is still reported.
 #[derive(Debug, Default)]
 struct Seen {
-    samples: std::collections::HashSet<String>,
+    samples: std::collections::HashSet<(String, u64)>,
     aux: std::collections::HashSet<String>,
 }
 
 impl Seen {
-    fn note(&mut self, record: &Replayed) {
-        let mut ids = Vec::new();
-        put_ids(record, &mut ids);
-        self.samples.extend(ids);
+    /// Before `record` applies to `state`: the incarnations it frees or archives (looked
+    /// up while `state` still has them) and the keys it writes.
+    fn before(&mut self, record: &Replayed, state: &DurableState) {
         match record {
-            Replayed::Other(Record::Free { ids, .. } | Record::Archiving { ids, .. }) => {
-                self.samples.extend(ids.iter().map(ToString::to_string));
+            Replayed::Other(Record::Free { ids, .. }) => {
+                for id in ids {
+                    if let Some(e) = state.entry(id) {
+                        self.samples.insert((id.to_string(), e.seq));
+                    }
+                }
+            }
+            Replayed::Other(Record::Archiving { ids, .. }) => {
+                let ids: std::collections::HashSet<&SampleId> = ids.iter().collect();
+                self.note_unarchived(state, |u| ids.contains(&u.entry.id));
+            }
+            Replayed::Other(Record::Archived { batch }) => {
+                self.note_unarchived(state, |u| u.batch == Some(*batch));
             }
             Replayed::Other(Record::Aux(writes)) => {
                 self.aux.extend(writes.iter().map(|w| w.key.to_string()));
             }
             _ => {}
+        }
+    }
+
+    /// After `record` applied: the incarnations it put.
+    fn after(&mut self, record: &Replayed, state: &DurableState) {
+        let ids: Vec<&SampleId> = match record {
+            Replayed::Put(samples) => samples.iter().map(|s| &s.id).collect(),
+            Replayed::Other(Record::Put(samples)) => samples.iter().map(|s| s.id()).collect(),
+            Replayed::Other(_) => Vec::new(),
+        };
+        for id in ids {
+            if let Some(e) = state.entry(id) {
+                self.samples.insert((id.to_string(), e.seq));
+            }
+        }
+    }
+
+    fn note_unarchived(&mut self, state: &DurableState, which: impl Fn(&Unarchived) -> bool) {
+        for u in state.unarchived.iter().filter(|u| which(u)) {
+            self.samples.insert((u.entry.id.to_string(), u.entry.seq));
         }
     }
 }
@@ -366,7 +411,9 @@ async fn count_segment_losses(
             if !state.aux.contains_key(entry.id.as_str()) && !seen.aux.contains(&id) {
                 report.aux_lost.push(id);
             }
-        } else if seen.samples.contains(&id) || state.holds(&entry.id) {
+        } else if seen.samples.contains(&(id.clone(), entry.seq))
+            || state.entry(&entry.id).is_some_and(|e| e.seq == entry.seq)
+        {
             continue;
         } else if name.starts_with("freed-") {
             report.unarchived_lost.push(id);

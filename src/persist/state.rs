@@ -156,9 +156,10 @@ pub(crate) struct DurableState {
 }
 
 impl DurableState {
-    /// Whether a sample of this id is held.
-    pub(crate) fn holds(&self, id: &SampleId) -> bool {
-        self.index.contains_key(id)
+    /// The entry held under `id`, if any.
+    pub(crate) fn entry(&self, id: &SampleId) -> Option<&Entry> {
+        let at = *self.index.get(id)?;
+        self.entries.get(at)?.as_ref()
     }
 
     /// Adds an entry after every other (a later seq); replaces one with the same id.
