@@ -93,7 +93,9 @@ pub async fn serve(
             "requests still in flight after the stop's grace (--stop-grace): their connections are closed"
         );
         let _ = close_all.send(true);
-        // Every connection task gone (each held a receiver): nothing stores after this.
+        // Every connection task gone (each held a receiver): no request is answered after
+        // this. Work a handler handed to a task of its own (an ingest's store, a commit)
+        // may still land, unanswered, as when a client hangs up.
         close_all.closed().await;
     }
 }

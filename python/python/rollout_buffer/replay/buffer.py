@@ -531,6 +531,8 @@ class ReplayBuffer(Serving):
             if e["e"] == "exit":
                 for gid in e["g"]:
                     self._leave(gid)
+                if e["r"] == "consumed":
+                    self.stats_.count("consumed", len(e["g"]))
         if self._log.since_snapshot >= SNAPSHOT_EVERY:
             self._snapshot()
 

@@ -291,9 +291,7 @@ class Serving:
             ]
             if done:
                 events.append({"e": "exit", "g": done, "r": "consumed"})
-        self._commit(events)  # the consumed groups leave the live set there
-        for e in events[len(batch_ids):]:
-            self.stats_.count("consumed", len(e["g"]))
+        self._commit(events)  # the consumed groups leave the live set there, counted
 
     # ---- reading groups ------------------------------------------------------------
 
