@@ -316,7 +316,8 @@ async fn replay_until_damage(
             Ok(group) => {
                 report.records_lost += group.records.len() as u64;
                 for record in &group.records {
-                    put_ids(record, &mut report.samples_lost);
+                    let ids = put_ids(record).into_iter().map(ToString::to_string);
+                    report.samples_lost.extend(ids);
                 }
             }
             Err(_) => report.unreadable_groups.push(*seq),
@@ -364,12 +365,7 @@ impl Seen {
 
     /// After `record` applied: the incarnations it put.
     fn after(&mut self, record: &Replayed, state: &DurableState) {
-        let ids: Vec<&SampleId> = match record {
-            Replayed::Put(samples) => samples.iter().map(|s| &s.id).collect(),
-            Replayed::Other(Record::Put(samples)) => samples.iter().map(|s| s.id()).collect(),
-            Replayed::Other(_) => Vec::new(),
-        };
-        for id in ids {
+        for id in put_ids(record) {
             if let Some(e) = state.entry(id) {
                 self.samples.insert((id.to_string(), e.seq));
             }
@@ -430,13 +426,11 @@ fn dedup_in_order(ids: &mut Vec<String>) {
     ids.retain(|id| seen.insert(id.clone()));
 }
 
-/// Appends the ids of the samples `record` puts.
-fn put_ids(record: &Replayed, ids: &mut Vec<String>) {
+/// The ids of the samples `record` puts.
+fn put_ids(record: &Replayed) -> Vec<&SampleId> {
     match record {
-        Replayed::Put(samples) => ids.extend(samples.iter().map(|s| s.id.to_string())),
-        Replayed::Other(Record::Put(samples)) => {
-            ids.extend(samples.iter().map(|s| s.id.to_string()))
-        }
-        Replayed::Other(_) => {}
+        Replayed::Put(samples) => samples.iter().map(|s| &s.id).collect(),
+        Replayed::Other(Record::Put(samples)) => samples.iter().map(|s| s.id()).collect(),
+        Replayed::Other(_) => Vec::new(),
     }
 }
